@@ -1,0 +1,8 @@
+//! `ds41 inspect` (placeholder until its issue lands).
+
+#[derive(clap::Args)]
+pub struct Args {}
+
+pub fn run(_args: Args) -> anyhow::Result<i32> {
+    anyhow::bail!("`ds41 inspect` is not implemented yet")
+}

@@ -1,0 +1,11 @@
+//! One module per `ds41` subcommand. Each exposes `Args` (clap) and
+//! `run(Args) -> anyhow::Result<i32>` returning the process exit code.
+
+pub mod certify;
+pub mod corpus;
+pub mod forward;
+pub mod inspect;
+pub mod parse;
+pub mod render;
+pub mod synth;
+pub mod tokenize;

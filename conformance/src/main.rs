@@ -1,0 +1,56 @@
+//! `ds41`: the command-line front end. Each subcommand lives in its own module under
+//! `cli/`; this file only dispatches. Exit codes: 0 success / conformant, 1 a check or
+//! comparison failed / non-conformant, 2 usage, input or harness error.
+
+mod cli;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "ds41", version, about = "Make DeepSeek-V4.1-Flash implementations checkable")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Certify an engine against the conformance suite (default: the built-in reference on
+    /// freshly generated synthetic checkpoints).
+    Certify(cli::certify::Args),
+    /// Describe a checkpoint directory: layout, config, layer roles, parameter counts.
+    Inspect(cli::inspect::Args),
+    /// Write a seeded synthetic checkpoint (or a mutant of one).
+    Synth(cli::synth::Args),
+    /// Run the reference forward pass and write a trace (safetensors).
+    Forward(cli::forward::Args),
+    /// Tokenize text with a tokenizer.json.
+    Tokenize(cli::tokenize::Args),
+    /// Write the wide tokenizer corpus (JSON lines).
+    Corpus(cli::corpus::Args),
+    /// Render a conversation to a DSML prompt.
+    Render(cli::render::Args),
+    /// Parse a DSML completion into a message.
+    Parse(cli::parse::Args),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Certify(a) => cli::certify::run(a),
+        Command::Inspect(a) => cli::inspect::run(a),
+        Command::Synth(a) => cli::synth::run(a),
+        Command::Forward(a) => cli::forward::run(a),
+        Command::Tokenize(a) => cli::tokenize::run(a),
+        Command::Corpus(a) => cli::corpus::run(a),
+        Command::Render(a) => cli::render::run(a),
+        Command::Parse(a) => cli::parse::run(a),
+    };
+    match result {
+        Ok(code) => std::process::exit(code),
+        Err(err) => {
+            eprintln!("ds41: error: {err:#}");
+            std::process::exit(2);
+        }
+    }
+}

@@ -1,0 +1,36 @@
+//! The engine's typed errors. Every variant names what was wrong and where (file, tensor,
+//! field or byte offset). OWNER: readers helper (issue 2); other modules may add variants.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A configuration field breaks a rule (`field` is the config key, `rule` what it broke).
+    #[error("config field `{field}`: {rule}")]
+    Config { field: String, rule: String },
+    /// A tensor is missing, has the wrong shape or dtype, or cannot be decoded.
+    #[error("{file}: tensor `{tensor}`: {reason}")]
+    Tensor {
+        file: PathBuf,
+        tensor: String,
+        reason: String,
+    },
+    /// A file's bytes break its format at a byte offset.
+    #[error("{file} @ byte {offset}: {reason}")]
+    Format {
+        file: PathBuf,
+        offset: u64,
+        reason: String,
+    },
+    /// A forward-pass precondition failed (e.g. a position beyond the caches).
+    #[error("model: {0}")]
+    Model(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

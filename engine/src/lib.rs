@@ -1,0 +1,21 @@
+//! ds41-engine: a clear reference engine for DeepSeek-V4.1-Flash (DS41).
+//!
+//! Module map (each names the spec section it implements at its top):
+//! * [`config`], [`checkpoint`], [`dtype`] — reading a checkpoint in either layout;
+//! * [`model`] — the text forward pass and its two numerics profiles;
+//! * [`tokenizer`] — the DS41 byte-level BPE and the Engram compressed token map;
+//! * [`dsml`] — the V4.1 chat format.
+
+pub mod checkpoint;
+pub mod config;
+pub mod dsml;
+pub mod dtype;
+pub mod error;
+pub mod model;
+pub mod tokenizer;
+
+pub use error::{Error, Result};
+
+/// Engine identity recorded in every trace and report.
+pub const ENGINE_NAME: &str = "ds41-reference";
+pub const ENGINE_VERSION: &str = env!("CARGO_PKG_VERSION");

@@ -1,0 +1,1 @@
+//! The DS41 text forward pass (MODEL.md §5–§7). OWNER: forward-pass helper (issue 4).
