@@ -25,6 +25,9 @@ pub struct Case {
     pub thinking_mode: Option<ThinkingMode>,
     /// `None` when unset or `null`: the caller's effort (or the default) applies.
     pub reasoning_effort: Option<ReasoningEffort>,
+    /// Project extension (not read by the official `load_cases`): `"drop_thinking": false`
+    /// renders with `encode_messages(..., drop_thinking=False)`. Default true.
+    pub drop_thinking: Option<bool>,
 }
 
 impl Case {
@@ -33,6 +36,7 @@ impl Case {
         RenderOptions {
             thinking_mode: self.thinking_mode.unwrap_or(mode),
             reasoning_effort: self.reasoning_effort.or(effort),
+            drop_thinking: self.drop_thinking.unwrap_or(true),
             ..RenderOptions::default()
         }
     }
@@ -50,6 +54,7 @@ pub fn load_cases(text: &str) -> Result<Vec<Case>, Error> {
             conversation: Conversation::default(),
             thinking_mode: None,
             reasoning_effort: None,
+            drop_thinking: None,
         }]),
         Value::Array(items) if items[0].get("role").is_some() => {
             let messages = messages_from_json(&data, "messages")?;
@@ -60,6 +65,7 @@ pub fn load_cases(text: &str) -> Result<Vec<Case>, Error> {
                 },
                 thinking_mode: None,
                 reasoning_effort: None,
+                drop_thinking: None,
             }])
         }
         Value::Array(items) => items
@@ -130,10 +136,21 @@ fn case_from_json(value: &Value, path: &str) -> Result<Case, Error> {
         None => None,
         Some(v) => ReasoningEffort::from_json(v).map_err(|e| e.at(&field("reasoning_effort")))?,
     };
+    let drop_thinking = match obj.get("drop_thinking") {
+        None | Some(Value::Null) => None,
+        Some(Value::Bool(b)) => Some(*b),
+        Some(other) => {
+            return Err(Error::input(
+                &field("drop_thinking"),
+                format!("expected a boolean, got {}", type_name(other)),
+            ))
+        }
+    };
     Ok(Case {
         conversation: Conversation { messages, context },
         thinking_mode,
         reasoning_effort,
+        drop_thinking,
     })
 }
 
