@@ -19,8 +19,9 @@ fn project_goldens_render_as_derived() {
     for input in &inputs {
         let name = input.file_stem().unwrap().to_string_lossy().to_string();
         let text = std::fs::read_to_string(input).unwrap();
-        let result = dsml::load_case(&text)
-            .and_then(|case| dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None)));
+        let result = dsml::load_case(&text).and_then(|case| {
+            dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None))
+        });
         let txt = input.with_extension("txt");
         let err = input.with_extension("error");
         if txt.exists() {
@@ -28,7 +29,11 @@ fn project_goldens_render_as_derived() {
             let want = std::fs::read_to_string(&txt).unwrap();
             match result {
                 Ok(p) if p.to_string() == want => {}
-                Ok(p) => failures.push(format!("{name}:\n got {:?}\nwant {:?}", p.to_string(), want)),
+                Ok(p) => failures.push(format!(
+                    "{name}:\n got {:?}\nwant {:?}",
+                    p.to_string(),
+                    want
+                )),
                 Err(e) => failures.push(format!("{name}: unexpected error {e}")),
             }
         } else if err.exists() {
@@ -42,7 +47,10 @@ fn project_goldens_render_as_derived() {
             failures.push(format!("{name}: no .txt or .error beside it"));
         }
     }
-    eprintln!("dsml goldens: {prompts} prompts, {errors} rejections, {} failures", failures.len());
+    eprintln!(
+        "dsml goldens: {prompts} prompts, {errors} rejections, {} failures",
+        failures.len()
+    );
     assert!(prompts >= 30, "only {prompts} prompt goldens");
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

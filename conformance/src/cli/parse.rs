@@ -25,10 +25,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let path = args.completion.display().to_string();
     let bytes = std::fs::read(&args.completion).with_context(|| format!("reading {path}"))?;
     let text = String::from_utf8(bytes).map_err(|e| {
-        anyhow::anyhow!("{path} @ byte {}: not valid UTF-8", e.utf8_error().valid_up_to())
+        anyhow::anyhow!(
+            "{path} @ byte {}: not valid UTF-8",
+            e.utf8_error().valid_up_to()
+        )
     })?;
-    let thinking_mode = if args.thinking { ThinkingMode::Thinking } else { ThinkingMode::Chat };
-    let mode = if args.tolerant { ParseMode::tolerant(thinking_mode) } else { ParseMode::strict(thinking_mode) };
+    let thinking_mode = if args.thinking {
+        ThinkingMode::Thinking
+    } else {
+        ThinkingMode::Chat
+    };
+    let mode = if args.tolerant {
+        ParseMode::tolerant(thinking_mode)
+    } else {
+        ParseMode::strict(thinking_mode)
+    };
     match dsml::parse(&text, mode) {
         Ok(message) => {
             for recovery in &message.recoveries {
@@ -39,7 +50,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         }
         Err(err) => {
             let reason = err.reference_error().unwrap_or_else(|| err.to_string());
-            eprintln!("ds41 parse: {path}: rejected by the strict grammar ({}): {reason}", err.location);
+            eprintln!(
+                "ds41 parse: {path}: rejected by the strict grammar ({}): {reason}",
+                err.location
+            );
             Ok(1)
         }
     }

@@ -38,10 +38,12 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         ),
         None => None,
     };
-    let text = std::fs::read_to_string(&args.conversation).with_context(|| format!("reading {path}"))?;
+    let text =
+        std::fs::read_to_string(&args.conversation).with_context(|| format!("reading {path}"))?;
     let case = dsml::load_case(&text).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
     let options = case.options(mode, effort);
-    let prompt = dsml::render(&case.conversation, &options).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
+    let prompt =
+        dsml::render(&case.conversation, &options).map_err(|e| anyhow::anyhow!("{path}: {e}"))?;
     let mut out = std::io::stdout().lock();
     if args.segments {
         let segments = prompt.segments_json();

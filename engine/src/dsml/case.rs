@@ -56,7 +56,9 @@ pub fn load_cases(text: &str) -> Result<Vec<Case>, Error> {
             reasoning_effort: None,
             drop_thinking: None,
         }]),
-        Value::Array(items) if items[0].get("role").is_some() => {
+        // A list of cases only when its first item looks like one; otherwise messages (so a
+        // message without `role` is reported as such).
+        Value::Array(items) if items[0].get("messages").is_none() => {
             let messages = messages_from_json(&data, "messages")?;
             Ok(vec![Case {
                 conversation: Conversation {
