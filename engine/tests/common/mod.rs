@@ -1,0 +1,44 @@
+//! Shared helpers of the model tests: locating upstream data (`DS41_UPSTREAM`), comparing
+//! arrays, and opening the official_a checkpoint.
+
+#![allow(dead_code)]
+
+pub mod release_shim;
+
+use std::path::PathBuf;
+
+/// The upstream data directory, or `None` after printing the skip reason.
+pub fn upstream(test: &str) -> Option<PathBuf> {
+    match std::env::var_os("DS41_UPSTREAM") {
+        Some(p) => Some(PathBuf::from(p)),
+        None => {
+            eprintln!("SKIPPED {test}: DS41_UPSTREAM not set");
+            None
+        }
+    }
+}
+
+pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let d: f64 = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| ((*x as f64) - (*y as f64)).powi(2))
+        .sum();
+    let n: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    if n > 0.0 {
+        (d / n).sqrt()
+    } else {
+        d.sqrt()
+    }
+}
+
+pub fn argmax(v: &[f32]) -> usize {
+    let mut best = 0;
+    for (i, x) in v.iter().enumerate() {
+        if *x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
