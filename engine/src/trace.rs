@@ -264,7 +264,7 @@ impl Trace {
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        safetensors::serialize(views, &Some(meta)).map_err(|e| Error::Model(format!("trace: {e}")))
+        safetensors::serialize(views, Some(meta)).map_err(|e| Error::Model(format!("trace: {e}")))
     }
 
     /// Write atomically (temp file + rename) to `path`.

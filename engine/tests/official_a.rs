@@ -1,17 +1,15 @@
 //! Upstream profile vs the official model (`DS41_UPSTREAM/official_a`), MODEL.md §5.1.
 
-mod common;
+mod model_common;
+use model_common as common;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use ds41_engine::model::{IndexK, Model, Numerics, Options, Session};
 use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
 
 fn open_model(dir: &Path) -> Model {
-    let shim = common::release_shim::ReleaseShim::open(&dir.join("official_a/checkpoint"));
-    let hasher = shim.official_a_hasher();
-    Model::from_parts(Arc::new(shim), Some(hasher)).unwrap()
+    common::official_a_model(dir)
 }
 
 fn run(model: &Model, ids: &[u32], prefill: usize, options: Options) -> Trace {

@@ -1,18 +1,16 @@
 //! Prefill / decode / chunked-prefill equalities (issue 4 item 3, MODEL.md §7.3, §8) and
 //! determinism across thread counts, on the official_a checkpoint (`DS41_UPSTREAM`).
 
-mod common;
+mod model_common;
+use model_common as common;
 
 use std::path::Path;
-use std::sync::Arc;
 
 use ds41_engine::model::{IndexK, Model, Numerics, Options, Session};
 use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
 
 fn open_model(dir: &Path) -> Model {
-    let shim = common::release_shim::ReleaseShim::open(&dir.join("official_a/checkpoint"));
-    let hasher = shim.official_a_hasher();
-    Model::from_parts(Arc::new(shim), Some(hasher)).unwrap()
+    common::official_a_model(dir)
 }
 
 fn ids(up: &Path) -> Vec<u32> {

@@ -11,7 +11,7 @@ use super::linear::{Linear, LinearKind};
 use super::norm::rms_scale;
 use super::numerics::Numerics;
 use crate::checkpoint::Checkpoint;
-use crate::config::Config;
+use crate::config::{Config, EngramHashConstants, EngramPad};
 use crate::{Error, Result};
 
 /// History entry of a position that takes no part in n-grams (an image position).
@@ -172,10 +172,71 @@ impl Engram {
     }
 }
 
-/// The hasher of a checkpoint: its constants, pad and token map (provided by the reader).
-pub fn hasher_for(ckpt: &dyn Checkpoint) -> Result<EngramHasher> {
-    let _ = ckpt;
-    Err(Error::Model(
-        "Engram hash constants are not available from this checkpoint reader yet".into(),
-    ))
+impl EngramHasher {
+    /// Build from the reader's constants and a token map. The pad is mapped through the
+    /// token map when the checkpoint states it as a raw token id (release), and used as is
+    /// when it is already compressed (container `engram.json`).
+    pub fn new(consts: &EngramHashConstants, token_map: Vec<i32>) -> Result<EngramHasher> {
+        let pad = match consts.pad {
+            EngramPad::Compressed(c) => c,
+            EngramPad::RawToken(t) => *usize::try_from(t)
+                .ok()
+                .and_then(|t| token_map.get(t))
+                .ok_or_else(|| {
+                    Error::Model(format!("Engram pad token {t} is outside the token map"))
+                })? as i64,
+        };
+        let layers = consts
+            .layers
+            .iter()
+            .map(|l| {
+                let primes: Vec<i64> = l.primes.iter().flatten().map(|&p| p as i64).collect();
+                EngramLayerConsts {
+                    multipliers: l.multipliers.clone(),
+                    offsets: l.offsets.iter().map(|&o| o as i64).collect(),
+                    primes,
+                }
+            })
+            .collect::<Vec<_>>();
+        for (i, l) in layers.iter().enumerate() {
+            if l.multipliers.len() < consts.max_ngram_size
+                || l.primes.len() != (consts.max_ngram_size - 1) * consts.n_heads
+                || l.offsets.len() != l.primes.len()
+            {
+                return Err(Error::Model(format!(
+                    "Engram layer index {i}: constants have inconsistent sizes"
+                )));
+            }
+        }
+        Ok(EngramHasher {
+            layers,
+            pad,
+            token_map: Arc::new(token_map),
+            max_ngram: consts.max_ngram_size,
+            n_heads: consts.n_heads,
+        })
+    }
+}
+
+/// The hasher of a checkpoint: the reader's constants and token map, or `token_map` when
+/// given (the release ships no map; it is built from the tokenizer, MODEL.md §6.6.1).
+pub fn hasher_for(ckpt: &dyn Checkpoint, token_map: Option<Vec<i32>>) -> Result<EngramHasher> {
+    let consts = ckpt.engram_constants()?;
+    let map = match token_map {
+        Some(m) => m,
+        None => ckpt.engram_token_map()?.ok_or_else(|| {
+            Error::Model(
+                "this checkpoint ships no Engram token map; supply one (e.g. `--engram-token-map`)"
+                    .into(),
+            )
+        })?,
+    };
+    if map.len() < ckpt.config().vocab_size {
+        return Err(Error::Model(format!(
+            "Engram token map has {} ids, the vocabulary {}",
+            map.len(),
+            ckpt.config().vocab_size
+        )));
+    }
+    EngramHasher::new(&consts, map)
 }

@@ -136,11 +136,19 @@ pub struct Model {
 impl Model {
     /// Open a checkpoint directory of either layout.
     pub fn open(dir: &Path) -> Result<Model> {
-        // MERGE: becomes `crate::checkpoint::open(dir)` once the readers branch lands.
-        Err(Error::Model(format!(
-            "{}: no checkpoint reader available yet",
-            dir.display()
-        )))
+        Model::open_with_token_map(dir, None)
+    }
+
+    /// Open a checkpoint directory, taking the Engram token map from `token_map` when given
+    /// (a release checkpoint ships none) instead of from the checkpoint.
+    pub fn open_with_token_map(dir: &Path, token_map: Option<Vec<i32>>) -> Result<Model> {
+        let ckpt: Arc<dyn Checkpoint> = Arc::from(crate::checkpoint::open(dir)?);
+        let hasher = if ckpt.config().engram_layer_ids.is_empty() {
+            None
+        } else {
+            Some(engram::hasher_for(ckpt.as_ref(), token_map)?)
+        };
+        Model::from_parts(ckpt, hasher)
     }
 
     /// Build from an open checkpoint; Engram constants come from the checkpoint's reader.
@@ -148,7 +156,7 @@ impl Model {
         let hasher = if ckpt.config().engram_layer_ids.is_empty() {
             None
         } else {
-            Some(engram::hasher_for(ckpt.as_ref())?)
+            Some(engram::hasher_for(ckpt.as_ref(), None)?)
         };
         Model::from_parts(ckpt, hasher)
     }
