@@ -1,227 +1,150 @@
-//! Upstream profile vs the official model (`DS41_UPSTREAM/official_a`), MODEL.md §5.1.
+//! Upstream profile vs the official model (`DS41_UPSTREAM/official_a`, issue 4 items 5, 7):
+//! all four schedules × both `index_k` behaviours, end to end with the set's
+//! `recommended_compare_args` and teacher-forced with its `recommended_replay_args`, using
+//! the verdict rules of `shared/tools/compare.py` (ported in `model_common::compare`).
 
 mod model_common;
 use model_common as common;
 
 use std::path::Path;
 
-use ds41_engine::model::{IndexK, Model, Numerics, Options, Session};
+use common::compare::{compare, compare_replay, Limits, Report};
+use ds41_engine::model::{Forcing, IndexK, Model, Numerics, Options, Session};
 use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
 
-fn open_model(dir: &Path) -> Model {
-    common::official_a_model(dir)
+const GOLDENS: [(&str, usize, IndexK); 7] = [
+    ("p01_d47/golden_ref_defect", 1, IndexK::AsShipped),
+    ("p01_d47/golden_index_owner_fixed", 1, IndexK::Owner),
+    ("p05_d43/golden_ref_defect", 5, IndexK::AsShipped),
+    ("p05_d43/golden_index_owner_fixed", 5, IndexK::Owner),
+    ("p37_d11/golden_ref_defect", 37, IndexK::AsShipped),
+    ("p37_d11/golden_index_owner_fixed", 37, IndexK::Owner),
+    ("p48_d00/golden_prefill_only", 48, IndexK::AsShipped),
+];
+
+fn limits(up: &Path, key: &str) -> Limits {
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(up.join("official_a/meta.json")).unwrap()).unwrap();
+    let args: Vec<String> = meta[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    Limits::from_args(&args)
 }
 
-fn run(model: &Model, ids: &[u32], prefill: usize, options: Options) -> Trace {
-    let mut trace = Trace::new(
-        model.config(),
-        TraceOptions {
-            enabled: true,
-            sub_ops: true,
-        },
-    );
-    let mut s = Session::new(model, options);
-    s.prefill(&ids[..prefill], &mut trace).unwrap();
-    for &t in &ids[prefill..] {
-        s.decode(t, &mut trace).unwrap();
-    }
-    trace
-}
-
-#[test]
-fn official_a_prefill_debug() {
-    let Some(up) = common::upstream("official_a_prefill_debug") else {
-        return;
-    };
-    let model = open_model(&up);
-    let g =
-        TraceFile::read(&up.join("official_a/p48_d00/golden_prefill_only.safetensors")).unwrap();
-    let ids: Vec<u32> = g
-        .i64("input_ids")
+fn input_ids(g: &TraceFile) -> Vec<u32> {
+    g.i64("input_ids")
         .unwrap()
         .1
         .iter()
         .map(|&x| x as u32)
-        .collect();
-    let opts = Options {
-        numerics: Numerics::Upstream,
-        index_k: IndexK::AsShipped,
-        ..Options::default()
-    };
-    let tr = run(&model, &ids, ids.len(), opts);
-    let cfg = model.config();
-    let (l, hc, d) = (cfg.n_layers, cfg.hc_mult, cfg.dim);
-    assert_eq!(g.i64("engram_hash").unwrap().1, &tr.engram_hash[..]);
-    for name in ["block_input", "mid", "residual"] {
-        let gd = g.f32(name).unwrap().1;
-        let ed: &[f32] = match name {
-            "block_input" => &tr.block_input,
-            "mid" => &tr.mid,
-            _ => &tr.residual,
-        };
-        for layer in 0..l {
-            let mut worst: f64 = 0.0;
-            for t in 0..ids.len() {
-                let c = (t * l + layer) * hc * d;
-                worst = worst.max(common::rel_l2(&ed[c..c + hc * d], &gd[c..c + hc * d]));
-            }
-            eprintln!("{name} L{layer}: worst rel L2 {worst:.3e}");
-        }
-    }
-    for name in ["attn_out", "moe_out"] {
-        let gd = g.f32(name).unwrap().1;
-        let ed: &[f32] = if name == "attn_out" {
-            &tr.attn_out
-        } else {
-            &tr.moe_out
-        };
-        for layer in 0..l {
-            let mut worst: f64 = 0.0;
-            for t in 0..ids.len() {
-                let c = (t * l + layer) * d;
-                worst = worst.max(common::rel_l2(&ed[c..c + d], &gd[c..c + d]));
-            }
-            eprintln!("{name} L{layer}: worst rel L2 {worst:.3e}");
-        }
-    }
-    let gl = g.f32("logits").unwrap().1;
-    eprintln!("logits rel L2 {:.3e}", common::rel_l2(&tr.logits, gl));
-    tr.write(Path::new("/tmp/fwd_p48.safetensors")).unwrap();
-}
-
-fn replay(model: &Model, g: &TraceFile, prefill: usize, options: Options) -> Trace {
-    let ids: Vec<u32> = g
-        .i64("input_ids")
-        .unwrap()
-        .1
-        .iter()
-        .map(|&x| x as u32)
-        .collect();
-    let forcing = ds41_engine::model::Forcing::from_golden(g, model.config()).unwrap();
-    let mut trace = Trace::new(
-        model.config(),
-        TraceOptions {
-            enabled: true,
-            sub_ops: true,
-        },
-    );
-    let mut s = Session::new(model, options);
-    s.replay(&ids[..prefill], &forcing, &mut trace).unwrap();
-    for i in prefill..ids.len() {
-        s.replay(&ids[i..i + 1], &forcing, &mut trace).unwrap();
-    }
-    trace
-}
-
-fn per_layer(g: &TraceFile, tr: &Trace, name: &str, width: usize) -> Vec<(f64, usize)> {
-    let gd = g.f32(name).unwrap().1;
-    let ed: &[f32] = match name {
-        "block_input" => &tr.block_input,
-        "mid" => &tr.mid,
-        "attn_out" => &tr.attn_out,
-        "moe_out" => &tr.moe_out,
-        _ => &tr.residual,
-    };
-    let l = tr.n_layers;
-    (0..l)
-        .map(|layer| {
-            let mut worst = (0.0f64, 0usize);
-            for t in 0..tr.tokens {
-                let c = (t * l + layer) * width;
-                let r = common::rel_l2(&ed[c..c + width], &gd[c..c + width]);
-                if r > worst.0 {
-                    worst = (r, t);
-                }
-            }
-            worst
-        })
         .collect()
 }
 
-#[test]
-fn official_a_replay_debug() {
-    let Some(up) = common::upstream("official_a_replay_debug") else {
-        return;
+fn run(model: &Model, g: &TraceFile, prefill: usize, index_k: IndexK, replay: bool) -> Trace {
+    let ids = input_ids(g);
+    let options = Options {
+        numerics: Numerics::Upstream,
+        index_k,
+        ..Options::default()
     };
-    let model = open_model(&up);
-    let sched = std::env::var("SCHED").unwrap_or("p48_d00/golden_prefill_only".into());
-    let prefill: usize = sched[1..3].parse().unwrap();
-    let g = TraceFile::read(&up.join(format!("official_a/{sched}.safetensors"))).unwrap();
-    let index_k = if sched.contains("owner") {
-        IndexK::Owner
-    } else {
-        IndexK::AsShipped
-    };
-    let tr = replay(
-        &model,
-        &g,
-        prefill,
-        Options {
-            numerics: Numerics::Upstream,
-            index_k,
-            ..Options::default()
+    let mut trace = Trace::new(
+        model.config(),
+        TraceOptions {
+            enabled: true,
+            sub_ops: replay,
         },
     );
-    let (hc, d) = (model.config().hc_mult, model.config().dim);
-    for (name, w) in [
-        ("block_input", hc * d),
-        ("attn_out", d),
-        ("mid", hc * d),
-        ("moe_out", d),
-        ("residual", hc * d),
-    ] {
-        let v = per_layer(&g, &tr, name, w);
-        eprintln!(
-            "{name:12} {}",
-            v.iter()
-                .map(|(r, t)| format!("{r:.2e}@{t}"))
-                .collect::<Vec<_>>()
-                .join(" ")
-        );
-    }
-    for l in model.config().index_source_layers.clone() {
-        let gt = g.i64(&format!("topk.L{l}")).unwrap().1;
-        let et = &tr.topk[&l];
-        let k = tr.index_topk;
-        let mut bad = vec![];
-        for t in 0..tr.tokens {
-            let mut a: Vec<i64> = gt[t * k..(t + 1) * k]
-                .iter()
-                .copied()
-                .filter(|&x| x >= 0)
-                .collect();
-            let mut b: Vec<i64> = et[t * k..(t + 1) * k]
-                .iter()
-                .map(|&x| x as i64)
-                .filter(|&x| x >= 0)
-                .collect();
-            a.sort();
-            b.sort();
-            if a != b {
-                bad.push((t, a, b));
-            }
+    let mut s = Session::new(model, options);
+    if replay {
+        let forcing = Forcing::from_golden(g, model.config()).unwrap();
+        s.replay(&ids[..prefill], &forcing, &mut trace).unwrap();
+        for i in prefill..ids.len() {
+            s.replay(&ids[i..i + 1], &forcing, &mut trace).unwrap();
         }
-        eprintln!(
-            "topk.L{l}: {} rows differ; first {:?}",
-            bad.len(),
-            bad.first()
-        );
-    }
-    let ge = g.i64("experts").unwrap().1;
-    let mut bad = 0;
-    for (i, c) in ge.chunks(2).enumerate() {
-        let mut a = c.to_vec();
-        let mut b: Vec<i64> = tr.experts[i * 2..i * 2 + 2]
-            .iter()
-            .map(|&x| x as i64)
-            .collect();
-        a.sort();
-        b.sort();
-        if a != b {
-            bad += 1;
+    } else {
+        s.prefill(&ids[..prefill], &mut trace).unwrap();
+        for &t in &ids[prefill..] {
+            s.decode(t, &mut trace).unwrap();
         }
     }
-    eprintln!("experts: {bad} cells differ");
-    let gl = g.f32("logits").unwrap().1;
-    eprintln!("logits rel L2 {:.3e}", common::rel_l2(&tr.logits, gl));
+    trace
+}
+
+fn summary(name: &str, rep: &Report) -> String {
+    let layers = |k: &str| {
+        rep.worst
+            .get(k)
+            .map(|v| {
+                v.iter()
+                    .map(|x| format!("{x:.1e}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default()
+    };
+    let mut s = format!(
+        "{name}: fragile flips {}/{} decisions; logits {}/{} steps compared, worst rel L2 {:.2e}, max|d| {:.2e}; residual per layer [{}]",
+        rep.fragile_flips, rep.decisions_compared, rep.logits_compared, rep.logits_steps, rep.logits_worst_rel, rep.logits_worst_abs,
+        layers("residual")
+    );
+    for k in ["attn_out", "moe_out", "block_input"] {
+        if rep.worst.contains_key(k) {
+            s += &format!("; {k} [{}]", layers(k));
+        }
+    }
+    s
+}
+
+#[test]
+fn official_a_end_to_end_within_recommended_compare_args() {
+    let Some(up) = common::upstream("official_a_end_to_end_within_recommended_compare_args") else {
+        return;
+    };
+    let model = common::official_a_model(&up);
+    let lim = limits(&up, "recommended_compare_args");
+    let mut failures = Vec::new();
+    for (name, prefill, index_k) in GOLDENS {
+        let g = TraceFile::read(&up.join(format!("official_a/{name}.safetensors"))).unwrap();
+        let tr = run(&model, &g, prefill, index_k, false);
+        let rep = compare(&g, &tr, &lim);
+        eprintln!("{}", summary(name, &rep));
+        failures.extend(rep.failures.iter().map(|f| format!("{name}: {f}")));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn official_a_replay_within_recommended_replay_args() {
+    let Some(up) = common::upstream("official_a_replay_within_recommended_replay_args") else {
+        return;
+    };
+    let model = common::official_a_model(&up);
+    let lim = limits(&up, "recommended_replay_args");
+    let mut failures = Vec::new();
+    for (name, prefill, index_k) in GOLDENS {
+        let g = TraceFile::read(&up.join(format!("official_a/{name}.safetensors"))).unwrap();
+        let tr = run(&model, &g, prefill, index_k, true);
+        let rep = compare_replay(&g, &tr, &lim);
+        eprintln!("{}", summary(name, &rep));
+        // Replayed, a correct engine flips no decision at all on this set.
+        assert_eq!(rep.fragile_flips, 0, "{name}");
+        failures.extend(rep.failures.iter().map(|f| format!("{name}: {f}")));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn official_a_replay_catches_a_wrong_index_k_behaviour() {
+    // The check must be able to fail: replaying the as-shipped golden with the owner fix.
+    let Some(up) = common::upstream("official_a_replay_catches_a_wrong_index_k_behaviour") else {
+        return;
+    };
+    let model = common::official_a_model(&up);
+    let lim = limits(&up, "recommended_replay_args");
+    let g = TraceFile::read(&up.join("official_a/p01_d47/golden_ref_defect.safetensors")).unwrap();
+    let rep = compare_replay(&g, &run(&model, &g, 1, IndexK::Owner, true), &lim);
+    assert!(!rep.failures.is_empty());
 }

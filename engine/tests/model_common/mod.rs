@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod compare;
+
 use std::path::{Path, PathBuf};
 
 use ds41_engine::model::Model;
