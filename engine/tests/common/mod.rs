@@ -6,6 +6,8 @@ use ds41_engine::config::Config;
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 
+pub mod container;
+
 /// `DS41_UPSTREAM` or a printed skip.
 pub fn upstream() -> Option<PathBuf> {
     match std::env::var_os("DS41_UPSTREAM") {
