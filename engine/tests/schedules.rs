@@ -13,6 +13,12 @@ fn open_model(dir: &Path) -> Model {
     common::official_a_model(dir)
 }
 
+fn waste(dir: &Path) -> Model {
+    Model::open(&dir.join("waste_ds41_synth/container")).unwrap()
+}
+
+const WASTE_IDS: [u32; 16] = [3, 7, 11, 5, 19, 23, 2, 41, 8, 64, 17, 90, 4, 8, 200, 31];
+
 fn ids(up: &Path) -> Vec<u32> {
     let g =
         TraceFile::read(&up.join("official_a/p48_d00/golden_prefill_only.safetensors")).unwrap();
@@ -205,5 +211,51 @@ fn results_do_not_depend_on_the_thread_count() {
             .iter()
             .zip(&runs[1].logits)
             .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
+
+#[test]
+fn waste_container_schedules() {
+    // WASTE synthetic container: window 4, ratio-2 owner = layer 2, index_topk 4, so the
+    // shipped hand-off first shows at the even decode position p = 10 (MODEL.md §8.2).
+    let Some(up) = common::upstream("waste_container_schedules") else {
+        return;
+    };
+    let model = waste(&up);
+    let ids = WASTE_IDS;
+    let n = ids.len();
+    // Upstream numerics do not apply: q_lora_rank 48 is not a whole number of FP8 blocks.
+    for numerics in [Numerics::Exact] {
+        let owner = Options {
+            numerics,
+            index_k: IndexK::Owner,
+            ..Options::default()
+        };
+        let shipped = Options {
+            numerics,
+            index_k: IndexK::AsShipped,
+            ..Options::default()
+        };
+        let full = run_chunks(&model, &ids, &[n], &owner);
+        for chunks in [
+            schedule(1, n),
+            schedule(3, n),
+            vec![3, 1, 2, 5, 1, 4],
+            vec![4, 5, 7],
+        ] {
+            let other = run_chunks(&model, &ids, &chunks, &owner);
+            assert_eq!(
+                first_difference(&full, &other),
+                None,
+                "{numerics} chunks {chunks:?}"
+            );
+        }
+        let a = run_chunks(&model, &ids, &schedule(1, n), &shipped);
+        let b = run_chunks(&model, &ids, &schedule(1, n), &owner);
+        assert_eq!(first_difference(&a, &b), Some((10, 2)), "{numerics}");
+        assert_eq!(
+            first_difference(&run_chunks(&model, &ids, &[n], &shipped), &full),
+            None
+        );
     }
 }

@@ -126,3 +126,14 @@ fn waste_oracle_as_shipped() {
 fn waste_oracle_owner() {
     check(IndexK::Owner, "owner");
 }
+
+#[test]
+fn waste_oracle_tells_the_index_k_behaviours_apart() {
+    // The check can fail: the as-shipped engine against the owner oracle departs at 11 tokens.
+    let Some(up) = common::upstream("waste_oracle_tells_the_index_k_behaviours_apart") else {
+        return;
+    };
+    let (_, logits, _) = measure(&up, IndexK::AsShipped, "owner");
+    assert!(logits[..10].iter().all(|&r| r < 1e-5));
+    assert!(logits[10] > 1e-3, "rel L2 at 11 tokens {:.3e}", logits[10]);
+}
