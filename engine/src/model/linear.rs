@@ -430,6 +430,20 @@ pub(crate) mod tests {
         fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
             Ok(self.get(name)?.2.clone())
         }
+        fn names(&self) -> Vec<String> {
+            let mut v: Vec<String> = self.tensors.keys().cloned().collect();
+            v.sort();
+            v
+        }
+        fn quant_view(&self, _: &str) -> Result<Option<crate::checkpoint::QuantView<'_>>> {
+            Ok(None)
+        }
+        fn engram_constants(&self) -> Result<crate::config::EngramHashConstants> {
+            Err(Error::Model("the kernel test double has no Engram".into()))
+        }
+        fn engram_token_map(&self) -> Result<Option<Vec<i32>>> {
+            Ok(None)
+        }
         fn rows_f32(&self, name: &str, first: usize, out: &mut [f32]) -> Result<()> {
             let (shape, _, data) = self.get(name)?;
             let cols = shape[1];
