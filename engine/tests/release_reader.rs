@@ -281,7 +281,9 @@ fn wrong_shape_and_dtype_are_refused() {
         ts[i].shape = vec![ts[i].shape[1], ts[i].shape[0]];
     });
     assert!(
-        e.contains("layers.0.attn.wq_a.scale") && e.contains("does not fit"),
+        e.contains("tensor `layers.0.attn.wq_a.weight`")
+            && e.contains("layers.0.attn.wq_a.scale")
+            && e.contains("does not fit"),
         "{e}"
     );
     // scale with the wrong dtype
@@ -300,7 +302,22 @@ fn wrong_shape_and_dtype_are_refused() {
         });
     });
     assert!(
-        e.contains("layers.0.attn_norm.scale") && e.contains("companion"),
+        e.contains("`layers.0.attn_norm.weight`") && e.contains("BF16 cannot carry"),
+        "{e}"
+    );
+    // a quantised weight stored as F8_E5M2: named, not its scale
+    let e = with(&|ts| {
+        let i = idx(ts, "layers.0.attn.wq_a.weight");
+        ts[i].dtype = "F8_E5M2";
+    });
+    assert!(
+        e.contains("`layers.0.attn.wq_a.weight`") && e.contains("F8_E5M2"),
+        "{e}"
+    );
+    // a dropped expert weight whose scale stayed behind
+    let e = with(&|ts| ts.retain(|t| t.name != "layers.3.ffn.experts.1.w2.weight"));
+    assert!(
+        e.contains("`layers.3.ffn.experts.1.w2.weight`: is missing"),
         "{e}"
     );
     // a Dense tensor stored FP8 (router must be BF16/F32)

@@ -378,14 +378,22 @@ fn classify(shards: &[Shard], mut raw: BTreeMap<String, Entry>) -> Result<BTreeM
             Dtype::BF16 => Some(Storage::Bf16),
             Dtype::F16 => Some(Storage::F16),
             Dtype::F8_E8M0 => {
-                // A scale must belong to a quantised weight.
-                let owner = name.strip_suffix(".scale").map(|s| format!("{s}.weight"));
-                let ok = owner
-                    .as_ref()
-                    .and_then(|o| raw.get(o))
-                    .is_some_and(|w| matches!(w.dtype, Dtype::F8_E4M3 | Dtype::I8));
-                if !ok {
-                    return Err(tensor_err(path, name, "F8_E8M0 scale without an F8_E4M3 or I8 `<w>.weight` companion"));
+                // A scale must belong to a quantised weight; name the weight when it is not.
+                let Some(owner) = name.strip_suffix(".scale").map(|s| format!("{s}.weight")) else {
+                    return Err(tensor_err(path, name, "F8_E8M0 tensor that is not a `<w>.scale` companion"));
+                };
+                match raw.get(&owner) {
+                    None => {
+                        return Err(tensor_err(path, &owner, format!("is missing, but its scale `{name}` is present")));
+                    }
+                    Some(w) if !matches!(w.dtype, Dtype::F8_E4M3 | Dtype::I8) => {
+                        return Err(tensor_err(
+                            &shards[w.shard].path,
+                            &owner,
+                            format!("dtype {} cannot carry the E8M0 scale `{name}` (expected F8_E4M3 or I8-packed FP4)", w.dtype),
+                        ));
+                    }
+                    Some(_) => {}
                 }
                 Some(Storage::E8m0)
             }
@@ -464,10 +472,10 @@ fn pair_quantised(
             )
         };
         return Err(tensor_err(
-            &shards[s.shard].path,
-            &sname,
+            path,
+            name,
             format!(
-                "scale shape {got:?} does not fit weight `{name}` {:?}: expected {expect}",
+                "stored shape {:?} does not fit its scale `{sname}` {got:?}: the scale should be {expect}",
                 e.stored_shape
             ),
         ));
@@ -508,10 +516,12 @@ fn read_index(dir: &Path, index: &Path) -> Result<(Vec<PathBuf>, BTreeMap<String
         let path = dir.join(rel);
         if !files.contains(&path) {
             if !path.is_file() {
-                return Err(tensor_err(
+                return Err(fmt_err(
                     index,
-                    name,
-                    format!("index names shard {f:?}, which does not exist"),
+                    0,
+                    format!(
+                        "`weight_map` puts tensor `{name}` in shard {f:?}, which does not exist"
+                    ),
                 ));
             }
             files.push(path.clone());
