@@ -148,16 +148,3 @@ fn official_a_replay_catches_a_wrong_index_k_behaviour() {
     let rep = compare_replay(&g, &run(&model, &g, 1, IndexK::Owner, true), &lim);
     assert!(!rep.failures.is_empty());
 }
-
-#[test]
-fn official_a_engram_map_from_the_tokenizer_equals_the_goldens() {
-    let Some(up) = common::upstream("official_a_engram_map_from_the_tokenizer_equals_the_goldens")
-    else {
-        return;
-    };
-    let model = common::official_a_model(&up);
-    assert_eq!(
-        *model.engram_hasher().unwrap().token_map,
-        common::official_a_token_map(&up)
-    );
-}

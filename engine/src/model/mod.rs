@@ -150,8 +150,15 @@ impl Model {
             let token_map = match token_map {
                 Some(m) => Some(m),
                 None if ckpt.engram_token_map()?.is_none() => {
-                    let tok = crate::tokenizer::Tokenizer::from_file(dir.join("tokenizer.json"))?;
-                    let map = crate::tokenizer::engram_map::compressed_token_map(&tok)?;
+                    let path = dir.join("tokenizer.json");
+                    let map = crate::tokenizer::Tokenizer::from_file(&path)
+                        .and_then(|tok| crate::tokenizer::engram_map::compressed_token_map(&tok))
+                        .map_err(|e| {
+                            Error::Model(format!(
+                                "building the Engram token map from {}: {e}; supply the map explicitly",
+                                path.display()
+                            ))
+                        })?;
                     let n = crate::tokenizer::engram_map::compressed_vocab_size(&map);
                     if n != ckpt.config().engram_compressed_vocab_size {
                         return Err(Error::Config {
