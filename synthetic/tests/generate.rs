@@ -172,7 +172,6 @@ const PINS: &str = "
 tiny         release   0 0e770ddb22a7c1766fe1821f8b79ca964c19b9aff6edbbe6c2c51bb3a696a9e3
 tiny         container 0 e4024696298b261eac5b113d5095243c0e046e9d08f7be96df6ee67d9645188b
 tiny-sharded release   0 ffa488adaaedfa7cc5ea3870a418e07fc3457d43c7d6dbf7ead22db97a40b54a
-waste-tiny   release   0 84016bd637b57d900004625025c0623528be09532d0edd0a6cb0f78912737925
 waste-tiny   container 0 3f932dbcc18490c16fac8ce0de2b493503e2b45d2cf707035ec3f83ef07ddb98
 waste-tiny   container 7 7637d16f855ec4096058c882807784dc50b0e5fcc3dd74bd98a722798b7f5bcd
 ";
