@@ -18,22 +18,20 @@ pub struct Expected {
 }
 
 impl Expected {
-    /// Name of an engine error's variant.
-    pub fn variant_of(err: &ds41_engine::Error) -> &'static str {
-        use ds41_engine::Error::*;
-        match err {
-            Io { .. } => "Io",
-            Config { .. } => "Config",
-            Tensor { .. } => "Tensor",
-            Format { .. } => "Format",
-            Model(_) => "Model",
-        }
+    /// Name of an engine error's variant (`Io`, `Config`, `Tensor`, `Format`, ...), taken
+    /// from its `Debug` form so variants added later are named too.
+    pub fn variant_of(err: &ds41_engine::Error) -> String {
+        let dbg = format!("{err:?}");
+        dbg.split(|c: char| !c.is_alphanumeric() && c != '_')
+            .next()
+            .unwrap_or_default()
+            .to_string()
     }
 
     /// Whether `err` is the refusal this mutant expects.
     pub fn matches(&self, err: &ds41_engine::Error) -> bool {
         let text = err.to_string();
-        self.variants.contains(&Self::variant_of(err))
+        self.variants.contains(&Self::variant_of(err).as_str())
             && self.mentions.iter().any(|m| text.contains(m))
     }
 }
