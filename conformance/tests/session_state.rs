@@ -26,7 +26,9 @@ fn presets() -> (&'static Path, &'static Path) {
 }
 
 fn tokens(n: usize, vocab: usize) -> Vec<u32> {
-    (0..n as u32).map(|i| (i * 37 + 11) % vocab as u32).collect()
+    (0..n as u32)
+        .map(|i| (i * 37 + 11) % vocab as u32)
+        .collect()
 }
 
 fn traced(model: &Model) -> Trace {
@@ -49,35 +51,52 @@ fn run(s: &mut Session, ids: &[u32], split: usize, trace: &mut Trace) {
     }
 }
 
+fn assert_bits_equal(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].to_bits() != want[i].to_bits()) {
+        panic!("{what}: element {i} is {} instead of {}", got[i], want[i]);
+    }
+}
+
 /// Every per-token tensor of `part` (tokens from `first` on) equals `whole`'s, bit for bit.
 fn assert_rows_equal(whole: &Trace, part: &Trace, first: usize, what: &str) {
-    let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
     let per_tok = |total: usize, tokens: usize| total / tokens.max(1);
     let w = per_tok(whole.residual.len(), whole.tokens);
-    assert_eq!(
-        bits(&whole.residual[first * w..]),
-        bits(&part.residual),
-        "{what}: residual"
-    );
+    for t in 0..part.tokens {
+        let cell = |tr: &Trace, tok: usize| tr.residual[tok * w..(tok + 1) * w].to_vec();
+        assert_bits_equal(
+            &cell(part, t),
+            &cell(whole, first + t),
+            &format!("{what}: residual of token {}", first + t),
+        );
+    }
     let e = per_tok(whole.experts.len(), whole.tokens);
-    assert_eq!(whole.experts[first * e..], part.experts[..], "{what}: experts");
     assert_eq!(
-        bits(&whole.expert_weights[first * e..]),
-        bits(&part.expert_weights),
-        "{what}: expert weights"
+        whole.experts[first * e..],
+        part.experts[..],
+        "{what}: experts"
+    );
+    assert_bits_equal(
+        &part.expert_weights,
+        &whole.expert_weights[first * e..],
+        &format!("{what}: expert weights"),
     );
     for (l, v) in &whole.topk {
         let k = per_tok(v.len(), whole.tokens);
         assert_eq!(v[first * k..], part.topk[l][..], "{what}: topk.L{l}");
     }
     let h = per_tok(whole.engram_hash.len(), whole.tokens);
-    assert_eq!(whole.engram_hash[first * h..], part.engram_hash[..], "{what}: engram_hash");
+    assert_eq!(
+        whole.engram_hash[first * h..],
+        part.engram_hash[..],
+        "{what}: engram_hash"
+    );
 }
 
 /// prefill(a) + save + a fresh model and session load + continue == uninterrupted, for every
 /// split point (logits of every step and every per-token trace tensor).
-fn check_splits(dir: &Path, splits: &[usize], total: usize) {
-    for numerics in [Numerics::Exact, Numerics::Upstream] {
+fn check_splits(dir: &Path, profiles: &[Numerics], splits: &[usize], total: usize) {
+    for &numerics in profiles {
         for index_k in [IndexK::Owner, IndexK::AsShipped] {
             let options = Options {
                 numerics,
@@ -89,7 +108,12 @@ fn check_splits(dir: &Path, splits: &[usize], total: usize) {
             for &split in splits {
                 let what = format!("{} {numerics} {index_k} split {split}", dir.display());
                 let mut whole = traced(&model);
-                run(&mut Session::new(&model, options.clone()), &ids, split, &mut whole);
+                run(
+                    &mut Session::new(&model, options.clone()),
+                    &ids,
+                    split,
+                    &mut whole,
+                );
 
                 let tmp = tempfile::tempdir().unwrap();
                 let file = tmp.path().join("s.ds41state");
@@ -104,13 +128,12 @@ fn check_splits(dir: &Path, splits: &[usize], total: usize) {
                 state::restore(&fresh_model, &mut s2, &file).unwrap();
                 assert_eq!(s2.position(), split);
                 let mut second = traced(&fresh_model);
-                run(&mut s2, &ids, split, &mut second);
+                run(&mut s2, &ids[split..], 0, &mut second);
 
                 let mut logits = first.logits.clone();
                 logits.extend_from_slice(&second.logits);
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&logits), bits(&whole.logits), "{what}: logits");
                 assert_rows_equal(&whole, &second, split, &what);
+                assert_bits_equal(&logits, &whole.logits, &format!("{what}: logits"));
             }
         }
     }
@@ -125,6 +148,7 @@ fn release_tiny_continues_bit_exactly_at_every_boundary() {
     // (12, 13, 14), and a late odd split (17).
     check_splits(
         presets().0,
+        &[Numerics::Exact, Numerics::Upstream],
         &[0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 14, 17],
         22,
     );
@@ -132,8 +156,14 @@ fn release_tiny_continues_bit_exactly_at_every_boundary() {
 
 #[test]
 fn container_waste_tiny_continues_bit_exactly() {
-    // waste-tiny: window 4; splits around its ratio-2 groups and ring wrap.
-    check_splits(presets().1, &[0, 1, 2, 3, 4, 5, 8, 9], 14);
+    // waste-tiny: window 4; splits around its ratio-2 groups and ring wrap. Its widths
+    // (q_lora 48) are not 32-block multiples, so only the exact profile applies.
+    check_splits(
+        presets().1,
+        &[Numerics::Exact],
+        &[0, 1, 2, 3, 4, 5, 8, 9],
+        14,
+    );
 }
 
 /// A state file of the tiny preset after 10 tokens, with its model and options.
@@ -186,7 +216,13 @@ fn the_sample_state_round_trips() {
     assert_eq!(st.position, 10);
     assert_eq!(state::encode(&st, model.config(), &options).unwrap(), bytes);
     // The re-checksummed header edit helper is faithful (so the tests below test the checks).
-    assert!(state::decode(&with_header(&bytes, |_| {}), Path::new("s"), model.config(), &options).is_ok());
+    assert!(state::decode(
+        &with_header(&bytes, |_| {}),
+        Path::new("s"),
+        model.config(),
+        &options
+    )
+    .is_ok());
 }
 
 #[test]
@@ -215,8 +251,14 @@ fn every_differing_fingerprint_field_is_refused_by_name() {
     }
     // Run options are part of the fingerprint: numerics and index-k.
     for other in [
-        Options { numerics: Numerics::Upstream, ..options.clone() },
-        Options { index_k: IndexK::Owner, ..options.clone() },
+        Options {
+            numerics: Numerics::Upstream,
+            ..options.clone()
+        },
+        Options {
+            index_k: IndexK::Owner,
+            ..options.clone()
+        },
     ] {
         let e = decode_err(&bytes, &model, &other);
         assert!(e.contains("fingerprint."), "{e}");
@@ -240,7 +282,9 @@ fn truncated_extended_and_bit_flipped_files_are_refused() {
     }
     // Every bit of the prefix and header, and a spread of payload bits.
     let hl = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
-    let positions: Vec<usize> = (0..64 + hl).chain((64 + hl..bytes.len()).step_by(13)).collect();
+    let positions: Vec<usize> = (0..64 + hl)
+        .chain((64 + hl..bytes.len()).step_by(13))
+        .collect();
     for &i in &positions {
         for bit in 0..8 {
             let mut b = bytes.clone();
@@ -254,7 +298,11 @@ fn truncated_extended_and_bit_flipped_files_are_refused() {
 fn header_consistency_checks_name_the_field() {
     let (model, options, bytes) = sample_state();
     // A position the arrays do not fit.
-    let e = decode_err(&with_header(&bytes, |h| h["position"] = 11.into()), &model, &options);
+    let e = decode_err(
+        &with_header(&bytes, |h| h["position"] = 11.into()),
+        &model,
+        &options,
+    );
     assert!(e.contains("engram_history") || e.contains("latents"), "{e}");
     // An array table that does not add up to payload_len.
     let e = decode_err(
@@ -289,7 +337,12 @@ fn saving_is_atomic_and_load_reads_files() {
     assert_eq!(std::fs::read(&file).unwrap(), bytes);
     // No temporary file is left behind.
     assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
-    assert_eq!(state::load(&file, model.config(), &options).unwrap().position, 10);
+    assert_eq!(
+        state::load(&file, model.config(), &options)
+            .unwrap()
+            .position,
+        10
+    );
     std::fs::write(&file, &bytes[..100]).unwrap();
     assert!(state::load(&file, model.config(), &options).is_err());
     assert!(state::load(&tmp.path().join("missing"), model.config(), &options).is_err());
@@ -303,19 +356,28 @@ fn metamorphic_checks_pass_on_the_reference_in_both_layouts() {
         let model = Model::open(dir).unwrap();
         let v = model.config().vocab_size;
         let ids = tokens(30, v);
-        for numerics in [Numerics::Exact, Numerics::Upstream] {
+        // The container's widths (q_lora 48) are not 32-block multiples: exact numerics only.
+        let profiles: &[Numerics] = if dir == presets().1 {
+            &[Numerics::Exact]
+        } else {
+            &[Numerics::Exact, Numerics::Upstream]
+        };
+        for &numerics in profiles {
             let options = Options {
                 numerics,
                 ..Options::default()
             };
             let mut fresh = || Ok(metamorphic::Reference::new(&model, options.clone()));
             for split in [1usize, 6, 9] {
-                let v = metamorphic::snapshot_restore(&mut fresh, &ids[..split], &ids[split..18]).unwrap();
+                let v = metamorphic::snapshot_restore(&mut fresh, &ids[..split], &ids[split..18])
+                    .unwrap();
                 assert!(v.passed, "{v:?}");
             }
-            let v = metamorphic::prefix_reuse(&mut fresh, &ids[..7], &ids[7..20], &ids[20..26]).unwrap();
+            let v = metamorphic::prefix_reuse(&mut fresh, &ids[..7], &ids[7..20], &ids[20..26])
+                .unwrap();
             assert!(v.passed, "{v:?}");
-            let v = metamorphic::reset_replay(&mut fresh, &ids[..9], &ids[9..14], &ids[14..20]).unwrap();
+            let v = metamorphic::reset_replay(&mut fresh, &ids[..9], &ids[9..14], &ids[14..20])
+                .unwrap();
             assert!(v.passed, "{v:?}");
         }
     }

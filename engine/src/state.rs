@@ -57,11 +57,17 @@ pub fn fingerprint(cfg: &Config, options: &Options) -> Map<String, Value> {
     put("window_size", cfg.window_size.into());
     put("compress_ratios", cfg.compress_ratios.clone().into());
     put("kv_source_layers", cfg.kv_source_layers.clone().into());
-    put("index_source_layers", cfg.index_source_layers.clone().into());
+    put(
+        "index_source_layers",
+        cfg.index_source_layers.clone().into(),
+    );
     put("candidate_source_layer", cfg.candidate_source_layer.into());
     put("index_head_dim", cfg.index_head_dim.into());
     put("engram_layer_ids", cfg.engram_layer_ids.clone().into());
-    put("engram_num_embeddings", cfg.engram_num_embeddings.clone().into());
+    put(
+        "engram_num_embeddings",
+        cfg.engram_num_embeddings.clone().into(),
+    );
     put("engram_max_ngram_size", cfg.engram_max_ngram_size.into());
     put(
         "engram_compressed_vocab_size",
@@ -150,8 +156,8 @@ pub fn encode(state: &SessionState, cfg: &Config, options: &Options) -> Result<V
             })
             .collect(),
     };
-    let header_bytes = serde_json::to_vec(&header)
-        .map_err(|e| Error::Model(format!("state header: {e}")))?;
+    let header_bytes =
+        serde_json::to_vec(&header).map_err(|e| Error::Model(format!("state header: {e}")))?;
     let mut payload = Vec::new();
     for (_, d) in &arrays {
         match d {
@@ -206,17 +212,29 @@ fn read_prefix(bytes: &[u8], file: &Path, file_len: u64) -> Result<Prefix> {
         ));
     }
     if &bytes[0..8] != MAGIC {
-        return Err(format_err(file, 0, "magic: not a DS41 session state (expected \"DS41STAT\")"));
+        return Err(format_err(
+            file,
+            0,
+            "magic: not a DS41 session state (expected \"DS41STAT\")",
+        ));
     }
     let u32_at = |o: usize| u32::from_le_bytes(bytes[o..o + 4].try_into().unwrap_or([0; 4]));
     let u64_at = |o: usize| u64::from_le_bytes(bytes[o..o + 8].try_into().unwrap_or([0; 8]));
     let version = u32_at(8);
     if version != VERSION {
-        return Err(format_err(file, 8, format!("version: {version} is not supported (this engine reads version {VERSION})")));
+        return Err(format_err(
+            file,
+            8,
+            format!("version: {version} is not supported (this engine reads version {VERSION})"),
+        ));
     }
     let header_len = u32_at(12);
     if header_len == 0 || header_len > MAX_HEADER_LEN {
-        return Err(format_err(file, 12, format!("header_len: {header_len} is outside 1..={MAX_HEADER_LEN}")));
+        return Err(format_err(
+            file,
+            12,
+            format!("header_len: {header_len} is outside 1..={MAX_HEADER_LEN}"),
+        ));
     }
     let payload_len = u64_at(16);
     if u64_at(24) != 0 {
@@ -263,10 +281,19 @@ fn decode_checked(
     let hl = prefix.header_len as usize;
     let (header_bytes, payload) = rest.split_at(hl);
     if checksum(header_bytes, payload) != prefix.checksum {
-        return Err(format_err(file, 32, "sha256: the header and payload do not match the recorded checksum (corrupted file)"));
+        return Err(format_err(
+            file,
+            32,
+            "sha256: the header and payload do not match the recorded checksum (corrupted file)",
+        ));
     }
-    let header: Header = serde_json::from_slice(header_bytes)
-        .map_err(|e| format_err(file, PREFIX_LEN as u64, format!("header: invalid JSON: {e}")))?;
+    let header: Header = serde_json::from_slice(header_bytes).map_err(|e| {
+        format_err(
+            file,
+            PREFIX_LEN as u64,
+            format!("header: invalid JSON: {e}"),
+        )
+    })?;
 
     // Fingerprint: name the first differing field.
     let want = fingerprint(cfg, options);
@@ -274,35 +301,62 @@ fn decode_checked(
         match header.fingerprint.get(k) {
             Some(got) if got == v => {}
             Some(got) => {
-                return Err(format_err(file, PREFIX_LEN as u64, format!(
-                    "fingerprint.{k}: the state was saved with {got}, this model/run has {v}")))
+                return Err(format_err(
+                    file,
+                    PREFIX_LEN as u64,
+                    format!(
+                        "fingerprint.{k}: the state was saved with {got}, this model/run has {v}"
+                    ),
+                ))
             }
             None => {
-                return Err(format_err(file, PREFIX_LEN as u64, format!("fingerprint.{k}: missing from the state")))
+                return Err(format_err(
+                    file,
+                    PREFIX_LEN as u64,
+                    format!("fingerprint.{k}: missing from the state"),
+                ))
             }
         }
     }
     if let Some(k) = header.fingerprint.keys().find(|k| !want.contains_key(*k)) {
-        return Err(format_err(file, PREFIX_LEN as u64, format!("fingerprint.{k}: unknown field")));
+        return Err(format_err(
+            file,
+            PREFIX_LEN as u64,
+            format!("fingerprint.{k}: unknown field"),
+        ));
     }
 
     // The array table must add up to the payload length before any array is read.
     let mut total: u64 = 0;
     for a in &header.arrays {
         let size = elem_size(&a.dtype).ok_or_else(|| {
-            format_err(file, PREFIX_LEN as u64, format!("arrays.{}: dtype `{}` is not f32 or i64", a.name, a.dtype))
+            format_err(
+                file,
+                PREFIX_LEN as u64,
+                format!("arrays.{}: dtype `{}` is not f32 or i64", a.name, a.dtype),
+            )
         })?;
         total = a
             .len
             .checked_mul(size)
             .and_then(|b| total.checked_add(b))
-            .ok_or_else(|| format_err(file, PREFIX_LEN as u64, format!("arrays.{}: length overflows", a.name)))?;
+            .ok_or_else(|| {
+                format_err(
+                    file,
+                    PREFIX_LEN as u64,
+                    format!("arrays.{}: length overflows", a.name),
+                )
+            })?;
     }
     if total != prefix.payload_len {
-        return Err(format_err(file, 16, format!(
-            "payload_len: the array table adds up to {total} bytes, the prefix declares {}",
-            prefix.payload_len
-        )));
+        return Err(format_err(
+            file,
+            16,
+            format!(
+                "payload_len: the array table adds up to {total} bytes, the prefix declares {}",
+                prefix.payload_len
+            ),
+        ));
     }
 
     // The expected array list for this model at this position.
@@ -320,15 +374,29 @@ fn decode_checked(
     };
     for (l, layer) in fresh.layers.iter_mut().enumerate() {
         let wlen = layer.window.len();
-        layer.window = cursor.f32s(&format!("layers.{l}.window"), |n| n == wlen, &format!("{wlen}"))?;
+        layer.window = cursor.f32s(
+            &format!("layers.{l}.window"),
+            |n| n == wlen,
+            &format!("{wlen}"),
+        )?;
         if let Some(c) = layer.compressed.as_mut() {
             read_compressed(&mut cursor, l, c, position)?;
         }
     }
-    fresh.engram_history = cursor.i64s("engram_history", |n| n == position, &format!("{position} (= position)"))?;
+    fresh.engram_history = cursor.i64s(
+        "engram_history",
+        |n| n == position,
+        &format!("{position} (= position)"),
+    )?;
     if cursor.next != header.arrays.len() {
-        return Err(format_err(file, PREFIX_LEN as u64, format!(
-            "arrays.{}: not part of this model's state", header.arrays[cursor.next].name)));
+        return Err(format_err(
+            file,
+            PREFIX_LEN as u64,
+            format!(
+                "arrays.{}: not part of this model's state",
+                header.arrays[cursor.next].name
+            ),
+        ));
     }
     fresh.published_index_k = match header.published_index_k {
         None => None,
@@ -353,18 +421,35 @@ fn decode_checked(
 
 /// The compressed caches of KV source `l` at `position` (MODEL.md §7.2: entry j exists once
 /// token j·r + r − 1 was processed, so there are `position div r` latents).
-fn read_compressed(cursor: &mut Cursor, l: usize, c: &mut CompressedState, position: usize) -> Result<()> {
+fn read_compressed(
+    cursor: &mut Cursor,
+    l: usize,
+    c: &mut CompressedState,
+    position: usize,
+) -> Result<()> {
     let entries = position / c.ratio.max(1);
     let (hd, ihd) = (c.head_dim, c.index_head_dim);
-    c.latents = cursor.f32s(&format!("layers.{l}.latents"), |n| n == entries * hd, &format!("{entries} × {hd} (position div ratio entries)"))?;
+    c.latents = cursor.f32s(
+        &format!("layers.{l}.latents"),
+        |n| n == entries * hd,
+        &format!("{entries} × {hd} (position div ratio entries)"),
+    )?;
     c.index_keys = cursor.f32s(
         &format!("layers.{l}.index_keys"),
         |n| n == entries * ihd || n == 0,
         &format!("{entries} × {ihd} or 0"),
     )?;
     let glen = c.group_kv.len();
-    c.group_kv = cursor.f32s(&format!("layers.{l}.group_kv"), |n| n == glen, &format!("{glen}"))?;
-    c.group_score = cursor.f32s(&format!("layers.{l}.group_score"), |n| n == glen, &format!("{glen}"))?;
+    c.group_kv = cursor.f32s(
+        &format!("layers.{l}.group_kv"),
+        |n| n == glen,
+        &format!("{glen}"),
+    )?;
+    c.group_score = cursor.f32s(
+        &format!("layers.{l}.group_score"),
+        |n| n == glen,
+        &format!("{glen}"),
+    )?;
     Ok(())
 }
 
@@ -379,9 +464,19 @@ struct Cursor<'a> {
 }
 
 impl Cursor<'_> {
-    fn entry(&mut self, name: &str, dtype: &str, ok: impl Fn(usize) -> bool, want: &str) -> Result<(usize, usize)> {
+    fn entry(
+        &mut self,
+        name: &str,
+        dtype: &str,
+        ok: impl Fn(usize) -> bool,
+        want: &str,
+    ) -> Result<(usize, usize)> {
         let Some(e) = self.table.get(self.next) else {
-            return Err(format_err(self.file, PREFIX_LEN as u64, format!("arrays: `{name}` is missing (the table ends early)")));
+            return Err(format_err(
+                self.file,
+                PREFIX_LEN as u64,
+                format!("arrays: `{name}` is missing (the table ends early)"),
+            ));
         };
         if e.name != name || e.dtype != dtype {
             return Err(format_err(self.file, PREFIX_LEN as u64, format!(
@@ -389,8 +484,11 @@ impl Cursor<'_> {
         }
         let n = usize::try_from(e.len).unwrap_or(usize::MAX);
         if !ok(n) {
-            return Err(format_err(self.file, self.base + self.offset as u64, format!(
-                "{name}: {n} elements, this model expects {want}")));
+            return Err(format_err(
+                self.file,
+                self.base + self.offset as u64,
+                format!("{name}: {n} elements, this model expects {want}"),
+            ));
         }
         self.next += 1;
         let start = self.offset;
@@ -462,7 +560,14 @@ pub fn load(path: &Path, cfg: &Config, options: &Options) -> Result<SessionState
     let got = read_up_to(&mut f, &mut prefix_bytes).map_err(io)?;
     let prefix = read_prefix(&prefix_bytes[..got], path, file_len)?;
     let rest_len = file_len - PREFIX_LEN as u64; // = header_len + payload_len, checked
-    let mut rest = vec![0u8; usize::try_from(rest_len).map_err(|_| format_err(path, 16, "payload_len: too large for this machine"))?];
+    let mut rest = vec![
+        0u8;
+        usize::try_from(rest_len).map_err(|_| format_err(
+            path,
+            16,
+            "payload_len: too large for this machine"
+        ))?
+    ];
     f.read_exact(&mut rest).map_err(io)?;
     decode_checked(&prefix, &rest, path, cfg, options)
 }

@@ -74,7 +74,8 @@ impl StatefulEngine for Reference<'_> {
         self.session.set_state(state)
     }
     fn reset(&mut self) -> Result<()> {
-        self.session.set_state(SessionState::new(self.model.config()))
+        self.session
+            .set_state(SessionState::new(self.model.config()))
     }
 }
 
@@ -109,8 +110,7 @@ fn verdict(check: &'static str, got: &[Vec<f32>], want: &[Vec<f32>]) -> Verdict 
         };
     }
     for (i, (g, w)) in got.iter().zip(want).enumerate() {
-        let diff = g.len() != w.len()
-            || g.iter().zip(w).any(|(x, y)| x.to_bits() != y.to_bits());
+        let diff = g.len() != w.len() || g.iter().zip(w).any(|(x, y)| x.to_bits() != y.to_bits());
         if diff {
             let max = g
                 .iter()
