@@ -9,7 +9,7 @@
 //! non-degenerate activations. The file order and structure are the same for both.
 
 use crate::draw::{self, Q4_CODE_RMS, Q8_CODE_RMS, VQ_CODE_RMS};
-use crate::inventory::{engram_primes, Init};
+use crate::inventory::{engram_primes, Init, EXPERT_GAIN};
 use crate::preset::{Geometry, Preset};
 use crate::pyjson;
 use crate::rng::{PyRandom, SplitMix64};
@@ -498,7 +498,7 @@ pub fn trunk_tensors(g: &Geometry) -> Vec<TrunkTensor> {
                 r(&format!("ffn.shared_experts.{w}.weight")),
                 shape,
                 Q4G,
-                Init::Linear(1.5),
+                Init::Linear(EXPERT_GAIN),
             );
         }
     }
@@ -736,7 +736,7 @@ pub fn write(
                         e,
                         k,
                         kinds[k].0,
-                        Init::Linear(1.5).target_rms(kinds[k].1),
+                        Init::Linear(EXPERT_GAIN).target_rms(kinds[k].1),
                     )
                 })
                 .collect();
