@@ -47,18 +47,15 @@ impl<'a> Turn<'a> {
     }
 }
 
+/// A message's processed content: its text, and its blocks when the content was a list.
+type ProcessedContent = (Option<Prompt>, Option<Vec<TurnBlock>>);
+
 /// Step 1 for one list of messages (`path` is `messages` or `context`): returns the processed
 /// contents and the image records in order.
-fn process_images<'a>(
-    messages: &'a [Message],
+fn process_images(
+    messages: &[Message],
     path: &str,
-) -> Result<
-    (
-        Vec<(Option<Prompt>, Option<Vec<TurnBlock>>)>,
-        Vec<serde_json::Value>,
-    ),
-    Error,
-> {
+) -> Result<(Vec<ProcessedContent>, Vec<serde_json::Value>), Error> {
     let mut out = Vec::with_capacity(messages.len());
     let mut images = Vec::new();
     for (i, msg) in messages.iter().enumerate() {
