@@ -36,6 +36,8 @@ pub(crate) struct Turn<'a> {
     pub blocks: Vec<TurnBlock>,
     /// The message the turn came from (`None` for a user turn made from tool messages).
     pub source: Option<&'a Message>,
+    /// The first message of the turn, for errors (`messages[3]`).
+    pub path: String,
 }
 
 impl<'a> Turn<'a> {
@@ -179,7 +181,8 @@ fn merge<'a>(
 ) -> Result<(Vec<Turn<'a>>, Vec<serde_json::Value>), Error> {
     let (processed, images) = process_images(messages, path)?;
     let mut turns: Vec<Turn<'a>> = Vec::new();
-    for (msg, (text, blocks)) in messages.iter().zip(processed) {
+    for (i, (msg, (text, blocks))) in messages.iter().zip(processed).enumerate() {
+        let mpath = format!("{path}[{i}]");
         match msg.role {
             Role::Tool => {
                 let block = TurnBlock::ToolResult {
@@ -193,6 +196,7 @@ fn merge<'a>(
                         text: None,
                         blocks: vec![block],
                         source: None,
+                        path: mpath,
                     }),
                 }
             }
@@ -210,6 +214,7 @@ fn merge<'a>(
                         text,
                         blocks,
                         source: Some(msg),
+                        path: mpath,
                     }),
                 }
             }
@@ -218,6 +223,7 @@ fn merge<'a>(
                 text,
                 blocks: Vec::new(),
                 source: Some(msg),
+                path: mpath,
             }),
         }
     }
