@@ -108,3 +108,40 @@ fn user_markers_stay_text_only_on_the_segment_path() {
     assert_eq!(tok.decode(&safe, false).unwrap(), prompt.to_string());
     assert_eq!(tok.decode(&hf, false).unwrap(), prompt.to_string());
 }
+
+/// Over every project golden: the segment encoding equals HF's whole-string encoding exactly
+/// when no text segment spells an added token, so segment boundaries never change BPE.
+#[test]
+fn segment_and_whole_string_encodings_agree_unless_user_text_spells_a_token() {
+    let Some(dir) = upstream() else { return };
+    let tok = tokenizer(&dir);
+    let golden_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../goldens/dsml");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&golden_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json") && p.with_extension("txt").exists())
+        .collect();
+    paths.sort();
+    let (mut same, mut differ) = (0, 0);
+    for path in &paths {
+        let case = dsml::load_case(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let prompt =
+            dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None)).unwrap();
+        let spells_token = prompt.segments().iter().any(|s| match s {
+            Segment::Text(t) => tok
+                .added_tokens()
+                .iter()
+                .any(|a| t.contains(a.content.as_str())),
+            Segment::Control(_) => false,
+        });
+        let agree = prompt.encode(&tok).unwrap() == prompt.encode_hf(&tok);
+        assert_eq!(agree, !spells_token, "{}", path.display());
+        if agree {
+            same += 1
+        } else {
+            differ += 1
+        }
+    }
+    eprintln!("goldens: {same} encode identically, {differ} differ at user-typed markers");
+    assert!(same >= 30 && differ >= 1);
+}
