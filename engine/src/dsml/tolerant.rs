@@ -22,6 +22,13 @@
 //! * **values**: `string="false"` text that is not JSON falls back to a JSON string (vLLM);
 //!   a duplicate parameter keeps the first value;
 //! * **after the block**: text is dropped and reported (recipe skips it as invalid).
+//!
+//! Relation to the strict grammar: on every completion the strict grammar accepts and the
+//! renderer writes back unchanged, the two give the same message (property
+//! `tolerant_grammar_is_total` in `engine/tests/dsml_roundtrip.rs`), except when a tool name,
+//! parameter name or value itself spells a marker or control token: the strict grammar reads
+//! field by field and keeps such a spelling inside the field, the tolerant one looks for
+//! markers first (as streaming servers do) and lets it end the field.
 
 use super::json_py;
 use super::message::ThinkingMode;
