@@ -1,1 +1,15 @@
-//! ds41-conformance: the harness that certifies DS41 engines. OWNER: harness helper (issue 8).
+//! ds41-conformance: the harness that certifies DS41 engines (issue 8).
+//!
+//! Module map (CONTRACT.md defines the rules these implement):
+//! * [`case`] — the YAML case schema and its validation;
+//! * [`gates`] — tolerance profiles read from `gates/`;
+//! * [`outcome`] — the result vocabulary;
+//! * [`engine_api`] — the engine-under-test abstraction and capability list;
+//! * [`trace`], [`compare`] — trace files and the comparison metrics (fragile flips included);
+
+pub mod case;
+pub mod compare;
+pub mod engine_api;
+pub mod gates;
+pub mod outcome;
+pub mod trace;
