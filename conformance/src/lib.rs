@@ -10,6 +10,12 @@
 pub mod case;
 pub mod compare;
 pub mod engine_api;
+pub mod families;
 pub mod gates;
 pub mod outcome;
+pub mod profile;
+pub mod protocol;
+pub mod reference;
+pub mod runner;
+pub mod synthetic;
 pub mod trace;

@@ -17,6 +17,9 @@ pub enum Outcome {
     Waived { reason: String, failure: String },
     /// A suite prerequisite (upstream data) is missing; the case did not run.
     Skipped { reason: String },
+    /// The harness itself could not prepare or judge the case (bad data, missing generator):
+    /// no verdict about the engine; `ds41 certify` exits 2.
+    Error { reason: String },
 }
 
 impl Outcome {
@@ -43,17 +46,25 @@ impl Outcome {
             Outcome::NotSupported { .. } => "NOT-SUPPORTED",
             Outcome::Waived { .. } => "WAIVED",
             Outcome::Skipped { .. } => "SKIPPED",
+            Outcome::Error { .. } => "ERROR",
         }
     }
     /// The one-line reason, if the outcome carries one.
     pub fn reason(&self) -> Option<String> {
         match self {
             Outcome::Pass => None,
-            Outcome::Fail { reason } | Outcome::Skipped { reason } => Some(reason.clone()),
+            Outcome::Fail { reason } | Outcome::Skipped { reason } | Outcome::Error { reason } => {
+                Some(reason.clone())
+            }
             Outcome::NotSupported { capability } => {
                 Some(format!("engine lacks capability `{capability}`"))
             }
             Outcome::Waived { reason, failure } => Some(format!("{reason} (failure: {failure})")),
+        }
+    }
+    pub fn error(reason: impl Into<String>) -> Self {
+        Outcome::Error {
+            reason: reason.into(),
         }
     }
     pub fn is_fail(&self) -> bool {
