@@ -200,10 +200,10 @@ pub struct LoaderSpec {
     #[serde(default)]
     pub all_mutants_of: Option<String>,
     pub expect: LoadExpect,
-    /// Checked for the reference engine only: its refusal names this (other engines word
-    /// their own errors; they only have to refuse).
+    /// Checked for the reference engine only: its refusal names one of these (other engines
+    /// word their own errors; they only have to refuse).
     #[serde(default)]
-    pub error_contains: Option<String>,
+    pub error_mentions: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

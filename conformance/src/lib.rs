@@ -7,6 +7,10 @@
 //! * [`engine_api`] — the engine-under-test abstraction and capability list;
 //! * [`trace`], [`compare`] — trace files and the comparison metrics (fragile flips included);
 
+/// The interpretation contract this harness implements (CONTRACT.md); bumped whenever a
+/// rule changes so a certificate says which rules it was judged by.
+pub const CONTRACT_VERSION: &str = "1.0.0";
+
 pub mod case;
 pub mod compare;
 pub mod engine_api;
@@ -16,6 +20,7 @@ pub mod outcome;
 pub mod profile;
 pub mod protocol;
 pub mod reference;
+pub mod report;
 pub mod runner;
 pub mod synthetic;
 pub mod trace;

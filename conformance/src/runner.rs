@@ -16,6 +16,18 @@ use crate::engine_api::{Capability, Engine, EngineError};
 use crate::gates::{GateSet, Gates, ProfileName};
 use crate::outcome::Outcome;
 
+/// Load the suite: every case file under `dir`, with generated expansions (one loader case
+/// per applicable mutant).
+pub fn load_suite(dir: &Path) -> anyhow::Result<Vec<Case>> {
+    let cases = crate::families::loader::expand(crate::case::load_cases(dir)?);
+    for w in cases.windows(2) {
+        if w[0].name == w[1].name {
+            bail!("case `{}` is defined twice", w[0].name);
+        }
+    }
+    Ok(cases)
+}
+
 /// Everything a case needs besides the engine.
 pub struct Context {
     pub repo_root: PathBuf,
@@ -405,4 +417,34 @@ mod tests {
         x.apply(&mut r);
         assert!(matches!(r.outcome, Outcome::NotSupported { .. }));
     }
+}
+
+/// Select cases by substring filters (any matches; `exact`: whole-name equality), dropping the
+/// long tier unless asked for.
+pub fn select(cases: Vec<Case>, filters: &[String], exact: bool, long: bool) -> Vec<Case> {
+    cases
+        .into_iter()
+        .filter(|c| long || !c.long)
+        .filter(|c| {
+            filters.is_empty()
+                || filters.iter().any(|f| {
+                    if exact {
+                        &c.name == f
+                    } else {
+                        c.name.contains(f.as_str())
+                    }
+                })
+        })
+        .collect()
+}
+
+/// Default locations inside the source tree (the `ds41` binary is run from the repository).
+pub fn default_cases_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cases")
+}
+pub fn default_gates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gates")
+}
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
