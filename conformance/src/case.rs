@@ -271,9 +271,21 @@ pub struct DsmlSpec {
     pub render: Option<RenderSpec>,
     #[serde(default)]
     pub parse: Option<ParseSpec>,
-    /// Expand to one render case per `NAME.json` + `NAME.txt` pair in this directory.
+    /// Every `NAME.json` with `NAME.txt` (expected prompt) or `NAME.error` (expected
+    /// refusal, `"<ExceptionType>: <message>"`) in this directory.
     #[serde(default)]
     pub render_dir: Option<DataRef>,
+    /// Probes of the official encoder/parser: `{inputs: DATA, results: DATA}` (the
+    /// `reference_probe_*.json` format); render and parse probes run, others are counted.
+    #[serde(default)]
+    pub probes: Option<ProbeFiles>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeFiles {
+    pub inputs: DataRef,
+    pub results: DataRef,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -417,6 +429,9 @@ impl Case {
                 s.render.as_ref().is_some_and(|r| {
                     up_data(&r.conversation) || r.expected.as_ref().is_some_and(up_data)
                 }) || s.render_dir.as_ref().is_some_and(up_data)
+                    || s.probes
+                        .as_ref()
+                        .is_some_and(|p| up_data(&p.inputs) || up_data(&p.results))
             }
             Spec::State(s) => up_model(&s.model) || s.other_model.as_ref().is_some_and(up_model),
             Spec::Residual(s) => {
@@ -648,9 +663,12 @@ fn validate_spec(spec: &Spec) -> Result<(), String> {
         Spec::Dsml(s) => {
             let n = usize::from(s.render.is_some())
                 + usize::from(s.parse.is_some())
-                + usize::from(s.render_dir.is_some());
+                + usize::from(s.render_dir.is_some())
+                + usize::from(s.probes.is_some());
             if n != 1 {
-                return Err("give exactly one of `render`, `parse` and `render_dir`".into());
+                return Err(
+                    "give exactly one of `render`, `parse`, `render_dir` and `probes`".into(),
+                );
             }
             if let Some(r) = &s.render {
                 if r.expected.is_some() == r.expect_error.is_some() {

@@ -22,5 +22,6 @@ pub mod protocol;
 pub mod reference;
 pub mod report;
 pub mod runner;
+pub mod selftest;
 pub mod synthetic;
 pub mod trace;

@@ -33,9 +33,22 @@ impl ReferenceEngine {
     }
 }
 
-/// Every defect the reference can inject.
+/// Defects injected by this adapter around engine modules that have no defect switch of
+/// their own: the tokenizer's text path and the DSML renderer's tag spelling.
+pub const ADAPTER_DEFECTS: [(&str, &str); 2] = [
+    (
+        "text-path-allows-control-tokens",
+        "tokenize's text path recognises added/control tokens (encode_markup)",
+    ),
+    (
+        "dsml-v4-tag-spelling",
+        "rendered tool calls use the V4 spellings `<｜DSML｜tool_calls>` / `invoke` / `parameter`",
+    ),
+];
+
+/// Every defect the reference can inject, with a description.
 pub fn defects() -> Vec<String> {
-    Vec::new()
+    ADAPTER_DEFECTS.iter().map(|d| d.0.to_string()).collect()
 }
 
 /// Run `f` on a worker thread; give up after `timeout` (the thread is left to finish).
@@ -86,31 +99,115 @@ impl Engine for ReferenceEngine {
     }
 
     fn capabilities(&self) -> BTreeSet<Capability> {
-        BTreeSet::new()
+        [
+            Capability::Load,
+            Capability::Tokenize,
+            Capability::Render,
+            Capability::Parse,
+        ]
+        .into_iter()
+        .collect()
     }
 
-    fn load(&mut self, _req: &LoadRequest, timeout: Duration) -> EngineResult<()> {
-        with_timeout(timeout, || Err(EngineError::Unsupported(Capability::Load)))
+    fn load(&mut self, req: &LoadRequest, timeout: Duration) -> EngineResult<()> {
+        let dir = req.model.clone();
+        with_timeout(timeout, move || match ds41_engine::checkpoint::open(&dir) {
+            Ok(_) => Ok(()),
+            Err(e) => Err(EngineError::Refused(e.to_string())),
+        })
     }
 
     fn tokenize(
         &mut self,
-        _req: &TokenizeRequest,
-        _timeout: Duration,
+        req: &TokenizeRequest,
+        timeout: Duration,
     ) -> EngineResult<Vec<Vec<u32>>> {
-        Err(EngineError::Unsupported(Capability::Tokenize))
+        let req = req.clone();
+        let markup =
+            req.markup || self.defect.as_deref() == Some("text-path-allows-control-tokens");
+        with_timeout(timeout, move || {
+            let file = if req.tokenizer.is_dir() {
+                req.tokenizer.join("tokenizer.json")
+            } else {
+                req.tokenizer.clone()
+            };
+            let tok = ds41_engine::tokenizer::Tokenizer::from_file(&file)
+                .map_err(|e| EngineError::Refused(e.to_string()))?;
+            Ok(req
+                .texts
+                .iter()
+                .map(|t| {
+                    if markup {
+                        tok.encode_markup(t)
+                    } else {
+                        tok.encode_text(t)
+                    }
+                })
+                .collect())
+        })
     }
 
-    fn render(&mut self, _req: &RenderRequest, _timeout: Duration) -> EngineResult<String> {
-        Err(EngineError::Unsupported(Capability::Render))
+    fn render(&mut self, req: &RenderRequest, timeout: Duration) -> EngineResult<String> {
+        use ds41_engine::dsml;
+        let req = req.clone();
+        let v4_tags = self.defect.as_deref() == Some("dsml-v4-tag-spelling");
+        with_timeout(timeout, move || {
+            let refuse = |e: dsml::Error| {
+                EngineError::Refused(e.reference_error().unwrap_or_else(|| e.to_string()))
+            };
+            let mode: dsml::ThinkingMode = req
+                .thinking_mode
+                .as_deref()
+                .unwrap_or("chat")
+                .parse()
+                .map_err(refuse)?;
+            let effort = match &req.reasoning_effort {
+                None | Some(serde_json::Value::Null) => None,
+                Some(serde_json::Value::String(s)) => {
+                    Some(s.parse::<dsml::ReasoningEffort>().map_err(refuse)?)
+                }
+                Some(v) => Some(
+                    v.to_string()
+                        .parse::<dsml::ReasoningEffort>()
+                        .map_err(refuse)?,
+                ),
+            };
+            let case = dsml::load_case(&req.conversation.to_string()).map_err(refuse)?;
+            let prompt = dsml::render(&case.conversation, &case.options(mode, effort))
+                .map_err(refuse)?
+                .to_string();
+            Ok(if v4_tags {
+                prompt
+                    .replace("｜DSML｜ calls>", "｜DSML｜tool_calls>")
+                    .replace("｜DSML｜ invoke", "｜DSML｜invoke")
+                    .replace("｜DSML｜ parameter", "｜DSML｜parameter")
+            } else {
+                prompt
+            })
+        })
     }
 
-    fn parse(
-        &mut self,
-        _req: &ParseRequest,
-        _timeout: Duration,
-    ) -> EngineResult<serde_json::Value> {
-        Err(EngineError::Unsupported(Capability::Parse))
+    fn parse(&mut self, req: &ParseRequest, timeout: Duration) -> EngineResult<serde_json::Value> {
+        use ds41_engine::dsml;
+        let req = req.clone();
+        with_timeout(timeout, move || {
+            let thinking = if req.thinking {
+                dsml::ThinkingMode::Thinking
+            } else {
+                dsml::ThinkingMode::Chat
+            };
+            let mode = if req.tolerant {
+                dsml::ParseMode::tolerant(thinking)
+            } else {
+                dsml::ParseMode::strict(thinking)
+            };
+            match dsml::parse(&req.completion, mode) {
+                Ok(m) => Ok(m.to_json()),
+                Err(e) => Err(EngineError::Refused(
+                    e.reference_error().unwrap_or_else(|| e.to_string()),
+                )),
+            }
+        })
     }
 
     fn forward(&mut self, _req: &ForwardRequest, _timeout: Duration) -> EngineResult<()> {

@@ -22,10 +22,19 @@ pub fn run(
     if let Some(p) = &s.parse {
         return parse_one(case, p, engine);
     }
+    if let Some(p) = &s.probes {
+        return probes(
+            case,
+            &ctx.data(&p.inputs)?,
+            &ctx.data(&p.results)?,
+            engine,
+            details,
+        );
+    }
     let dir = ctx.data(
         s.render_dir
             .as_ref()
-            .expect("validated: one of render/parse/render_dir"),
+            .expect("validated: one of render/parse/render_dir/probes"),
     )?;
     render_dir(case, &dir, engine, details)
 }
@@ -147,8 +156,9 @@ fn truncate(s: &str) -> String {
     s.chars().take(120).collect()
 }
 
-/// Every `NAME.json` with a sibling `NAME.txt` in `dir`: render the conversation (its own
-/// thinking mode / effort fields apply) and compare byte for byte.
+/// Every `NAME.json` with a sibling `NAME.txt` (expected prompt) or `NAME.error` (expected
+/// refusal) in `dir`: render the conversation (its own thinking mode / effort fields apply)
+/// and compare byte for byte, or require the refusal.
 fn render_dir(
     case: &Case,
     dir: &Path,
@@ -158,48 +168,187 @@ fn render_dir(
     if let Some(o) = require(engine, &[Capability::Render]) {
         return Ok(o);
     }
-    let mut pairs: Vec<_> = std::fs::read_dir(dir)
+    let mut inputs: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| Outcome::error(format!("{}: {e}", dir.display())))?
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "json") && p.with_extension("txt").exists())
+        .filter(|p| {
+            p.extension().is_some_and(|x| x == "json")
+                && (p.with_extension("txt").exists() || p.with_extension("error").exists())
+        })
         .collect();
-    pairs.sort();
-    if pairs.is_empty() {
+    inputs.sort();
+    if inputs.is_empty() {
         return Err(Outcome::error(format!(
-            "{}: no NAME.json + NAME.txt pairs",
+            "{}: no NAME.json + NAME.txt/NAME.error pairs",
             dir.display()
         )));
     }
     let mut bad = Vec::new();
-    for p in &pairs {
+    for p in &inputs {
         let req = RenderRequest {
             conversation: read_json(p)?,
             thinking_mode: None,
             reasoning_effort: None,
         };
-        let want = read(&p.with_extension("txt"))?;
-        match engine.render(&req, timeout(case)) {
-            Ok(got) if got == want => {}
-            Ok(got) => bad.push(format!(
-                "{}: {}",
-                p.display(),
-                first_difference(&want, &got)
-            )),
-            Err(e) => bad.push(format!("{}: {e}", p.display())),
+        let name = p
+            .file_stem()
+            .and_then(|s| s.to_str())
+            .unwrap_or("?")
+            .to_string();
+        let got = engine.render(&req, timeout(case));
+        if p.with_extension("txt").exists() {
+            let want = read(&p.with_extension("txt"))?;
+            match got {
+                Ok(got) if got == want => {}
+                Ok(got) => bad.push(format!("{name}: {}", first_difference(&want, &got))),
+                Err(e) => bad.push(format!("{name}: {e}")),
+            }
+        } else {
+            let want = read(&p.with_extension("error"))?.trim().to_string();
+            match got {
+                Err(EngineError::Refused(m)) => {
+                    if let Outcome::Fail { reason } = refusal_check(engine, &want, &m) {
+                        bad.push(format!("{name}: {reason}"));
+                    }
+                }
+                Ok(_) => bad.push(format!(
+                    "{name}: rendered a conversation that must be refused ({want})"
+                )),
+                Err(e) => bad.push(format!("{name}: {e}")),
+            }
         }
     }
     details.notes.push(format!(
-        "{}/{} prompts byte-exact",
-        pairs.len() - bad.len(),
-        pairs.len()
+        "{}/{} goldens agree",
+        inputs.len() - bad.len(),
+        inputs.len()
     ));
     Ok(if bad.is_empty() {
         Outcome::Pass
     } else {
         Outcome::fail(format!(
-            "{}/{} prompts differ; first: {}",
+            "{}/{} goldens differ; first: {}",
             bad.len(),
-            pairs.len(),
+            inputs.len(),
+            bad[0]
+        ))
+    })
+}
+
+/// The official encoder/parser probes: `encode_messages` probes render, the
+/// `parse_message_from_completion_text` probes parse (strict), each against the recorded
+/// official result (a value, or an exception the engine must answer with a refusal).
+/// Probes of entry points outside the engine surface (`render_message`, non-default
+/// `drop_thinking`) are counted as not applicable.
+fn probes(
+    case: &Case,
+    inputs: &Path,
+    results: &Path,
+    engine: &mut dyn Engine,
+    details: &mut Details,
+) -> Result<Outcome, Outcome> {
+    let caps = engine.capabilities();
+    if !caps.contains(&Capability::Render) && !caps.contains(&Capability::Parse) {
+        return Ok(Outcome::not_supported(Capability::Render.as_str()));
+    }
+    let inputs = read_json(inputs)?;
+    let results = read_json(results)?;
+    let probes = inputs["probes"]
+        .as_object()
+        .ok_or_else(|| Outcome::error("probe inputs: no `probes` object"))?;
+    let (mut ran, mut skipped, mut bad) = (0usize, 0usize, Vec::new());
+    for (name, p) in probes {
+        let r = &results[name];
+        if r.is_null() {
+            return Err(Outcome::error(format!(
+                "probe `{name}` has no recorded result"
+            )));
+        }
+        let call = p["call"].as_str().unwrap_or("");
+        let thinking = p["thinking_mode"].as_str() == Some("thinking");
+        let got =
+            if call == "parse_message_from_completion_text" && caps.contains(&Capability::Parse) {
+                let text = p["text"].as_str().unwrap_or("").to_string();
+                engine.parse(
+                    &ParseRequest {
+                        completion: text,
+                        thinking,
+                        tolerant: false,
+                    },
+                    timeout(case),
+                )
+            } else if call.starts_with("encode_messages")
+                && caps.contains(&Capability::Render)
+                && p.get("drop_thinking").is_none_or(|d| d == true)
+                && p.get("context").is_none()
+            {
+                let mut conv = serde_json::json!({ "messages": p["messages"] });
+                for k in ["thinking_mode", "reasoning_effort"] {
+                    if let Some(v) = p.get(k) {
+                        conv[k] = v.clone();
+                    }
+                }
+                let truncated = call.contains("truncated");
+                engine
+                    .render(
+                        &RenderRequest {
+                            conversation: conv,
+                            thinking_mode: None,
+                            reasoning_effort: None,
+                        },
+                        timeout(case),
+                    )
+                    .map(|s| {
+                        serde_json::Value::String(if truncated {
+                            s.chars().take(80).collect()
+                        } else {
+                            s
+                        })
+                    })
+            } else {
+                skipped += 1;
+                continue;
+            };
+        ran += 1;
+        let verdict = match (r["ok"].as_bool(), got) {
+            (Some(true), Ok(v)) if v == r["value"] => None,
+            (Some(true), Ok(v)) => Some(match (&r["value"], &v) {
+                (serde_json::Value::String(w), serde_json::Value::String(g)) => {
+                    first_difference(w, g)
+                }
+                (w, g) => format!("expected {w}, got {g}"),
+            }),
+            (Some(true), Err(e)) => Some(e.to_string()),
+            (_, Err(EngineError::Refused(m))) => {
+                match refusal_check(engine, r["error"].as_str().unwrap_or(""), &m) {
+                    Outcome::Pass => None,
+                    o => o.reason(),
+                }
+            }
+            (_, Ok(v)) => Some(format!(
+                "accepted; the official code raises {}: got {v}",
+                r["error"]
+            )),
+            (_, Err(e)) => Some(e.to_string()),
+        };
+        if let Some(v) = verdict {
+            bad.push(format!("{name}: {v}"));
+        }
+    }
+    details.notes.push(format!(
+        "{} probes run, {} agree, {} outside the engine surface",
+        ran,
+        ran - bad.len(),
+        skipped
+    ));
+    Ok(if ran == 0 {
+        Outcome::not_supported(Capability::Parse.as_str())
+    } else if bad.is_empty() {
+        Outcome::Pass
+    } else {
+        Outcome::fail(format!(
+            "{}/{ran} probes disagree with the official code; first: {}",
+            bad.len(),
             bad[0]
         ))
     })

@@ -500,13 +500,15 @@ impl ContainerCheckpoint {
                 }
                 ContainerName::EngramTable { layer } => match self.engram_tables.get(&layer) {
                     Some(tb) => (Storage::EngramRows, vec![tb.rows, tb.dim]),
-                    None => return Err(tensor_err(
-                        &manifest,
-                        &t.name,
-                        format!(
+                    None => {
+                        return Err(tensor_err(
+                            &manifest,
+                            &t.name,
+                            format!(
                             "required tensor is missing (no engram-L{layer}.bin in the manifest)"
                         ),
-                    )),
+                        ))
+                    }
                 },
                 ContainerName::NotStored => {
                     return Err(tensor_err(
