@@ -77,19 +77,27 @@ impl Vocab {
                 assert!(vocab_size >= 259, "a byte-level BPE needs at least 259 ids");
                 tokens.extend(byte_order().into_iter().map(|b| byte_symbol(b).to_string()));
                 let mut known: std::collections::HashSet<String> = tokens.iter().cloned().collect();
+                let mut ranks: std::collections::HashMap<(String, String), usize> =
+                    Default::default();
+                // Each word gets the merges BPE needs to make it one token *under the ranks
+                // already present* (so every merge result is reachable by encoding): encode
+                // it, join the first two pieces, repeat.
                 'words: for word in word_list() {
-                    let chars: Vec<char> = word.chars().collect();
-                    for end in 2..=chars.len() {
+                    loop {
                         if tokens.len() == vocab_size {
                             break 'words;
                         }
-                        let left: String = chars[..end - 1].iter().collect();
-                        let right = chars[end - 1].to_string();
-                        let joined = format!("{left}{right}");
-                        if known.insert(joined.clone()) {
-                            merges.push((left, right));
-                            tokens.push(joined);
+                        let pieces = bpe(&word, &ranks);
+                        if pieces.len() == 1 {
+                            break;
                         }
+                        let joined = format!("{}{}", pieces[0], pieces[1]);
+                        if !known.insert(joined.clone()) {
+                            break; // already spelled by another split: skip this word
+                        }
+                        ranks.insert((pieces[0].clone(), pieces[1].clone()), merges.len());
+                        merges.push((pieces[0].clone(), pieces[1].clone()));
+                        tokens.push(joined);
                     }
                 }
                 assert_eq!(
@@ -194,6 +202,23 @@ impl Vocab {
                 "merges": merges,
             }
         })
+    }
+}
+
+/// Standard BPE on one word of byte symbols: repeatedly merge the adjacent pair of lowest rank.
+fn bpe(word: &str, ranks: &std::collections::HashMap<(String, String), usize>) -> Vec<String> {
+    let mut pieces: Vec<String> = word.chars().map(String::from).collect();
+    loop {
+        let best = (0..pieces.len().saturating_sub(1))
+            .filter_map(|i| {
+                ranks
+                    .get(&(pieces[i].clone(), pieces[i + 1].clone()))
+                    .map(|&r| (r, i))
+            })
+            .min();
+        let Some((_, i)) = best else { return pieces };
+        let right = pieces.remove(i + 1);
+        pieces[i].push_str(&right);
     }
 }
 

@@ -81,7 +81,7 @@ mod tests {
 
     #[test]
     fn normalizer_steps() {
-        assert_eq!(normalize("Ġ"), "ġ");
+        assert_eq!(normalize("Ġ"), "g");
         assert_eq!(normalize(" Hello"), "hello");
         assert_eq!(normalize(" "), " ");
         assert_eq!(normalize("\n\n"), " ");

@@ -19,6 +19,7 @@ pub mod corpus;
 pub mod engram_map;
 pub mod load;
 pub mod pretokenize;
+pub mod python_random;
 pub mod unicode_class;
 mod unicode_tables;
 
