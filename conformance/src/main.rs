@@ -7,7 +7,11 @@ mod cli;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "ds41", version, about = "Make DeepSeek-V4.1-Flash implementations checkable")]
+#[command(
+    name = "ds41",
+    version,
+    about = "Make DeepSeek-V4.1-Flash implementations checkable"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -32,6 +36,8 @@ enum Command {
     Render(cli::render::Args),
     /// Parse a DSML completion into a message.
     Parse(cli::parse::Args),
+    /// Check or regenerate the goldens and their provenance; list the errata register.
+    Goldens(cli::goldens::Args),
 }
 
 fn main() {
@@ -45,6 +51,7 @@ fn main() {
         Command::Corpus(a) => cli::corpus::run(a),
         Command::Render(a) => cli::render::run(a),
         Command::Parse(a) => cli::parse::run(a),
+        Command::Goldens(a) => cli::goldens::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),
