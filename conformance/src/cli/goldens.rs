@@ -160,9 +160,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 for e in &errata.errata {
                     let names: Vec<_> = e.behaviours.iter().map(|b| b.name.as_str()).collect();
                     println!(
-                        "{:<28} {:<18} default {:<14} [{}]  {}",
+                        "{:<27} {:<17} default {:<16} [{}]  {}",
                         e.id,
-                        format!("{:?}", e.class).to_lowercase(),
+                        e.class.as_str(),
                         e.default,
                         names.join("|"),
                         e.title

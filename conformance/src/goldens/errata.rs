@@ -64,6 +64,16 @@ pub struct Behaviour {
     pub goldens: Vec<String>,
 }
 
+impl ErratumClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ErratumClass::Defect => "defect",
+            ErratumClass::Underspecified => "underspecified",
+            ErratumClass::OracleDifference => "oracle-difference",
+        }
+    }
+}
+
 /// Where a golden reference points.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum GoldenRef {
