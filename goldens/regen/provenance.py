@@ -96,6 +96,29 @@ def report_change(path: Path, old: bytes | None, new: bytes) -> str:
             f"first at line {differing[0] + 1}")
 
 
+def report_tensor_changes(path: Path, old: dict | None, new: dict) -> str:
+    """What changed in a safetensors golden, per tensor: max |d| and rel L2 = |new-old| / |old|."""
+    if old is None:
+        return f"{path}: new ({len(new)} tensors)"
+    lines = []
+    for name in sorted(set(old) | set(new)):
+        if name not in new:
+            lines.append(f"  {name}: removed")
+        elif name not in old:
+            lines.append(f"  {name}: added")
+        elif old[name].shape != new[name].shape or old[name].dtype != new[name].dtype:
+            lines.append(f"  {name}: {old[name].dtype}{list(old[name].shape)} -> {new[name].dtype}{list(new[name].shape)}")
+        else:
+            a, b = old[name].double(), new[name].double()
+            if not bool((a != b).any()):
+                continue
+            d = b - a
+            den = a.norm().item()
+            rel = d.norm().item() / den if den else float("inf")
+            lines.append(f"  {name}: {int((a != b).sum())}/{a.numel()} differ, max |d| {d.abs().max().item():.3e}, rel L2 {rel:.3e}")
+    return f"{path}: " + (f"{len(lines)} tensor(s) changed\n" + "\n".join(lines) if lines else "unchanged")
+
+
 def main(argv=None):
     """`python3 goldens/regen/provenance.py hand-written FILE... --description D --how H
     [--sidecar S]`: record hand-written goldens (or inputs kept under goldens/)."""

@@ -266,6 +266,7 @@ _TopK = collections.namedtuple("topk", ["values", "indices"])
 def stable_topk(input, k, dim=-1, largest=True, sorted=True, *, out=None):
     """torch.topk with a defined tie order: larger first (smaller first if not largest),
     equal values -> lower index. NaN is an error, not a value."""
+    CALLS["stable_topk"] += 1
     if out is not None:
         raise ValueError("stable_topk: `out=` is not supported")
     if input.is_floating_point() and bool(torch.isnan(input).any()):
