@@ -86,3 +86,63 @@ class DsmlCases(unittest.TestCase):
         self.assertEqual(proc.returncode, 0, proc.stderr)
         proc = self.run_script("--allow-unpinned", "--cases", str(proj / "*.json"))
         self.assertEqual(proc.returncode, 0, proc.stdout)
+
+
+TOY_ORACLE = textwrap.dedent('''
+    """Toy oracle: NOT WASTE's ds41_ref.py. logits[v] = sum(ids) + v; hidden = token·1000 + layer."""
+    import argparse, struct
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--container"); ap.add_argument("--ids"); ap.add_argument("--top")
+    ap.add_argument("--dump"); ap.add_argument("--hidden")
+    a = ap.parse_args()
+    ids = [int(x) for x in a.ids.split(",")]
+    open(a.dump, "wb").write(struct.pack("<8f", *[sum(ids) + v for v in range(8)]))
+    if a.hidden:
+        vals = [t * 1000 + l for t in range(len(ids)) for l in range(2) for _ in range(4 * 3)]
+        open(a.hidden, "wb").write(struct.pack(f"<{len(vals)}f", *vals))
+''')
+
+
+class WasteOracle(unittest.TestCase):
+    def test_runs_a_checkout_and_writes_the_trace(self):
+        import numpy as np
+        from safetensors.numpy import load_file
+        with tempfile.TemporaryDirectory() as tmp:
+            root = Path(tmp)
+            (root / "waste" / "tools").mkdir(parents=True)
+            (root / "waste" / "tools" / "ds41_ref.py").write_text(TOY_ORACLE)
+            (root / "c").mkdir()
+            (root / "c" / "manifest.json").write_text(json.dumps({"config": {
+                "vocab_size": 8, "num_hidden_layers": 2, "hc_mult": 4, "hidden_size": 3}}))
+            out = root / "t.safetensors"
+            proc = subprocess.run([sys.executable, str(HERE / "waste_oracle.py"), "--waste", str(root / "waste"),
+                                   "--container", str(root / "c"), "--ids", "3,7,11", "--out", str(out), "--provenance"],
+                                  capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            t = load_file(str(out))
+            self.assertEqual(t["logits"][:, 0].tolist(), [3.0, 10.0, 21.0])   # one run per prefix
+            self.assertEqual(t["residual"].shape, (3, 2, 4, 3))
+            self.assertEqual(t["residual"][2, 1, 3, 2], 2001.0)
+            side = json.loads((root / "t.safetensors.provenance.json").read_text())
+            self.assertEqual(side["errata"]["waste_schedule"], "token-at-a-time")
+
+    def test_converts_the_upstream_oracle_files(self):
+        import os
+        upstream = os.environ.get("DS41_UPSTREAM")
+        if not upstream:
+            print("SKIPPED: DS41_UPSTREAM not set", file=sys.stderr)
+            self.skipTest("DS41_UPSTREAM not set")
+        from safetensors.numpy import load_file
+        base = Path(upstream) / "waste_ds41_synth"
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "w.safetensors"
+            proc = subprocess.run([sys.executable, str(HERE / "waste_oracle.py"), "--from-oracle-files", str(base / "oracle"),
+                                   "--variant", "as_shipped", "--container", str(base / "container"),
+                                   "--ids", "3,7,11,5,19,23,2,41,8,64,17,90", "--out", str(out)], capture_output=True, text=True)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            t = load_file(str(out))
+            self.assertEqual(t["logits"].shape, (12, 256))
+            self.assertEqual(t["residual"].shape, (12, 6, 4, 128))
+            # CONTAINER.md §10.4: argmax per prefix length, and the 12-token top logit 36 (+10.2078)
+            self.assertEqual(t["logits"].argmax(-1).tolist(), [29, 42, 12, 27, 4, 220, 51, 211, 54, 145, 7, 36])
+            self.assertAlmostEqual(float(t["logits"][11, 36]), 10.2078, places=3)
