@@ -142,3 +142,121 @@ fn a_broken_record_fails_naming_the_field() {
         "{fails:?}"
     );
 }
+
+mod bless {
+    use super::*;
+    use ds41_conformance::goldens::bless::{bless, BlessOptions};
+    use ds41_conformance::goldens::diff::Change;
+
+    /// A temporary repository with one reference-engine record whose "engine" is `printf`, and
+    /// a generated input standing in for a `ds41 synth` checkpoint.
+    fn fixture(value: &str) -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("goldens/traces");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("t.txt"), "old\n").unwrap();
+        let record = serde_json::json!({
+            "schema": "ds41-golden-provenance/1",
+            "description": "test record",
+            "generator": {"kind": "reference-engine", "name": "ds41-reference", "version": "0"},
+            "command": format!("cat {{input:model}}/w.bin > /dev/null && printf '{value}\\n' > {{out}}/t.txt"),
+            "synthetic": {"preset": "tiny", "seed": 1},
+            "inputs": [{"name": "model", "location": "generated", "path": "tiny-seed1",
+                        "sha256": "0".repeat(64), "command": "printf weights > {out}/w.bin"}],
+            "outputs": [{"path": "t.txt", "sha256": null}],
+        });
+        std::fs::write(
+            dir.join("t.txt.provenance.json"),
+            serde_json::to_string_pretty(&record).unwrap(),
+        )
+        .unwrap();
+        tmp
+    }
+
+    fn options(root: &Path, ci: bool, dry_run: bool) -> BlessOptions {
+        BlessOptions {
+            repo_root: root.to_path_buf(),
+            goldens_dir: None,
+            upstream: None,
+            ds41: PathBuf::from(env!("CARGO_BIN_EXE_ds41")),
+            filter: None,
+            dry_run,
+            ci,
+        }
+    }
+
+    #[test]
+    fn refuses_under_ci() {
+        let tmp = fixture("new");
+        let err = bless(&options(tmp.path(), true, false)).unwrap_err();
+        assert!(err.to_string().contains("CI is set"), "{err}");
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("goldens/traces/t.txt")).unwrap(),
+            "old\n"
+        );
+    }
+
+    #[test]
+    fn regenerates_reports_the_change_and_then_checks_clean() {
+        let tmp = fixture("new");
+        let before = check(&super::options(tmp.path())).unwrap();
+        assert!(failures(&before)
+            .iter()
+            .any(|f| f.contains("never blessed")));
+
+        let dry = bless(&options(tmp.path(), false, true)).unwrap();
+        assert!(matches!(
+            dry[0].outputs[0].1,
+            Change::Text { differing: 1, .. }
+        ));
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("goldens/traces/t.txt")).unwrap(),
+            "old\n",
+            "dry run wrote"
+        );
+
+        let done = bless(&options(tmp.path(), false, false)).unwrap();
+        assert_eq!(done.len(), 1);
+        assert!(done[0].record_changed);
+        assert_eq!(
+            done[0].inputs_changed.len(),
+            1,
+            "generated input hash recorded"
+        );
+        assert_eq!(
+            std::fs::read_to_string(tmp.path().join("goldens/traces/t.txt")).unwrap(),
+            "new\n"
+        );
+        let mut deep = super::options(tmp.path());
+        deep.deep = true;
+        let report = check(&deep).unwrap();
+        assert_eq!(failures(&report), Vec::<String>::new());
+        assert!(report
+            .findings
+            .iter()
+            .any(|f| f.status == Status::Ok && f.message.contains("input `model`")));
+
+        // Blessing again changes nothing.
+        let again = bless(&options(tmp.path(), false, false)).unwrap();
+        assert_eq!(again[0].outputs[0].1, Change::Identical);
+        assert!(!again[0].record_changed);
+    }
+
+    #[test]
+    fn a_failing_generator_is_reported_with_its_stderr() {
+        let tmp = fixture("new");
+        let side = tmp.path().join("goldens/traces/t.txt.provenance.json");
+        let text = std::fs::read_to_string(&side).unwrap().replace(
+            "printf weights",
+            "echo no-synth >&2; exit 7; printf weights",
+        );
+        std::fs::write(&side, text).unwrap();
+        let err = bless(&options(tmp.path(), false, false))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no-synth") && err.contains("t.txt.provenance.json"),
+            "{err}"
+        );
+    }
+}

@@ -81,8 +81,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             deep,
             verbose,
         } => {
+            let root = repo_root(common.repo)?;
             let opts = CheckOptions {
-                repo_root: repo_root(common.repo)?,
+                repo_root: root.clone(),
                 goldens_dir: None,
                 upstream: common.upstream.or_else(goldens::upstream_from_env),
                 deep,
@@ -91,7 +92,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             let report = check(&opts)?;
             for f in &report.findings {
                 if f.status != Status::Ok || verbose {
-                    println!("{f}");
+                    let mut shown = f.clone();
+                    if let Ok(rel) = f.subject.strip_prefix(&root) {
+                        shown.subject = rel.to_path_buf();
+                    }
+                    println!("{shown}");
                 }
             }
             let failed = report.count(Status::Fail);
