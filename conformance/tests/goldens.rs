@@ -260,3 +260,25 @@ mod bless {
         );
     }
 }
+
+#[test]
+fn unreviewed_or_headerless_insta_snapshots_fail() {
+    let tmp = temp_repo();
+    let snaps = tmp.path().join("goldens/snapshots");
+    std::fs::create_dir_all(&snaps).unwrap();
+    std::fs::write(snaps.join("a.snap.new"), "---\nsource: x\n---\nv\n").unwrap();
+    std::fs::write(snaps.join("b.snap"), "no header\n").unwrap();
+    let fails = failures(&check(&options(tmp.path())).unwrap());
+    assert!(
+        fails
+            .iter()
+            .any(|f| f.contains("a.snap.new") && f.contains("unreviewed")),
+        "{fails:?}"
+    );
+    assert!(
+        fails
+            .iter()
+            .any(|f| f.contains("b.snap") && f.contains("header")),
+        "{fails:?}"
+    );
+}
