@@ -53,6 +53,7 @@ pub fn bless(opts: &BlessOptions) -> Result<Vec<Blessed>, GoldenError> {
         ds41: opts.ds41.clone(),
     };
     let mut results = Vec::new();
+    let mut built = Built::new();
     for rel in list_files(&goldens_dir)?
         .into_iter()
         .filter(|r| r.ends_with(SIDECAR_SUFFIX))
@@ -67,18 +68,28 @@ pub fn bless(opts: &BlessOptions) -> Result<Vec<Blessed>, GoldenError> {
         if record.generator.kind != GeneratorKind::ReferenceEngine {
             continue;
         }
-        results.push(bless_one(&sidecar, record, &check_opts, opts.dry_run)?);
+        results.push(bless_one(
+            &sidecar,
+            record,
+            &check_opts,
+            opts.dry_run,
+            &mut built,
+        )?);
     }
     Ok(results)
 }
+
+/// Generated inputs already built in this run, by command: records sharing a checkpoint
+/// (e.g. one `ds41 synth` for many traces) build it once.
+type Built = BTreeMap<String, (tempfile::TempDir, String)>;
 
 fn bless_one(
     sidecar: &Path,
     mut record: Provenance,
     opts: &CheckOptions,
     dry_run: bool,
+    built: &mut Built,
 ) -> Result<Blessed, GoldenError> {
-    let mut keep_alive = Vec::new();
     let mut paths = BTreeMap::new();
     let mut inputs_changed = Vec::new();
     for input in record.inputs.iter_mut() {
@@ -108,10 +119,13 @@ fn bless_one(
                 })
             }
             Location::Generated => {
-                let (tmp, h) = materialise(input, sidecar, opts)?;
-                let p = tmp.path().join(&input.name);
-                keep_alive.push(tmp);
-                (p, h)
+                let key = format!("{}\n{}", input.name, input.command.as_deref().unwrap_or(""));
+                if !built.contains_key(&key) {
+                    let made = materialise(input, sidecar, opts)?;
+                    built.insert(key.clone(), made);
+                }
+                let (tmp, h) = &built[&key];
+                (tmp.path().join(&input.name), h.clone())
             }
         };
         if hash != input.sha256 {
