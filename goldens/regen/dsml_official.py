@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
-"""DSML goldens from the release's `encoding/encoding.py` (DSML.md §0–§3).
+"""DSML goldens from the release's `encoding/encoding.py` (DSML.md §0–§3): the official cases
+and the edge-case probes. (The project's own cases in goldens/dsml/ are checked against the
+encoder by goldens/regen/dsml_from_encoding.py, which knows their `.error` expectations and the
+`drop_thinking` extension.)
 
-The encoder is not in this sandbox and is never vendored: pass its path. Three jobs, any
-combination:
+The encoder is not in this sandbox and is never vendored: pass its path. Two jobs, either or
+both:
 
 * `--official-cases DIR`: the official fixtures `test_input_N.json` (release `encoding/tests/`
   or `$DS41_UPSTREAM/dsml/`) rendered to `test_output_N.txt` in `--out`;
-* `--cases GLOB`: this project's conversation cases (e.g. `goldens/dsml/**/*.json`, owned by the
-  DSML engineer), each rendered to the file named by `--expected` next to it — checked (default;
-  exit 1 on any difference) or rewritten with `--write`;
 * `--probes FILE`: edge-case probes `{name: {call, ...arguments}}` run through the named entry
   point (`encode_messages`, `render_message`, `parse_message_from_completion_text`), results
   written as `{name: {ok, value} | {ok: false, error: "Type: message"}}` to `--out`, and
@@ -24,15 +24,13 @@ sandbox this was written in (no encoding.py there); the pinned revision is dba1b
 502bdaec8a3fd88ebc24c4721a7038fbe42f2063c664638127056107920035c1 (DSML.md §0).
 
 Example:
-  python3 goldens/regen/dsml_cases.py --encoding RELEASE/encoding/encoding.py \\
+  python3 goldens/regen/dsml_official.py --encoding RELEASE/encoding/encoding.py \\
       --official-cases "$DS41_UPSTREAM/dsml" --out /tmp/dsml_official \\
       --probes "$DS41_UPSTREAM/dsml/reference_probe_inputs.json" \\
-      --expected-probes "$DS41_UPSTREAM/dsml/reference_probe_results.json" \\
-      --cases 'goldens/dsml/cases/*.json' --expected '{stem}.txt'
+      --expected-probes "$DS41_UPSTREAM/dsml/reference_probe_results.json"
 """
 import argparse
 import copy
-import glob
 import importlib.util
 import inspect
 import json
@@ -44,7 +42,7 @@ import provenance  # noqa: E402
 
 PINNED_ENCODING = "502bdaec8a3fd88ebc24c4721a7038fbe42f2063c664638127056107920035c1"
 RELEASE_REVISION = "dba1be0a40aa45a94ad051997016db3960a90277"
-SCRIPT = "goldens/regen/dsml_cases.py"
+SCRIPT = "goldens/regen/dsml_official.py"
 
 
 def import_path(name: str, path: Path):
@@ -123,9 +121,6 @@ def main(argv=None):
     ap.add_argument("--encoding", type=Path, required=True, help="the release encoding/encoding.py")
     ap.add_argument("--tests", type=Path, help="the release encoding/tests/ (for encode_case), optional")
     ap.add_argument("--official-cases", type=Path, help="directory with test_input_N.json")
-    ap.add_argument("--cases", help="glob of project case files")
-    ap.add_argument("--expected", default="{stem}.txt", help="expected-output name beside a case ({stem} = case name without .json)")
-    ap.add_argument("--write", action="store_true", help="rewrite project cases' expected outputs instead of checking them")
     ap.add_argument("--probes", type=Path)
     ap.add_argument("--expected-probes", type=Path)
     ap.add_argument("--out", type=Path, help="output directory for official-case outputs and probe results")
@@ -134,7 +129,7 @@ def main(argv=None):
 
     digest = provenance.sha256_file(a.encoding)
     if digest != PINNED_ENCODING and not a.allow_unpinned:
-        print(f"dsml_cases: {a.encoding}: sha256 {digest} is not the pinned {PINNED_ENCODING} "
+        print(f"dsml_official: {a.encoding}: sha256 {digest} is not the pinned {PINNED_ENCODING} "
               f"(release {RELEASE_REVISION[:8]}); --allow-unpinned to run anyway", file=sys.stderr)
         return 2
     encoding = import_path("encoding", a.encoding)
@@ -166,21 +161,6 @@ def main(argv=None):
             inputs=[enc_input, provenance.describe_input("cases", a.official_cases),
                     provenance.describe_input("script", Path(__file__))],
             outputs=written)
-
-    if a.cases:
-        for case_path in sorted(Path(p) for p in glob.glob(a.cases, recursive=True)):
-            expected = case_path.with_name(a.expected.format(stem=case_path.stem))
-            text = render_case(encoding, harness, json.loads(case_path.read_text(encoding="utf-8")))
-            if a.write:
-                print(write_text(expected, text))
-            elif not expected.exists():
-                print(f"{expected}: MISSING (run with --write)")
-                failures += 1
-            elif expected.read_text(encoding="utf-8") != text:
-                print(provenance.report_change(expected, expected.read_bytes(), text.encode("utf-8")) + "  <- differs from encoding.py")
-                failures += 1
-            else:
-                print(f"{expected}: matches encoding.py")
 
     if a.probes:
         if not a.out:
