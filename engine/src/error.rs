@@ -28,6 +28,14 @@ pub enum Error {
         offset: u64,
         reason: String,
     },
+    /// A tokenizer file is valid JSON but its content is unusable or unsupported
+    /// (`field` is the JSON path, e.g. `model.merges[17]`).
+    #[error("{file}: tokenizer field `{field}`: {reason}")]
+    Tokenizer {
+        file: PathBuf,
+        field: String,
+        reason: String,
+    },
     /// A forward-pass precondition failed (e.g. a position beyond the caches).
     #[error("model: {0}")]
     Model(String),
