@@ -119,9 +119,17 @@ def report_tensor_changes(path: Path, old: dict | None, new: dict) -> str:
     return f"{path}: " + (f"{len(lines)} tensor(s) changed\n" + "\n".join(lines) if lines else "unchanged")
 
 
+def parse_input(spec: str) -> dict:
+    name, sep, path = spec.partition("=")
+    if not (sep and name and path):
+        raise SystemExit(f"--input {spec!r}: expected NAME=PATH")
+    return describe_input(name, Path(path))
+
+
 def main(argv=None):
     """`python3 goldens/regen/provenance.py hand-written FILE... --description D --how H
-    [--sidecar S]`: record hand-written goldens (or inputs kept under goldens/)."""
+    [--sidecar S] [--input NAME=PATH]...`: record hand-written goldens (or inputs kept under
+    goldens/)."""
     import argparse
     ap = argparse.ArgumentParser(description=main.__doc__)
     sub = ap.add_subparsers(dest="action", required=True)
@@ -130,6 +138,8 @@ def main(argv=None):
     hw.add_argument("--description", required=True)
     hw.add_argument("--how", required=True, help="how they were written/verified (recorded as the command)")
     hw.add_argument("--sidecar", type=Path, help="default: FILE.provenance.json for a single file")
+    hw.add_argument("--input", action="append", default=[], metavar="NAME=PATH",
+                    help="an input the files were made from (e.g. the script holding them); repeatable")
     args = ap.parse_args(argv)
     files = [f.resolve() for f in args.files]
     sidecar = args.sidecar or files[0].with_name(files[0].name + SUFFIX)
@@ -141,7 +151,7 @@ def main(argv=None):
         description=args.description,
         generator={"kind": "hand-written", "name": "hand-written", "version": "1"},
         command=args.how,
-        inputs=[],
+        inputs=[parse_input(spec) for spec in args.input],
         outputs=[f.relative_to(base).as_posix() for f in files],
     )
     print(f"{sidecar}: {'written' if changed else 'unchanged'}")

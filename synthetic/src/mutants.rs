@@ -27,6 +27,7 @@ impl Expected {
             Tensor { .. } => "Tensor",
             Format { .. } => "Format",
             Model(_) => "Model",
+            Tokenizer { .. } => "Tokenizer",
         }
     }
 

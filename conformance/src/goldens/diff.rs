@@ -139,7 +139,12 @@ fn metadata(bytes: &[u8]) -> Option<std::collections::HashMap<String, String>> {
 }
 
 fn diff_tensors(a: &SafeTensors, b: &SafeTensors) -> Vec<TensorChange> {
-    let names: BTreeSet<String> = a.names().into_iter().chain(b.names()).cloned().collect();
+    let names: BTreeSet<String> = a
+        .names()
+        .into_iter()
+        .chain(b.names())
+        .map(|n| n.to_string())
+        .collect();
     let mut out = Vec::new();
     for name in names {
         let what = match (a.tensor(&name), b.tensor(&name)) {
