@@ -33,3 +33,37 @@ macro_rules! snapshot {
 fn errata_register_listing() {
     snapshot!("goldens_errata", ds41(&["goldens", "errata"]));
 }
+
+/// `inspect` output with its first line (the machine-specific path) replaced.
+fn redact_path(text: String) -> String {
+    let mut lines = text.lines();
+    let first = lines.next().unwrap_or_default();
+    assert!(
+        first.starts_with("path:"),
+        "unexpected first line {first:?}"
+    );
+    std::iter::once("path:    <redacted>")
+        .chain(lines)
+        .map(|l| format!("{l}\n"))
+        .collect()
+}
+
+#[test]
+fn inspect_release_config() {
+    let Some(upstream) = ds41_conformance::goldens::upstream_from_env() else {
+        eprintln!("SKIPPED: DS41_UPSTREAM not set");
+        return;
+    };
+    let config = upstream.join("config/config.json");
+    let text = ds41(&["inspect", config.to_str().expect("utf-8 path")]);
+    snapshot!("inspect_release_config", redact_path(text));
+}
+
+#[test]
+fn inspect_tiny_synthetic_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("tiny");
+    let out = out.to_str().expect("utf-8 path");
+    ds41(&["synth", "--preset", "tiny", "--seed", "1", "--out", out]);
+    snapshot!("inspect_tiny_seed1", redact_path(ds41(&["inspect", out])));
+}
