@@ -98,9 +98,10 @@ def trace(ids, logits, hidden, index_k: str):
         "logits_positions": np.arange(len(ids), dtype=np.int64),
         "residual": np.ascontiguousarray(hidden, dtype=np.float32),
     }
-    metadata = {"format": "ds41-trace/1", "engine": "WASTE tools/ds41_ref.py (PyTorch oracle)",
-                "numerics": "exact", "index_k": index_k, "schedule": f"prefill 1 + decode {len(ids) - 1}",
-                "tie_rule": "torch.topk (unstated)"}
+    metadata = {"engine": "WASTE tools/ds41_ref.py (PyTorch oracle)", "version": WASTE_REVISION[:8],
+                "layout": "container", "numerics": "exact", "index-k": index_k,
+                "tie_rule": "torch.topk (unstated)", "logits_rows": "row t-1 = last position after t tokens",
+                "prefill": "1", "decode_steps": str(len(ids) - 1), "mode": "forward", "format": "ds41-trace/1"}
     return tensors, metadata
 
 

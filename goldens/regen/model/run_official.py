@@ -408,12 +408,16 @@ def main(argv=None):
     except DriverError as e:
         print(f"run_official: error: {e}", file=sys.stderr)
         return 2
-    metadata = {
-        "format": TRACE_FORMAT, "engine": "official inference/model.py (CPU, ds41 kernels)",
-        "model_py_sha256": pins["model.py"], "kernels_sha256": provenance.sha256_file(HERE / "ds41_kernels.py"),
-        "numerics": "upstream", "index_k": a.index_k, "tie_rule": "lower-index",
-        "schedule": f"prefill {prefill} + decode {len(tokens) - prefill}", "torch": torch.__version__,
-        "threads": str(a.threads), "kernel_calls": json.dumps(dict(ds41_kernels.CALLS)),
+    metadata = {  # docs/TRACE.md keys, then what only this producer knows
+        "engine": "official inference/model.py (CPU, ds41 kernels)", "version": pins["model.py"][:12],
+        "layout": "release", "numerics": "upstream", "index-k": a.index_k,
+        "tie_rule": "largest first; equal values -> lower index",
+        "topk_convention": "compressed positions (no window offset), ascending, -1 = none",
+        "logits_rows": "row 0 = prefill (last position), row i = decode step i",
+        "prefill": str(prefill), "decode_steps": str(len(tokens) - prefill), "mode": "forward",
+        "format": TRACE_FORMAT, "model_py_sha256": pins["model.py"],
+        "kernels_sha256": provenance.sha256_file(HERE / "ds41_kernels.py"),
+        "torch": torch.__version__, "threads": str(a.threads), "kernel_calls": json.dumps(dict(ds41_kernels.CALLS)),
     }
     old = load_file(str(a.out)) if a.out.exists() else None
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -88,8 +88,9 @@ class RunOfficialOnToy(unittest.TestCase):
         self.assertEqual(t["logits_positions"].tolist(), list(range(2, n)))
         for l in (1, 2):
             self.assertEqual(tuple(t[f"topk.L{l}"].shape), (n, 2))
-        self.assertEqual(meta["index_k"], "as-shipped")
-        self.assertEqual(meta["tie_rule"], "lower-index")
+        self.assertEqual(meta["index-k"], "as-shipped")
+        self.assertEqual(meta["tie_rule"], "largest first; equal values -> lower index")
+        self.assertEqual((meta["prefill"], meta["decode_steps"]), ("3", str(n - 3)))
         calls = json.loads(meta["kernel_calls"])
         for k in ("act_quant", "fp8_gemm", "sparse_attn", "hc_split_sinkhorn"):
             self.assertGreater(calls.get(k, 0), 0, k)
