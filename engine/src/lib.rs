@@ -13,6 +13,7 @@ pub mod dtype;
 pub mod error;
 pub mod model;
 pub mod tokenizer;
+pub mod trace;
 
 pub use error::{Error, Result};
 

@@ -20,15 +20,7 @@ pub struct Expected {
 impl Expected {
     /// Name of an engine error's variant.
     pub fn variant_of(err: &ds41_engine::Error) -> &'static str {
-        use ds41_engine::Error::*;
-        match err {
-            Io { .. } => "Io",
-            Config { .. } => "Config",
-            Tensor { .. } => "Tensor",
-            Format { .. } => "Format",
-            Model(_) => "Model",
-            Tokenizer { .. } => "Tokenizer",
-        }
+        err.kind()
     }
 
     /// Whether `err` is the refusal this mutant expects.
