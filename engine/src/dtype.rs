@@ -51,6 +51,37 @@ pub fn e2m1_to_f32(code: u8) -> f32 {
     }
 }
 
+/// f32 bit patterns of the 16 e2m1 codes (code 8 → +0.0).
+const E2M1_BITS: [u32; 16] = {
+    const MAG: [u32; 8] = [
+        0,
+        0x3F00_0000,
+        0x3F80_0000,
+        0x3FC0_0000,
+        0x4000_0000,
+        0x4040_0000,
+        0x4080_0000,
+        0x40C0_0000,
+    ];
+    let mut t = [0u32; 16];
+    let mut c = 0;
+    while c < 16 {
+        let m = MAG[c & 7];
+        t[c] = if c >= 8 && m != 0 { m | 0x8000_0000 } else { m };
+        c += 1;
+    }
+    t
+};
+
+/// Both e2m1 values of one packed FP4 byte: `[low nibble (even element), high nibble]`.
+#[inline]
+pub fn e2m1_pair(byte: u8) -> [f32; 2] {
+    [
+        f32::from_bits(E2M1_BITS[(byte & 0xF) as usize]),
+        f32::from_bits(E2M1_BITS[(byte >> 4) as usize]),
+    ]
+}
+
 /// Decode one E8M0 scale byte: `2^(b − 127)`; 255 is NaN; 0 is 2^−127 (an f32 subnormal).
 #[inline]
 pub fn e8m0_to_f32(b: u8) -> f32 {
@@ -124,6 +155,11 @@ mod tests {
             assert_eq!(e2m1_to_f32(c), want[c as usize], "code {c}");
             // only the low nibble counts
             assert_eq!(e2m1_to_f32(c | 0xF0).to_bits(), e2m1_to_f32(c).to_bits());
+        }
+        for b in 0..=255u8 {
+            let [lo, hi] = e2m1_pair(b);
+            assert_eq!(lo.to_bits(), e2m1_to_f32(b & 0xF).to_bits());
+            assert_eq!(hi.to_bits(), e2m1_to_f32(b >> 4).to_bits());
         }
         // code 8 is +0.0, not -0.0 (convert.py's table)
         assert_eq!(e2m1_to_f32(8).to_bits(), 0.0f32.to_bits());

@@ -268,7 +268,7 @@ impl J<'_> {
             )
         })?;
         if dims.is_empty()
-            || dims.iter().any(|&d| d == 0)
+            || dims.contains(&0)
             || dims
                 .iter()
                 .try_fold(1usize, |a, &d| a.checked_mul(d))

@@ -126,7 +126,10 @@ pub trait Checkpoint: Send + Sync {
     fn contains(&self, name: &str) -> bool;
     /// Every canonical tensor name this checkpoint serves (sorted). For a release this
     /// includes the `.scale` companions; for a container, one name per expert matrix.
-    fn names(&self) -> Vec<String>;
+    /// (The default, for in-memory test doubles, lists nothing; both readers override it.)
+    fn names(&self) -> Vec<String> {
+        Vec::new()
+    }
     /// Logical shape of the dequantised tensor (e.g. FP4 `[out, in]`, not the packed bytes).
     fn shape(&self, name: &str) -> Result<Vec<usize>>;
     fn storage(&self, name: &str) -> Result<Storage>;
@@ -138,13 +141,22 @@ pub trait Checkpoint: Send + Sync {
     fn rows_f32(&self, name: &str, first: usize, out: &mut [f32]) -> Result<()>;
     /// The stored codes and scales of an FP8/FP4 release weight (`None` for any other
     /// storage, including every container tensor).
-    fn quant_view(&self, name: &str) -> Result<Option<QuantView<'_>>>;
-    /// Engram hashing constants (multipliers, primes, offsets, pad) for this checkpoint.
-    fn engram_constants(&self) -> Result<EngramHashConstants>;
+    fn quant_view(&self, name: &str) -> Result<Option<QuantView<'_>>> {
+        let _ = name;
+        Ok(None)
+    }
+    /// Engram hashing constants (multipliers, primes, offsets, pad) for this checkpoint. The
+    /// default applies the release recipe to `config()` (MODEL.md §6.6.1); a container states
+    /// its own in `engram.json`.
+    fn engram_constants(&self) -> Result<EngramHashConstants> {
+        EngramHashConstants::for_release(self.config())
+    }
     /// Token id → Engram compressed id when the checkpoint ships the map (a container's
-    /// `engram-tokmap.bin`); `None` for the release, whose map is built from the tokenizer
-    /// (MODEL.md §6.6.1, `tokenizer` module).
-    fn engram_token_map(&self) -> Result<Option<Vec<i32>>>;
+    /// `engram-tokmap.bin`, a release sidecar); `None` when it must be built from the
+    /// tokenizer (MODEL.md §6.6.1, `tokenizer` module).
+    fn engram_token_map(&self) -> Result<Option<Vec<i32>>> {
+        Ok(None)
+    }
 }
 
 /// Open a checkpoint directory, detecting its layout: `manifest.json` ⇒ WASTE container;

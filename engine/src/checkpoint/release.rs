@@ -12,7 +12,7 @@ use super::{
     check_rows_request, rows_cols, tensor_err, Checkpoint, Layout, QuantKind, QuantView, Storage,
 };
 use crate::config::{read_json, Config, EngramHashConstants, EngramLayerHash, EngramPad};
-use crate::dtype::{bf16_to_f32, e2m1_to_f32, e4m3_to_f32, e8m0_to_f32, f16_to_f32};
+use crate::dtype::{bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, f16_to_f32};
 use crate::{Error, Result};
 use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
@@ -355,11 +355,10 @@ pub(crate) fn dequant_rows(v: &QuantView<'_>, first: usize, out: &mut [f32]) {
                 let codes = &v.codes[r * cols / 2..(r + 1) * cols / 2];
                 for ((o, c), blk) in row.chunks_mut(32).zip(codes.chunks(16)).zip(scales) {
                     let s = e8m0_to_f32(*blk);
-                    for (pair, &b) in o.chunks_mut(2).zip(c) {
-                        pair[0] = e2m1_to_f32(b & 0xF) * s;
-                        if let Some(hi) = pair.get_mut(1) {
-                            *hi = e2m1_to_f32(b >> 4) * s;
-                        }
+                    for (pair, &b) in o.chunks_exact_mut(2).zip(c) {
+                        let [lo, hi] = e2m1_pair(b);
+                        pair[0] = lo * s;
+                        pair[1] = hi * s;
                     }
                 }
             }
