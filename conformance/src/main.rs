@@ -7,11 +7,7 @@ mod cli;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "ds41",
-    version,
-    about = "Make DeepSeek-V4.1-Flash implementations checkable"
-)]
+#[command(name = "ds41", version, about = "Make DeepSeek-V4.1-Flash implementations checkable")]
 struct Cli {
     #[command(subcommand)]
     command: Command,
