@@ -406,6 +406,12 @@ impl<'m> Session<'m> {
         let model = self.model;
         let cfg = &model.cfg;
         let (hc, d) = (cfg.hc_mult, cfg.dim);
+        if self.options.defects.has(Defect::Fp4TiesAwayFromEven) {
+            // The FP4 encoder lives in `quant` and has no switch for it yet.
+            return Err(Error::Model(
+                "defect fp4-ties-away-from-even is not supported by this engine build".into(),
+            ));
+        }
         let chunk = Chunk {
             start: self.state.position,
             rows: tokens.len(),
