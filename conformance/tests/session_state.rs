@@ -276,7 +276,7 @@ fn truncated_extended_and_bit_flipped_files_are_refused() {
     }
     for extra in [1usize, 7, 4096] {
         let mut b = bytes.clone();
-        b.extend(std::iter::repeat(0u8).take(extra));
+        b.extend(std::iter::repeat_n(0u8, extra));
         let e = decode_err(&b, &model, &options);
         assert!(e.contains("payload_len"), "{e}");
     }
