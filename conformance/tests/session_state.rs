@@ -96,6 +96,22 @@ fn assert_rows_equal(whole: &Trace, part: &Trace, first: usize, what: &str) {
 /// prefill(a) + save + a fresh model and session load + continue == uninterrupted, for every
 /// split point (logits of every step and every per-token trace tensor).
 fn check_splits(dir: &Path, profiles: &[Numerics], splits: &[usize], total: usize) {
+    check_splits_with(
+        &|| Model::open(dir).unwrap(),
+        &dir.display().to_string(),
+        profiles,
+        splits,
+        total,
+    )
+}
+
+fn check_splits_with(
+    open: &dyn Fn() -> Model,
+    label: &str,
+    profiles: &[Numerics],
+    splits: &[usize],
+    total: usize,
+) {
     for &numerics in profiles {
         for index_k in [IndexK::Owner, IndexK::AsShipped] {
             let options = Options {
@@ -103,10 +119,10 @@ fn check_splits(dir: &Path, profiles: &[Numerics], splits: &[usize], total: usiz
                 index_k,
                 ..Options::default()
             };
-            let model = Model::open(dir).unwrap();
+            let model = open();
             let ids = tokens(total, model.config().vocab_size);
             for &split in splits {
-                let what = format!("{} {numerics} {index_k} split {split}", dir.display());
+                let what = format!("{label} {numerics} {index_k} split {split}");
                 let mut whole = traced(&model);
                 run(
                     &mut Session::new(&model, options.clone()),
@@ -123,7 +139,7 @@ fn check_splits(dir: &Path, profiles: &[Numerics], splits: &[usize], total: usiz
                 state::save(&model, &s, &file).unwrap();
                 drop(s);
 
-                let fresh_model = Model::open(dir).unwrap();
+                let fresh_model = open();
                 let mut s2 = Session::new(&fresh_model, options.clone());
                 state::restore(&fresh_model, &mut s2, &file).unwrap();
                 assert_eq!(s2.position(), split);
@@ -163,6 +179,38 @@ fn container_waste_tiny_continues_bit_exactly() {
         &[Numerics::Exact],
         &[0, 1, 2, 3, 4, 5, 8, 9],
         14,
+    );
+}
+
+#[test]
+fn official_a_continues_bit_exactly_at_every_boundary() {
+    let Some(up) = std::env::var_os("DS41_UPSTREAM").map(PathBuf::from) else {
+        eprintln!(
+            "SKIPPED official_a_continues_bit_exactly_at_every_boundary: DS41_UPSTREAM not set"
+        );
+        return;
+    };
+    // official_a: window 8, ratio-2 source at layer 2, ratio-1 candidate source at layer 4
+    // (3 kept blocks of 4). The Engram map comes from a golden (the release ships none).
+    let golden = ds41_engine::trace::TraceFile::read(
+        &up.join("official_a/p48_d00/golden_prefill_only.safetensors"),
+    )
+    .unwrap();
+    let map: Vec<i32> = golden
+        .i64("engram_token_map")
+        .unwrap()
+        .1
+        .iter()
+        .map(|&x| x as i32)
+        .collect();
+    let dir = up.join("official_a/checkpoint");
+    let open = || Model::open_with_token_map(&dir, Some(map.clone())).unwrap();
+    check_splits_with(
+        &open,
+        "official_a",
+        &[Numerics::Upstream, Numerics::Exact],
+        &[0, 1, 2, 3, 7, 8, 9, 12, 13, 14],
+        17,
     );
 }
 
@@ -276,7 +324,7 @@ fn truncated_extended_and_bit_flipped_files_are_refused() {
     }
     for extra in [1usize, 7, 4096] {
         let mut b = bytes.clone();
-        b.extend(std::iter::repeat(0u8).take(extra));
+        b.extend(std::iter::repeat_n(0u8, extra));
         let e = decode_err(&b, &model, &options);
         assert!(e.contains("payload_len"), "{e}");
     }

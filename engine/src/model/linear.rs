@@ -398,6 +398,7 @@ fn put_scratch(key: &'static Scratch, v: Vec<f32>) {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // index loops mirror the formulas
 pub(crate) mod tests {
     use super::*;
     use crate::config::Config;

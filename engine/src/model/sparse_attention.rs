@@ -51,14 +51,14 @@ pub fn sparse_attention(
     out: &mut [f32],
 ) -> Result<()> {
     let heads = sink.len();
-    if heads == 0 || q.len() % heads != 0 {
+    if heads == 0 || !q.len().is_multiple_of(heads) {
         return Err(Error::Model(format!(
             "sparse attention: q has {} values, not a multiple of {heads} heads",
             q.len()
         )));
     }
     let dh = q.len() / heads;
-    if dh == 0 || kv.len() % dh != 0 || out.len() != q.len() {
+    if dh == 0 || !kv.len().is_multiple_of(dh) || out.len() != q.len() {
         return Err(Error::Model(format!(
             "sparse attention: head width {dh}, kv has {} values, out has {} (want {})",
             kv.len(),
@@ -201,6 +201,7 @@ fn with_f64_scratch<R>(len: usize, f: impl FnOnce(&mut [f64]) -> R) -> R {
 }
 
 #[cfg(test)]
+#[allow(clippy::needless_range_loop)] // index loops mirror the formulas
 mod tests {
     use super::*;
     use crate::model::linear::tests::Rng;
