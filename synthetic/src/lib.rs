@@ -171,7 +171,7 @@ pub fn generate_with(o: &Options) -> Result<Generated, SynthError> {
         Layout::Container => container::write(&p, o.seed, dir, None)?,
     };
     if let Some(m) = &mutant {
-        mutants::apply_after(m, &p, o.layout, dir, &mut files)?;
+        mutants::apply_after(m, &p, o.layout, dir, &files)?;
     }
     files.push(SIDECAR.to_string());
     files.sort();

@@ -243,7 +243,7 @@ pub fn apply_after(
     p: &Preset,
     layout: Layout,
     dir: &Path,
-    files: &mut Vec<String>,
+    files: &[String],
 ) -> Result<(), SynthError> {
     let g = &p.geometry;
     let last_st = || {

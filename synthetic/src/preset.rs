@@ -292,7 +292,7 @@ fn wide() -> Preset {
     };
     Preset {
         name: "wide",
-        description: "real widths (dim 5120, 64x512 heads, q_lora 1280, o 8x1024, experts 2304, index 32x128, hc 4), 4 layers, 16 experts top-6, vocab 16384: for speed/memory benchmarks (~2.2 GB)",
+        description: "real widths (dim 5120, 64x512 heads, q_lora 1280, o 8x1024, experts 2304, index 32x128, hc 4), 4 layers, 16 experts top-6, vocab 16384: for speed/memory benchmarks (~2.4 GB, written streamed)",
         geometry: g,
         tokenizer: TokenizerKind::ByteBpe,
         sharding: Sharding::ReleaseLike,

@@ -39,32 +39,51 @@ pub struct Args {
     list: bool,
 }
 
+/// `--list`: presets (with what they reach) and mutants (with the refusal each must provoke).
+/// A closed pipe (`ds41 synth --list | head`) ends the listing quietly.
+fn print_list() -> anyhow::Result<i32> {
+    use std::fmt::Write as _;
+    let mut out = String::from("presets:\n");
+    for p in list_presets() {
+        let large = if p.large { " [large]" } else { "" };
+        let layouts: Vec<&str> = p.layouts.iter().map(|&l| layout_name(l)).collect();
+        writeln!(
+            out,
+            "  {:<14}{large} [{}] {}",
+            p.name,
+            layouts.join(","),
+            p.description
+        )?;
+        writeln!(out, "  {:<14} reaches: {}", "", p.reach)?;
+    }
+    out.push_str("mutants (layout: expected refusal):\n");
+    for m in list_mutants() {
+        let layouts: Vec<&str> = m.layouts.iter().map(|&l| layout_name(l)).collect();
+        writeln!(
+            out,
+            "  {:<24} [{}] {} -> {}",
+            m.name,
+            layouts.join(","),
+            m.description,
+            m.expect
+        )?;
+    }
+    match std::io::Write::write_all(&mut std::io::stdout().lock(), out.as_bytes()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(0),
+    }
+}
+
+fn layout_name(l: Layout) -> &'static str {
+    match l {
+        Layout::Release => "release",
+        Layout::Container => "container",
+    }
+}
+
 pub fn run(args: Args) -> anyhow::Result<i32> {
     if args.list {
-        println!("presets:");
-        for p in list_presets() {
-            let large = if p.large { " [large]" } else { "" };
-            println!("  {:<14}{large} {}", p.name, p.description);
-        }
-        println!("mutants (layout: expected refusal):");
-        for m in list_mutants() {
-            let layouts: Vec<&str> = m
-                .layouts
-                .iter()
-                .map(|l| match l {
-                    Layout::Release => "release",
-                    Layout::Container => "container",
-                })
-                .collect();
-            println!(
-                "  {:<24} [{}] {} -> {}",
-                m.name,
-                layouts.join(","),
-                m.description,
-                m.expect
-            );
-        }
-        return Ok(0);
+        return print_list();
     }
     let (Some(preset), Some(out)) = (args.preset, args.out) else {
         anyhow::bail!("--preset and --out are required");
