@@ -1,2 +1,189 @@
-//! Byte-level decoding of the stored number formats (MODEL.md §4.5): e4m3, e2m1, e8m0, bf16, f16.
+//! Byte-level decoding of the stored number formats (MODEL.md §4.5): e4m3 (e4m3fn), e2m1
+//! (packed FP4), e8m0 scale bytes, bf16 and f16. Every decoder is exact: each stored value is
+//! representable in f32, and a dequantised weight `code · 2^(s−127)` is an exact f32 product.
 //! OWNER: readers helper (issue 2).
+
+/// f32 bit patterns of the 256 e4m3fn codes, built with integer arithmetic only.
+const E4M3_BITS: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut c = 0;
+    while c < 256 {
+        let sign = ((c as u32) >> 7) << 31;
+        let e = ((c >> 3) & 0xF) as u32;
+        let m = (c & 7) as u32;
+        t[c] = if e == 0xF && m == 7 {
+            0x7FC0_0000 | sign // 0x7F / 0xFF: NaN (no infinities in e4m3fn)
+        } else if e == 0 {
+            if m == 0 {
+                sign
+            } else {
+                // subnormal m·2^-9: normalise the 3-bit mantissa into f32.
+                let k = 31 - m.leading_zeros(); // position of the leading 1, 0..=2
+                let exp = k + 127 - 9;
+                sign | (exp << 23) | ((m - (1 << k)) << (23 - k))
+            }
+        } else {
+            sign | ((e + 127 - 7) << 23) | (m << 20)
+        };
+        c += 1;
+    }
+    t
+};
+
+/// Decode one e4m3fn byte (OCP float8, bias 7, `0x7F`/`0xFF` NaN, max ±448).
+#[inline]
+pub fn e4m3_to_f32(code: u8) -> f32 {
+    f32::from_bits(E4M3_BITS[code as usize])
+}
+
+/// The e2m1 magnitudes of codes 0..8; bit 3 is the sign.
+const E2M1_MAGNITUDE: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+
+/// Decode one e2m1 nibble (low 4 bits of `code`). Code 8 ("−0") decodes to +0.0, as in
+/// `convert.py`'s table (MODEL.md §4.5).
+#[inline]
+pub fn e2m1_to_f32(code: u8) -> f32 {
+    let mag = E2M1_MAGNITUDE[(code & 7) as usize];
+    if code & 8 != 0 && mag != 0.0 {
+        -mag
+    } else {
+        mag
+    }
+}
+
+/// Decode one E8M0 scale byte: `2^(b − 127)`; 255 is NaN; 0 is 2^−127 (an f32 subnormal).
+#[inline]
+pub fn e8m0_to_f32(b: u8) -> f32 {
+    match b {
+        0 => f32::from_bits(0x0040_0000),
+        255 => f32::NAN,
+        b => f32::from_bits((b as u32) << 23),
+    }
+}
+
+#[inline]
+pub fn bf16_to_f32(bits: u16) -> f32 {
+    half::bf16::from_bits(bits).to_f32()
+}
+
+#[inline]
+pub fn f16_to_f32(bits: u16) -> f32 {
+    half::f16::from_bits(bits).to_f32()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Independent definition straight from MODEL.md §4.5 in f64.
+    fn e4m3_reference(code: u8) -> f64 {
+        let s = if code & 0x80 != 0 { -1.0 } else { 1.0 };
+        let e = ((code >> 3) & 0xF) as i32;
+        let m = (code & 7) as f64;
+        if e == 0xF && code & 7 == 7 {
+            return f64::NAN;
+        }
+        if e == 0 {
+            s * (m / 8.0) * 2f64.powi(-6)
+        } else {
+            s * (1.0 + m / 8.0) * 2f64.powi(e - 7)
+        }
+    }
+
+    #[test]
+    fn e4m3_all_256_codes() {
+        for c in 0..=255u8 {
+            let got = e4m3_to_f32(c);
+            let want = e4m3_reference(c);
+            if want.is_nan() {
+                assert!(got.is_nan(), "code {c:#04x} must be NaN");
+                assert!(c == 0x7F || c == 0xFF);
+            } else {
+                assert_eq!(got as f64, want, "code {c:#04x}");
+                assert_eq!(got.is_sign_negative(), c & 0x80 != 0, "sign of {c:#04x}");
+                // every value is a multiple of 2^-9
+                assert_eq!((want * 512.0).fract(), 0.0);
+            }
+        }
+        assert_eq!(e4m3_to_f32(0x7E), 448.0);
+        assert_eq!(e4m3_to_f32(0xFE), -448.0);
+        assert_eq!(e4m3_to_f32(0x01), 2f32.powi(-9));
+        assert_eq!(e4m3_to_f32(0x08), 2f32.powi(-6));
+        assert_eq!(e4m3_to_f32(0x38), 1.0);
+        assert_eq!(e4m3_to_f32(0x80).to_bits(), (-0.0f32).to_bits());
+        let nans = (0..=255u8).filter(|&c| e4m3_to_f32(c).is_nan()).count();
+        assert_eq!(nans, 2);
+    }
+
+    #[test]
+    fn e2m1_all_16_codes() {
+        let want = [
+            0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, 0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0,
+        ];
+        for c in 0..16u8 {
+            assert_eq!(e2m1_to_f32(c), want[c as usize], "code {c}");
+            // only the low nibble counts
+            assert_eq!(e2m1_to_f32(c | 0xF0).to_bits(), e2m1_to_f32(c).to_bits());
+        }
+        // code 8 is +0.0, not -0.0 (convert.py's table)
+        assert_eq!(e2m1_to_f32(8).to_bits(), 0.0f32.to_bits());
+    }
+
+    #[test]
+    fn e8m0_all_256_bytes() {
+        for b in 0..=255u8 {
+            let got = e8m0_to_f32(b);
+            if b == 255 {
+                assert!(got.is_nan());
+            } else {
+                assert_eq!(got as f64, 2f64.powi(b as i32 - 127), "byte {b}");
+            }
+        }
+        assert_eq!(e8m0_to_f32(127), 1.0);
+    }
+
+    #[test]
+    fn dequantised_products_are_exact() {
+        // e4m3 · e8m0 in f32 equals the f64 product for every code and scale: no rounding,
+        // even in the subnormal range reached with scale 2^-127.
+        for c in 0..=255u8 {
+            for s in 0..255u8 {
+                let got = e4m3_to_f32(c) * e8m0_to_f32(s);
+                let want = e4m3_reference(c) * 2f64.powi(s as i32 - 127);
+                if want.is_nan() {
+                    assert!(got.is_nan());
+                } else if want.abs() < f32::MAX as f64 {
+                    assert_eq!(got as f64, want, "code {c:#04x} scale {s}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_and_f16_every_bit_pattern() {
+        for bits in 0..=u16::MAX {
+            let b = bf16_to_f32(bits);
+            if b.is_nan() {
+                assert!(half::bf16::from_bits(bits).is_nan());
+            } else {
+                // bf16 is the top half of an f32
+                assert_eq!(b.to_bits(), (bits as u32) << 16);
+            }
+            let h = f16_to_f32(bits);
+            let e = (bits >> 10) & 0x1F;
+            let m = (bits & 0x3FF) as f64;
+            let s = if bits & 0x8000 != 0 { -1.0 } else { 1.0 };
+            let want = match e {
+                0 => s * m * 2f64.powi(-24),
+                0x1F if m == 0.0 => s * f64::INFINITY,
+                0x1F => f64::NAN,
+                e => s * (1.0 + m / 1024.0) * 2f64.powi(e as i32 - 15),
+            };
+            if want.is_nan() {
+                assert!(h.is_nan());
+            } else {
+                assert_eq!(h as f64, want, "f16 {bits:#06x}");
+            }
+        }
+    }
+}

@@ -12,7 +12,9 @@ pub mod dsml;
 pub mod dtype;
 pub mod error;
 pub mod model;
+pub mod state;
 pub mod tokenizer;
+pub mod trace;
 
 pub use error::{Error, Result};
 

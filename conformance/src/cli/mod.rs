@@ -4,8 +4,11 @@
 pub mod certify;
 pub mod corpus;
 pub mod forward;
+pub mod goldens;
 pub mod inspect;
 pub mod parse;
 pub mod render;
+pub mod serve_adapter;
 pub mod synth;
 pub mod tokenize;
+pub mod verify_certificate;

@@ -1,0 +1,451 @@
+//! CSA2 attention (MODEL.md §6.4): query low-rank path, window ring, compressor and indexer
+//! of source layers, one joint sparse softmax with a per-head sink, inverse rope, grouped
+//! low-rank output projection.
+
+use std::sync::Arc;
+
+use rayon::prelude::*;
+
+use super::cache::state::SessionState;
+use super::compressor::Compressor;
+use super::defects::Defect;
+use super::handoff::Handoff;
+use super::indexer::{self, Indexer};
+use super::linear::{Linear, LinearKind};
+use super::norm::{rms_scale, RmsNorm};
+use super::numerics::Numerics;
+use super::quant;
+use super::sparse_attention::sparse_attention;
+use super::{Chunk, LayerCtx};
+use crate::checkpoint::Checkpoint;
+use crate::config::Config;
+use crate::{Error, Result};
+
+/// `wo_a` (§6.4.7): group g maps heads `g·H/G .. (g+1)·H/G` (concatenated) through rows
+/// `g·rank .. (g+1)·rank`. A BF16 matmul: f64 accumulation (rule C2), bf16 out upstream.
+/// Rows are dequantised on the fly from the mapped checkpoint.
+pub struct GroupedOutput {
+    name: String,
+    groups: usize,
+    rank: usize,
+    group_width: usize,
+}
+
+impl GroupedOutput {
+    fn load(ckpt: &dyn Checkpoint, name: &str, cfg: &Config) -> Result<GroupedOutput> {
+        let group_width = cfg.n_heads / cfg.o_groups * cfg.head_dim;
+        super::expect_shape(ckpt, name, &[cfg.o_groups * cfg.o_lora_rank, group_width])?;
+        Ok(GroupedOutput {
+            name: name.to_string(),
+            groups: cfg.o_groups,
+            rank: cfg.o_lora_rank,
+            group_width,
+        })
+    }
+
+    fn forward(
+        &self,
+        ckpt: &dyn Checkpoint,
+        o: &[f32],
+        rows: usize,
+        z: &mut [f32],
+        numerics: Numerics,
+    ) -> Result<()> {
+        let n_out = self.groups * self.rank;
+        let gw = self.group_width;
+        let per_chunk = 64;
+        let cols: Vec<Result<Vec<f32>>> = (0..n_out.div_ceil(per_chunk))
+            .into_par_iter()
+            .map(|c| {
+                let first = c * per_chunk;
+                let n = per_chunk.min(n_out - first);
+                let mut w = vec![0.0f32; n * gw];
+                ckpt.rows_f32(&self.name, first, &mut w)?;
+                let mut out = vec![0.0f32; n * rows];
+                for i in 0..n {
+                    let g = (first + i) / self.rank;
+                    let wr = &w[i * gw..(i + 1) * gw];
+                    for t in 0..rows {
+                        let x =
+                            &o[t * self.groups * gw + g * gw..t * self.groups * gw + (g + 1) * gw];
+                        let acc: f64 = wr.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum();
+                        out[i * rows + t] = acc as f32;
+                    }
+                }
+                Ok(out)
+            })
+            .collect();
+        for (c, block) in cols.into_iter().enumerate() {
+            let block = block?;
+            let first = c * per_chunk;
+            let n = block.len() / rows;
+            for i in 0..n {
+                for t in 0..rows {
+                    z[t * n_out + first + i] = block[i * rows + t];
+                }
+            }
+        }
+        numerics.round(z);
+        Ok(())
+    }
+}
+
+pub struct Attention {
+    layer: usize,
+    ratio: usize,
+    n_heads: usize,
+    head_dim: usize,
+    q_lora: usize,
+    window: usize,
+    norm_eps: f32,
+    wq_a: Linear,
+    q_norm: RmsNorm,
+    wq_b: Linear,
+    wkv: Linear,
+    kv_norm: RmsNorm,
+    wo_a: GroupedOutput,
+    wo_b: Linear,
+    sink: Vec<f32>,
+    pub compressor: Option<Compressor>,
+    pub indexer: Option<Indexer>,
+    /// The KV source whose compressed cache this layer attends (ratio > 0).
+    kv_source: Option<usize>,
+}
+
+impl Attention {
+    pub fn load(ckpt: &Arc<dyn Checkpoint>, cfg: &Config, layer: usize) -> Result<Attention> {
+        let p = format!("layers.{layer}.attn.");
+        let ratio = cfg.compress_ratios[layer];
+        let kv_source = if ratio > 0 {
+            super::roles::most_recent(&cfg.kv_source_layers, layer)
+        } else {
+            None
+        };
+        if ratio > 0 && kv_source.is_none() {
+            return Err(Error::Config {
+                field: "kv_source_layers".into(),
+                rule: format!("layer {layer} has ratio {ratio} but no KV source at or below it"),
+            });
+        }
+        let is_kv_source = cfg.kv_source_layers.contains(&layer);
+        let is_index_source = cfg.index_source_layers.contains(&layer);
+        let sink = ckpt.tensor_f32(&format!("{p}attn_sink"))?;
+        super::expect_len(
+            ckpt.as_ref(),
+            &format!("{p}attn_sink"),
+            sink.len(),
+            cfg.n_heads,
+        )?;
+        Ok(Attention {
+            layer,
+            ratio,
+            n_heads: cfg.n_heads,
+            head_dim: cfg.head_dim,
+            q_lora: cfg.q_lora_rank,
+            window: cfg.window_size,
+            norm_eps: cfg.norm_eps,
+            wq_a: Linear::load(ckpt, &format!("{p}wq_a.weight"), LinearKind::Fp8)?,
+            q_norm: RmsNorm::load(ckpt.as_ref(), &format!("{p}q_norm.weight"), cfg.norm_eps)?,
+            wq_b: Linear::load(ckpt, &format!("{p}wq_b.weight"), LinearKind::Fp8)?,
+            wkv: Linear::load(ckpt, &format!("{p}wkv.weight"), LinearKind::Fp8)?,
+            kv_norm: RmsNorm::load(ckpt.as_ref(), &format!("{p}kv_norm.weight"), cfg.norm_eps)?,
+            wo_a: GroupedOutput::load(ckpt.as_ref(), &format!("{p}wo_a.weight"), cfg)?,
+            wo_b: Linear::load(ckpt, &format!("{p}wo_b.weight"), LinearKind::Fp8)?,
+            sink,
+            compressor: if is_kv_source {
+                Some(Compressor::load(ckpt, cfg, layer)?)
+            } else {
+                None
+            },
+            indexer: if is_index_source {
+                Some(Indexer::load(ckpt, cfg, layer, is_kv_source)?)
+            } else {
+                None
+            },
+            kv_source,
+        })
+    }
+
+    /// Attention of the chunk's rows `u` ([rows, dim], normed). Updates this layer's state
+    /// (window ring, compressed caches) and the hand-off; writes `out` ([rows, dim]).
+    pub fn forward(
+        &self,
+        ctx: &LayerCtx,
+        chunk: Chunk,
+        u: &[f32],
+        state: &mut SessionState,
+        handoff: &mut Handoff,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (rows, nh, dh) = (chunk.rows, self.n_heads, self.head_dim);
+        let numerics = ctx.numerics;
+        let upstream = numerics == Numerics::Upstream;
+
+        // §6.4.1 query path.
+        let mut qr = vec![0.0f32; rows * self.q_lora];
+        self.wq_a.forward(u, rows, &mut qr, numerics)?;
+        self.q_norm.forward_inplace(&mut qr, numerics);
+        let mut q = vec![0.0f32; rows * nh * dh];
+        self.wq_b.forward(&qr, rows, &mut q, numerics)?;
+        if ctx.defects.has(Defect::PerHeadQueryNorm) {
+            for head in q.chunks_exact_mut(dh) {
+                let r = rms_scale(head, self.norm_eps);
+                head.iter_mut().for_each(|v| *v *= r);
+                numerics.round(head);
+            }
+        }
+        for (t, row) in q.chunks_exact_mut(nh * dh).enumerate() {
+            ctx.rope.rotate(row, dh, chunk.start + t, false, numerics);
+        }
+
+        // §6.4.2 window key of every row.
+        let mut kv = vec![0.0f32; rows * dh];
+        self.wkv.forward(u, rows, &mut kv, numerics)?;
+        self.kv_norm.forward_inplace(&mut kv, numerics);
+        for (t, row) in kv.chunks_exact_mut(dh).enumerate() {
+            ctx.rope.rotate(row, dh, chunk.start + t, false, numerics);
+            if upstream {
+                quant::act_quant_fp8_inplace(row);
+            }
+        }
+
+        // §6.4.3 compressor and the owner's index keys (§6.4.4), then publish (§8).
+        if let Some(comp) = &self.compressor {
+            let cache = state.layers[self.layer]
+                .compressed
+                .as_mut()
+                .ok_or_else(|| {
+                    Error::Model(format!(
+                        "layer {}: KV source without a compressed cache",
+                        self.layer
+                    ))
+                })?;
+            let emitted = comp.push(u, rows, chunk.start, cache, numerics)?;
+            if let Some(first) = emitted.first() {
+                if first.index != cache.len() {
+                    return Err(Error::Model(format!(
+                        "layer {}: compressed entry {} emitted with {} entries cached",
+                        self.layer,
+                        first.index,
+                        cache.len()
+                    )));
+                }
+            }
+            if let Some(ix) = self.indexer.as_ref().filter(|ix| ix.is_owner()) {
+                let keys = ix.keys(&emitted, self.ratio, ctx.rope, numerics)?;
+                cache.index_keys.extend_from_slice(&keys);
+            }
+            for e in &emitted {
+                let mut latent = e.latent.clone();
+                ctx.rope
+                    .rotate(&mut latent, dh, e.index * self.ratio, false, numerics);
+                if upstream {
+                    quant::fp4_qdq_e4m3(&mut latent);
+                }
+                cache.latents.extend_from_slice(&latent);
+            }
+            let owner = self.indexer.as_ref().is_some_and(|ix| ix.is_owner());
+            if owner && ctx.index_k.owner_publishes(!emitted.is_empty()) {
+                state.published_index_k = Some(self.layer);
+            }
+        }
+
+        // §6.4.4 indexer: selection for this layer and the layers reusing it.
+        if let Some(ix) = &self.indexer {
+            handoff.topk = self.select(ctx, chunk, ix, &qr, u, state, handoff)?;
+        }
+
+        // §6.4.7 core attention: one joint softmax over window + compressed entries.
+        let compressed = match self.kv_source {
+            Some(src) => Some(state.layers[src].compressed.as_ref().ok_or_else(|| {
+                Error::Model(format!("layer {src}: KV source without a compressed cache"))
+            })?),
+            None => None,
+        };
+        let ring = &state.layers[self.layer].window;
+        let sink: Vec<f32> = if ctx.defects.has(Defect::NoAttentionSink) {
+            vec![f32::NEG_INFINITY; nh]
+        } else {
+            self.sink.clone()
+        };
+        let scale = (dh as f64).powf(-0.5) as f32;
+        let mut o = vec![0.0f32; rows * nh * dh];
+        let w = self.window;
+        let total = chunk.total();
+        let results: Vec<Result<()>> = o
+            .par_chunks_mut(nh * dh)
+            .enumerate()
+            .map(|(t, o_row)| {
+                let p = chunk.start + t;
+                // Window list in the upstream layout (§5.7): decode = ring slots oldest
+                // first, −1 at the front; prefill = min(T, W) entries ascending, −1 at the end.
+                let window_list: Vec<i64> = if chunk.decode_layout() {
+                    (0..w)
+                        .map(|i| p as i64 - w as i64 + 1 + i as i64)
+                        .map(|q| q.max(-1))
+                        .collect()
+                } else {
+                    let first = (p + 1).saturating_sub(w);
+                    (0..total.min(w))
+                        .map(|i| first + i)
+                        .map(|q| if q > p { -1 } else { q as i64 })
+                        .collect()
+                };
+                let comp_list: &[i64] = match compressed {
+                    Some(_) => handoff.topk.get(t).map(|v| v.as_slice()).unwrap_or(&[]),
+                    None => &[],
+                };
+                let n = window_list.len() + comp_list.len();
+                let mut kv_buf = vec![0.0f32; n * dh];
+                let mut idx = vec![-1i64; n];
+                for (i, &q) in window_list.iter().enumerate() {
+                    if q < 0 {
+                        continue;
+                    }
+                    let q = q as usize;
+                    let src = if q >= chunk.start {
+                        &kv[(q - chunk.start) * dh..(q - chunk.start + 1) * dh]
+                    } else {
+                        &ring[(q % w) * dh..(q % w + 1) * dh]
+                    };
+                    kv_buf[i * dh..(i + 1) * dh].copy_from_slice(src);
+                    idx[i] = i as i64;
+                }
+                if let Some(cache) = compressed {
+                    for (i, &j) in comp_list.iter().enumerate() {
+                        if j < 0 {
+                            continue;
+                        }
+                        let slot = window_list.len() + i;
+                        let j = j as usize;
+                        if j >= cache.len() {
+                            return Err(Error::Model(format!(
+                                "layer {}: selected compressed entry {j} but the cache holds {}",
+                                self.layer,
+                                cache.len()
+                            )));
+                        }
+                        kv_buf[slot * dh..(slot + 1) * dh].copy_from_slice(cache.latent(j));
+                        idx[slot] = slot as i64;
+                    }
+                }
+                sparse_attention(
+                    &q[t * nh * dh..(t + 1) * nh * dh],
+                    &kv_buf,
+                    &sink,
+                    &idx,
+                    scale,
+                    numerics,
+                    o_row,
+                )
+            })
+            .collect();
+        results.into_iter().collect::<Result<Vec<()>>>()?;
+
+        // The ring keeps the newest W keys: slot p mod W.
+        let ring = &mut state.layers[self.layer].window;
+        for t in rows.saturating_sub(w)..rows {
+            let slot = (chunk.start + t) % w;
+            ring[slot * dh..(slot + 1) * dh].copy_from_slice(&kv[t * dh..(t + 1) * dh]);
+        }
+
+        // Inverse rope of the output, then the grouped low-rank projection.
+        if !ctx.defects.has(Defect::NoInverseRope) {
+            for (t, row) in o.chunks_exact_mut(nh * dh).enumerate() {
+                ctx.rope.rotate(row, dh, chunk.start + t, true, numerics);
+            }
+        }
+        let mut z = vec![0.0f32; rows * self.wo_a.groups * self.wo_a.rank];
+        self.wo_a.forward(ctx.ckpt, &o, rows, &mut z, numerics)?;
+        self.wo_b.forward(&z, rows, out, numerics)
+    }
+
+    /// Scores, causality, candidate blocks and top-k of an index source (§6.4.4, §6.4.6).
+    #[allow(clippy::too_many_arguments)]
+    fn select(
+        &self,
+        ctx: &LayerCtx,
+        chunk: Chunk,
+        ix: &Indexer,
+        qr: &[f32],
+        u: &[f32],
+        state: &SessionState,
+        handoff: &mut Handoff,
+    ) -> Result<Vec<Vec<i64>>> {
+        let r = self.ratio;
+        let compress_len = chunk.total() / r;
+        if compress_len == 0 {
+            if Some(self.layer) == ctx.cfg.candidate_source_layer {
+                handoff.candidates = None;
+            }
+            return Ok(vec![Vec::new(); chunk.rows]);
+        }
+        let published = state.published_index_k.ok_or_else(|| {
+            Error::Model(format!(
+                "layer {}: no index-key cache has been published yet",
+                self.layer
+            ))
+        })?;
+        let keys = state.layers[published].compressed.as_ref().ok_or_else(|| {
+            Error::Model(format!(
+                "layer {published}: published index keys of a layer without a cache"
+            ))
+        })?;
+        if keys.index_key_count() < compress_len {
+            return Err(Error::Model(format!(
+                "layer {}: needs {compress_len} index keys but layer {published} published {}",
+                self.layer,
+                keys.index_key_count()
+            )));
+        }
+        let (iq, w) = ix.queries(qr, u, chunk.rows, chunk.start, ctx.rope, ctx.numerics)?;
+        let cfg = ctx.cfg;
+        let (nh, hd) = (cfg.index_n_heads, cfg.index_head_dim);
+        let is_candidate_source = Some(self.layer) == cfg.candidate_source_layer;
+        let is_candidate_consumer = cfg.candidate_source_layer.is_some_and(|c| self.layer > c);
+        let k = cfg.index_topk.min(compress_len);
+        let mut masks = Vec::new();
+        let mut lists = Vec::with_capacity(chunk.rows);
+        for t in 0..chunk.rows {
+            let p = chunk.start + t;
+            let visible = (p + 1) / r;
+            let mut scores = ix.scores(
+                &iq[t * nh * hd..(t + 1) * nh * hd],
+                &w[t * nh..(t + 1) * nh],
+                &keys.index_keys,
+                compress_len,
+                ctx.numerics,
+            );
+            for s in scores.iter_mut().skip(visible) {
+                *s = f32::NEG_INFINITY;
+            }
+            if is_candidate_source {
+                masks.push(indexer::candidate_mask(
+                    &scores,
+                    visible,
+                    cfg.candidate_block_size,
+                    cfg.candidate_topk_blocks,
+                    ctx.defects,
+                )?);
+            } else if is_candidate_consumer {
+                let mask = handoff
+                    .candidates
+                    .as_ref()
+                    .and_then(|m| m.get(t))
+                    .ok_or_else(|| {
+                        Error::Model(format!("layer {}: candidate blocks missing", self.layer))
+                    })?;
+                for (s, keep) in scores.iter_mut().zip(mask) {
+                    if !keep {
+                        *s = f32::NEG_INFINITY;
+                    }
+                }
+            }
+            lists.push(indexer::select(&scores, k, visible, ctx.defects)?);
+        }
+        if is_candidate_source {
+            handoff.candidates = Some(masks);
+        }
+        Ok(lists)
+    }
+}

@@ -1,0 +1,154 @@
+//! One backbone block with single-pass mHC and the staggered `pre` (MODEL.md §6.3).
+//!
+//! A block takes its input stream X ([rows, hc, dim]) and the incoming `pre` P ([rows, hc])
+//! and returns its output stream Z and its outgoing `pre` (the FFN pre, computed from the
+//! attention sublayer's output stream). This is also the unit of teacher-forced replay.
+
+use std::sync::Arc;
+
+use super::attention::Attention;
+use super::cache::state::SessionState;
+use super::defects::Defect;
+use super::handoff::Handoff;
+use super::hyper_connection::{collapse, expand, HcMix, HcSite};
+use super::moe::{Moe, Route};
+use super::norm::RmsNorm;
+use super::{Chunk, LayerCtx};
+use crate::checkpoint::Checkpoint;
+use crate::config::Config;
+use crate::Result;
+
+pub struct Block {
+    pub layer: usize,
+    attn_norm: RmsNorm,
+    ffn_norm: RmsNorm,
+    hc_attn: HcSite,
+    hc_ffn: HcSite,
+    pub attn: Attention,
+    pub moe: Moe,
+    hc: usize,
+    dim: usize,
+}
+
+/// What a block returns, with its sub-op outputs for the trace.
+#[derive(Debug, Clone)]
+pub struct BlockOutput {
+    /// Z: the output stream [rows, hc, dim].
+    pub stream: Vec<f32>,
+    /// The outgoing `pre` [rows, hc] (this block's FFN pre).
+    pub pre: Vec<f32>,
+    /// Attention output after `wo_b`, before the expand [rows, dim].
+    pub attn_out: Vec<f32>,
+    /// The stream after the attention expand (FFN input stream) [rows, hc, dim].
+    pub mid: Vec<f32>,
+    /// MoE output before the expand [rows, dim].
+    pub moe_out: Vec<f32>,
+    pub routes: Vec<Route>,
+}
+
+impl Block {
+    pub fn load(ckpt: &Arc<dyn Checkpoint>, cfg: &Config, layer: usize) -> Result<Block> {
+        let p = format!("layers.{layer}.");
+        Ok(Block {
+            layer,
+            attn_norm: RmsNorm::load(ckpt.as_ref(), &format!("{p}attn_norm.weight"), cfg.norm_eps)?,
+            ffn_norm: RmsNorm::load(ckpt.as_ref(), &format!("{p}ffn_norm.weight"), cfg.norm_eps)?,
+            hc_attn: HcSite::load(ckpt, &p, "attn", cfg.hc_mult, cfg.hc_eps, cfg.norm_eps)?,
+            hc_ffn: HcSite::load(ckpt, &p, "ffn", cfg.hc_mult, cfg.hc_eps, cfg.norm_eps)?,
+            attn: Attention::load(ckpt, cfg, layer)?,
+            moe: Moe::load(ckpt, cfg, layer)?,
+            hc: cfg.hc_mult,
+            dim: cfg.dim,
+        })
+    }
+
+    /// Run the block on the chunk's rows.
+    pub fn forward(
+        &self,
+        ctx: &LayerCtx,
+        chunk: Chunk,
+        x: &[f32],
+        pre_in: &[f32],
+        state: &mut SessionState,
+        handoff: &mut Handoff,
+    ) -> Result<BlockOutput> {
+        let (rows, hc, d) = (chunk.rows, self.hc, self.dim);
+        let numerics = ctx.numerics;
+        let staggered = !ctx.defects.has(Defect::PreNotStaggered);
+        let iters = ctx.defects.sinkhorn_iters(ctx.cfg.hc_sinkhorn_iters);
+
+        // Attention sublayer: coefficients from X, collapse with the incoming pre.
+        let mix_a: Vec<HcMix> = self.hc_attn.coefficients(x, rows, iters, numerics)?;
+        let mut u = vec![0.0f32; rows * d];
+        for t in 0..rows {
+            let pre: &[f32] = if staggered {
+                &pre_in[t * hc..(t + 1) * hc]
+            } else {
+                &mix_a[t].pre
+            };
+            collapse(
+                &x[t * hc * d..(t + 1) * hc * d],
+                pre,
+                &mut u[t * d..(t + 1) * d],
+                numerics,
+            );
+        }
+        self.attn_norm.forward_inplace(&mut u, numerics);
+        let mut attn_out = vec![0.0f32; rows * d];
+        self.attn
+            .forward(ctx, chunk, &u, state, handoff, &mut attn_out)?;
+        let mut mid = vec![0.0f32; rows * hc * d];
+        for t in 0..rows {
+            let span = t * hc * d..(t + 1) * hc * d;
+            expand(
+                &x[span.clone()],
+                &attn_out[t * d..(t + 1) * d],
+                &mix_a[t],
+                &mut mid[span],
+                numerics,
+            );
+        }
+
+        // FFN sublayer: coefficients from Y, collapse with the attention pre.
+        let mix_f: Vec<HcMix> = self.hc_ffn.coefficients(&mid, rows, iters, numerics)?;
+        let mut v = vec![0.0f32; rows * d];
+        for t in 0..rows {
+            let pre: &[f32] = if staggered {
+                &mix_a[t].pre
+            } else {
+                &mix_f[t].pre
+            };
+            collapse(
+                &mid[t * hc * d..(t + 1) * hc * d],
+                pre,
+                &mut v[t * d..(t + 1) * d],
+                numerics,
+            );
+        }
+        self.ffn_norm.forward_inplace(&mut v, numerics);
+        let routes = self.moe.route(&v, rows, numerics, ctx.defects)?;
+        let mut moe_out = vec![0.0f32; rows * d];
+        self.moe
+            .forward(&v, rows, &routes, &mut moe_out, numerics, ctx.defects)?;
+        let mut stream = vec![0.0f32; rows * hc * d];
+        for t in 0..rows {
+            let span = t * hc * d..(t + 1) * hc * d;
+            expand(
+                &mid[span.clone()],
+                &moe_out[t * d..(t + 1) * d],
+                &mix_f[t],
+                &mut stream[span],
+                numerics,
+            );
+        }
+        let pre = mix_f.iter().flat_map(|m| m.pre.iter().copied()).collect();
+        Ok(BlockOutput {
+            stream,
+            pre,
+            attn_out,
+            mid,
+            moe_out,
+            routes,
+        })
+    }
+}

@@ -1,0 +1,102 @@
+//! ALL per-sequence state of the forward pass (MODEL.md §7.1), in one plain struct so a
+//! session snapshot (issue 7) can serialise it field by field.
+//!
+//! Nothing else survives between forwards: the top-k lists, the compressed-KV pointer and
+//! the candidate masks of §6.4.5 are rebuilt inside every forward (see `handoff`).
+
+/// The complete state of one sequence.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SessionState {
+    /// Number of tokens processed so far (= position of the next token).
+    pub position: usize,
+    /// One entry per backbone layer.
+    pub layers: Vec<LayerState>,
+    /// Engram history: compressed token id per absolute position (DEAD = −1), §6.6.1.
+    pub engram_history: Vec<i64>,
+    /// The as-shipped `index_k` pointer (§8.3): the layer id of the index-key owner whose key
+    /// cache is currently published, `None` before any owner has published.
+    pub published_index_k: Option<usize>,
+}
+
+/// State of one layer.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerState {
+    /// Window ring `[window_size, head_dim]`: the roped (FP8-QDQ'd upstream) key of
+    /// position p lives in slot `p mod window_size`.
+    pub window: Vec<f32>,
+    /// KV sources only: compressed latents, index keys and the open pooling group.
+    pub compressed: Option<CompressedState>,
+}
+
+/// State owned by a KV source (MODEL.md §6.4.3–§6.4.4).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CompressedState {
+    pub ratio: usize,
+    pub head_dim: usize,
+    pub index_head_dim: usize,
+    /// Roped (FP4/E4M3-QDQ'd upstream) latents `[n, head_dim]`; entry j covers tokens
+    /// `j·r .. j·r + r − 1`.
+    pub latents: Vec<f32>,
+    /// Roped (FP4/E8M0-QDQ'd upstream) index keys `[n, index_head_dim]`, same indexing.
+    pub index_keys: Vec<f32>,
+    /// Ratio > 1: the open group's kv rows `[ratio, head_dim]` (f32), slot `p mod r`.
+    pub group_kv: Vec<f32>,
+    /// Ratio > 1: the open group's gate scores `[ratio, head_dim]`; −∞ = slot not filled.
+    pub group_score: Vec<f32>,
+}
+
+impl CompressedState {
+    pub fn new(ratio: usize, head_dim: usize, index_head_dim: usize) -> CompressedState {
+        let open = if ratio > 1 { ratio * head_dim } else { 0 };
+        CompressedState {
+            ratio,
+            head_dim,
+            index_head_dim,
+            latents: Vec::new(),
+            index_keys: Vec::new(),
+            group_kv: vec![0.0; open],
+            group_score: vec![f32::NEG_INFINITY; open],
+        }
+    }
+
+    /// Number of emitted compressed entries.
+    pub fn len(&self) -> usize {
+        self.latents.len() / self.head_dim
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.latents.is_empty()
+    }
+
+    pub fn latent(&self, j: usize) -> &[f32] {
+        &self.latents[j * self.head_dim..(j + 1) * self.head_dim]
+    }
+
+    pub fn index_key_count(&self) -> usize {
+        if self.index_head_dim == 0 {
+            0
+        } else {
+            self.index_keys.len() / self.index_head_dim
+        }
+    }
+}
+
+impl SessionState {
+    /// The empty state of a fresh sequence.
+    pub fn new(cfg: &crate::config::Config) -> SessionState {
+        let layers = (0..cfg.n_layers)
+            .map(|l| LayerState {
+                window: vec![0.0; cfg.window_size * cfg.head_dim],
+                compressed: cfg.kv_source_layers.contains(&l).then(|| {
+                    CompressedState::new(cfg.compress_ratios[l], cfg.head_dim, cfg.index_head_dim)
+                }),
+            })
+            .collect();
+        SessionState {
+            position: 0,
+            layers,
+            engram_history: Vec::new(),
+            published_index_k: None,
+        }
+    }
+}

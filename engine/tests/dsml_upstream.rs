@@ -1,0 +1,171 @@
+//! DSML against the official data in `$DS41_UPSTREAM/dsml/` (DSML.md §2.5, §3.1): the five
+//! official cases byte for byte, and all 67 reference probes (same accepted/rejected, same
+//! output, same exception class and message). Skipped, with a printed reason, when
+//! `DS41_UPSTREAM` is unset.
+
+use ds41_engine::dsml::{self, case, json_py, ParseMode, RenderOptions, ThinkingMode};
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn upstream() -> Option<PathBuf> {
+    match std::env::var_os("DS41_UPSTREAM") {
+        Some(dir) => Some(PathBuf::from(dir).join("dsml")),
+        None => {
+            eprintln!("SKIPPED: DS41_UPSTREAM not set");
+            None
+        }
+    }
+}
+
+fn read(path: PathBuf) -> String {
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+#[test]
+fn official_cases_render_byte_for_byte() {
+    let Some(dir) = upstream() else { return };
+    for n in 1..=5 {
+        let input = read(dir.join(format!("test_input_{n}.json")));
+        let expected = read(dir.join(format!("test_output_{n}.txt")));
+        let case = dsml::load_case(&input).unwrap_or_else(|e| panic!("case {n}: {e}"));
+        // `encode_case(case, thinking_mode="chat")`.
+        let options = case.options(ThinkingMode::Chat, None);
+        let prompt =
+            dsml::render(&case.conversation, &options).unwrap_or_else(|e| panic!("case {n}: {e}"));
+        let got = prompt.to_string();
+        if got != expected {
+            let at = got
+                .bytes()
+                .zip(expected.bytes())
+                .take_while(|(a, b)| a == b)
+                .count();
+            panic!(
+                "case {n} differs at byte {at}:\n got: {:?}\nwant: {:?}",
+                &got[at.saturating_sub(40)..(at + 80).min(got.len())],
+                &expected[at.saturating_sub(40)..(at + 80).min(expected.len())]
+            );
+        }
+        if n == 5 {
+            assert_eq!(prompt.images.len(), 2, "case 5 carries two image records");
+            assert_eq!(prompt.images[0]["url"], "examples/images/carrots.jpeg");
+        }
+    }
+}
+
+#[test]
+fn official_cases_match_the_upstream_spotchecks() {
+    let Some(dir) = upstream() else { return };
+    let spot: Value = serde_json::from_str(&read(dir.join("expected_spotchecks.json"))).unwrap();
+    let inputs: Value = serde_json::from_str(&read(dir.join("inputs.json"))).unwrap();
+    let mut checked = 0;
+    for (key, want) in spot.as_object().unwrap() {
+        let want = want.as_str().unwrap();
+        let n = &key[..1];
+        let case = dsml::load_case(&inputs[n].to_string()).unwrap();
+        let got = dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None))
+            .unwrap()
+            .to_string();
+        let ok = match &key[1..] {
+            "" => got == want,
+            "_head" => got.starts_with(want),
+            "_tail" => got.ends_with(want),
+            _ => got.contains(want),
+        };
+        assert!(ok, "spotcheck {key} fails");
+        checked += 1;
+    }
+    assert!(checked >= 7, "only {checked} spotchecks");
+}
+
+/// Runs one probe: `Ok(value)` in the probe-result form or `Err("<Exception>: message")`.
+fn run_probe(probe: &Value) -> Result<Value, String> {
+    let call = probe["call"].as_str().unwrap();
+    let mode: ThinkingMode = probe["thinking_mode"].as_str().unwrap().parse().unwrap();
+    let reference = |e: dsml::Error| {
+        e.reference_error()
+            .unwrap_or_else(|| format!("(input error) {e}"))
+    };
+    if call == "parse_message_from_completion_text" {
+        let text = probe["text"].as_str().unwrap();
+        return dsml::parse(text, ParseMode::strict(mode))
+            .map(|m| m.to_json())
+            .map_err(reference);
+    }
+    let messages = case::messages_from_json(&probe["messages"], "messages").map_err(reference)?;
+    let effort =
+        dsml::ReasoningEffort::from_json(probe.get("reasoning_effort").unwrap_or(&Value::Null))
+            .map_err(reference)?;
+    let options = RenderOptions {
+        thinking_mode: mode,
+        reasoning_effort: effort,
+        drop_thinking: probe
+            .get("drop_thinking")
+            .and_then(Value::as_bool)
+            .unwrap_or(true),
+        add_default_bos_token: true,
+    };
+    let conversation = dsml::Conversation {
+        messages,
+        context: Vec::new(),
+    };
+    let index = probe
+        .get("index")
+        .and_then(Value::as_u64)
+        .map(|i| i as usize);
+    match call {
+        "render_message" => dsml::render_message(&conversation, index.unwrap(), &options)
+            .map(|p| Value::String(p.to_string()))
+            .map_err(reference),
+        "render_message == completion" => {
+            dsml::render_message(&conversation, index.unwrap(), &options)
+                .map(|p| Value::Bool(p.to_string() == probe["completion"].as_str().unwrap()))
+                .map_err(reference)
+        }
+        c if c.starts_with("encode_messages") => {
+            let prompt = dsml::render(&conversation, &options)
+                .map_err(reference)?
+                .to_string();
+            if c.contains("first 80 characters") {
+                Ok(Value::String(prompt.chars().take(80).collect()))
+            } else {
+                Ok(Value::String(prompt))
+            }
+        }
+        other => panic!("unknown probe call {other}"),
+    }
+}
+
+#[test]
+fn all_reference_probes_agree() {
+    let Some(dir) = upstream() else { return };
+    let inputs: Value =
+        serde_json::from_str(&read(dir.join("reference_probe_inputs.json"))).unwrap();
+    let results: Value =
+        serde_json::from_str(&read(dir.join("reference_probe_results.json"))).unwrap();
+    let probes = inputs["probes"].as_object().unwrap();
+    let mut agree = 0;
+    let mut failures = Vec::new();
+    for (name, probe) in probes {
+        let want = &results[name];
+        let got = run_probe(probe);
+        let same = match (&got, want["ok"].as_bool().unwrap()) {
+            // Order-sensitive comparison: the reference's key order is part of its output.
+            (Ok(v), true) => json_py::dumps(v) == json_py::dumps(&want["value"]),
+            (Err(e), false) => e == want["error"].as_str().unwrap(),
+            _ => false,
+        };
+        if same {
+            agree += 1;
+        } else {
+            failures.push(format!("{name}: got {got:?}, want {want}"));
+        }
+    }
+    eprintln!("reference probes: {agree}/{} agree", probes.len());
+    assert_eq!(probes.len(), 67, "the probe file holds 67 probes");
+    assert!(
+        failures.is_empty(),
+        "{} probes disagree:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}

@@ -1,0 +1,150 @@
+//! Upstream profile vs the official model (`DS41_UPSTREAM/official_a`, issue 4 items 5, 7):
+//! all four schedules × both `index_k` behaviours, end to end with the set's
+//! `recommended_compare_args` and teacher-forced with its `recommended_replay_args`, using
+//! the verdict rules of `shared/tools/compare.py` (ported in `model_common::compare`).
+
+mod model_common;
+use model_common as common;
+
+use std::path::Path;
+
+use common::compare::{compare, compare_replay, Limits, Report};
+use ds41_engine::model::{Forcing, IndexK, Model, Numerics, Options, Session};
+use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
+
+const GOLDENS: [(&str, usize, IndexK); 7] = [
+    ("p01_d47/golden_ref_defect", 1, IndexK::AsShipped),
+    ("p01_d47/golden_index_owner_fixed", 1, IndexK::Owner),
+    ("p05_d43/golden_ref_defect", 5, IndexK::AsShipped),
+    ("p05_d43/golden_index_owner_fixed", 5, IndexK::Owner),
+    ("p37_d11/golden_ref_defect", 37, IndexK::AsShipped),
+    ("p37_d11/golden_index_owner_fixed", 37, IndexK::Owner),
+    ("p48_d00/golden_prefill_only", 48, IndexK::AsShipped),
+];
+
+fn limits(up: &Path, key: &str) -> Limits {
+    let meta: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(up.join("official_a/meta.json")).unwrap()).unwrap();
+    let args: Vec<String> = meta[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap().to_string())
+        .collect();
+    Limits::from_args(&args)
+}
+
+fn input_ids(g: &TraceFile) -> Vec<u32> {
+    g.i64("input_ids")
+        .unwrap()
+        .1
+        .iter()
+        .map(|&x| x as u32)
+        .collect()
+}
+
+fn run(model: &Model, g: &TraceFile, prefill: usize, index_k: IndexK, replay: bool) -> Trace {
+    let ids = input_ids(g);
+    let options = Options {
+        numerics: Numerics::Upstream,
+        index_k,
+        ..Options::default()
+    };
+    let mut trace = Trace::new(
+        model.config(),
+        TraceOptions {
+            enabled: true,
+            sub_ops: replay,
+        },
+    );
+    let mut s = Session::new(model, options);
+    if replay {
+        let forcing = Forcing::from_golden(g, model.config()).unwrap();
+        s.replay(&ids[..prefill], &forcing, &mut trace).unwrap();
+        for i in prefill..ids.len() {
+            s.replay(&ids[i..i + 1], &forcing, &mut trace).unwrap();
+        }
+    } else {
+        s.prefill(&ids[..prefill], &mut trace).unwrap();
+        for &t in &ids[prefill..] {
+            s.decode(t, &mut trace).unwrap();
+        }
+    }
+    trace
+}
+
+fn summary(name: &str, rep: &Report) -> String {
+    let layers = |k: &str| {
+        rep.worst
+            .get(k)
+            .map(|v| {
+                v.iter()
+                    .map(|x| format!("{x:.1e}"))
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .unwrap_or_default()
+    };
+    let mut s = format!(
+        "{name}: fragile flips {}/{} decisions; logits {}/{} steps compared, worst rel L2 {:.2e}, max|d| {:.2e}; residual per layer [{}]",
+        rep.fragile_flips, rep.decisions_compared, rep.logits_compared, rep.logits_steps, rep.logits_worst_rel, rep.logits_worst_abs,
+        layers("residual")
+    );
+    for k in ["attn_out", "moe_out", "block_input"] {
+        if rep.worst.contains_key(k) {
+            s += &format!("; {k} [{}]", layers(k));
+        }
+    }
+    s
+}
+
+#[test]
+fn official_a_end_to_end_within_recommended_compare_args() {
+    let Some(up) = common::upstream("official_a_end_to_end_within_recommended_compare_args") else {
+        return;
+    };
+    let model = common::official_a_model(&up);
+    let lim = limits(&up, "recommended_compare_args");
+    let mut failures = Vec::new();
+    for (name, prefill, index_k) in GOLDENS {
+        let g = TraceFile::read(&up.join(format!("official_a/{name}.safetensors"))).unwrap();
+        let tr = run(&model, &g, prefill, index_k, false);
+        let rep = compare(&g, &tr, &lim);
+        eprintln!("{}", summary(name, &rep));
+        failures.extend(rep.failures.iter().map(|f| format!("{name}: {f}")));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn official_a_replay_within_recommended_replay_args() {
+    let Some(up) = common::upstream("official_a_replay_within_recommended_replay_args") else {
+        return;
+    };
+    let model = common::official_a_model(&up);
+    let lim = limits(&up, "recommended_replay_args");
+    let mut failures = Vec::new();
+    for (name, prefill, index_k) in GOLDENS {
+        let g = TraceFile::read(&up.join(format!("official_a/{name}.safetensors"))).unwrap();
+        let tr = run(&model, &g, prefill, index_k, true);
+        let rep = compare_replay(&g, &tr, &lim);
+        eprintln!("{}", summary(name, &rep));
+        // Replayed, a correct engine flips no decision at all on this set.
+        assert_eq!(rep.fragile_flips, 0, "{name}");
+        failures.extend(rep.failures.iter().map(|f| format!("{name}: {f}")));
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn official_a_replay_catches_a_wrong_index_k_behaviour() {
+    // The check must be able to fail: replaying the as-shipped golden with the owner fix.
+    let Some(up) = common::upstream("official_a_replay_catches_a_wrong_index_k_behaviour") else {
+        return;
+    };
+    let model = common::official_a_model(&up);
+    let lim = limits(&up, "recommended_replay_args");
+    let g = TraceFile::read(&up.join("official_a/p01_d47/golden_ref_defect.safetensors")).unwrap();
+    let rep = compare_replay(&g, &run(&model, &g, 1, IndexK::Owner, true), &lim);
+    assert!(!rep.failures.is_empty());
+}

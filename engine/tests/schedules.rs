@@ -1,0 +1,261 @@
+//! Prefill / decode / chunked-prefill equalities (issue 4 item 3, MODEL.md §7.3, §8) and
+//! determinism across thread counts, on the official_a checkpoint (`DS41_UPSTREAM`).
+
+mod model_common;
+use model_common as common;
+
+use std::path::Path;
+
+use ds41_engine::model::{IndexK, Model, Numerics, Options, Session};
+use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
+
+fn open_model(dir: &Path) -> Model {
+    common::official_a_model(dir)
+}
+
+fn waste(dir: &Path) -> Model {
+    Model::open(&dir.join("waste_ds41_synth/container")).unwrap()
+}
+
+const WASTE_IDS: [u32; 16] = [3, 7, 11, 5, 19, 23, 2, 41, 8, 64, 17, 90, 4, 8, 200, 31];
+
+fn ids(up: &Path) -> Vec<u32> {
+    let g =
+        TraceFile::read(&up.join("official_a/p48_d00/golden_prefill_only.safetensors")).unwrap();
+    g.i64("input_ids")
+        .unwrap()
+        .1
+        .iter()
+        .map(|&x| x as u32)
+        .collect()
+}
+
+/// Run `ids` as consecutive chunks of the given sizes (the first is the prefill); a chunk of
+/// one token after position 0 is a decode step.
+fn run_chunks(model: &Model, ids: &[u32], chunks: &[usize], options: &Options) -> Trace {
+    let mut trace = Trace::new(
+        model.config(),
+        TraceOptions {
+            enabled: true,
+            sub_ops: false,
+        },
+    );
+    let mut s = Session::new(model, options.clone());
+    let mut at = 0;
+    for &n in chunks {
+        if n == 1 && at > 0 {
+            s.decode(ids[at], &mut trace).unwrap();
+        } else {
+            s.prefill(&ids[at..at + n], &mut trace).unwrap();
+        }
+        at += n;
+    }
+    assert_eq!(at, ids.len());
+    trace
+}
+
+fn schedule(prefill: usize, total: usize) -> Vec<usize> {
+    std::iter::once(prefill)
+        .chain(std::iter::repeat(1).take(total - prefill))
+        .collect()
+}
+
+/// First (token, layer) whose block output differs in any bit, comparing token rows by position.
+fn first_difference(a: &Trace, b: &Trace) -> Option<(usize, usize)> {
+    let w = a.hc * a.dim;
+    for t in 0..a.tokens {
+        for l in 0..a.n_layers {
+            let c = a.cell(t, l, w);
+            let (x, y) = (&a.residual[c.clone()], &b.residual[c]);
+            if x.iter().zip(y).any(|(p, q)| p.to_bits() != q.to_bits()) {
+                return Some((t, l));
+            }
+        }
+    }
+    None
+}
+
+fn last_logits(t: &Trace) -> &[f32] {
+    &t.logits[t.logits.len() - t.vocab..]
+}
+
+#[test]
+fn exact_owner_prefill_decode_chunked_are_bit_identical() {
+    let Some(up) = common::upstream("exact_owner_prefill_decode_chunked_are_bit_identical") else {
+        return;
+    };
+    let model = open_model(&up);
+    let ids = ids(&up);
+    let opts = Options {
+        numerics: Numerics::Exact,
+        index_k: IndexK::Owner,
+        ..Options::default()
+    };
+    let full = run_chunks(&model, &ids, &[48], &opts);
+    // Chunk boundaries at n·r − 1, n·r, n·r + 1 and W ± 1 (r = 2, W = 8), plus pure decode.
+    for chunks in [
+        schedule(1, 48),
+        schedule(5, 48),
+        schedule(37, 48),
+        vec![7, 9, 1, 1, 13, 2, 3, 12],
+        vec![8, 1, 8, 31],
+        vec![3, 4, 5, 36],
+    ] {
+        let other = run_chunks(&model, &ids, &chunks, &opts);
+        assert_eq!(first_difference(&full, &other), None, "chunks {chunks:?}");
+        assert_eq!(full.engram_hash, other.engram_hash);
+        assert_eq!(full.experts, other.experts);
+        for l in &full.index_layers {
+            assert_eq!(full.topk[l], other.topk[l], "topk.L{l}, chunks {chunks:?}");
+        }
+        let (a, b) = (last_logits(&full), last_logits(&other));
+        assert!(
+            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            "logits, chunks {chunks:?}"
+        );
+    }
+}
+
+#[test]
+fn upstream_owner_schedules_are_bit_identical_on_official_a() {
+    // Window 8 + index_topk 8 fit in one 64-entry kernel block, so the list-layout exception of
+    // MODEL.md §5.7 cannot show here: every schedule must agree bit for bit.
+    let Some(up) = common::upstream("upstream_owner_schedules_are_bit_identical_on_official_a")
+    else {
+        return;
+    };
+    let model = open_model(&up);
+    let ids = ids(&up);
+    let opts = Options {
+        numerics: Numerics::Upstream,
+        index_k: IndexK::Owner,
+        ..Options::default()
+    };
+    let full = run_chunks(&model, &ids, &[48], &opts);
+    for chunks in [
+        schedule(1, 48),
+        schedule(5, 48),
+        schedule(37, 48),
+        vec![7, 9, 1, 1, 13, 2, 3, 12],
+    ] {
+        let other = run_chunks(&model, &ids, &chunks, &opts);
+        assert_eq!(first_difference(&full, &other), None, "chunks {chunks:?}");
+    }
+}
+
+#[test]
+fn as_shipped_differs_exactly_where_model_md_8_says() {
+    // official_a: ratio-2 owner = layer 2, index_topk 8. The shipped hand-off can only change
+    // the output at even decode positions p with p div 2 > 8, i.e. from p = 18 on (§8.2).
+    let Some(up) = common::upstream("as_shipped_differs_exactly_where_model_md_8_says") else {
+        return;
+    };
+    let model = open_model(&up);
+    let ids = ids(&up);
+    for numerics in [Numerics::Exact, Numerics::Upstream] {
+        let shipped = Options {
+            numerics,
+            index_k: IndexK::AsShipped,
+            ..Options::default()
+        };
+        let owner = Options {
+            numerics,
+            index_k: IndexK::Owner,
+            ..Options::default()
+        };
+        let prefill_shipped = run_chunks(&model, &ids, &[48], &shipped);
+        let prefill_owner = run_chunks(&model, &ids, &[48], &owner);
+        // Prefill: every owner emits, so both behaviours agree.
+        assert_eq!(first_difference(&prefill_shipped, &prefill_owner), None);
+        let decode_shipped = run_chunks(&model, &ids, &schedule(1, 48), &shipped);
+        let decode_owner = run_chunks(&model, &ids, &schedule(1, 48), &owner);
+        assert_eq!(first_difference(&decode_owner, &prefill_owner), None);
+        // As shipped, token-at-a-time first departs at p = 18, in layer 2 (the owner).
+        assert_eq!(
+            first_difference(&decode_shipped, &decode_owner),
+            Some((18, 2)),
+            "{numerics}"
+        );
+        // Chunks of ≥ 2 tokens always contain an emitting position: equal to one prefill.
+        let chunked = run_chunks(&model, &ids, &[7, 9, 2, 13, 2, 3, 12], &shipped);
+        assert_eq!(first_difference(&chunked, &prefill_shipped), None);
+    }
+}
+
+#[test]
+fn results_do_not_depend_on_the_thread_count() {
+    let Some(up) = common::upstream("results_do_not_depend_on_the_thread_count") else {
+        return;
+    };
+    let model = open_model(&up);
+    let ids = ids(&up);
+    for numerics in [Numerics::Exact, Numerics::Upstream] {
+        let opts = Options {
+            numerics,
+            index_k: IndexK::AsShipped,
+            ..Options::default()
+        };
+        let runs: Vec<Trace> = [1, 3]
+            .iter()
+            .map(|&n| {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .unwrap();
+                pool.install(|| run_chunks(&model, &ids, &schedule(20, 48), &opts))
+            })
+            .collect();
+        assert_eq!(first_difference(&runs[0], &runs[1]), None);
+        assert!(runs[0]
+            .logits
+            .iter()
+            .zip(&runs[1].logits)
+            .all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+}
+
+#[test]
+fn waste_container_schedules() {
+    // WASTE synthetic container: window 4, ratio-2 owner = layer 2, index_topk 4, so the
+    // shipped hand-off first shows at the even decode position p = 10 (MODEL.md §8.2).
+    let Some(up) = common::upstream("waste_container_schedules") else {
+        return;
+    };
+    let model = waste(&up);
+    let ids = WASTE_IDS;
+    let n = ids.len();
+    // Upstream numerics do not apply: q_lora_rank 48 is not a whole number of FP8 blocks.
+    for numerics in [Numerics::Exact] {
+        let owner = Options {
+            numerics,
+            index_k: IndexK::Owner,
+            ..Options::default()
+        };
+        let shipped = Options {
+            numerics,
+            index_k: IndexK::AsShipped,
+            ..Options::default()
+        };
+        let full = run_chunks(&model, &ids, &[n], &owner);
+        for chunks in [
+            schedule(1, n),
+            schedule(3, n),
+            vec![3, 1, 2, 5, 1, 4],
+            vec![4, 5, 7],
+        ] {
+            let other = run_chunks(&model, &ids, &chunks, &owner);
+            assert_eq!(
+                first_difference(&full, &other),
+                None,
+                "{numerics} chunks {chunks:?}"
+            );
+        }
+        let a = run_chunks(&model, &ids, &schedule(1, n), &shipped);
+        let b = run_chunks(&model, &ids, &schedule(1, n), &owner);
+        assert_eq!(first_difference(&a, &b), Some((10, 2)), "{numerics}");
+        assert_eq!(
+            first_difference(&run_chunks(&model, &ids, &[n], &shipped), &full),
+            None
+        );
+    }
+}

@@ -1,0 +1,953 @@
+//! The WASTE v0 container layout (CONTAINER.md §1–§10): `manifest.json`, `trunk.bin`
+//! (F32/Q8G/Q4G), `experts-L{n}.bin` (4 KiB VQ3R records with the 48-byte WEXP header and a
+//! CRC-32), `codebooks.bin` (WCBK), `engram-L{n}.bin`, `engram.json`, `engram-tokmap.bin` and
+//! `specials.json` (escaped non-ASCII).
+//!
+//! One writer serves two draw policies ([`Draws`]): [`WasteDraws`] reproduces WASTE's
+//! `make_test_container.py --ds41` (one `random.Random(seed)` stream in file order, §10.2), and
+//! [`NativeDraws`] draws each object from its own SplitMix64 stream with magnitudes chosen for
+//! non-degenerate activations. The file order and structure are the same for both.
+
+use crate::draw::{self, Q4_CODE_RMS, Q8_CODE_RMS, VQ_CODE_RMS};
+use crate::inventory::{engram_primes, Init, EXPERT_GAIN};
+use crate::preset::{Geometry, Preset};
+use crate::pyjson;
+use crate::rng::{PyRandom, SplitMix64};
+use crate::tokenizer::{Vocab, SPECIALS};
+use crate::SynthError;
+use half::f16;
+use serde_json::{json, Map, Value};
+use std::collections::BTreeMap;
+use std::path::Path;
+
+pub const WEXP_MAGIC: u32 = 0x5058_4557;
+pub const WCBK_MAGIC: u32 = 0x4B42_4357;
+pub const FMT_VQ3R: u8 = 4;
+pub const STAGES: usize = 3;
+pub const VEC_DIM: usize = 8;
+pub const ENTRIES: usize = 256;
+pub const INDEX_BLOCK: usize = 64;
+pub const GROUP: usize = 128;
+pub const ENGRAM_GROUP: usize = 32;
+pub const ENGRAM_BITS: usize = 4;
+
+/// Source of every drawn number in a container, called in file order.
+pub trait Draws {
+    /// F32 tensor values.
+    fn f32s(&mut self, name: &str, n: usize, init: Init, fan_in: usize) -> Vec<f32>;
+    /// Q8G (`bits` 8) or Q4G (`bits` 4): ints for `rows × padded` columns and f16 scale bits
+    /// for `rows × groups`.
+    fn quantised(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        bits: u8,
+        rms: f64,
+    ) -> (Vec<i8>, Vec<u16>);
+    /// One codebook: `ENTRIES × VEC_DIM` f16 bits.
+    fn codebook(&mut self, id: usize) -> Vec<u16>;
+    /// Indices of one kind of one expert, `[stage][m · (n / 8)]`, vectors row-major.
+    fn expert_indices(
+        &mut self,
+        layer: usize,
+        expert: usize,
+        kind: usize,
+        m: usize,
+        n: usize,
+    ) -> Vec<Vec<u8>>;
+    /// Row scales (f16 bits) of one kind of one expert.
+    fn expert_scales(
+        &mut self,
+        layer: usize,
+        expert: usize,
+        kind: usize,
+        m: usize,
+        rms: f64,
+    ) -> Vec<u16>;
+    /// Hash multipliers of one Engram layer.
+    fn multipliers(&mut self, layer: usize, n: usize, compressed_vocab: usize) -> Vec<u64>;
+    /// One whole Engram table: per row `dim/2` packed nibble bytes then `dim/32` f16 scales.
+    fn engram_table(&mut self, layer: usize, rows: usize, dim: usize) -> Vec<u8>;
+}
+
+/// WASTE's generator (CONTAINER.md §10.2): one CPython `random.Random(seed)` stream.
+pub struct WasteDraws {
+    rng: PyRandom,
+}
+
+impl WasteDraws {
+    pub fn new(seed: u64) -> Self {
+        Self {
+            rng: PyRandom::new(seed),
+        }
+    }
+    fn f16s(&mut self, n: usize, lo: f64, hi: f64) -> Vec<u16> {
+        (0..n)
+            .map(|_| draw::f16_bits(self.rng.uniform(lo, hi)))
+            .collect()
+    }
+}
+
+impl Draws for WasteDraws {
+    fn f32s(&mut self, _: &str, n: usize, _: Init, _: usize) -> Vec<f32> {
+        (0..n).map(|_| self.rng.uniform(-0.5, 0.5) as f32).collect()
+    }
+    fn quantised(
+        &mut self,
+        _: &str,
+        rows: usize,
+        cols: usize,
+        bits: u8,
+        _: f64,
+    ) -> (Vec<i8>, Vec<u16>) {
+        let groups = cols.div_ceil(GROUP);
+        let (lo, hi) = if bits == 8 { (-127, 128) } else { (-8, 8) };
+        let ints = (0..rows * groups * GROUP)
+            .map(|_| self.rng.randrange(lo, hi) as i8)
+            .collect();
+        (ints, self.f16s(rows * groups, 0.002, 0.02))
+    }
+    fn codebook(&mut self, _: usize) -> Vec<u16> {
+        self.f16s(ENTRIES * VEC_DIM, -0.3, 0.3)
+    }
+    fn expert_indices(&mut self, _: usize, _: usize, _: usize, m: usize, n: usize) -> Vec<Vec<u8>> {
+        (0..STAGES)
+            .map(|_| {
+                (0..m * (n / VEC_DIM))
+                    .map(|_| self.rng.randbelow(256) as u8)
+                    .collect()
+            })
+            .collect()
+    }
+    fn expert_scales(&mut self, _: usize, _: usize, _: usize, m: usize, _: f64) -> Vec<u16> {
+        self.f16s(m, 0.01, 0.05)
+    }
+    fn multipliers(&mut self, _: usize, n: usize, _: usize) -> Vec<u64> {
+        (0..n)
+            .map(|_| u64::from(self.rng.randbelow(1 << 20)) * 2 + 1)
+            .collect()
+    }
+    fn engram_table(&mut self, _: usize, rows: usize, dim: usize) -> Vec<u8> {
+        let mut out = Vec::with_capacity(rows * row_bytes(dim));
+        for _ in 0..rows {
+            out.extend((0..dim * ENGRAM_BITS / 8).map(|_| self.rng.randbelow(256) as u8));
+            for s in self.f16s(dim / ENGRAM_GROUP, 0.01, 0.05) {
+                out.extend_from_slice(&s.to_le_bytes());
+            }
+        }
+        out
+    }
+}
+
+/// Native draws: one SplitMix64 stream per object (see `rng` and `draw`).
+pub struct NativeDraws {
+    seed: u64,
+}
+
+impl NativeDraws {
+    pub fn new(seed: u64) -> Self {
+        Self { seed }
+    }
+    fn rng(&self, key: &str) -> SplitMix64 {
+        SplitMix64::for_object(self.seed, &format!("container:{key}"))
+    }
+}
+
+impl Draws for NativeDraws {
+    fn f32s(&mut self, name: &str, n: usize, init: Init, fan_in: usize) -> Vec<f32> {
+        let mut r = self.rng(name);
+        (0..n)
+            .map(|_| draw::plain(&mut r, init, fan_in) as f32)
+            .collect()
+    }
+    fn quantised(
+        &mut self,
+        name: &str,
+        rows: usize,
+        cols: usize,
+        bits: u8,
+        rms: f64,
+    ) -> (Vec<i8>, Vec<u16>) {
+        let groups = cols.div_ceil(GROUP);
+        let padded = groups * GROUP;
+        let mut r = self.rng(name);
+        let (lo, hi, code_rms) = if bits == 8 {
+            (-127, 127, Q8_CODE_RMS)
+        } else {
+            (-8, 7, Q4_CODE_RMS)
+        };
+        let mut ints = vec![0i8; rows * padded];
+        for row in 0..rows {
+            for c in 0..cols {
+                ints[row * padded + c] = r.range_i64(lo, hi) as i8;
+            }
+        }
+        let mut s = self.rng(&format!("{name}#scales"));
+        let scales = (0..rows * groups)
+            .map(|_| draw::f16_scale(&mut s, rms, code_rms).0)
+            .collect();
+        (ints, scales)
+    }
+    fn codebook(&mut self, id: usize) -> Vec<u16> {
+        let mut r = self.rng(&format!("codebook:{id}"));
+        (0..ENTRIES * VEC_DIM)
+            .map(|_| draw::vq_entry(&mut r).0)
+            .collect()
+    }
+    fn expert_indices(
+        &mut self,
+        layer: usize,
+        e: usize,
+        kind: usize,
+        m: usize,
+        n: usize,
+    ) -> Vec<Vec<u8>> {
+        let mut r = self.rng(&format!("experts-L{layer}.{e}.{kind}"));
+        (0..STAGES)
+            .map(|_| (0..m * (n / VEC_DIM)).map(|_| r.below(256) as u8).collect())
+            .collect()
+    }
+    fn expert_scales(
+        &mut self,
+        layer: usize,
+        e: usize,
+        kind: usize,
+        m: usize,
+        rms: f64,
+    ) -> Vec<u16> {
+        let mut r = self.rng(&format!("experts-L{layer}.{e}.{kind}#scales"));
+        (0..m)
+            .map(|_| draw::f16_scale(&mut r, rms, VQ_CODE_RMS).0)
+            .collect()
+    }
+    fn multipliers(&mut self, layer: usize, n: usize, compressed_vocab: usize) -> Vec<u64> {
+        // MODEL.md §6.6.1: M = 2·draw + 1 with draw < ((2^63 − 1) div cvocab) div 2.
+        let bound = (i64::MAX as u64 / compressed_vocab.max(1) as u64) / 2;
+        let mut r = self.rng(&format!("engram-L{layer}#multipliers"));
+        (0..n).map(|_| 2 * r.below(bound) + 1).collect()
+    }
+    fn engram_table(&mut self, layer: usize, rows: usize, dim: usize) -> Vec<u8> {
+        let mut r = self.rng(&format!("engram-L{layer}"));
+        let mut out = Vec::with_capacity(rows * row_bytes(dim));
+        for _ in 0..rows {
+            out.extend((0..dim / 2).map(|_| r.below(256) as u8));
+            for _ in 0..dim / ENGRAM_GROUP {
+                out.extend_from_slice(&draw::f16_scale(&mut r, 1.0, Q4_CODE_RMS).0.to_le_bytes());
+            }
+        }
+        out
+    }
+}
+
+/// A file written front to back, counting its bytes (offsets for the manifest).
+struct Sink {
+    path: std::path::PathBuf,
+    w: std::io::BufWriter<std::fs::File>,
+    len: usize,
+}
+
+impl Sink {
+    fn create(path: &Path) -> Result<Sink, SynthError> {
+        let f = std::fs::File::create(path).map_err(|e| SynthError::io(path, e))?;
+        Ok(Sink {
+            path: path.to_path_buf(),
+            w: std::io::BufWriter::with_capacity(1 << 20, f),
+            len: 0,
+        })
+    }
+    fn put(&mut self, b: &[u8]) -> Result<(), SynthError> {
+        use std::io::Write;
+        self.w
+            .write_all(b)
+            .map_err(|e| SynthError::io(&self.path, e))?;
+        self.len += b.len();
+        Ok(())
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn finish(mut self) -> Result<(), SynthError> {
+        use std::io::Write;
+        self.w.flush().map_err(|e| SynthError::io(&self.path, e))
+    }
+}
+
+pub fn row_bytes(dim: usize) -> usize {
+    dim * ENGRAM_BITS / 8 + (dim / ENGRAM_GROUP) * 2
+}
+
+/// Trunk storage format (CONTAINER.md §3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fmt {
+    F32 = 0,
+    Q8G = 2,
+    Q4G = 3,
+}
+
+/// One trunk tensor in file order: container name, canonical release name, shape, format, init.
+#[derive(Debug, Clone)]
+pub struct TrunkTensor {
+    pub name: String,
+    pub release: String,
+    pub shape: Vec<usize>,
+    pub fmt: Fmt,
+    pub init: Init,
+}
+
+/// The trunk in the order of CONTAINER.md §10.2 item 1 (names per §8).
+pub fn trunk_tensors(g: &Geometry) -> Vec<TrunkTensor> {
+    let mut v = Vec::new();
+    let mut t = |name: String, release: String, shape: Vec<usize>, fmt, init| {
+        v.push(TrunkTensor {
+            name,
+            release,
+            shape,
+            fmt,
+            init,
+        })
+    };
+    use Fmt::*;
+    t(
+        "model.embed_tokens.weight".into(),
+        "embed.weight".into(),
+        vec![g.vocab_size, g.dim],
+        Q8G,
+        Init::Uniform(-1.0, 1.0),
+    );
+    let hc = g.hc_mult;
+    for l in 0..g.n_layers {
+        let c = |s: &str| format!("model.layers.{l}.{s}");
+        let r = |s: &str| format!("layers.{l}.{s}");
+        t(
+            c("input_layernorm.weight"),
+            r("attn_norm.weight"),
+            vec![g.dim],
+            F32,
+            Init::Norm,
+        );
+        t(
+            c("post_attention_layernorm.weight"),
+            r("ffn_norm.weight"),
+            vec![g.dim],
+            F32,
+            Init::Norm,
+        );
+        for site in ["attn", "ffn"] {
+            let n = |k: &str| format!("hc_{site}_{k}");
+            t(
+                c(&n("fn")),
+                r(&n("fn")),
+                vec![(2 + hc) * hc, hc * g.dim],
+                Q8G,
+                Init::Linear(1.0),
+            );
+            t(
+                c(&n("base")),
+                r(&n("base")),
+                vec![(2 + hc) * hc],
+                F32,
+                Init::Uniform(-1.0, 1.0),
+            );
+            t(
+                c(&n("scale")),
+                r(&n("scale")),
+                vec![3],
+                F32,
+                Init::Uniform(0.5, 1.5),
+            );
+        }
+        let sa = |s: &str| c(&format!("self_attn.{s}"));
+        t(
+            sa("q_a_proj.weight"),
+            r("attn.wq_a.weight"),
+            vec![g.q_lora_rank, g.dim],
+            Q4G,
+            Init::Linear(1.0),
+        );
+        t(
+            sa("q_a_layernorm.weight"),
+            r("attn.q_norm.weight"),
+            vec![g.q_lora_rank],
+            F32,
+            Init::Norm,
+        );
+        t(
+            sa("q_b_proj.weight"),
+            r("attn.wq_b.weight"),
+            vec![g.n_heads * g.head_dim, g.q_lora_rank],
+            Q4G,
+            Init::Linear(1.5),
+        );
+        t(
+            sa("kv_proj.weight"),
+            r("attn.wkv.weight"),
+            vec![g.head_dim, g.dim],
+            Q4G,
+            Init::Linear(1.0),
+        );
+        t(
+            sa("kv_layernorm.weight"),
+            r("attn.kv_norm.weight"),
+            vec![g.head_dim],
+            F32,
+            Init::Norm,
+        );
+        t(
+            sa("o_a_proj.weight"),
+            r("attn.wo_a.weight"),
+            vec![
+                g.o_groups * g.o_lora_rank,
+                g.n_heads * g.head_dim / g.o_groups,
+            ],
+            Q4G,
+            Init::Linear(1.0),
+        );
+        t(
+            sa("o_b_proj.weight"),
+            r("attn.wo_b.weight"),
+            vec![g.dim, g.o_groups * g.o_lora_rank],
+            Q4G,
+            Init::Linear(1.0),
+        );
+        t(
+            sa("attn_sink"),
+            r("attn.attn_sink"),
+            vec![g.n_heads],
+            F32,
+            Init::Uniform(-2.0, 2.0),
+        );
+        if g.is_kv_source(l) {
+            t(
+                sa("compress.kv_proj.weight"),
+                r("attn.compressor.wkv.weight"),
+                vec![g.head_dim, g.dim],
+                Q4G,
+                Init::Linear(1.0),
+            );
+            t(
+                sa("compress.norm.weight"),
+                r("attn.compressor.norm.weight"),
+                vec![g.head_dim],
+                F32,
+                Init::Norm,
+            );
+            if g.compress_ratios[l] > 1 {
+                t(
+                    sa("compress.gate_proj.weight"),
+                    r("attn.compressor.wgate.weight"),
+                    vec![g.head_dim, g.dim],
+                    Q4G,
+                    Init::Linear(2.0),
+                );
+            }
+        }
+        if g.is_index_source(l) {
+            t(
+                sa("indexer.q_b_proj.weight"),
+                r("attn.indexer.wq_b.weight"),
+                vec![g.index_n_heads * g.index_head_dim, g.q_lora_rank],
+                Q4G,
+                Init::Linear(1.0),
+            );
+            t(
+                sa("indexer.weights_proj.weight"),
+                r("attn.indexer.weights_proj.weight"),
+                vec![g.index_n_heads, g.dim],
+                Q4G,
+                Init::Linear(1.0),
+            );
+            if g.is_kv_source(l) {
+                t(
+                    sa("indexer.k_proj.weight"),
+                    r("attn.indexer.wk.weight"),
+                    vec![g.index_head_dim, g.head_dim],
+                    Q4G,
+                    Init::Linear(1.0),
+                );
+                t(
+                    sa("indexer.k_layernorm.weight"),
+                    r("attn.indexer.k_norm.weight"),
+                    vec![g.index_head_dim],
+                    F32,
+                    Init::Norm,
+                );
+            }
+        }
+        if g.is_engram(l) {
+            t(
+                c("engram.wkv.weight"),
+                r("engram.wkv.weight"),
+                vec![(hc + 1) * g.dim, g.engram_in_dim()],
+                Q4G,
+                Init::Linear(1.0),
+            );
+            t(
+                c("engram.q_weight"),
+                r("engram.q_weight"),
+                vec![hc, g.dim],
+                F32,
+                Init::Uniform(-1.5, 1.5),
+            );
+            t(
+                c("engram.k_weight"),
+                r("engram.k_weight"),
+                vec![hc, g.dim],
+                F32,
+                Init::Uniform(-1.5, 1.5),
+            );
+        }
+        let m = |s: &str| c(&format!("block_sparse_moe.{s}"));
+        t(
+            m("gate.weight"),
+            r("ffn.gate.weight"),
+            vec![g.n_routed_experts, g.dim],
+            Q4G,
+            Init::Linear(2.0),
+        );
+        t(
+            m("gate.e_score_correction_bias"),
+            r("ffn.gate.bias"),
+            vec![g.n_routed_experts],
+            F32,
+            Init::Uniform(-0.5, 0.5),
+        );
+        if g.routing_bias_vl {
+            t(
+                m("gate.e_score_correction_bias_vl"),
+                r("ffn.gate.bias_vl"),
+                vec![g.n_routed_experts],
+                F32,
+                Init::Uniform(-3.0, 3.0),
+            );
+        }
+        for (hf, w, shape) in [
+            ("gate_proj", "w1", vec![g.moe_inter_dim, g.dim]),
+            ("up_proj", "w3", vec![g.moe_inter_dim, g.dim]),
+            ("down_proj", "w2", vec![g.dim, g.moe_inter_dim]),
+        ] {
+            t(
+                m(&format!("shared_experts.{hf}.weight")),
+                r(&format!("ffn.shared_experts.{w}.weight")),
+                shape,
+                Q4G,
+                Init::Linear(EXPERT_GAIN),
+            );
+        }
+    }
+    t(
+        "model.norm.weight".into(),
+        "norm.weight".into(),
+        vec![g.dim],
+        F32,
+        Init::Norm,
+    );
+    t(
+        "lm_head.weight".into(),
+        "head.weight".into(),
+        vec![g.vocab_size, g.dim],
+        Q8G,
+        Init::Linear(2.0),
+    );
+    v
+}
+
+/// The flat manifest config (CONTAINER.md §10.1, key order of WASTE's generator).
+pub fn flat_config(g: &Geometry, compressed_vocab: usize, rows: &[u64]) -> Value {
+    json!({
+        "model_type": "deepseek_v41_text",
+        "architectures": ["DeepseekV41ForCausalLM"],
+        "hidden_size": g.dim,
+        "num_hidden_layers": g.n_layers,
+        "first_k_dense_replace": 0,
+        "moe_intermediate_size": g.moe_inter_dim,
+        "num_experts": g.n_routed_experts,
+        "num_experts_per_token": g.n_activated_experts,
+        "num_shared_experts": 1,
+        "moe_renormalize": true,
+        "moe_router_activation_func": "sigmoid",
+        "routed_scaling_factor": g.route_scale,
+        "num_attention_heads": g.n_heads,
+        "qk_rope_head_dim": g.rope_head_dim,
+        "q_lora_rank": g.q_lora_rank,
+        "rms_norm_eps": g.norm_eps,
+        "vocab_size": g.vocab_size,
+        "tie_word_embeddings": false,
+        "bos_token_id": g.bos_token_id,
+        "eos_token_id": g.eos_token_id,
+        "head_dim": g.head_dim,
+        "o_groups": g.o_groups,
+        "o_lora_rank": g.o_lora_rank,
+        "sliding_window": g.window_size,
+        "scoring_func": "sqrtsoftplus",
+        "routing_bias_vl": g.routing_bias_vl,
+        "swiglu_limit": g.swiglu_limit,
+        "hidden_act": "silu",
+        "hc_mult": g.hc_mult,
+        "hc_sinkhorn_iters": g.hc_sinkhorn_iters,
+        "hc_eps": g.hc_eps,
+        "compress_ratios": g.compress_ratios,
+        "kv_source_layer_ids": g.kv_source_layers,
+        "index_source_layer_ids": g.index_source_layers,
+        "candidate_source_layer_id": g.candidate_source_layer.map(|c| c as i64).unwrap_or(-1),
+        "candidate_topk_blocks": g.candidate_topk_blocks,
+        "candidate_block_size": g.candidate_block_size,
+        "compress_rope_theta": g.compress_rope_theta,
+        "index_n_heads": g.index_n_heads,
+        "index_head_dim": g.index_head_dim,
+        "index_topk": g.index_topk,
+        "index_kpool": 1,
+        "engram_layer_ids": g.engram_layer_ids,
+        "engram_max_ngram_size": g.engram_max_ngram_size,
+        "engram_n_heads": g.engram_n_heads,
+        "engram_head_dim": g.engram_head_dim,
+        "engram_vocab_size": g.engram_vocab_size,
+        "engram_pad_token_id": g.engram_pad_id,
+        "rope_theta": g.rope_theta,
+        "rope_scaling": {
+            "rope_type": "yarn",
+            "factor": g.rope_factor,
+            "beta_fast": g.beta_fast as i64,
+            "beta_slow": g.beta_slow as i64,
+            "original_max_position_embeddings": g.original_seq_len
+        },
+        "engram_num_embeddings": rows,
+        "engram_compressed_vocab_size": compressed_vocab
+    })
+}
+
+fn put_u32(b: &mut [u8], at: usize, v: u32) {
+    b[at..at + 4].copy_from_slice(&v.to_le_bytes());
+}
+fn put_u16(b: &mut [u8], at: usize, v: u16) {
+    b[at..at + 2].copy_from_slice(&v.to_le_bytes());
+}
+
+/// Bytes of one kind's index block: `[ceil(M/64)][N/8][64][stages]`.
+fn index_block_bytes(m: usize, n: usize) -> usize {
+    m.div_ceil(INDEX_BLOCK) * (n / VEC_DIM) * INDEX_BLOCK * STAGES
+}
+
+/// Size of one expert record (header + indices + scales, padded to 4 KiB).
+pub fn record_size(g: &Geometry) -> usize {
+    let (i, d) = (g.moe_inter_dim, g.dim);
+    let payload = 48 + 2 * index_block_bytes(i, d) + index_block_bytes(d, i) + 2 * (2 * i + d);
+    payload.div_ceil(4096) * 4096
+}
+
+/// Expected dequantised values, by canonical release name (filled only when asked).
+pub type Values = BTreeMap<String, Vec<f32>>;
+
+fn f16v(bits: u16) -> f32 {
+    f16::from_bits(bits).to_f32()
+}
+
+/// Write the container into `dir`. With `values`, also record every tensor's exact values
+/// (trunk, experts by `layers.L.ffn.experts.E.wK.weight`, Engram tables by
+/// `layers.L.engram.embed.weight`).
+pub fn write(
+    p: &Preset,
+    seed: u64,
+    dir: &Path,
+    mut values: Option<&mut Values>,
+) -> Result<Vec<String>, SynthError> {
+    let g = &p.geometry;
+    let mut draws: Box<dyn Draws> = if p.waste_compat {
+        Box::new(WasteDraws::new(seed))
+    } else {
+        Box::new(NativeDraws::new(seed))
+    };
+    let vocab = Vocab::build(p.tokenizer, g.vocab_size);
+    let map = vocab.compressed_token_map();
+    let compressed = map.iter().copied().max().map_or(0, |m| m as usize + 1);
+    let mut files = Vec::new();
+    let write_file = |name: &str, bytes: &[u8], files: &mut Vec<String>| {
+        let path = dir.join(name);
+        std::fs::write(&path, bytes).map_err(|e| SynthError::io(&path, e))?;
+        files.push(name.to_string());
+        Ok::<(), SynthError>(())
+    };
+
+    // 1. Trunk.
+    let mut trunk = Sink::create(&dir.join("trunk.bin"))?;
+    files.push("trunk.bin".to_string());
+    let mut entries = Vec::new();
+    for t in trunk_tensors(g) {
+        let cols = *t.shape.last().expect("shape");
+        let rows: usize = t.shape[..t.shape.len() - 1]
+            .iter()
+            .product::<usize>()
+            .max(1);
+        let off = trunk.len();
+        let mut e = Map::new();
+        e.insert("name".into(), json!(t.name));
+        e.insert("fmt".into(), json!(t.fmt as u8));
+        e.insert("off".into(), json!(off));
+        e.insert("shape".into(), json!(t.shape));
+        match t.fmt {
+            Fmt::F32 => {
+                let v = draws.f32s(&t.name, rows * cols, t.init, cols);
+                for x in &v {
+                    trunk.put(&x.to_le_bytes())?;
+                }
+                if let Some(vals) = values.as_deref_mut() {
+                    vals.insert(t.release.clone(), v);
+                }
+            }
+            Fmt::Q8G | Fmt::Q4G => {
+                let bits = if t.fmt == Fmt::Q8G { 8 } else { 4 };
+                let (ints, scales) =
+                    draws.quantised(&t.name, rows, cols, bits, t.init.target_rms(cols));
+                let groups = cols.div_ceil(GROUP);
+                let padded = groups * GROUP;
+                let packed: Vec<u8> = if bits == 8 {
+                    ints.iter().map(|&x| x as u8).collect()
+                } else {
+                    ints.chunks(2)
+                        .map(|p| ((p[0] + 8) as u8) | (((p[1] + 8) as u8) << 4))
+                        .collect()
+                };
+                trunk.put(&packed)?;
+                let scale_off = trunk.len();
+                let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+                trunk.put(&scale_bytes)?;
+                e.insert("group".into(), json!(GROUP));
+                e.insert("scale_off".into(), json!(scale_off));
+                if let Some(vals) = values.as_deref_mut() {
+                    let mut v = Vec::with_capacity(rows * cols);
+                    for r in 0..rows {
+                        for c in 0..cols {
+                            v.push(
+                                f32::from(ints[r * padded + c])
+                                    * f16v(scales[r * groups + c / GROUP]),
+                            );
+                        }
+                    }
+                    vals.insert(t.release.clone(), v);
+                }
+            }
+        }
+        e.insert("bytes".into(), json!(trunk.len() - off));
+        entries.push(Value::Object(e));
+    }
+
+    // 2. Codebooks and expert banks, layer by layer.
+    let mut codebooks = Vec::new();
+    let mut layers = Map::new();
+    let rec = record_size(g);
+    let (i_dim, d) = (g.moe_inter_dim, g.dim);
+    let kinds = [(i_dim, d), (i_dim, d), (d, i_dim)]; // gate (w1), up (w3), down (w2)
+    let kind_names = ["w1", "w3", "w2"];
+    for l in 0..g.n_layers {
+        let base = l * 3 * STAGES;
+        let mut books = Vec::new();
+        for k in 0..3 * STAGES {
+            let id = base + k;
+            let cb = draws.codebook(id);
+            let mut h = [0u8; 16];
+            put_u32(&mut h, 0, WCBK_MAGIC);
+            put_u16(&mut h, 4, id as u16);
+            h[6] = FMT_VQ3R;
+            h[7] = VEC_DIM as u8;
+            put_u32(&mut h, 8, ENTRIES as u32);
+            codebooks.extend_from_slice(&h);
+            for x in &cb {
+                codebooks.extend_from_slice(&x.to_le_bytes());
+            }
+            books.push(cb);
+        }
+        let file = format!("experts-L{l}.bin");
+        let mut bank = Sink::create(&dir.join(&file))?;
+        files.push(file.clone());
+        for e in 0..g.n_routed_experts {
+            let mut r = vec![0u8; rec];
+            let idx: Vec<Vec<Vec<u8>>> = (0..3)
+                .map(|k| draws.expert_indices(l, e, k, kinds[k].0, kinds[k].1))
+                .collect();
+            let scales: Vec<Vec<u16>> = (0..3)
+                .map(|k| {
+                    draws.expert_scales(
+                        l,
+                        e,
+                        k,
+                        kinds[k].0,
+                        Init::Linear(EXPERT_GAIN).target_rms(kinds[k].1),
+                    )
+                })
+                .collect();
+            let mut off = 48;
+            let mut offs = [0usize; 3];
+            for k in 0..3 {
+                offs[k] = off;
+                let (m, n) = kinds[k];
+                let nv = n / VEC_DIM;
+                for row in 0..m {
+                    for v in 0..nv {
+                        for s in 0..STAGES {
+                            let at = off
+                                + (((row / INDEX_BLOCK) * nv + v) * INDEX_BLOCK
+                                    + row % INDEX_BLOCK)
+                                    * STAGES
+                                + s;
+                            r[at] = idx[k][s][row * nv + v];
+                        }
+                    }
+                }
+                off += index_block_bytes(m, n);
+            }
+            let chan = off;
+            for sc in &scales {
+                for s in sc {
+                    r[off..off + 2].copy_from_slice(&s.to_le_bytes());
+                    off += 2;
+                }
+            }
+            put_u32(&mut r, 0, WEXP_MAGIC);
+            put_u16(&mut r, 4, l as u16);
+            put_u16(&mut r, 6, e as u16);
+            r[8] = FMT_VQ3R;
+            put_u16(&mut r, 10, base as u16);
+            put_u32(&mut r, 16, (rec / 4096) as u32);
+            put_u32(&mut r, 20, offs[0] as u32);
+            put_u32(&mut r, 24, offs[1] as u32);
+            put_u32(&mut r, 28, offs[2] as u32);
+            put_u32(&mut r, 32, chan as u32);
+            let crc = crc32fast::hash(&r[48..off]);
+            put_u32(&mut r, 36, crc);
+            if let Some(vals) = values.as_deref_mut() {
+                for k in 0..3 {
+                    let (m, n) = kinds[k];
+                    let nv = n / VEC_DIM;
+                    let mut v = Vec::with_capacity(m * n);
+                    for row in 0..m {
+                        let sc = f16v(scales[k][row]);
+                        for vi in 0..nv {
+                            for t in 0..VEC_DIM {
+                                let sum: f32 = (0..STAGES)
+                                    .map(|s| {
+                                        f16v(
+                                            books[k * STAGES + s][usize::from(
+                                                idx[k][s][row * nv + vi],
+                                            ) * VEC_DIM
+                                                + t],
+                                        )
+                                    })
+                                    .sum();
+                                v.push(sc * sum);
+                            }
+                        }
+                    }
+                    vals.insert(
+                        format!("layers.{l}.ffn.experts.{e}.{}.weight", kind_names[k]),
+                        v,
+                    );
+                }
+            }
+            bank.put(&r)?;
+        }
+        let bank_bytes = bank.len();
+        bank.finish()?;
+        layers.insert(
+            l.to_string(),
+            json!({"file": file, "experts": g.n_routed_experts, "bytes": bank_bytes, "codebook_base": base}),
+        );
+    }
+
+    // 3. Engram: constants (multipliers drawn per layer), then the tables.
+    let primes = engram_primes(g);
+    let pad_compressed = map[g.engram_pad_id];
+    let mut eng_layers = Vec::new();
+    for (i, &l) in g.engram_layer_ids.iter().enumerate() {
+        let mults = draws.multipliers(l, g.engram_max_ngram_size, compressed);
+        let flat: Vec<u64> = primes[i].iter().flatten().copied().collect();
+        let offsets: Vec<u64> = flat
+            .iter()
+            .scan(0u64, |acc, &p| {
+                let o = *acc;
+                *acc += p;
+                Some(o)
+            })
+            .collect();
+        eng_layers.push(
+            json!({"layer": l, "multipliers": mults, "primes": primes[i], "offsets": offsets}),
+        );
+    }
+    let engram_json = json!({
+        "compressed_vocab_size": compressed,
+        "pad_id": pad_compressed,
+        "max_ngram_size": g.engram_max_ngram_size,
+        "n_heads": g.engram_n_heads,
+        "head_dim": g.engram_head_dim,
+        "layers": eng_layers,
+    });
+    let mut engram_manifest = Map::new();
+    let mut rows_all = Vec::new();
+    for (i, &l) in g.engram_layer_ids.iter().enumerate() {
+        let rows: u64 = primes[i].iter().flatten().sum();
+        rows_all.push(rows);
+        let dim = g.engram_head_dim;
+        let table = draws.engram_table(l, rows as usize, dim);
+        if let Some(vals) = values.as_deref_mut() {
+            let rb = row_bytes(dim);
+            let mut v = Vec::with_capacity(rows as usize * dim);
+            for row in table.chunks(rb) {
+                for j in 0..dim {
+                    let byte = row[j / 2];
+                    let nib = if j % 2 == 0 { byte & 15 } else { byte >> 4 };
+                    let at = dim / 2 + (j / ENGRAM_GROUP) * 2;
+                    let s = u16::from_le_bytes([row[at], row[at + 1]]);
+                    v.push((f32::from(nib) - 8.0) * f16v(s));
+                }
+            }
+            vals.insert(format!("layers.{l}.engram.embed.weight"), v);
+        }
+        let file = format!("engram-L{l}.bin");
+        write_file(&file, &table, &mut files)?;
+        engram_manifest.insert(
+            l.to_string(),
+            json!({"rows": rows, "dim": dim, "group": ENGRAM_GROUP, "bits": ENGRAM_BITS,
+                   "row_bytes": row_bytes(dim), "bytes": table.len()}),
+        );
+    }
+    write_file(
+        "engram.json",
+        pyjson::to_string(&engram_json, 1).as_bytes(),
+        &mut files,
+    )?;
+    let tokmap: Vec<u8> = map.iter().flat_map(|x| x.to_le_bytes()).collect();
+    write_file("engram-tokmap.bin", &tokmap, &mut files)?;
+    trunk.finish()?;
+    write_file("codebooks.bin", &codebooks, &mut files)?;
+
+    // 4. Manifest (and, for native presets, the escaped specials).
+    let manifest = json!({
+        "format_version": 0,
+        "arch": "deepseek_v41_text",
+        "tensor_prefix": "",
+        "config": flat_config(g, compressed, &rows_all),
+        "expert_quant": {"fmt": "VQ3R", "stages": STAGES, "vec_dim": VEC_DIM, "entries": ENTRIES,
+                          "index_block": INDEX_BLOCK, "bits_per_weight": 3},
+        "layers": layers,
+        "trunk": entries,
+        "engram": engram_manifest,
+    });
+    write_file(
+        "manifest.json",
+        pyjson::to_string(&manifest, 1).as_bytes(),
+        &mut files,
+    )?;
+    if !p.waste_compat {
+        let specials: Vec<Value> = SPECIALS
+            .iter()
+            .enumerate()
+            .map(|(id, t)| json!({"id": id, "text": t}))
+            .collect();
+        write_file(
+            "specials.json",
+            pyjson::to_string(&Value::Array(specials), 1).as_bytes(),
+            &mut files,
+        )?;
+    }
+    files.sort();
+    Ok(files)
+}

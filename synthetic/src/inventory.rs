@@ -1,0 +1,433 @@
+//! Every logical tensor a geometry implies, by canonical release name (MODEL.md §4.2–§4.4),
+//! with its release storage kind and how its values are drawn.
+//!
+//! "Logical" means the dequantised tensor: an FP8 weight and its `.scale` are one entry here;
+//! the release writer expands it into the two stored tensors, the container writer maps it to
+//! a trunk entry, an expert-bank kind or an Engram file (CONTAINER.md §8).
+
+use crate::preset::Geometry;
+
+/// Release storage of a logical tensor (MODEL.md §4.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    F32,
+    Bf16,
+    /// `F8_E4M3` weight + `F8_E8M0` scale per 32×32 block.
+    Fp8,
+    /// Routed expert: `I8` packed FP4 + `F8_E8M0` per row and 32 inputs.
+    Fp4,
+    /// Engram table: `F8_E4M3` rows + `F8_E8M0` per row and 32 elements.
+    EngramTable,
+}
+
+/// How values are chosen (magnitudes keep activations finite and non-degenerate).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Init {
+    /// Uniform in [lo, hi).
+    Uniform(f64, f64),
+    /// A linear map: RMS `gain / sqrt(fan_in)` with fan_in = the last dimension, so an input
+    /// of unit RMS gives outputs of RMS ≈ gain.
+    Linear(f64),
+    /// A norm weight: uniform in [0.75, 1.25).
+    Norm,
+}
+
+impl Init {
+    /// Target RMS of the values for a tensor with this last dimension.
+    pub fn target_rms(self, fan_in: usize) -> f64 {
+        match self {
+            Init::Uniform(lo, hi) => ((lo * lo + lo * hi + hi * hi) / 3.0).sqrt(),
+            Init::Linear(gain) => gain / (fan_in as f64).sqrt(),
+            Init::Norm => 1.0,
+        }
+    }
+}
+
+/// Gain of every expert matrix (shared and routed): with unit-RMS inputs from `ffn_norm`,
+/// pre-activations have RMS ≈ 1.2 (E8M0 rounding and jitter), so a `swiglu_limit` of 1.0
+/// (`tiny`) clamps the gate on ~21 % and the up branch on ~43 % of elements (measured by
+/// `tests/reach.rs`) — both clamps fire, neither saturates.
+pub const EXPERT_GAIN: f64 = 1.0;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logical {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub kind: Kind,
+    pub init: Init,
+    /// Layer index, `None` for top-level tensors (used for sharding and container grouping).
+    pub layer: Option<usize>,
+}
+
+impl Logical {
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+    pub fn rows(&self) -> usize {
+        self.shape[..self.shape.len() - 1]
+            .iter()
+            .product::<usize>()
+            .max(1)
+    }
+    pub fn cols(&self) -> usize {
+        *self.shape.last().expect("non-empty shape")
+    }
+}
+
+/// The primes of each Engram layer, `[layer][n − 2][head]`: the smallest primes above
+/// `engram_vocab_size − 1`, handed out in order and never reused (MODEL.md §6.6.1).
+pub fn engram_primes(g: &Geometry) -> Vec<Vec<Vec<u64>>> {
+    let mut next = g.engram_vocab_size; // candidates start at vocab_size (> vocab_size − 1)
+    let mut take = || loop {
+        let c = next;
+        next += 1;
+        if is_prime(c) {
+            return c;
+        }
+    };
+    g.engram_layer_ids
+        .iter()
+        .map(|_| {
+            (2..=g.engram_max_ngram_size)
+                .map(|_| (0..g.engram_n_heads).map(|_| take()).collect())
+                .collect()
+        })
+        .collect()
+}
+
+fn is_prime(n: u64) -> bool {
+    if n < 2 {
+        return false;
+    }
+    let mut d = 2;
+    while d * d <= n {
+        if n % d == 0 {
+            return false;
+        }
+        d += 1;
+    }
+    true
+}
+
+/// Rows of each Engram table (= the sum of the layer's primes).
+pub fn engram_rows(g: &Geometry) -> Vec<u64> {
+    engram_primes(g)
+        .iter()
+        .map(|l| l.iter().flatten().sum())
+        .collect()
+}
+
+/// All logical tensors of a geometry, in release order: embed, layers, norm, head.
+pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
+    let mut v = Vec::new();
+    let mut push = |name: String, shape: Vec<usize>, kind, init, layer| {
+        v.push(Logical {
+            name,
+            shape,
+            kind,
+            init,
+            layer,
+        })
+    };
+    use Kind::*;
+    push(
+        "embed.weight".into(),
+        vec![g.vocab_size, g.dim],
+        Bf16,
+        Init::Uniform(-1.0, 1.0),
+        None,
+    );
+    let hc = g.hc_mult;
+    let rows = engram_rows(g);
+    for l in 0..g.n_layers {
+        let p = |s: &str| format!("layers.{l}.{s}");
+        let at = Some(l);
+        if let Some(i) = g.engram_layer_ids.iter().position(|&e| e == l) {
+            let r = rows[i] as usize;
+            push(
+                p("engram.embed.weight"),
+                vec![r, g.engram_head_dim],
+                EngramTable,
+                Init::Uniform(-1.7, 1.7),
+                at,
+            );
+            push(
+                p("engram.wkv.weight"),
+                vec![(hc + 1) * g.dim, g.engram_in_dim()],
+                Fp8,
+                Init::Linear(1.0),
+                at,
+            );
+            push(
+                p("engram.q_weight"),
+                vec![hc, g.dim],
+                Bf16,
+                Init::Uniform(-1.5, 1.5),
+                at,
+            );
+            push(
+                p("engram.k_weight"),
+                vec![hc, g.dim],
+                Bf16,
+                Init::Uniform(-1.5, 1.5),
+                at,
+            );
+        }
+        push(p("attn_norm.weight"), vec![g.dim], Bf16, Init::Norm, at);
+        push(p("ffn_norm.weight"), vec![g.dim], Bf16, Init::Norm, at);
+        for site in ["attn", "ffn"] {
+            push(
+                p(&format!("hc_{site}_fn")),
+                vec![(2 + hc) * hc, hc * g.dim],
+                F32,
+                Init::Linear(1.0),
+                at,
+            );
+            push(
+                p(&format!("hc_{site}_base")),
+                vec![(2 + hc) * hc],
+                F32,
+                Init::Uniform(-1.0, 1.0),
+                at,
+            );
+            push(
+                p(&format!("hc_{site}_scale")),
+                vec![3],
+                F32,
+                Init::Uniform(0.5, 1.5),
+                at,
+            );
+        }
+        push(
+            p("attn.wq_a.weight"),
+            vec![g.q_lora_rank, g.dim],
+            Fp8,
+            Init::Linear(1.0),
+            at,
+        );
+        push(
+            p("attn.q_norm.weight"),
+            vec![g.q_lora_rank],
+            Bf16,
+            Init::Norm,
+            at,
+        );
+        push(
+            p("attn.wq_b.weight"),
+            vec![g.n_heads * g.head_dim, g.q_lora_rank],
+            Fp8,
+            Init::Linear(1.5),
+            at,
+        );
+        push(
+            p("attn.wkv.weight"),
+            vec![g.head_dim, g.dim],
+            Fp8,
+            Init::Linear(1.0),
+            at,
+        );
+        push(
+            p("attn.kv_norm.weight"),
+            vec![g.head_dim],
+            Bf16,
+            Init::Norm,
+            at,
+        );
+        push(
+            p("attn.wo_a.weight"),
+            vec![
+                g.o_groups * g.o_lora_rank,
+                g.n_heads * g.head_dim / g.o_groups,
+            ],
+            Fp8,
+            Init::Linear(1.0),
+            at,
+        );
+        push(
+            p("attn.wo_b.weight"),
+            vec![g.dim, g.o_groups * g.o_lora_rank],
+            Fp8,
+            Init::Linear(1.0),
+            at,
+        );
+        push(
+            p("attn.attn_sink"),
+            vec![g.n_heads],
+            F32,
+            Init::Uniform(-2.0, 2.0),
+            at,
+        );
+        if g.is_kv_source(l) {
+            push(
+                p("attn.compressor.wkv.weight"),
+                vec![g.head_dim, g.dim],
+                Bf16,
+                Init::Linear(1.0),
+                at,
+            );
+            if g.compress_ratios[l] > 1 {
+                push(
+                    p("attn.compressor.wgate.weight"),
+                    vec![g.head_dim, g.dim],
+                    Bf16,
+                    Init::Linear(2.0),
+                    at,
+                );
+            }
+            push(
+                p("attn.compressor.norm.weight"),
+                vec![g.head_dim],
+                Bf16,
+                Init::Norm,
+                at,
+            );
+        }
+        if g.is_index_source(l) {
+            push(
+                p("attn.indexer.wq_b.weight"),
+                vec![g.index_n_heads * g.index_head_dim, g.q_lora_rank],
+                Fp8,
+                Init::Linear(1.0),
+                at,
+            );
+            push(
+                p("attn.indexer.weights_proj.weight"),
+                vec![g.index_n_heads, g.dim],
+                Bf16,
+                Init::Linear(1.0),
+                at,
+            );
+            if g.is_kv_source(l) {
+                push(
+                    p("attn.indexer.wk.weight"),
+                    vec![g.index_head_dim, g.head_dim],
+                    Bf16,
+                    Init::Linear(1.0),
+                    at,
+                );
+                push(
+                    p("attn.indexer.k_norm.weight"),
+                    vec![g.index_head_dim],
+                    Bf16,
+                    Init::Norm,
+                    at,
+                );
+            }
+        }
+        push(
+            p("ffn.gate.weight"),
+            vec![g.n_routed_experts, g.dim],
+            Bf16,
+            Init::Linear(2.0),
+            at,
+        );
+        push(
+            p("ffn.gate.bias"),
+            vec![g.n_routed_experts],
+            F32,
+            Init::Uniform(-0.5, 0.5),
+            at,
+        );
+        if g.routing_bias_vl {
+            push(
+                p("ffn.gate.bias_vl"),
+                vec![g.n_routed_experts],
+                F32,
+                Init::Uniform(-3.0, 3.0),
+                at,
+            );
+        }
+        for (w, shape) in [
+            ("w1", vec![g.moe_inter_dim, g.dim]),
+            ("w2", vec![g.dim, g.moe_inter_dim]),
+            ("w3", vec![g.moe_inter_dim, g.dim]),
+        ] {
+            push(
+                p(&format!("ffn.shared_experts.{w}.weight")),
+                shape,
+                Fp8,
+                Init::Linear(EXPERT_GAIN),
+                at,
+            );
+        }
+        for e in 0..g.n_routed_experts {
+            for (w, shape) in [
+                ("w1", vec![g.moe_inter_dim, g.dim]),
+                ("w2", vec![g.dim, g.moe_inter_dim]),
+                ("w3", vec![g.moe_inter_dim, g.dim]),
+            ] {
+                push(
+                    p(&format!("ffn.experts.{e}.{w}.weight")),
+                    shape,
+                    Fp4,
+                    Init::Linear(EXPERT_GAIN),
+                    at,
+                );
+            }
+        }
+    }
+    push("norm.weight".into(), vec![g.dim], Bf16, Init::Norm, None);
+    push(
+        "head.weight".into(),
+        vec![g.vocab_size, g.dim],
+        Bf16,
+        Init::Linear(2.0),
+        None,
+    );
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::preset::Preset;
+
+    #[test]
+    fn tiny_primes_match_golden_tiny() {
+        // MODEL.md §11.2: engram_vocab_size 100, n ≤ 3, 2 heads → 101 103 107 109 | 113 127 131 137.
+        let g = Preset::by_name("tiny").unwrap().geometry;
+        assert_eq!(
+            engram_primes(&g),
+            vec![
+                vec![vec![101, 103], vec![107, 109]],
+                vec![vec![113, 127], vec![131, 137]]
+            ]
+        );
+        assert_eq!(engram_rows(&g), vec![420, 508]);
+    }
+
+    #[test]
+    fn waste_tiny_primes_match_container() {
+        // CONTAINER.md §10.2: 1009 1013 | 1019 1021 (4062), 1031 1033 | 1039 1049 (4152).
+        let g = Preset::by_name("waste-tiny").unwrap().geometry;
+        assert_eq!(engram_rows(&g), vec![4062, 4152]);
+    }
+
+    #[test]
+    fn release_primes_and_rows() {
+        // MODEL.md §6.6.1: release rows 384006168 and 384016682 from engram_vocab_size 16e6.
+        let mut g = Preset::by_name("tiny").unwrap().geometry;
+        g.engram_vocab_size = 16_000_000;
+        g.engram_max_ngram_size = 4;
+        g.engram_n_heads = 8;
+        g.engram_layer_ids = vec![1, 14];
+        assert_eq!(engram_rows(&g), vec![384_006_168, 384_016_682]);
+        assert_eq!(engram_primes(&g)[0][0][0], 16_000_057);
+    }
+
+    #[test]
+    fn tiny_tensor_count_follows_roles() {
+        // 6 layers × (30 common incl. bias_vl... counted as logical tensors) — check role extras.
+        let g = Preset::by_name("tiny").unwrap().geometry;
+        let t = logical_tensors(&g);
+        let has = |n: &str| t.iter().any(|x| x.name == n);
+        assert!(has("layers.1.attn.compressor.wgate.weight"));
+        assert!(!has("layers.3.attn.compressor.wgate.weight"));
+        assert!(has("layers.3.attn.indexer.wk.weight"));
+        assert!(has("layers.5.attn.indexer.wq_b.weight"));
+        assert!(!has("layers.5.attn.indexer.wk.weight"));
+        assert!(!has("layers.2.attn.indexer.wq_b.weight"));
+        assert!(has("layers.0.engram.embed.weight") && has("layers.1.engram.wkv.weight"));
+        assert!(!has("layers.2.engram.wkv.weight"));
+    }
+}

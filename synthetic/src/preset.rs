@@ -1,0 +1,322 @@
+//! The presets (names are interface) and their geometry (MODEL.md §2, §11; CONTAINER.md §10.1).
+//!
+//! A [`Geometry`] mirrors the inference `ModelArgs` names of `engine::config::Config`; the
+//! writers turn it into the release `config.json` or the container manifest's flat config.
+
+use crate::tokenizer::TokenizerKind;
+
+/// Everything the writers need to know about one synthetic model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Geometry {
+    pub vocab_size: usize,
+    pub dim: usize,
+    pub moe_inter_dim: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_routed_experts: usize,
+    pub n_activated_experts: usize,
+    pub route_scale: f64,
+    pub swiglu_limit: f64,
+    pub q_lora_rank: usize,
+    pub head_dim: usize,
+    pub rope_head_dim: usize,
+    pub norm_eps: f64,
+    pub o_groups: usize,
+    pub o_lora_rank: usize,
+    pub window_size: usize,
+    pub compress_ratios: Vec<usize>,
+    pub kv_source_layers: Vec<usize>,
+    pub index_source_layers: Vec<usize>,
+    pub candidate_source_layer: Option<usize>,
+    pub candidate_topk_blocks: usize,
+    pub candidate_block_size: usize,
+    pub index_n_heads: usize,
+    pub index_head_dim: usize,
+    pub index_topk: usize,
+    pub rope_theta: f64,
+    pub compress_rope_theta: f64,
+    pub original_seq_len: usize,
+    pub rope_factor: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+    pub hc_mult: usize,
+    pub hc_sinkhorn_iters: usize,
+    pub hc_eps: f64,
+    pub engram_layer_ids: Vec<usize>,
+    pub engram_vocab_size: u64,
+    pub engram_max_ngram_size: usize,
+    pub engram_n_heads: usize,
+    pub engram_head_dim: usize,
+    /// Raw token id whose compressed id pads Engram history (`engram_pad_token_id`).
+    pub engram_pad_id: usize,
+    pub bos_token_id: usize,
+    pub eos_token_id: usize,
+    pub pad_token_id: usize,
+    /// Write `ffn.gate.bias_vl` (its values differ from `gate.bias`; text must ignore it).
+    pub routing_bias_vl: bool,
+}
+
+/// How the release layout splits tensors over files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sharding {
+    /// One `model.safetensors`.
+    Single,
+    /// `model.safetensors.index.json` + shards like the release's: embed; one per layer;
+    /// head + norm; Engram tables (MODEL.md §4.1).
+    ReleaseLike,
+}
+
+/// One named preset.
+#[derive(Debug, Clone)]
+pub struct Preset {
+    pub name: &'static str,
+    pub description: &'static str,
+    pub geometry: Geometry,
+    pub tokenizer: TokenizerKind,
+    pub sharding: Sharding,
+    /// Container layout reproduces WASTE's `make_test_container.py --ds41` byte for byte.
+    pub waste_compat: bool,
+    /// A generated checkpoint is large: keep it out of the default test suite.
+    pub large: bool,
+    /// Why the release layout cannot hold this geometry (`None`: both layouts work).
+    pub no_release: Option<&'static str>,
+    /// What a sequence reaches, in prose (the computable part is `mechanisms::reach`).
+    pub reach: &'static str,
+}
+
+/// Names of every preset, in listing order.
+pub const PRESET_NAMES: [&str; 4] = ["tiny", "tiny-sharded", "waste-tiny", "wide"];
+
+impl Preset {
+    pub fn by_name(name: &str) -> Option<Preset> {
+        Some(match name {
+            "tiny" => tiny(Sharding::Single, "tiny"),
+            "tiny-sharded" => tiny(Sharding::ReleaseLike, "tiny-sharded"),
+            "waste-tiny" => waste_tiny(),
+            "wide" => wide(),
+            _ => return None,
+        })
+    }
+
+    pub fn all() -> Vec<Preset> {
+        PRESET_NAMES
+            .iter()
+            .map(|n| Preset::by_name(n).expect("listed preset"))
+            .collect()
+    }
+}
+
+const TINY_REACH: &str = "MODEL.md §11 recipe. An odd prefill longer than the window (e.g. 37) then \
+≥ 24 decode steps (61 tokens) reaches: window ring wrap (p ≥ 8) in prefill and decode; ratio-2 groups \
+completed (p ≥ 1) and a partial group carried over the prefill/decode boundary (odd prefill); ratio-2 \
+indexer discards positions (> 8 compressed, p ≥ 17) so the index_k defect is visible in decode; the \
+ratio-1 candidate writer has > 3 blocks of 4 (p ≥ 12) so the candidate filter removes blocks for the \
+index-only consumer (layer 5); YaRN at positions ≥ 32; Engram on a window-only layer (0) and the \
+ratio-2 source (1) with a compressed map whose pad (raw 67, 'a') is not the identity (→ 35); top-2 of \
+4 experts with a spread router; swiglu_limit 1.0 with unit-scale activations so both clamps fire.";
+
+fn tiny(sharding: Sharding, name: &'static str) -> Preset {
+    let g = Geometry {
+        vocab_size: 512,
+        dim: 128,
+        moe_inter_dim: 64,
+        n_layers: 6,
+        n_heads: 4,
+        n_routed_experts: 4,
+        n_activated_experts: 2,
+        route_scale: 1.5,
+        swiglu_limit: 1.0,
+        q_lora_rank: 64,
+        head_dim: 64,
+        rope_head_dim: 16,
+        norm_eps: 1e-20,
+        o_groups: 2,
+        o_lora_rank: 32,
+        window_size: 8,
+        compress_ratios: vec![0, 2, 2, 1, 1, 1],
+        kv_source_layers: vec![1, 3],
+        index_source_layers: vec![1, 3, 5],
+        candidate_source_layer: Some(3),
+        candidate_topk_blocks: 3,
+        candidate_block_size: 4,
+        index_n_heads: 16,
+        index_head_dim: 32,
+        index_topk: 8,
+        rope_theta: 10000.0,
+        compress_rope_theta: 160000.0,
+        original_seq_len: 32,
+        rope_factor: 4.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        hc_mult: 4,
+        hc_sinkhorn_iters: 20,
+        hc_eps: 1e-6,
+        engram_layer_ids: vec![0, 1],
+        engram_vocab_size: 100,
+        engram_max_ngram_size: 3,
+        engram_n_heads: 2,
+        engram_head_dim: 32,
+        engram_pad_id: 67,
+        bos_token_id: 0,
+        eos_token_id: 1,
+        pad_token_id: 2,
+        routing_bias_vl: true,
+    };
+    Preset {
+        name,
+        description: if sharding == Sharding::Single {
+            "MODEL.md §11 minimal model: 6 layers, one layer per role, 16 index heads, Engram on layers 0/1, non-identity compressed map"
+        } else {
+            "`tiny` written as model.safetensors.index.json + release-like shards (embed, one per layer, head/norm, Engram tables)"
+        },
+        geometry: g,
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding,
+        waste_compat: false,
+        large: false,
+        no_release: None,
+        reach: TINY_REACH,
+    }
+}
+
+fn waste_tiny() -> Preset {
+    let g = Geometry {
+        vocab_size: 256,
+        dim: 128,
+        moe_inter_dim: 64,
+        n_layers: 6,
+        n_heads: 4,
+        n_routed_experts: 8,
+        n_activated_experts: 2,
+        route_scale: 2.0,
+        swiglu_limit: 10.0,
+        q_lora_rank: 48,
+        head_dim: 32,
+        rope_head_dim: 8,
+        norm_eps: 1e-5,
+        o_groups: 2,
+        o_lora_rank: 16,
+        window_size: 4,
+        compress_ratios: vec![0, 0, 2, 2, 1, 1],
+        kv_source_layers: vec![2, 4],
+        index_source_layers: vec![2, 4],
+        candidate_source_layer: Some(4),
+        candidate_topk_blocks: 2,
+        candidate_block_size: 2,
+        index_n_heads: 2,
+        index_head_dim: 16,
+        index_topk: 4,
+        rope_theta: 10000.0,
+        compress_rope_theta: 40000.0,
+        original_seq_len: 16,
+        rope_factor: 4.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        hc_mult: 4,
+        hc_sinkhorn_iters: 20,
+        hc_eps: 1e-6,
+        engram_layer_ids: vec![1, 3],
+        engram_vocab_size: 1000,
+        engram_max_ngram_size: 3,
+        engram_n_heads: 2,
+        engram_head_dim: 64,
+        engram_pad_id: 2,
+        bos_token_id: 1,
+        eos_token_id: 2,
+        pad_token_id: 2,
+        routing_bias_vl: true,
+    };
+    Preset {
+        name: "waste-tiny",
+        description: "geometry of WASTE's DS41 test container (CONTAINER.md §10.1); container layout is byte-identical to make_test_container.py --ds41 for the same seed",
+        geometry: g,
+        tokenizer: TokenizerKind::Stub,
+        sharding: Sharding::Single,
+        waste_compat: true,
+        large: false,
+        // MODEL.md §2.2 item 7: every K of an FP8/FP4 linear is a multiple of 32.
+        no_release: Some("q_lora_rank 48 (the K of wq_b and indexer.wq_b) is not a multiple of 32, so the release's FP8 32x32 blocks cannot store it; WASTE's geometry exists only as a container"),
+        reach: "CONTAINER.md §10.3: window 4 wraps from the 5th token; ratio-2 latents every other token; \
+with a 12-token prompt the ratio-1 indexer discards positions (index_topk 4) and the as-shipped vs owner \
+index_k difference shows from the 11th token. Not reached (by design, it is WASTE's geometry): candidate \
+consumption (no index source after layer 4), ≥ 16 index heads, a non-identity token map.",
+    }
+}
+
+fn wide() -> Preset {
+    let g = Geometry {
+        vocab_size: 16384,
+        dim: 5120,
+        moe_inter_dim: 2304,
+        n_layers: 4,
+        n_heads: 64,
+        n_routed_experts: 16,
+        n_activated_experts: 6,
+        route_scale: 1.5,
+        swiglu_limit: 10.0,
+        q_lora_rank: 1280,
+        head_dim: 512,
+        rope_head_dim: 64,
+        norm_eps: 1e-20,
+        o_groups: 8,
+        o_lora_rank: 1024,
+        window_size: 128,
+        compress_ratios: vec![0, 2, 1, 1],
+        kv_source_layers: vec![1, 2],
+        index_source_layers: vec![1, 2, 3],
+        candidate_source_layer: Some(2),
+        candidate_topk_blocks: 128,
+        candidate_block_size: 8,
+        index_n_heads: 32,
+        index_head_dim: 128,
+        index_topk: 512,
+        rope_theta: 10000.0,
+        compress_rope_theta: 160000.0,
+        original_seq_len: 65536,
+        rope_factor: 16.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        hc_mult: 4,
+        hc_sinkhorn_iters: 20,
+        hc_eps: 1e-6,
+        engram_layer_ids: vec![0, 1],
+        engram_vocab_size: 1000,
+        engram_max_ngram_size: 4,
+        engram_n_heads: 8,
+        engram_head_dim: 256,
+        engram_pad_id: 67,
+        bos_token_id: 0,
+        eos_token_id: 1,
+        pad_token_id: 2,
+        routing_bias_vl: true,
+    };
+    Preset {
+        name: "wide",
+        description: "real widths (dim 5120, 64x512 heads, q_lora 1280, o 8x1024, experts 2304, index 32x128, hc 4), 4 layers, 16 experts top-6, vocab 16384: for speed/memory benchmarks (~2.2 GB)",
+        geometry: g,
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding: Sharding::ReleaseLike,
+        waste_compat: false,
+        large: true,
+        no_release: None,
+        reach: "Release widths and release window (128) / index_topk (512): ring wrap from p ≥ 128, ratio-2 \
+indexer discards from p ≥ 1025, candidate filter (128 blocks of 8) from p ≥ 1024 on the ratio-1 writer \
+(layer 2) consumed by layer 3. Meant for throughput and memory at real shapes, not for numerics.",
+    }
+}
+
+impl Geometry {
+    pub fn is_kv_source(&self, l: usize) -> bool {
+        self.kv_source_layers.contains(&l)
+    }
+    pub fn is_index_source(&self, l: usize) -> bool {
+        self.index_source_layers.contains(&l)
+    }
+    pub fn is_engram(&self, l: usize) -> bool {
+        self.engram_layer_ids.contains(&l)
+    }
+    /// Width of one Engram lookup: (max_ngram − 1) · n_heads rows of head_dim.
+    pub fn engram_in_dim(&self) -> usize {
+        (self.engram_max_ngram_size - 1) * self.engram_n_heads * self.engram_head_dim
+    }
+}

@@ -1,0 +1,340 @@
+//! Generation without a reader: file structure, determinism, pinned bytes, overwrite policy.
+
+use ds41_synthetic::release::{plan_files, stored_tensors};
+use ds41_synthetic::{generate, generate_with, hash_files, Layout, Options, Preset, SynthError};
+use sha2::{Digest, Sha256};
+use std::path::Path;
+
+/// One digest over every file's name and sha256 (sorted by name).
+fn dir_digest(dir: &Path, files: &[String]) -> String {
+    let hashes = hash_files(dir, files).unwrap();
+    let mut h = Sha256::new();
+    for (name, sha) in &hashes {
+        h.update(name.as_bytes());
+        h.update(b"\0");
+        h.update(sha.as_bytes());
+        h.update(b"\n");
+    }
+    hex::encode(h.finalize())
+}
+
+/// A safetensors file parsed by hand: the `safetensors` 0.4 crate does not know `F8_E8M0`.
+/// name → (dtype, shape, data bytes), checking offsets tile the data exactly.
+fn parse_st(bytes: &[u8]) -> std::collections::BTreeMap<String, (String, Vec<usize>, Vec<u8>)> {
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let data = &bytes[8 + n..];
+    let mut spans = Vec::new();
+    let mut out = std::collections::BTreeMap::new();
+    for (name, v) in header {
+        if name == "__metadata__" {
+            continue;
+        }
+        let off: Vec<usize> = serde_json::from_value(v["data_offsets"].clone()).unwrap();
+        spans.push((off[0], off[1]));
+        let shape: Vec<usize> = serde_json::from_value(v["shape"].clone()).unwrap();
+        out.insert(
+            name,
+            (
+                v["dtype"].as_str().unwrap().to_string(),
+                shape,
+                data[off[0]..off[1]].to_vec(),
+            ),
+        );
+    }
+    spans.sort();
+    let mut at = 0;
+    for (a, b) in spans {
+        assert_eq!(a, at, "tensors tile the data");
+        at = b;
+    }
+    assert_eq!(at, data.len(), "no trailing bytes");
+    out
+}
+
+fn gen(preset: &str, layout: Layout, seed: u64) -> (tempfile::TempDir, Vec<String>) {
+    let tmp = tempfile::tempdir().unwrap();
+    let g = generate(preset, layout, seed, &tmp.path().join("ck")).unwrap();
+    (tmp, g.files)
+}
+
+#[test]
+fn tiny_release_safetensors_hold_every_tensor_with_release_dtype_and_shape() {
+    let (tmp, files) = gen("tiny", Layout::Release, 0);
+    let dir = tmp.path().join("ck");
+    assert!(files.contains(&"model.safetensors".to_string()));
+    let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let st = parse_st(&bytes);
+    let p = Preset::by_name("tiny").unwrap();
+    let want = stored_tensors(&p.geometry);
+    assert_eq!(st.len(), want.len());
+    for w in &want {
+        let (dtype, shape, data) = st
+            .get(&w.name)
+            .unwrap_or_else(|| panic!("{} missing", w.name));
+        assert_eq!(dtype, w.dtype, "{}", w.name);
+        assert_eq!(shape, &w.shape, "{}", w.name);
+        assert_eq!(data.len(), w.nbytes(), "{}", w.name);
+    }
+    // MODEL.md §4.6 at toy size: 30 common tensors per layer (bias_vl included) + 6 per routed
+    // expert; role extras of §4.3 (ratio-2 source 8, ratio-1 source 7, index-only 3); 6 per
+    // Engram layer; embed, head, norm.
+    assert_eq!(want.len(), 6 * (30 + 4 * 6) + (8 + 7 + 3) + 2 * 6 + 3);
+}
+
+#[test]
+fn sharded_index_names_every_tensor_once_and_every_shard_exists() {
+    let (tmp, files) = gen("tiny-sharded", Layout::Release, 0);
+    let dir = tmp.path().join("ck");
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("model.safetensors.index.json")).unwrap())
+            .unwrap();
+    let map = index["weight_map"].as_object().unwrap();
+    let p = Preset::by_name("tiny-sharded").unwrap();
+    let want = stored_tensors(&p.geometry);
+    assert_eq!(map.len(), want.len());
+    let shards: std::collections::BTreeSet<&str> =
+        map.values().map(|v| v.as_str().unwrap()).collect();
+    assert!(shards.len() >= 4, "several shards: {shards:?}");
+    let mut total = 0;
+    for s in &shards {
+        assert!(files.contains(&s.to_string()));
+        let bytes = std::fs::read(dir.join(s)).unwrap();
+        for (name, (_, _, data)) in parse_st(&bytes) {
+            assert_eq!(
+                map[&name].as_str().unwrap(),
+                *s,
+                "{name} is in the shard the index names"
+            );
+            total += data.len();
+        }
+    }
+    assert_eq!(
+        index["metadata"]["total_size"].as_u64().unwrap() as usize,
+        total
+    );
+    // Same tensors, same bytes as the single-file preset (streams are per tensor name).
+    let (tmp1, _) = gen("tiny", Layout::Release, 0);
+    let single = std::fs::read(tmp1.path().join("ck/model.safetensors")).unwrap();
+    let single = parse_st(&single);
+    for s in &shards {
+        let bytes = std::fs::read(dir.join(s)).unwrap();
+        for (name, (_, _, data)) in parse_st(&bytes) {
+            assert_eq!(data, single[&name].2, "{name}");
+        }
+    }
+}
+
+#[test]
+fn wide_header_plan_is_consistent_without_writing_it() {
+    // Cheap header-level check of the benchmark preset: shapes at release widths, ~2 GB.
+    let p = Preset::by_name("wide").unwrap();
+    let plan = plan_files(&p);
+    let total: usize = plan
+        .iter()
+        .flat_map(|(_, ts)| ts.iter().map(|t| t.nbytes()))
+        .sum();
+    assert!(total > 1_500_000_000 && total < 3_000_000_000, "{total}");
+    let all: Vec<_> = plan.iter().flat_map(|(_, ts)| ts.iter()).collect();
+    let find = |n: &str| {
+        all.iter()
+            .find(|t| t.name == n)
+            .unwrap_or_else(|| panic!("{n}"))
+    };
+    assert_eq!(find("layers.0.attn.wq_b.weight").shape, vec![32768, 1280]);
+    assert_eq!(find("layers.0.attn.wq_b.scale").shape, vec![1024, 40]);
+    assert_eq!(find("layers.0.attn.wo_a.weight").shape, vec![8192, 4096]);
+    assert_eq!(
+        find("layers.0.ffn.experts.15.w1.weight").shape,
+        vec![2304, 2560]
+    );
+    assert_eq!(
+        find("layers.0.ffn.experts.15.w2.scale").shape,
+        vec![5120, 72]
+    );
+    assert_eq!(
+        find("layers.1.attn.indexer.wq_b.weight").shape,
+        vec![4096, 1280]
+    );
+    assert_eq!(find("layers.0.hc_attn_fn").shape, vec![24, 20480]);
+    assert_eq!(find("layers.1.engram.wkv.weight").shape, vec![25600, 6144]);
+    for (_, ts) in &plan {
+        let h = ds41_synthetic::release::safetensors_header(ts);
+        serde_json::from_slice::<serde_json::Value>(&h).unwrap();
+    }
+}
+
+/// Pinned digests (one sha256 over every file's name and sha256): the bytes a (preset,
+/// layout, seed) produces never change silently. Bump `GENERATOR_VERSION` and these together
+/// when a change is intended; the failure message prints the new table.
+const PINS: &str = "
+tiny         release   0 5968a96903d28ab5bbcd8d0b297669efc9ada3263c3298ad2fddf19b2fd8012b
+tiny         container 0 b3f93b26dd545c56cb4c0eeb0d916dc424fea23a8efc7ab51368c58b64077a89
+tiny-sharded release   0 eb0ffcb9846bcacbd45f9a66818214f1c173d5de23b57325e763e400cf5cd14a
+waste-tiny   container 0 3f932dbcc18490c16fac8ce0de2b493503e2b45d2cf707035ec3f83ef07ddb98
+waste-tiny   container 7 7637d16f855ec4096058c882807784dc50b0e5fcc3dd74bd98a722798b7f5bcd
+";
+
+#[test]
+fn same_seed_gives_pinned_bytes() {
+    let mut table = Vec::new();
+    let mut changed = false;
+    for line in PINS.lines().filter(|l| !l.trim().is_empty()) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let layout = if f[1] == "release" {
+            Layout::Release
+        } else {
+            Layout::Container
+        };
+        let seed: u64 = f[2].parse().unwrap();
+        let (tmp, files) = gen(f[0], layout, seed);
+        let got = dir_digest(&tmp.path().join("ck"), &files);
+        // Twice in a row: identical.
+        let (tmp2, files2) = gen(f[0], layout, seed);
+        assert_eq!(got, dir_digest(&tmp2.path().join("ck"), &files2), "{line}");
+        changed |= got != f[3];
+        table.push(format!("{:<12} {:<9} {} {got}", f[0], f[1], f[2]));
+    }
+    assert!(
+        !changed,
+        "digests changed; new table:\n{}",
+        table.join("\n")
+    );
+}
+
+#[test]
+fn seeds_change_values_but_not_structure() {
+    let (a, fa) = gen("tiny", Layout::Release, 1);
+    let (b, fb) = gen("tiny", Layout::Release, 2);
+    assert_eq!(fa, fb);
+    let ha = hash_files(&a.path().join("ck"), &fa).unwrap();
+    let hb = hash_files(&b.path().join("ck"), &fb).unwrap();
+    assert_ne!(ha["model.safetensors"], hb["model.safetensors"]);
+    assert_eq!(ha["config.json"], hb["config.json"]);
+    assert_eq!(ha["tokenizer.json"], hb["tokenizer.json"]);
+}
+
+#[test]
+fn a_non_empty_directory_is_refused_and_force_keeps_foreign_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("ck");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("notes.txt"), "mine").unwrap();
+    let err = generate("tiny", Layout::Release, 0, &dir).unwrap_err();
+    assert!(matches!(err, SynthError::NonEmptyDir(_)), "{err}");
+    assert_eq!(
+        std::fs::read_dir(&dir).unwrap().count(),
+        1,
+        "nothing written"
+    );
+    let opts = |preset: &str, layout| Options {
+        preset: preset.into(),
+        layout,
+        seed: 0,
+        out_dir: dir.clone(),
+        mutant: None,
+        force: true,
+    };
+    let g = generate_with(&opts("tiny-sharded", Layout::Release)).unwrap();
+    assert_eq!(g.kept, vec!["notes.txt".to_string()]);
+    // Replacing a sharded release by a container removes every shard we wrote, nothing else.
+    let g = generate_with(&opts("tiny", Layout::Container)).unwrap();
+    let mut present: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    present.sort();
+    let mut want = g.files.clone();
+    want.push("notes.txt".into());
+    want.sort();
+    assert_eq!(present, want);
+    assert_eq!(
+        std::fs::read_to_string(dir.join("notes.txt")).unwrap(),
+        "mine"
+    );
+}
+
+#[test]
+fn unknown_preset_and_inapplicable_mutant_are_typed_errors() {
+    let tmp = tempfile::tempdir().unwrap();
+    let e = generate("huge", Layout::Release, 0, tmp.path()).unwrap_err();
+    assert!(matches!(e, SynthError::UnknownPreset(_)));
+    let o = Options {
+        preset: "tiny".into(),
+        layout: Layout::Release,
+        seed: 0,
+        out_dir: tmp.path().join("x"),
+        mutant: Some("index-missing-shard".into()),
+        force: false,
+    };
+    assert!(matches!(
+        generate_with(&o).unwrap_err(),
+        SynthError::MutantNotApplicable { .. }
+    ));
+    let o = Options {
+        mutant: Some("bad-crc".into()),
+        ..o
+    };
+    assert!(matches!(
+        generate_with(&o).unwrap_err(),
+        SynthError::MutantNotApplicable { .. }
+    ));
+    let o = Options {
+        mutant: Some("nope".into()),
+        ..o
+    };
+    assert!(matches!(
+        generate_with(&o).unwrap_err(),
+        SynthError::UnknownMutant(_)
+    ));
+}
+
+#[test]
+fn container_specials_are_escaped_and_decode_to_the_markers() {
+    let (tmp, _) = gen("tiny", Layout::Container, 0);
+    let raw = std::fs::read_to_string(tmp.path().join("ck/specials.json")).unwrap();
+    assert!(raw.is_ascii(), "non-ASCII is written as \\u escapes");
+    assert!(raw.contains("<\\uff5cbegin\\u2581of\\u2581sentence\\uff5c>"));
+    let v: serde_json::Value = serde_json::from_str(&raw).unwrap();
+    assert_eq!(
+        v[0]["text"],
+        "<\u{ff5c}begin\u{2581}of\u{2581}sentence\u{ff5c}>"
+    );
+    assert_eq!(v[2]["id"], 2);
+}
+
+#[test]
+fn container_tokmap_is_the_tokenizer_map_and_pad_is_not_identity() {
+    let (tmp, _) = gen("tiny", Layout::Container, 0);
+    let dir = tmp.path().join("ck");
+    let tokmap: Vec<i32> = std::fs::read(dir.join("engram-tokmap.bin"))
+        .unwrap()
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    assert_eq!(tokmap.len(), 512);
+    let engram: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("engram.json")).unwrap()).unwrap();
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("manifest.json")).unwrap()).unwrap();
+    let raw_pad = manifest["config"]["engram_pad_token_id"].as_u64().unwrap() as usize;
+    assert_eq!(raw_pad, 67);
+    assert_eq!(
+        engram["pad_id"].as_i64().unwrap(),
+        i64::from(tokmap[raw_pad])
+    );
+    assert_ne!(
+        tokmap[raw_pad] as usize, raw_pad,
+        "pad must not be the identity"
+    );
+    let distinct: std::collections::BTreeSet<_> = tokmap.iter().collect();
+    assert_eq!(
+        engram["compressed_vocab_size"].as_u64().unwrap() as usize,
+        distinct.len()
+    );
+    assert_eq!(
+        manifest["config"]["engram_compressed_vocab_size"],
+        engram["compressed_vocab_size"]
+    );
+}

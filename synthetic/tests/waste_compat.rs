@@ -1,0 +1,42 @@
+//! The `waste-tiny` container is WASTE's `make_test_container.py --ds41` output byte for byte
+//! (CONTAINER.md §10, §15 step 1): compared file by file with `upstream/waste_ds41_synth/`.
+
+use ds41_synthetic::{generate, hash_files, Layout};
+use std::path::PathBuf;
+
+fn upstream() -> Option<PathBuf> {
+    match std::env::var_os("DS41_UPSTREAM") {
+        Some(d) => Some(PathBuf::from(d)),
+        None => {
+            eprintln!("SKIPPED: DS41_UPSTREAM not set");
+            None
+        }
+    }
+}
+
+#[test]
+fn waste_tiny_container_seed0_equals_upstream_files() {
+    let Some(up) = upstream() else { return };
+    let reference = up.join("waste_ds41_synth/container");
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("c");
+    let g = generate("waste-tiny", Layout::Container, 0, &out).unwrap();
+    let ours = hash_files(&out, &g.files).unwrap();
+    let mut names: Vec<String> = std::fs::read_dir(&reference)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert!(names.len() >= 13, "upstream container: {names:?}");
+    let theirs = hash_files(&reference, &names).unwrap();
+    let mut bad = Vec::new();
+    for n in &names {
+        if ours.get(n) != theirs.get(n) {
+            bad.push(n.clone());
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "files differing from WASTE's seed-0 container: {bad:?}"
+    );
+}
