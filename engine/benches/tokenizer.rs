@@ -2,7 +2,7 @@
 //!
 //! `DS41_UPSTREAM=/path/to/upstream cargo bench -p ds41-engine --bench tokenizer`
 //!
-//! Workloads (each about 4 MB of UTF-8, built in memory):
+//! Workloads (each about 2 MB of UTF-8, built in memory):
 //! * `dsml`: the five official DSML golden prompts (English, code, JSON, control tokens);
 //! * `wide`: the wide corpus strings (every script, whitespace runs), joined by newlines;
 //! * `mixed`: both interleaved.
@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use ds41_engine::tokenizer::{corpus, Tokenizer};
 
-const TARGET_BYTES: usize = 4 << 20;
+const TARGET_BYTES: usize = 2 << 20;
 const RUNS: usize = 3;
 
 fn repeat_to(parts: &[String], target: usize) -> String {

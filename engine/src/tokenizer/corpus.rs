@@ -84,7 +84,7 @@ pub fn wide(n: usize, seed: u64) -> Vec<CorpusString> {
         for _ in 0..k {
             text.push(*rng.choice(&WHITESPACE));
         }
-        let suffix: &str = *rng.choice(&WS_SUFFIXES);
+        let suffix = *rng.choice(&WS_SUFFIXES);
         text.push_str(suffix);
         out.push(CorpusString {
             kind: "whitespace",

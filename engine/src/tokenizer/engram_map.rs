@@ -97,6 +97,10 @@ mod tests {
         assert_eq!(normalize("Café"), "cafe");
         assert_eq!(normalize("ﬁ"), "fi");
         assert_eq!(normalize("Ｈｅｌｌｏ"), "hello");
-        assert_eq!(normalize("\u{3000}"), "");
+        assert_eq!(
+            normalize("\u{3000}"),
+            " ",
+            "NFKC makes U+3000 a space; a lone space survives"
+        );
     }
 }

@@ -77,11 +77,49 @@ struct ModelJson {
     merges: Vec<MergeJson>,
 }
 
-#[derive(Deserialize)]
-#[serde(untagged)]
+/// One merge: `"a b"` or `["a", "b"]`. Deserialised by hand because serde's untagged enums
+/// buffer every value, which is slow over 127,741 merges.
 enum MergeJson {
     Joined(String),
     Pair([String; 2]),
+}
+
+impl<'de> Deserialize<'de> for MergeJson {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = MergeJson;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a merge \"a b\" or [\"a\", \"b\"]")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<MergeJson, E> {
+                Ok(MergeJson::Joined(v.to_string()))
+            }
+            fn visit_string<E: serde::de::Error>(
+                self,
+                v: String,
+            ) -> std::result::Result<MergeJson, E> {
+                Ok(MergeJson::Joined(v))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> std::result::Result<MergeJson, A::Error> {
+                use serde::de::Error;
+                let left: String = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+                let right: String = seq
+                    .next_element()?
+                    .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+                if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                    return Err(A::Error::invalid_length(3, &self));
+                }
+                Ok(MergeJson::Pair([left, right]))
+            }
+        }
+        d.deserialize_any(Visitor)
+    }
 }
 
 /// What the tokenizer is built from.

@@ -10,7 +10,8 @@
 //! Module map: [`load`] (reading and checking the file), [`byte_level`] (the byte map),
 //! [`unicode_class`] (Unicode 16.0 class table), [`pretokenize`] (the three splits),
 //! [`bpe`] (merging), [`added_tokens`] (splitting on added tokens), [`engram_map`]
-//! (the Engram compressed token map), [`corpus`] (the wide test corpus).
+//! (the Engram compressed token map), [`corpus`] and [`python_random`] (the wide test corpus,
+//! on CPython's MT19937 stream).
 
 pub mod added_tokens;
 pub mod bpe;
