@@ -5,6 +5,7 @@
 //! * [`gates`] — tolerance profiles read from `gates/`;
 //! * [`outcome`] — the result vocabulary;
 //! * [`engine_api`] — the engine-under-test abstraction and capability list;
+//! * [`goldens`] — golden provenance, check/bless and the errata register;
 //! * [`trace`], [`compare`] — trace files and the comparison metrics (fragile flips included);
 
 /// The interpretation contract this harness implements (CONTRACT.md); bumped whenever a
@@ -16,6 +17,7 @@ pub mod compare;
 pub mod engine_api;
 pub mod families;
 pub mod gates;
+pub mod goldens;
 pub mod outcome;
 pub mod profile;
 pub mod protocol;

@@ -40,6 +40,8 @@ enum Command {
     ServeAdapter(cli::serve_adapter::Args),
     /// Check a certificate written by `ds41 certify --report DIR`.
     VerifyCertificate(cli::verify_certificate::Args),
+    /// Check or regenerate the goldens and their provenance; list the errata register.
+    Goldens(cli::goldens::Args),
 }
 
 fn main() {
@@ -55,6 +57,7 @@ fn main() {
         Command::Parse(a) => cli::parse::run(a),
         Command::ServeAdapter(a) => cli::serve_adapter::run(a),
         Command::VerifyCertificate(a) => cli::verify_certificate::run(a),
+        Command::Goldens(a) => cli::goldens::run(a),
     };
     match result {
         Ok(code) => std::process::exit(code),

@@ -41,4 +41,18 @@ pub enum Error {
     Model(String),
 }
 
+impl Error {
+    /// The variant's name, for checks that expect a particular kind of refusal.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Error::Io { .. } => "Io",
+            Error::Config { .. } => "Config",
+            Error::Tensor { .. } => "Tensor",
+            Error::Format { .. } => "Format",
+            Error::Tokenizer { .. } => "Tokenizer",
+            Error::Model(_) => "Model",
+        }
+    }
+}
+
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -4,6 +4,7 @@
 pub mod certify;
 pub mod corpus;
 pub mod forward;
+pub mod goldens;
 pub mod inspect;
 pub mod parse;
 pub mod render;

@@ -634,10 +634,19 @@ impl ContainerCheckpoint {
                 let at = (((r / 64) * nvec + v) * 64 + r % 64) * bpv;
                 let b = &idx[at..at + bpv];
                 match q.format {
-                    VqFormat::Vq3r => sel[..stages]
-                        .iter_mut()
-                        .zip(b)
-                        .for_each(|(s, &x)| *s = x as usize),
+                    VqFormat::Vq3r => {
+                        sel[..stages]
+                            .iter_mut()
+                            .zip(b)
+                            .for_each(|(s, &x)| *s = x as usize);
+                        if let Some(&bad) = sel[..stages].iter().find(|&&x| x >= q.entries) {
+                            return Err(fmt_err(
+                                &bank.path,
+                                (expert * bank.record_size + h.kind_off[kind] as usize + at) as u64,
+                                format!("expert {expert} of layer {layer}: index {bad} ≥ the codebooks' {} entries", q.entries),
+                            ));
+                        }
+                    }
                     VqFormat::Vq4p => {
                         sel[0] = (b[0] & 0x3F) as usize;
                         sel[1] = ((b[0] >> 6) | ((b[1] & 0x0F) << 2)) as usize;
@@ -780,8 +789,12 @@ fn parse_trunk(
         let bytes = j.usize(t, &field, "bytes")?;
         let (rows, cols) = rows_cols(&shape);
         let bad = |reason: String| tensor_err(trunk_path, name, reason);
+        let too_big = || bad(format!("shape {shape:?} is too large for trunk.bin"));
         let (storage, group, scale_off, data_len, scale_len) = match fmt {
-            0 => (Storage::F32, 0, 0, rows * cols * 4, 0),
+            0 => {
+                let n = rows.checked_mul(cols).and_then(|n| n.checked_mul(4));
+                (Storage::F32, 0, 0, n.ok_or_else(too_big)?, 0)
+            }
             2 | 3 => {
                 let group = j.usize(t, &field, "group")?;
                 let scale_off = j.usize(t, &field, "scale_off")?;
@@ -790,17 +803,15 @@ fn parse_trunk(
                 }
                 let groups = cols.div_ceil(group);
                 let padded = groups * group;
-                let data = if fmt == 2 {
-                    rows * padded
-                } else {
-                    rows * padded / 2
-                };
+                let data = rows.checked_mul(padded).ok_or_else(too_big)?;
+                let data = if fmt == 2 { data } else { data / 2 };
+                let scales = rows.checked_mul(groups * 2).ok_or_else(too_big)?;
                 (
                     if fmt == 2 { Storage::Q8G } else { Storage::Q4G },
                     group,
                     scale_off,
                     data,
-                    rows * groups * 2,
+                    scales,
                 )
             }
             7 => {
@@ -810,10 +821,10 @@ fn parse_trunk(
             }
             f => return Err(bad(format!("unknown trunk format {f}"))),
         };
-        if bytes != data_len + scale_len {
+        if Some(bytes) != data_len.checked_add(scale_len) {
             return Err(bad(format!(
                 "`bytes` is {bytes}, the format and shape {shape:?} need {}",
-                data_len + scale_len
+                data_len.saturating_add(scale_len)
             )));
         }
         for (start, len) in [(off, data_len), (scale_off, scale_len)] {
@@ -1253,35 +1264,18 @@ fn open_engram_tables(
 
 fn read_tokmap(path: &Path, cfg: &Config) -> Result<Vec<i32>> {
     let b = std::fs::read(path).map_err(|e| io_err(path, e))?;
-    if b.len() != cfg.vocab_size * 4 {
+    if b.len() % 4 != 0 {
         return Err(fmt_err(
             path,
-            b.len().min(cfg.vocab_size * 4) as u64,
-            format!(
-                "{} bytes, expected vocab_size·4 = {}",
-                b.len(),
-                cfg.vocab_size * 4
-            ),
+            b.len() as u64,
+            "length is not a multiple of 4 (int32 entries)",
         ));
     }
     let map: Vec<i32> = b
         .chunks_exact(4)
         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    if let Some((t, &id)) = map
-        .iter()
-        .enumerate()
-        .find(|(_, &id)| id < 0 || id as usize >= cfg.engram_compressed_vocab_size)
-    {
-        return Err(fmt_err(
-            path,
-            (4 * t) as u64,
-            format!(
-                "token {t} maps to {id}, outside 0..{}",
-                cfg.engram_compressed_vocab_size
-            ),
-        ));
-    }
+    super::release::check_token_map(path, &map, cfg)?;
     Ok(map)
 }
 

@@ -236,7 +236,11 @@ impl EngramHashConstants {
             if !shape_ok {
                 return Err(bad(
                     &format!("layers[{i}].primes"),
-                    format!("must be [{}][{}]", self.max_ngram_size - 1, self.n_heads),
+                    format!(
+                        "must be [{}][{}]",
+                        self.max_ngram_size.saturating_sub(1),
+                        self.n_heads
+                    ),
                 ));
             }
             if let Some(p) = l.primes.iter().flatten().find(|&&p| !is_prime(p)) {

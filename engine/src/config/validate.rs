@@ -293,8 +293,9 @@ impl Config {
         if layers == 0 {
             return Ok(());
         }
-        bounded("engram_max_ngram_size", self.engram_max_ngram_size, 2, 16)?;
-        bounded("engram_n_heads", self.engram_n_heads, 1, 1024)?;
+        bounded("engram_layer_ids", layers, 1, 64)?;
+        bounded("engram_max_ngram_size", self.engram_max_ngram_size, 2, 8)?;
+        bounded("engram_n_heads", self.engram_n_heads, 1, 64)?;
         bounded("engram_head_dim", self.engram_head_dim, 1, 1 << 14)?;
         check(
             (2..=1u64 << 40).contains(&self.engram_vocab_size),

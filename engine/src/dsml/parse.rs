@@ -9,11 +9,18 @@
 //!
 //! Accepted completions that [`render_completion`](super::render_completion) does not produce
 //! byte for byte (the reference accepts them, so the strict parser does too; each has a test):
+//! * other whitespace than one space before an invoke's `name=` (`\s*` in the reference);
 //! * an invoke without parameters written `name="f">\n</｜DSML｜ invoke>` (the renderer writes
 //!   `">\n\n`; probe `tool_no_params`), and `name="f">\n\n` before a parameter;
 //! * a parameter value followed by `<\n/｜DSML｜ parameter` (the `\n` is dropped);
 //! * a completion that stops right after a parameter's `>\n`, or right after
-//!   `\n\n<｜DSML｜ calls`, without closing the block (the reference's loop runs out of text).
+//!   `\n\n<｜DSML｜ calls`, without closing the block (the reference's loop runs out of text);
+//! * a complete block without the final EOS (probe `tool_no_eos`; the renderer adds the EOS);
+//! * a `string="false"` value that is not the canonical `json.dumps` text of its JSON value
+//!   (`[1,2]`, `1.00`, a JSON string, or no JSON at all: `{"a": not json}`).
+//!
+//! Also accepted, as in the reference: tool names and parameter names are not checked for
+//! control spellings (a name may hold `</｜DSML｜ calls>`), only content and reasoning are.
 //!
 //! For every other accepted completion `render_completion(parse(x)) == x`.
 

@@ -29,7 +29,7 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
-use super::numerics::{dot_f64_wide, Numerics};
+use super::numerics::Numerics;
 use super::quant::{act_quant_fp8_inplace, bf16, round_bf16, BLOCK};
 use crate::checkpoint::{Checkpoint, Layout, Storage};
 use crate::{Error, Result};
@@ -251,40 +251,120 @@ impl Kernel<'_> {
             .ckpt
             .rows_f32(&self.linear.name, first, &mut w[..n_rows_w * n_in]);
         if r.is_ok() {
-            for (wrow, ocol) in w.chunks_exact(n_in).zip(out.chunks_exact_mut(self.rows)) {
-                for (m, o) in ocol.iter_mut().enumerate() {
-                    let xrow = &self.xin[m * n_in..(m + 1) * n_in];
-                    let v = if self.block_exact {
-                        block_exact_dot(xrow, wrow)
+            // Tiles of several independent reductions keep the FPU pipelines busy; every
+            // output is still its own sequential chain, so tiling never changes a bit.
+            let mut i = 0;
+            while i < n_rows_w {
+                if self.rows == 1 {
+                    if n_rows_w - i >= 8 {
+                        self.tile::<8, 1>(&w, i, 0, out);
+                        i += 8;
                     } else {
-                        dot_f64_wide(xrow, wrow) as f32
-                    };
-                    *o = if self.round_out { bf16(v) } else { v };
+                        self.tile::<1, 1>(&w, i, 0, out);
+                        i += 1;
+                    }
+                    continue;
                 }
+                let four = n_rows_w - i >= 4;
+                let mut m = 0;
+                while m < self.rows {
+                    let pair = self.rows - m >= 2;
+                    match (four, pair) {
+                        (true, true) => self.tile::<4, 2>(&w, i, m, out),
+                        (true, false) => self.tile::<4, 1>(&w, i, m, out),
+                        (false, true) => self.tile::<1, 2>(&w, i, m, out),
+                        (false, false) => self.tile::<1, 1>(&w, i, m, out),
+                    }
+                    m += if pair { 2 } else { 1 };
+                }
+                i += if four { 4 } else { 1 };
             }
         }
         put_scratch(&WEIGHT_SCRATCH, w);
         r
     }
-}
 
-/// C1 (MODEL.md §5.4) on dequantised values: each 32-block summed exactly in f64 (any order
-/// is exact, so four lanes are used), rounded once to f32, blocks accumulated in f32 in
-/// increasing order. The final bf16 rounding is the caller's.
-#[inline]
-pub fn block_exact_dot(x: &[f32], w: &[f32]) -> f32 {
-    debug_assert_eq!(x.len(), w.len());
-    let mut acc = 0f32;
-    for (xb, wb) in x.chunks_exact(BLOCK).zip(w.chunks_exact(BLOCK)) {
-        let mut lanes = [0f64; 4];
-        for (xq, wq) in xb.chunks_exact(4).zip(wb.chunks_exact(4)) {
-            for l in 0..4 {
-                lanes[l] += f64::from(xq[l]) * f64::from(wq[l]);
+    /// Outputs for weight rows `i0..i0+NW` of the task's chunk and input rows `m0..m0+NX`.
+    fn tile<const NW: usize, const NX: usize>(
+        &self,
+        w: &[f32],
+        i0: usize,
+        m0: usize,
+        out: &mut [f32],
+    ) {
+        let n = self.linear.in_features;
+        let wr: [&[f32]; NW] = std::array::from_fn(|i| &w[(i0 + i) * n..(i0 + i + 1) * n]);
+        let xr: [&[f32]; NX] = std::array::from_fn(|m| &self.xin[(m0 + m) * n..(m0 + m + 1) * n]);
+        let vals = if self.block_exact {
+            c1_tile(&xr, &wr)
+        } else {
+            c2_tile(&xr, &wr)
+        };
+        for (i, row) in vals.iter().enumerate() {
+            for (m, &v) in row.iter().enumerate() {
+                out[(i0 + i) * self.rows + m0 + m] = if self.round_out { bf16(v) } else { v };
             }
         }
-        acc += ((lanes[0] + lanes[1]) + (lanes[2] + lanes[3])) as f32;
+    }
+}
+
+/// C2 (MODEL.md §5.4) for a tile: `out[i][m] = f32(Σ_k x[m][k]·w[i][k])`, each an f64 chain
+/// in increasing k (the f32·f32 products are exact in f64).
+#[inline(always)]
+fn c2_tile<const NW: usize, const NX: usize>(
+    x: &[&[f32]; NX],
+    w: &[&[f32]; NW],
+) -> [[f32; NX]; NW] {
+    let len = w[0].len();
+    let x = x.map(|r| &r[..len]);
+    let w = w.map(|r| &r[..len]);
+    let mut acc = [[0f64; NX]; NW];
+    for k in 0..len {
+        for i in 0..NW {
+            let wk = f64::from(w[i][k]);
+            for m in 0..NX {
+                acc[i][m] += f64::from(x[m][k]) * wk;
+            }
+        }
+    }
+    acc.map(|row| row.map(|v| v as f32))
+}
+
+/// C1 (MODEL.md §5.4) for a tile, on dequantised values: each 32-block summed in f64 (exact
+/// whatever the order, see the module note), rounded once to f32, blocks accumulated in f32
+/// in increasing order. The final bf16 rounding is the caller's.
+#[inline(always)]
+fn c1_tile<const NW: usize, const NX: usize>(
+    x: &[&[f32]; NX],
+    w: &[&[f32]; NW],
+) -> [[f32; NX]; NW] {
+    let len = w[0].len();
+    let x = x.map(|r| &r[..len]);
+    let w = w.map(|r| &r[..len]);
+    let mut acc = [[0f32; NX]; NW];
+    for k0 in (0..len).step_by(BLOCK) {
+        let mut block = [[0f64; NX]; NW];
+        for k in k0..k0 + BLOCK {
+            for i in 0..NW {
+                let wk = f64::from(w[i][k]);
+                for m in 0..NX {
+                    block[i][m] += f64::from(x[m][k]) * wk;
+                }
+            }
+        }
+        for i in 0..NW {
+            for m in 0..NX {
+                acc[i][m] += block[i][m] as f32;
+            }
+        }
     }
     acc
+}
+
+/// C1 for one dot product (see [`c1_tile`]); `x.len()` must be a multiple of 32.
+pub fn block_exact_dot(x: &[f32], w: &[f32]) -> f32 {
+    debug_assert_eq!(x.len() % BLOCK, 0);
+    c1_tile(&[x], &[w])[0][0]
 }
 
 // Per-thread reusable buffers. They are taken out of the cell while in use, so a nested call
@@ -321,6 +401,7 @@ fn put_scratch(key: &'static Scratch, v: Vec<f32>) {
 pub(crate) mod tests {
     use super::*;
     use crate::config::Config;
+    use crate::model::numerics::dot_f64_wide;
     use crate::model::quant::{act_quant_fp8, E2M1_GRID};
     use std::collections::HashMap;
 
@@ -348,6 +429,20 @@ pub(crate) mod tests {
         }
         fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
             Ok(self.get(name)?.2.clone())
+        }
+        fn names(&self) -> Vec<String> {
+            let mut v: Vec<String> = self.tensors.keys().cloned().collect();
+            v.sort();
+            v
+        }
+        fn quant_view(&self, _: &str) -> Result<Option<crate::checkpoint::QuantView<'_>>> {
+            Ok(None)
+        }
+        fn engram_constants(&self) -> Result<crate::config::EngramHashConstants> {
+            Err(Error::Model("the kernel test double has no Engram".into()))
+        }
+        fn engram_token_map(&self) -> Result<Option<Vec<i32>>> {
+            Ok(None)
         }
         fn rows_f32(&self, name: &str, first: usize, out: &mut [f32]) -> Result<()> {
             let (shape, _, data) = self.get(name)?;
@@ -754,5 +849,46 @@ pub(crate) mod tests {
         let lin = Linear::load(&short, "s", LinearKind::F32).unwrap();
         let mut y = vec![0f32; 40];
         assert!(lin.forward(&[0.0; 32], 1, &mut y, Numerics::Exact).is_err());
+    }
+}
+
+#[cfg(test)]
+mod timing {
+    use super::tests::*;
+    use super::*;
+
+    /// Rough throughput probe at release width (run with `--ignored --nocapture`); not a
+    /// benchmark of record (that is `ds41 bench --kernels`).
+    #[test]
+    #[ignore = "timing probe, run by hand"]
+    fn probe_5120() {
+        let (out, inp) = (5120, 5120);
+        let mut rng = Rng::new(9);
+        let w: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
+        let ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
+            layout: Layout::Release,
+            tensors: [("w".to_string(), (vec![out, inp], Storage::Fp8Block, w))].into(),
+        });
+        let x: Vec<f32> = (0..16 * inp).map(|_| rng.uniform()).collect();
+        for kind in [LinearKind::Fp8, LinearKind::Bf16] {
+            let lin = Linear::load(&ckpt, "w", kind).unwrap();
+            for numerics in [Numerics::Upstream, Numerics::Exact] {
+                for rows in [1usize, 16] {
+                    let mut y = vec![0f32; rows * out];
+                    let t = std::time::Instant::now();
+                    let reps = 3;
+                    for _ in 0..reps {
+                        lin.forward(&x[..rows * inp], rows, &mut y, numerics)
+                            .unwrap();
+                    }
+                    let dt = t.elapsed().as_secs_f64() / reps as f64;
+                    eprintln!(
+                        "{kind:?} {numerics} rows={rows}: {:.1} ms/call, {:.2} GMAC/s",
+                        dt * 1e3,
+                        (rows * out * inp) as f64 / dt / 1e9
+                    );
+                }
+            }
+        }
     }
 }

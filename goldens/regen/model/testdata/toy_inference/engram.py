@@ -1,0 +1,1 @@
+"""Toy stand-in for inference/engram.py (unused by the toy model)."""
