@@ -28,6 +28,8 @@ enum Command {
     Synth(cli::synth::Args),
     /// Run the reference forward pass and write a trace (safetensors).
     Forward(cli::forward::Args),
+    /// Benchmark the reference engine (prefill/decode tokens/s, peak RSS) or its kernels.
+    Bench(cli::bench::Args),
     /// Tokenize text with a tokenizer.json.
     Tokenize(cli::tokenize::Args),
     /// Write the wide tokenizer corpus (JSON lines).
@@ -51,6 +53,7 @@ fn main() {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Synth(a) => cli::synth::run(a),
         Command::Forward(a) => cli::forward::run(a),
+        Command::Bench(a) => cli::bench::run(a),
         Command::Tokenize(a) => cli::tokenize::run(a),
         Command::Corpus(a) => cli::corpus::run(a),
         Command::Render(a) => cli::render::run(a),

@@ -45,6 +45,13 @@ pub struct Args {
     /// golden's own map is used when it carries one.
     #[arg(long = "engram-token-map")]
     pub engram_token_map: Option<PathBuf>,
+    /// Save the session state after the given tokens (docs/STATE.md; atomic write).
+    #[arg(long = "save-state")]
+    pub save_state: Option<PathBuf>,
+    /// Continue from a saved session state. `--prefill N` then processes the first N given
+    /// tokens as one chunk (default 0: every token is a decode step with its own logits row).
+    #[arg(long = "load-state")]
+    pub load_state: Option<PathBuf>,
 }
 
 /// Read a token map from an int32 `.npy` file or a safetensors file's `engram_token_map`.
@@ -138,9 +145,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 .with_context(|| format!("golden metadata prefill = {s:?}"))?,
             None => bail!("the golden does not state its prefill length; pass --prefill"),
         },
+        (None, None) if args.load_state.is_some() => 0,
         (None, None) => tokens.len(),
     };
-    if prefill == 0 || prefill > tokens.len() {
+    if args.load_state.is_some() && golden.is_some() {
+        bail!("--load-state cannot be combined with --replay");
+    }
+    if args.load_state.is_some() && prefill <= tokens.len() {
+        // After a restore, 0 prefilled tokens is allowed.
+    } else if prefill == 0 || prefill > tokens.len() {
         bail!(
             "--prefill {prefill} must be between 1 and the number of tokens ({})",
             tokens.len()
@@ -161,6 +174,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         },
     );
     let mut session = Session::new(&model, options);
+    if let Some(p) = &args.load_state {
+        ds41_engine::state::restore(&model, &mut session, p)
+            .with_context(|| format!("loading state {}", p.display()))?;
+    }
     match &golden {
         Some(g) => {
             let forcing = Forcing::from_golden(g, model.config())?;
@@ -170,7 +187,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             }
         }
         None => {
-            session.prefill(&tokens[..prefill], &mut trace)?;
+            if prefill > 0 {
+                session.prefill(&tokens[..prefill], &mut trace)?;
+            }
             for &t in &tokens[prefill..] {
                 session.decode(t, &mut trace)?;
             }
@@ -210,6 +229,17 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     );
     if !defects.is_empty() {
         m.insert("defects".into(), defects.to_string());
+    }
+    if let Some(p) = &args.load_state {
+        m.insert("loaded_state".into(), p.display().to_string());
+        m.insert(
+            "start_position".into(),
+            (session.position() - tokens.len()).to_string(),
+        );
+    }
+    if let Some(p) = &args.save_state {
+        ds41_engine::state::save(&model, &session, p)
+            .with_context(|| format!("saving state {}", p.display()))?;
     }
     trace
         .write(&args.out)

@@ -1,6 +1,7 @@
 //! One module per `ds41` subcommand. Each exposes `Args` (clap) and
 //! `run(Args) -> anyhow::Result<i32>` returning the process exit code.
 
+pub mod bench;
 pub mod certify;
 pub mod corpus;
 pub mod forward;

@@ -95,7 +95,7 @@ impl Compressor {
             state.group_kv[slot * dh..(slot + 1) * dh].copy_from_slice(&kv[t * dh..(t + 1) * dh]);
             state.group_score[slot * dh..(slot + 1) * dh]
                 .copy_from_slice(&score[t * dh..(t + 1) * dh]);
-            if (p + 1) % r != 0 {
+            if !(p + 1).is_multiple_of(r) {
                 continue;
             }
             let mut latent = vec![0.0f32; dh];

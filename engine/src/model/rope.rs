@@ -28,33 +28,60 @@ fn correction_dim(rotations: f64, dim: f64, base: f64, orig: f64) -> f64 {
     dim * (orig / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
 }
 
+/// YaRN parameters of compressing layers (MODEL.md §5.6).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Yarn {
+    pub original_seq_len: usize,
+    pub factor: f64,
+    pub beta_fast: f64,
+    pub beta_slow: f64,
+}
+
 impl Rope {
-    /// The table of a layer with compression ratio `ratio`.
+    /// The table of a layer with compression ratio `ratio`: ratio 0 → `rope_theta` without
+    /// YaRN; ratio > 0 → `compress_rope_theta` with YaRN (when `original_seq_len > 0`).
     pub fn for_layer(cfg: &Config, ratio: usize, numerics: Numerics, defects: &DefectSet) -> Rope {
-        let compressed = ratio > 0;
-        let theta = if compressed {
+        let yarn = (ratio > 0 && cfg.original_seq_len > 0).then_some(Yarn {
+            original_seq_len: cfg.original_seq_len,
+            factor: cfg.rope_factor,
+            beta_fast: cfg.beta_fast,
+            beta_slow: cfg.beta_slow,
+        });
+        let theta = if ratio > 0 {
             cfg.compress_rope_theta
         } else {
             cfg.rope_theta
         };
-        let yarn = compressed && cfg.original_seq_len > 0 && !defects.has(Defect::NoYarn);
-        let r = cfg.rope_head_dim;
+        Rope::new(theta, yarn, cfg.rope_head_dim, numerics, defects)
+    }
+
+    /// A table of rope width `r` and base `theta`.
+    pub fn new(
+        theta: f64,
+        yarn: Option<Yarn>,
+        r: usize,
+        numerics: Numerics,
+        defects: &DefectSet,
+    ) -> Rope {
+        let yarn = yarn.filter(|_| !defects.has(Defect::NoYarn));
         let half = r / 2;
-        let (low, high) = {
-            let lo = correction_dim(cfg.beta_fast, r as f64, theta, cfg.original_seq_len as f64);
-            let hi = correction_dim(cfg.beta_slow, r as f64, theta, cfg.original_seq_len as f64);
-            let low = lo.floor().max(0.0);
-            let high = hi.ceil().min(r as f64 - 1.0);
-            (low, high)
+        let (low, high) = match yarn {
+            Some(y) => {
+                let orig = y.original_seq_len as f64;
+                let lo = correction_dim(y.beta_fast, r as f64, theta, orig);
+                let hi = correction_dim(y.beta_slow, r as f64, theta, orig);
+                (lo.floor().max(0.0), hi.ceil().min(r as f64 - 1.0))
+            }
+            None => (0.0, 0.0),
         };
         let freqs = match numerics {
             Numerics::Exact => (0..half)
                 .map(|i| {
                     let mut f = 1.0 / theta.powf((2 * i) as f64 / r as f64);
-                    if yarn {
+                    if let Some(y) = yarn {
                         let ramp = ((i as f64 - low) / (high - low).max(1e-3)).clamp(0.0, 1.0);
                         let smooth = 1.0 - ramp;
-                        f = f / cfg.rope_factor * (1.0 - smooth) + f * smooth;
+                        f = f / y.factor * (1.0 - smooth) + f * smooth;
                     }
                     f as f32
                 })
@@ -63,12 +90,12 @@ impl Rope {
                 .map(|i| {
                     let exponent = (2 * i) as f32 / r as f32;
                     let mut f = 1.0f32 / (theta as f32).powf(exponent);
-                    if yarn {
+                    if let Some(y) = yarn {
                         let (low, high) = (low as f32, high as f32);
                         let span = if high == low { 1e-3 } else { high - low };
                         let ramp = ((i as f32 - low) / span).clamp(0.0, 1.0);
                         let smooth = 1.0 - ramp;
-                        f = f / cfg.rope_factor as f32 * (1.0 - smooth) + f * smooth;
+                        f = f / y.factor as f32 * (1.0 - smooth) + f * smooth;
                     }
                     f
                 })
@@ -128,6 +155,74 @@ impl Rope {
                 tail[ib] = a * s + b * c;
             }
             numerics.round(tail);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn yarn(orig: usize, factor: f64) -> Option<Yarn> {
+        Some(Yarn {
+            original_seq_len: orig,
+            factor,
+            beta_fast: 32.0,
+            beta_slow: 1.0,
+        })
+    }
+
+    /// MODEL.md §5.6 worked values: pairs below `low` keep their frequency, pairs at or above
+    /// `high` are divided by the factor, in both regimes.
+    #[test]
+    fn yarn_ramp_bounds() {
+        for (theta, orig, factor, r, low, high) in [
+            (160000.0, 65536, 16.0, 64, 15, 25),
+            (160000.0, 32, 4.0, 16, 0, 2),
+            (40000.0, 16, 4.0, 8, 0, 1),
+        ] {
+            for n in [Numerics::Exact, Numerics::Upstream] {
+                let ramped = Rope::new(theta, yarn(orig, factor), r, n, &DefectSet::none());
+                let plain = Rope::new(
+                    theta,
+                    yarn(orig, factor),
+                    r,
+                    n,
+                    &DefectSet::new([Defect::NoYarn]),
+                );
+                for i in 0..r / 2 {
+                    let (y, p) = (ramped.freqs()[i] as f64, plain.freqs()[i] as f64);
+                    if i <= low {
+                        assert_eq!(y, p, "pair {i} below the ramp");
+                    } else if i >= high {
+                        assert!(
+                            (y - p / factor).abs() <= 1e-6 * p,
+                            "pair {i} above the ramp"
+                        );
+                    } else {
+                        assert!(y < p && y > p / factor, "pair {i} inside the ramp");
+                    }
+                }
+            }
+            let w = Rope::new(10000.0, None, r, Numerics::Exact, &DefectSet::none());
+            assert_eq!(w.freqs()[1], (1.0 / 10000f64.powf(2.0 / r as f64)) as f32);
+        }
+    }
+
+    #[test]
+    fn rotation_is_adjacent_pairs_on_the_tail_and_inverts() {
+        let rope = Rope::new(10000.0, None, 4, Numerics::Exact, &DefectSet::none());
+        let orig = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let mut x = orig;
+        rope.rotate(&mut x, 6, 5, false, Numerics::Exact);
+        assert_eq!(x[..2], orig[..2], "the leading no-rope dims stay");
+        let phi = 5.0f32 * rope.freqs()[0];
+        let (c0, s0) = ((phi as f64).cos() as f32, (phi as f64).sin() as f32);
+        assert_eq!(x[2], 3.0 * c0 - 4.0 * s0);
+        assert_eq!(x[3], 3.0 * s0 + 4.0 * c0);
+        rope.rotate(&mut x, 6, 5, true, Numerics::Exact);
+        for (a, b) in x.iter().zip(orig) {
+            assert!((a - b).abs() < 1e-5);
         }
     }
 }

@@ -73,11 +73,10 @@ impl CompressedState {
     }
 
     pub fn index_key_count(&self) -> usize {
-        if self.index_head_dim == 0 {
-            0
-        } else {
-            self.index_keys.len() / self.index_head_dim
-        }
+        self.index_keys
+            .len()
+            .checked_div(self.index_head_dim)
+            .unwrap_or(0)
     }
 }
 
