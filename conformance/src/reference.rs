@@ -119,6 +119,7 @@ impl Engine for ReferenceEngine {
             Forward,
             Trace,
             Prefill,
+            State,
             Replay,
             NumericsExact,
             NumericsUpstream,
@@ -231,9 +232,6 @@ impl Engine for ReferenceEngine {
     }
 
     fn forward(&mut self, req: &ForwardRequest, timeout: Duration) -> EngineResult<()> {
-        if req.save_state.is_some() || req.load_state.is_some() {
-            return Err(EngineError::Unsupported(Capability::State));
-        }
         let req = req.clone();
         let defect = self.defect.clone();
         with_timeout(timeout, move || forward(&req, defect.as_deref()))
@@ -266,11 +264,18 @@ fn forward(req: &ForwardRequest, defect: Option<&str>) -> EngineResult<()> {
     let model = Model::open_with_token_map(&req.model, token_map)
         .map_err(|e| EngineError::Refused(e.to_string()))?;
     let n = req.tokens.len();
-    let prefill = req.prefill.unwrap_or(n);
-    if n == 0 || prefill == 0 || prefill > n {
+    let restoring = req.load_state.is_some();
+    // After a restore every given token is a decode step unless a first chunk is asked for.
+    let prefill = req.prefill.unwrap_or(if restoring { 0 } else { n });
+    if n == 0 || prefill > n || (prefill == 0 && !restoring) {
         return Err(EngineError::Refused(format!(
             "prefill {prefill} must be between 1 and the number of tokens ({n})"
         )));
+    }
+    if restoring && golden.is_some() {
+        return Err(EngineError::Refused(
+            "load_state cannot be combined with replay".into(),
+        ));
     }
     let mut trace = Trace::new(
         model.config(),
@@ -287,6 +292,11 @@ fn forward(req: &ForwardRequest, defect: Option<&str>) -> EngineResult<()> {
             defects: defects.clone(),
         },
     );
+    if let Some(p) = &req.load_state {
+        // A state from another checkpoint or run configuration is refused, naming the field.
+        ds41_engine::state::restore(&model, &mut session, p)
+            .map_err(|e| EngineError::Refused(e.to_string()))?;
+    }
     match &golden {
         Some(g) => {
             let forcing = Forcing::from_golden(g, model.config()).map_err(failed)?;
@@ -300,9 +310,11 @@ fn forward(req: &ForwardRequest, defect: Option<&str>) -> EngineResult<()> {
             }
         }
         None => {
-            session
-                .prefill(&req.tokens[..prefill], &mut trace)
-                .map_err(failed)?;
+            if prefill > 0 {
+                session
+                    .prefill(&req.tokens[..prefill], &mut trace)
+                    .map_err(failed)?;
+            }
             for &t in &req.tokens[prefill..] {
                 session.decode(t, &mut trace).map_err(failed)?;
             }
@@ -316,6 +328,9 @@ fn forward(req: &ForwardRequest, defect: Option<&str>) -> EngineResult<()> {
     m.insert("prefill".into(), prefill.to_string());
     if !defects.is_empty() {
         m.insert("defects".into(), defects.to_string());
+    }
+    if let Some(p) = &req.save_state {
+        ds41_engine::state::save(&model, &session, p).map_err(failed)?;
     }
     trace.write(&req.out).map_err(failed)
 }

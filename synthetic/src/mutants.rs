@@ -26,7 +26,7 @@ impl Expected {
     /// Whether `err` is the refusal this mutant expects.
     pub fn matches(&self, err: &ds41_engine::Error) -> bool {
         let text = err.to_string();
-        self.variants.contains(&Self::variant_of(err).as_str())
+        self.variants.contains(&Self::variant_of(err))
             && self.mentions.iter().any(|m| text.contains(m))
     }
 }
