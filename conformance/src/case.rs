@@ -381,6 +381,10 @@ pub struct ResidualSpec {
     /// For engines that dump the last token only: run once per prefix length.
     #[serde(default)]
     pub prefix_lengths: Vec<usize>,
+    /// A safetensors file with an `engram_token_map` tensor to use instead of the map the
+    /// checkpoint's tokenizer implies (official_a's stub tokenizer).
+    #[serde(default)]
+    pub engram_token_map: Option<DataRef>,
     /// Dump tensors the engine must provide (a missing one is NotSupported, never Pass).
     #[serde(default = "default_require")]
     pub require: Vec<String>,

@@ -201,6 +201,10 @@ pub struct ForwardRequest {
     /// Teacher-forced replay from this golden's block inputs.
     #[serde(default)]
     pub replay: Option<PathBuf>,
+    /// A safetensors file whose `engram_token_map` tensor replaces the map derived from the
+    /// checkpoint's tokenizer (test checkpoints whose stub tokenizer is not DS41-shaped).
+    #[serde(default)]
+    pub engram_token_map: Option<PathBuf>,
 }
 
 /// Why an engine call did not produce an answer. `Refused` is an answer (the engine rejected

@@ -46,9 +46,20 @@ pub const ADAPTER_DEFECTS: [(&str, &str); 2] = [
     ),
 ];
 
-/// Every defect the reference can inject, with a description.
+/// Every defect the reference can inject: the forward pass's own (`engine::model::Defect`,
+/// with the Sinkhorn count fixed at 19 of 20) and the adapter's.
 pub fn defects() -> Vec<String> {
-    ADAPTER_DEFECTS.iter().map(|d| d.0.to_string()).collect()
+    ds41_engine::model::Defect::ALL_NAMES
+        .iter()
+        .map(|d| {
+            if *d == "sinkhorn-iters=N" {
+                "sinkhorn-iters=19".to_string()
+            } else {
+                d.to_string()
+            }
+        })
+        .chain(ADAPTER_DEFECTS.iter().map(|d| d.0.to_string()))
+        .collect()
 }
 
 /// Run `f` on a worker thread; give up after `timeout` (the thread is left to finish).
@@ -99,11 +110,21 @@ impl Engine for ReferenceEngine {
     }
 
     fn capabilities(&self) -> BTreeSet<Capability> {
+        use Capability::*;
         [
-            Capability::Load,
-            Capability::Tokenize,
-            Capability::Render,
-            Capability::Parse,
+            Load,
+            Tokenize,
+            Render,
+            Parse,
+            Forward,
+            Trace,
+            Prefill,
+            State,
+            Replay,
+            NumericsExact,
+            NumericsUpstream,
+            IndexKAsShipped,
+            IndexKOwner,
         ]
         .into_iter()
         .collect()
@@ -210,7 +231,106 @@ impl Engine for ReferenceEngine {
         })
     }
 
-    fn forward(&mut self, _req: &ForwardRequest, _timeout: Duration) -> EngineResult<()> {
-        Err(EngineError::Unsupported(Capability::Forward))
+    fn forward(&mut self, req: &ForwardRequest, timeout: Duration) -> EngineResult<()> {
+        let req = req.clone();
+        let defect = self.defect.clone();
+        with_timeout(timeout, move || forward(&req, defect.as_deref()))
     }
+}
+
+/// The `ds41 forward` semantics (issue 4 item 4) for one request.
+fn forward(req: &ForwardRequest, defect: Option<&str>) -> EngineResult<()> {
+    use ds41_engine::model::{Defect, DefectSet, Forcing, Model, Options, Session};
+    use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
+    let failed = |e: ds41_engine::Error| EngineError::Failed(e.to_string());
+    let defects = match defect.map(|d| d.parse::<Defect>()) {
+        Some(Ok(d)) => DefectSet::new([d]),
+        _ => DefectSet::none(),
+    };
+    let numerics = req.numerics.as_str().parse().map_err(EngineError::Failed)?;
+    let index_k = req.index_k.as_str().parse().map_err(EngineError::Failed)?;
+    let golden = match &req.replay {
+        Some(p) => Some(TraceFile::read(p).map_err(failed)?),
+        None => None,
+    };
+    let map_file = match &req.engram_token_map {
+        Some(p) => Some(TraceFile::read(p).map_err(failed)?),
+        None => None,
+    };
+    let token_map = map_file.as_ref().or(golden.as_ref()).and_then(|g| {
+        g.i64("engram_token_map")
+            .map(|(_, m)| m.iter().map(|&x| x as i32).collect())
+    });
+    let model = Model::open_with_token_map(&req.model, token_map)
+        .map_err(|e| EngineError::Refused(e.to_string()))?;
+    let n = req.tokens.len();
+    let restoring = req.load_state.is_some();
+    // After a restore every given token is a decode step unless a first chunk is asked for.
+    let prefill = req.prefill.unwrap_or(if restoring { 0 } else { n });
+    if n == 0 || prefill > n || (prefill == 0 && !restoring) {
+        return Err(EngineError::Refused(format!(
+            "prefill {prefill} must be between 1 and the number of tokens ({n})"
+        )));
+    }
+    if restoring && golden.is_some() {
+        return Err(EngineError::Refused(
+            "load_state cannot be combined with replay".into(),
+        ));
+    }
+    let mut trace = Trace::new(
+        model.config(),
+        TraceOptions {
+            enabled: true,
+            sub_ops: true,
+        },
+    );
+    let mut session = Session::new(
+        &model,
+        Options {
+            numerics,
+            index_k,
+            defects: defects.clone(),
+        },
+    );
+    if let Some(p) = &req.load_state {
+        // A state from another checkpoint or run configuration is refused, naming the field.
+        ds41_engine::state::restore(&model, &mut session, p)
+            .map_err(|e| EngineError::Refused(e.to_string()))?;
+    }
+    match &golden {
+        Some(g) => {
+            let forcing = Forcing::from_golden(g, model.config()).map_err(failed)?;
+            session
+                .replay(&req.tokens[..prefill], &forcing, &mut trace)
+                .map_err(failed)?;
+            for i in prefill..n {
+                session
+                    .replay(&req.tokens[i..i + 1], &forcing, &mut trace)
+                    .map_err(failed)?;
+            }
+        }
+        None => {
+            if prefill > 0 {
+                session
+                    .prefill(&req.tokens[..prefill], &mut trace)
+                    .map_err(failed)?;
+            }
+            for &t in &req.tokens[prefill..] {
+                session.decode(t, &mut trace).map_err(failed)?;
+            }
+        }
+    }
+    let m = &mut trace.metadata;
+    m.insert("engine".into(), ds41_engine::ENGINE_NAME.into());
+    m.insert("version".into(), ds41_engine::ENGINE_VERSION.into());
+    m.insert("numerics".into(), req.numerics.as_str().into());
+    m.insert("index-k".into(), req.index_k.as_str().into());
+    m.insert("prefill".into(), prefill.to_string());
+    if !defects.is_empty() {
+        m.insert("defects".into(), defects.to_string());
+    }
+    if let Some(p) = &req.save_state {
+        ds41_engine::state::save(&model, &session, p).map_err(failed)?;
+    }
+    trace.write(&req.out).map_err(failed)
 }

@@ -13,7 +13,16 @@ use crate::runner::{run_case, Context};
 #[serde(deny_unknown_fields)]
 pub struct Control {
     pub defect: String,
+    /// Suite cases that must catch the defect (at least one Fails).
+    #[serde(default)]
     pub cases: Vec<String>,
+    /// Engine tests on constructed inputs that catch it (`path::fn`, checked to exist), for
+    /// defects that change no end-to-end output on small models.
+    #[serde(default)]
+    pub unit_tests: Vec<String>,
+    /// Why this defect is not checked yet (reported as skipped, never as passed).
+    #[serde(default)]
+    pub pending: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -42,9 +51,9 @@ pub fn load(path: &Path, suite: &[Case], defects: &[String]) -> anyhow::Result<C
                 ctl.defect
             );
         }
-        if ctl.cases.is_empty() {
+        if ctl.cases.is_empty() && ctl.unit_tests.is_empty() && ctl.pending.is_none() {
             anyhow::bail!(
-                "{}: controls[{i}] (`{}`): no cases declared",
+                "{}: controls[{i}] (`{}`): declare cases, unit_tests or pending",
                 path.display(),
                 ctl.defect
             );
@@ -70,6 +79,24 @@ pub fn check_control(
     suite: &[Case],
     ctx: &Context,
 ) -> Result<String, ControlVerdict> {
+    for t in &ctl.unit_tests {
+        let (file, func) = t
+            .rsplit_once("::")
+            .ok_or_else(|| ControlVerdict::Broken(format!("unit test `{t}` is not PATH::FN")))?;
+        let text = std::fs::read_to_string(ctx.repo_root.join(file))
+            .map_err(|e| ControlVerdict::Broken(format!("unit test `{t}`: {e}")))?;
+        if !text.contains(&format!("fn {func}(")) {
+            return Err(ControlVerdict::Broken(format!(
+                "unit test `{t}` does not exist"
+            )));
+        }
+    }
+    if ctl.cases.is_empty() {
+        return match (&ctl.pending, ctl.unit_tests.is_empty()) {
+            (Some(why), true) => Err(ControlVerdict::Skipped(format!("pending: {why}"))),
+            _ => Ok(format!("caught by unit tests {:?}", ctl.unit_tests)),
+        };
+    }
     let mut engine = crate::reference::ReferenceEngine::with_defect(&ctl.defect)
         .map_err(|e| ControlVerdict::Broken(e.to_string()))?;
     let mut lines = Vec::new();

@@ -37,6 +37,10 @@ pub fn run(
         .models
         .push((s.model.to_string(), model.display().to_string()));
     let dir = ctx.scratch(case)?;
+    let token_map = match &s.engram_token_map {
+        Some(d) => Some(ctx.data(d)?),
+        None => None,
+    };
     let golden = load_golden(s, &model, ctx, &dir, case)?;
     let tokens: Vec<u32> = match &s.tokens {
         Some(t) => t.clone(),
@@ -78,6 +82,7 @@ pub fn run(
             save_state: None,
             load_state: None,
             replay: None,
+            engram_token_map: token_map.clone(),
         };
         engine
             .forward(&req, timeout(case))
@@ -214,6 +219,7 @@ fn load_golden(
                 save_state: None,
                 load_state: None,
                 replay: None,
+                engram_token_map: None,
             };
             let mut reference = ctx
                 .reference

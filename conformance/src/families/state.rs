@@ -100,6 +100,7 @@ fn req(
         save_state: None,
         load_state: None,
         replay: None,
+        engram_token_map: None,
     }
 }
 
