@@ -9,6 +9,9 @@ use safetensors::{Dtype, SafeTensors};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     Identical,
+    /// Different bytes, same content: safetensors with equal tensors and metadata whose
+    /// header was serialised in another key order.
+    Equivalent,
     Tensors(Vec<TensorChange>),
     Text {
         lines_old: usize,
@@ -46,10 +49,21 @@ pub enum TensorDiff {
     Metadata,
 }
 
+impl Change {
+    /// Whether the content is unchanged (byte-identical or equivalent).
+    pub fn is_unchanged(&self) -> bool {
+        matches!(self, Change::Identical | Change::Equivalent)
+    }
+}
+
 impl fmt::Display for Change {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Change::Identical => write!(f, "unchanged"),
+            Change::Equivalent => write!(
+                f,
+                "unchanged (same tensors and metadata; header bytes differ)"
+            ),
             Change::New => write!(f, "new file"),
             Change::Bytes { old, new } => write!(f, "bytes differ ({old} -> {new} bytes)"),
             Change::Text {
@@ -108,6 +122,9 @@ pub fn diff(name: &str, old: &[u8], new: &[u8]) -> Change {
                     name: "__metadata__".into(),
                     what: TensorDiff::Metadata,
                 });
+            }
+            if changes.is_empty() {
+                return Change::Equivalent;
             }
             return Change::Tensors(changes);
         }
