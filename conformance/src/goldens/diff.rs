@@ -283,7 +283,7 @@ mod tests {
                 )
             })
             .collect();
-        safetensors::serialize(views, &None).unwrap()
+        safetensors::serialize(views, None).unwrap()
     }
 
     #[test]
@@ -310,6 +310,32 @@ mod tests {
         }
         assert!(list.iter().any(|t| t.what == TensorDiff::Added));
         assert!(list.iter().any(|t| t.what == TensorDiff::Removed));
+    }
+
+    #[test]
+    fn reordered_metadata_is_equivalent_not_changed() {
+        let bytes: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let view = TensorView::new(Dtype::F32, vec![2], &bytes).unwrap();
+        let meta: std::collections::HashMap<String, String> = [("a", "1"), ("b", "2"), ("c", "3")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let old = safetensors::serialize(vec![("t", view)], Some(meta)).unwrap();
+        // Rewrite the header with the metadata keys in reverse order (same length).
+        let n = u64::from_le_bytes(old[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&old[8..8 + n]).unwrap();
+        let mut header = header.as_object().unwrap().clone();
+        let meta = header["__metadata__"].as_object().unwrap().clone();
+        let reversed: serde_json::Map<String, serde_json::Value> = meta.into_iter().rev().collect();
+        header.insert("__metadata__".into(), serde_json::Value::Object(reversed));
+        let mut text = serde_json::to_vec(&header).unwrap();
+        text.resize(n, b' ');
+        let mut new = old[..8].to_vec();
+        new.extend_from_slice(&text);
+        new.extend_from_slice(&old[8 + n..]);
+        assert_ne!(old, new);
+        assert_eq!(diff("t.safetensors", &old, &new), Change::Equivalent);
+        assert!(diff("t.safetensors", &old, &new).is_unchanged());
     }
 
     #[test]
