@@ -1,2 +1,29 @@
-//! ds41-conformance: the harness that certifies DS41 engines. OWNER: harness helper (issue 8).
+//! ds41-conformance: the harness that certifies DS41 engines (issue 8).
+//!
+//! Module map (CONTRACT.md defines the rules these implement):
+//! * [`case`] — the YAML case schema and its validation;
+//! * [`gates`] — tolerance profiles read from `gates/`;
+//! * [`outcome`] — the result vocabulary;
+//! * [`engine_api`] — the engine-under-test abstraction and capability list;
+//! * [`goldens`] — golden provenance, check/bless and the errata register;
+//! * [`trace`], [`compare`] — trace files and the comparison metrics (fragile flips included);
+
+/// The interpretation contract this harness implements (CONTRACT.md); bumped whenever a
+/// rule changes so a certificate says which rules it was judged by.
+pub const CONTRACT_VERSION: &str = "1.0.0";
+
+pub mod case;
+pub mod compare;
+pub mod engine_api;
+pub mod families;
+pub mod gates;
 pub mod goldens;
+pub mod outcome;
+pub mod profile;
+pub mod protocol;
+pub mod reference;
+pub mod report;
+pub mod runner;
+pub mod selftest;
+pub mod synthetic;
+pub mod trace;

@@ -36,6 +36,10 @@ enum Command {
     Render(cli::render::Args),
     /// Parse a DSML completion into a message.
     Parse(cli::parse::Args),
+    /// Serve the built-in reference over the JSON-lines engine protocol (PROTOCOL.md).
+    ServeAdapter(cli::serve_adapter::Args),
+    /// Check a certificate written by `ds41 certify --report DIR`.
+    VerifyCertificate(cli::verify_certificate::Args),
     /// Check or regenerate the goldens and their provenance; list the errata register.
     Goldens(cli::goldens::Args),
 }
@@ -51,6 +55,8 @@ fn main() {
         Command::Corpus(a) => cli::corpus::run(a),
         Command::Render(a) => cli::render::run(a),
         Command::Parse(a) => cli::parse::run(a),
+        Command::ServeAdapter(a) => cli::serve_adapter::run(a),
+        Command::VerifyCertificate(a) => cli::verify_certificate::run(a),
         Command::Goldens(a) => cli::goldens::run(a),
     };
     match result {

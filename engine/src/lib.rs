@@ -12,6 +12,7 @@ pub mod dsml;
 pub mod dtype;
 pub mod error;
 pub mod model;
+pub mod state;
 pub mod tokenizer;
 pub mod trace;
 

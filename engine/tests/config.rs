@@ -430,3 +430,63 @@ fn missing_and_mistyped_keys_name_the_key() {
         e => panic!("{e:?}"),
     }
 }
+
+/// The official_a README states only the recipe for its Engram constants; the constants
+/// `for_release` derives (numpy PCG64 port, prime hand-out) must reproduce the golden hash
+/// ids the official `engram.py` produced, with the golden's own token map.
+#[test]
+fn official_a_engram_constants_reproduce_golden_hash_ids() {
+    let Some(up) = upstream() else { return };
+    let cfg = Config::from_release_json(&up.join("official_a/checkpoint/config.json")).unwrap();
+    let k = EngramHashConstants::for_release(&cfg).unwrap();
+    let bytes =
+        std::fs::read(up.join("official_a/p48_d00/golden_prefill_only.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let i64s = |n: &str| -> Vec<i64> {
+        st.tensor(n)
+            .unwrap()
+            .data()
+            .chunks(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let ids = i64s("input_ids");
+    let golden = i64s("engram_hash");
+    let map: Vec<i64> = st
+        .tensor("engram_token_map")
+        .unwrap()
+        .data()
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+        .collect();
+    let EngramPad::RawToken(raw_pad) = k.pad else {
+        panic!()
+    };
+    let pad = map[raw_pad as usize];
+    let hist: Vec<i64> = ids.iter().map(|&t| map[t as usize]).collect();
+    let cols = cfg.engram_columns();
+    let mut checked = 0;
+    for p in 0..hist.len() {
+        for (li, l) in k.layers.iter().enumerate() {
+            let mut x = 0i64;
+            for d in 0..k.max_ngram_size {
+                let tok = if p < d { pad } else { hist[p - d] };
+                x ^= tok * l.multipliers[d];
+                if d == 0 {
+                    continue;
+                }
+                for h in 0..k.n_heads {
+                    let c = (d - 1) * k.n_heads + h;
+                    let id = x.rem_euclid(l.primes[d - 1][h] as i64) + l.offsets[c] as i64;
+                    assert_eq!(
+                        id,
+                        golden[(p * k.layers.len() + li) * cols + c],
+                        "pos {p} layer {li} col {c}"
+                    );
+                    checked += 1;
+                }
+            }
+        }
+    }
+    assert_eq!(checked, 48 * 2 * 4);
+}

@@ -318,3 +318,29 @@ fn shape_fuzz_reaches_accepted_completions() {
         "{accepted} accepted, {canonical_with_calls} with calls"
     );
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2000))]
+
+    /// The tolerant grammar is total: any text, including cut-off and mangled DSML, gives a
+    /// message (never a panic), and a strict-accepted canonical completion parses the same.
+    #[test]
+    fn tolerant_grammar_is_total((mode, x) in shaped_completion(), cut in any::<prop::sample::Index>()) {
+        let bounds: Vec<usize> = x.char_indices().map(|(i, _)| i).chain([x.len()]).collect();
+        let prefix = &x[..bounds[cut.index(bounds.len())]];
+        for text in [x.as_str(), prefix] {
+            let loose = dsml::parse(text, ParseMode::tolerant(mode)).unwrap();
+            if let Ok(strict) = dsml::parse(text, ParseMode::strict(mode)) {
+                // Where strict reads a name or value that swallows markup (it reads field by
+                // field), tolerant lets the marker end the field (it looks for markers first).
+                let markup_in_names = strict.tool_calls.iter().any(|c| {
+                    let full = format!("{}::{}", c.namespace.as_deref().unwrap_or(""), c.name);
+                    full.contains("\">") || CONTROLS.iter().any(|t| full.contains(t) || c.arguments.contains(t))
+                });
+                if !known_non_canonical(text, &strict) && !markup_in_names {
+                    prop_assert_eq!(&loose, &strict, "{:?}", text);
+                }
+            }
+        }
+    }
+}

@@ -281,7 +281,9 @@ fn wrong_shape_and_dtype_are_refused() {
         ts[i].shape = vec![ts[i].shape[1], ts[i].shape[0]];
     });
     assert!(
-        e.contains("layers.0.attn.wq_a.scale") && e.contains("does not fit"),
+        e.contains("tensor `layers.0.attn.wq_a.weight`")
+            && e.contains("layers.0.attn.wq_a.scale")
+            && e.contains("does not fit"),
         "{e}"
     );
     // scale with the wrong dtype
@@ -300,7 +302,22 @@ fn wrong_shape_and_dtype_are_refused() {
         });
     });
     assert!(
-        e.contains("layers.0.attn_norm.scale") && e.contains("companion"),
+        e.contains("`layers.0.attn_norm.weight`") && e.contains("BF16 cannot carry"),
+        "{e}"
+    );
+    // a quantised weight stored as F8_E5M2: named, not its scale
+    let e = with(&|ts| {
+        let i = idx(ts, "layers.0.attn.wq_a.weight");
+        ts[i].dtype = "F8_E5M2";
+    });
+    assert!(
+        e.contains("`layers.0.attn.wq_a.weight`") && e.contains("F8_E5M2"),
+        "{e}"
+    );
+    // a dropped expert weight whose scale stayed behind
+    let e = with(&|ts| ts.retain(|t| t.name != "layers.3.ffn.experts.1.w2.weight"));
+    assert!(
+        e.contains("`layers.3.ffn.experts.1.w2.weight`: is missing"),
         "{e}"
     );
     // a Dense tensor stored FP8 (router must be BF16/F32)
@@ -501,5 +518,85 @@ fn golden_tiny_loads_with_meta_json_config() {
         669.1171875,
         -0.03125,
         0.1875,
+    );
+}
+
+fn npy_i32(values: &[i32]) -> Vec<u8> {
+    let mut header = format!(
+        "{{'descr': '<i4', 'fortran_order': False, 'shape': ({},), }}",
+        values.len()
+    );
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut b = b"\x93NUMPY\x01\x00".to_vec();
+    b.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    b.extend_from_slice(header.as_bytes());
+    values
+        .iter()
+        .for_each(|v| b.extend_from_slice(&v.to_le_bytes()));
+    b
+}
+
+#[test]
+fn release_token_map_sidecars() {
+    let cfg = tiny_config();
+    let d = tiny_dir(&release_tensors(&cfg));
+    assert_eq!(
+        checkpoint::open(d.path())
+            .unwrap()
+            .engram_token_map()
+            .unwrap(),
+        None
+    );
+    let map: Vec<i32> = (0..64).map(|t| t / 2).collect();
+    std::fs::write(d.path().join("engram_token_map_int32.npy"), npy_i32(&map)).unwrap();
+    assert_eq!(
+        checkpoint::open(d.path())
+            .unwrap()
+            .engram_token_map()
+            .unwrap(),
+        Some(map.clone())
+    );
+    // the raw form wins and is checked: 31 compressed ids instead of 32
+    let short: Vec<u8> = (0..64)
+        .flat_map(|t: i32| (t.min(61) / 2).to_le_bytes())
+        .collect();
+    std::fs::write(d.path().join("engram-tokmap.bin"), short).unwrap();
+    let e = checkpoint::open(d.path())
+        .unwrap()
+        .engram_token_map()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("compressed id 31 never occurs"), "{e}");
+    std::fs::remove_file(d.path().join("engram-tokmap.bin")).unwrap();
+    std::fs::write(
+        d.path().join("engram_token_map_int32.npy"),
+        &npy_i32(&map)[..100],
+    )
+    .unwrap();
+    assert!(checkpoint::open(d.path())
+        .unwrap()
+        .engram_token_map()
+        .is_err());
+}
+
+/// The upstream release map: 129280 ids, 99092 compressed ids, token 2 → 2, and the sha256
+/// of its raw int32 payload as published (MODEL.md §6.6.1).
+#[test]
+fn upstream_release_token_map_reads() {
+    use sha2::Digest;
+    let Some(up) = upstream() else { return };
+    let p = up.join("engram/engram_token_map_int32.npy");
+    let map =
+        ds41_engine::checkpoint::release::npy_i32_vector(&p, &std::fs::read(&p).unwrap()).unwrap();
+    assert_eq!(map.len(), 129280);
+    assert_eq!(map[2], 2);
+    assert_eq!(*map.iter().max().unwrap(), 99091);
+    let raw: Vec<u8> = map.iter().flat_map(|v| v.to_le_bytes()).collect();
+    assert_eq!(
+        hex::encode(sha2::Sha256::digest(&raw)),
+        "c60a86322ec17b4142bfef3c57a8d81fb428550cdf487f88a4320cb59fe46481"
     );
 }

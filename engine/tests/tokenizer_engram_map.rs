@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use ds41_engine::tokenizer::engram_map::{compressed_token_map, compressed_vocab_size};
+use ds41_engine::tokenizer::engram_map::{compressed_token_map, compressed_vocab_size, normalize};
 use ds41_engine::tokenizer::Tokenizer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -317,4 +317,61 @@ fn engram_hash_golden_real_from_engine_map() {
             }
         }
     }
+}
+
+/// The upstream normaliser built from HF `tokenizers` normalizers (what `engram.py` runs).
+fn hf_normalizer() -> tokenizers::normalizers::Sequence {
+    use tokenizers::normalizers::replace::ReplacePattern;
+    use tokenizers::normalizers::{Lowercase, Replace, Sequence, Strip, StripAccents, NFD, NFKC};
+    let replace = |p: ReplacePattern, c: &str| Replace::new(p, c).unwrap().into();
+    Sequence::new(vec![
+        NFKC.into(),
+        NFD.into(),
+        StripAccents.into(),
+        Lowercase.into(),
+        replace(ReplacePattern::Regex("[ \t\r\n]+".into()), " "),
+        replace(ReplacePattern::Regex("^ $".into()), "\u{E000}"),
+        Strip::new(true, true).into(),
+        replace(ReplacePattern::String("\u{E000}".into()), " "),
+    ])
+}
+
+fn hf_normalize(n: &tokenizers::normalizers::Sequence, text: &str) -> String {
+    use tokenizers::{NormalizedString, Normalizer};
+    let mut s = NormalizedString::from(text);
+    n.normalize(&mut s).unwrap();
+    s.get().to_string()
+}
+
+/// `engram_map::normalize` equals the HF normaliser chain (the same Unicode 9.0
+/// normalisation tables) on every decoded token of the release tokenizer and on every string
+/// of the wide corpus, which is full of code points assigned after Unicode 9.0.
+#[test]
+fn normalizer_equals_hf() {
+    let Some(up) = upstream() else { return };
+    let tok = Tokenizer::from_file(up.join("tokenizer/tokenizer.json")).unwrap();
+    let hf = hf_normalizer();
+    let mut equal = 0;
+    for id in 0..tok.vocab_size() as u32 {
+        let text = tok.decode(&[id], false).unwrap();
+        assert_eq!(
+            normalize(&text),
+            hf_normalize(&hf, &text),
+            "id {id} {text:?}"
+        );
+        equal += 1;
+    }
+    assert_eq!(equal, 129_280);
+    let corpus = ds41_engine::tokenizer::corpus::wide(20_000, 11);
+    let mut equal = 0;
+    for s in &corpus {
+        assert_eq!(
+            normalize(&s.text),
+            hf_normalize(&hf, &s.text),
+            "{:?}",
+            s.text
+        );
+        equal += 1;
+    }
+    assert_eq!(equal, 24_021);
 }

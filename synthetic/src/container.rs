@@ -9,7 +9,7 @@
 //! non-degenerate activations. The file order and structure are the same for both.
 
 use crate::draw::{self, Q4_CODE_RMS, Q8_CODE_RMS, VQ_CODE_RMS};
-use crate::inventory::{engram_primes, Init};
+use crate::inventory::{engram_primes, Init, EXPERT_GAIN};
 use crate::preset::{Geometry, Preset};
 use crate::pyjson;
 use crate::rng::{PyRandom, SplitMix64};
@@ -237,6 +237,39 @@ impl Draws for NativeDraws {
             }
         }
         out
+    }
+}
+
+/// A file written front to back, counting its bytes (offsets for the manifest).
+struct Sink {
+    path: std::path::PathBuf,
+    w: std::io::BufWriter<std::fs::File>,
+    len: usize,
+}
+
+impl Sink {
+    fn create(path: &Path) -> Result<Sink, SynthError> {
+        let f = std::fs::File::create(path).map_err(|e| SynthError::io(path, e))?;
+        Ok(Sink {
+            path: path.to_path_buf(),
+            w: std::io::BufWriter::with_capacity(1 << 20, f),
+            len: 0,
+        })
+    }
+    fn put(&mut self, b: &[u8]) -> Result<(), SynthError> {
+        use std::io::Write;
+        self.w
+            .write_all(b)
+            .map_err(|e| SynthError::io(&self.path, e))?;
+        self.len += b.len();
+        Ok(())
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn finish(mut self) -> Result<(), SynthError> {
+        use std::io::Write;
+        self.w.flush().map_err(|e| SynthError::io(&self.path, e))
     }
 }
 
@@ -498,7 +531,7 @@ pub fn trunk_tensors(g: &Geometry) -> Vec<TrunkTensor> {
                 r(&format!("ffn.shared_experts.{w}.weight")),
                 shape,
                 Q4G,
-                Init::Linear(1.5),
+                Init::Linear(EXPERT_GAIN),
             );
         }
     }
@@ -636,7 +669,8 @@ pub fn write(
     };
 
     // 1. Trunk.
-    let mut trunk = Vec::new();
+    let mut trunk = Sink::create(&dir.join("trunk.bin"))?;
+    files.push("trunk.bin".to_string());
     let mut entries = Vec::new();
     for t in trunk_tensors(g) {
         let cols = *t.shape.last().expect("shape");
@@ -654,7 +688,7 @@ pub fn write(
             Fmt::F32 => {
                 let v = draws.f32s(&t.name, rows * cols, t.init, cols);
                 for x in &v {
-                    trunk.extend_from_slice(&x.to_le_bytes());
+                    trunk.put(&x.to_le_bytes())?;
                 }
                 if let Some(vals) = values.as_deref_mut() {
                     vals.insert(t.release.clone(), v);
@@ -666,18 +700,17 @@ pub fn write(
                     draws.quantised(&t.name, rows, cols, bits, t.init.target_rms(cols));
                 let groups = cols.div_ceil(GROUP);
                 let padded = groups * GROUP;
-                if bits == 8 {
-                    trunk.extend(ints.iter().map(|&x| x as u8));
+                let packed: Vec<u8> = if bits == 8 {
+                    ints.iter().map(|&x| x as u8).collect()
                 } else {
-                    trunk.extend(
-                        ints.chunks(2)
-                            .map(|p| ((p[0] + 8) as u8) | (((p[1] + 8) as u8) << 4)),
-                    );
-                }
+                    ints.chunks(2)
+                        .map(|p| ((p[0] + 8) as u8) | (((p[1] + 8) as u8) << 4))
+                        .collect()
+                };
+                trunk.put(&packed)?;
                 let scale_off = trunk.len();
-                for s in &scales {
-                    trunk.extend_from_slice(&s.to_le_bytes());
-                }
+                let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
+                trunk.put(&scale_bytes)?;
                 e.insert("group".into(), json!(GROUP));
                 e.insert("scale_off".into(), json!(scale_off));
                 if let Some(vals) = values.as_deref_mut() {
@@ -723,7 +756,9 @@ pub fn write(
             }
             books.push(cb);
         }
-        let mut bank = Vec::with_capacity(rec * g.n_routed_experts);
+        let file = format!("experts-L{l}.bin");
+        let mut bank = Sink::create(&dir.join(&file))?;
+        files.push(file.clone());
         for e in 0..g.n_routed_experts {
             let mut r = vec![0u8; rec];
             let idx: Vec<Vec<Vec<u8>>> = (0..3)
@@ -736,7 +771,7 @@ pub fn write(
                         e,
                         k,
                         kinds[k].0,
-                        Init::Linear(1.5).target_rms(kinds[k].1),
+                        Init::Linear(EXPERT_GAIN).target_rms(kinds[k].1),
                     )
                 })
                 .collect();
@@ -808,13 +843,13 @@ pub fn write(
                     );
                 }
             }
-            bank.extend_from_slice(&r);
+            bank.put(&r)?;
         }
-        let file = format!("experts-L{l}.bin");
-        write_file(&file, &bank, &mut files)?;
+        let bank_bytes = bank.len();
+        bank.finish()?;
         layers.insert(
             l.to_string(),
-            json!({"file": file, "experts": g.n_routed_experts, "bytes": bank.len(), "codebook_base": base}),
+            json!({"file": file, "experts": g.n_routed_experts, "bytes": bank_bytes, "codebook_base": base}),
         );
     }
 
@@ -881,7 +916,7 @@ pub fn write(
     )?;
     let tokmap: Vec<u8> = map.iter().flat_map(|x| x.to_le_bytes()).collect();
     write_file("engram-tokmap.bin", &tokmap, &mut files)?;
-    write_file("trunk.bin", &trunk, &mut files)?;
+    trunk.finish()?;
     write_file("codebooks.bin", &codebooks, &mut files)?;
 
     // 4. Manifest (and, for native presets, the escaped specials).

@@ -52,6 +52,11 @@ pub enum SynthError {
     UnknownMutant(String),
     #[error("mutant `{mutant}` does not apply to {what}")]
     MutantNotApplicable { mutant: String, what: String },
+    #[error("preset `{preset}` has no release layout: {why}")]
+    LayoutNotSupported {
+        preset: &'static str,
+        why: &'static str,
+    },
     #[error("{0}: directory is not empty; pass --force to replace a previous synthetic checkpoint there")]
     NonEmptyDir(PathBuf),
     #[error("{path}: {reason}")]
@@ -94,6 +99,8 @@ pub struct Generated {
 #[derive(Debug, Clone)]
 pub struct PresetInfo {
     pub name: &'static str,
+    /// Layouts this preset can be written in.
+    pub layouts: Vec<Layout>,
     pub description: &'static str,
     pub large: bool,
     pub reach: &'static str,
@@ -104,6 +111,11 @@ pub fn list_presets() -> Vec<PresetInfo> {
         .into_iter()
         .map(|p| PresetInfo {
             name: p.name,
+            layouts: if p.no_release.is_some() {
+                vec![Layout::Container]
+            } else {
+                vec![Layout::Release, Layout::Container]
+            },
             description: p.description,
             large: p.large,
             reach: p.reach,
@@ -140,6 +152,12 @@ pub fn generate_with(o: &Options) -> Result<Generated, SynthError> {
             Some(info)
         }
     };
+    if let (Layout::Release, Some(why)) = (o.layout, p.no_release) {
+        return Err(SynthError::LayoutNotSupported {
+            preset: p.name,
+            why,
+        });
+    }
     let kept = prepare_dir(&o.out_dir, o.force)?;
     let dir = &o.out_dir;
     let mut files = match o.layout {
@@ -225,6 +243,12 @@ pub fn expected_values(
     seed: u64,
 ) -> Result<BTreeMap<String, Vec<f32>>, SynthError> {
     let p = Preset::by_name(preset).ok_or_else(|| SynthError::UnknownPreset(preset.to_string()))?;
+    if let (Layout::Release, Some(why)) = (layout, p.no_release) {
+        return Err(SynthError::LayoutNotSupported {
+            preset: p.name,
+            why,
+        });
+    }
     match layout {
         Layout::Release => Ok(inventory::logical_tensors(&p.geometry)
             .iter()

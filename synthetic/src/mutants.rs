@@ -18,16 +18,10 @@ pub struct Expected {
 }
 
 impl Expected {
-    /// Name of an engine error's variant.
-    pub fn variant_of(err: &ds41_engine::Error) -> &'static str {
-        err.kind()
-    }
-
     /// Whether `err` is the refusal this mutant expects.
     pub fn matches(&self, err: &ds41_engine::Error) -> bool {
         let text = err.to_string();
-        self.variants.contains(&Self::variant_of(err))
-            && self.mentions.iter().any(|m| text.contains(m))
+        self.variants.contains(&err.kind()) && self.mentions.iter().any(|m| text.contains(m))
     }
 }
 
@@ -93,7 +87,7 @@ pub fn list_mutants() -> Vec<MutantInfo> {
         m("engram-rows-mismatch", "engram_num_embeddings[0] is one more than the sum of that layer's primes (MODEL.md §2.2 item 6)", RC, CONFIG, &["engram_num_embeddings"]),
         m("two-shared-experts", "n_shared_experts / num_shared_experts = 2 (MODEL.md §2.2 item 1)", RC, CONFIG, &["shared_experts"]),
         m("missing-scale", "`layers.0.attn.wq_a.scale` is missing (FP8 weight without its E8M0 companion)", R, TENSOR, &["wq_a"]),
-        m("wrong-dtype", "`layers.0.attn.wq_a.weight` is stored as F8_E5M2 instead of F8_E4M3", R, TENSOR, &["layers.0.attn.wq_a.weight"]),
+        m("wrong-dtype", "`layers.0.attn.wq_a.weight` is stored as F8_E5M2 instead of F8_E4M3", R, TENSOR, &["layers.0.attn.wq_a"]),
         m("wrong-shape", "`layers.0.attn.wkv.weight` is stored transposed", R, TENSOR, &["layers.0.attn.wkv.weight"]),
         m("wrong-scale-shape", "`layers.0.attn.wq_b.scale` has one column too many", R, TENSOR, &["wq_b"]),
         m("missing-expert", "the last routed expert of the last layer has no `w2`", R, TENSOR, &["ffn.experts."]),
@@ -103,7 +97,7 @@ pub fn list_mutants() -> Vec<MutantInfo> {
         m("header-not-json", "a safetensors header is not valid JSON", R, FORMAT, &[".safetensors"]),
         MutantInfo {
             needs_shards: true,
-            ..m("index-missing-shard", "model.safetensors.index.json maps a tensor to a shard that does not exist", R, &["Io", "Format"], &["model-00099-of-00099.safetensors"])
+            ..m("index-missing-shard", "model.safetensors.index.json maps a tensor to a shard that does not exist", R, &["Tensor", "Io"], &["model-00099-of-00099.safetensors"])
         },
         m("bad-format-version", "manifest format_version is 1", C, &["Format", "Config"], &["format_version"]),
         m("no-format-version", "manifest has no format_version", C, &["Format", "Config"], &["format_version"]),
@@ -136,6 +130,9 @@ pub fn check_applicable(m: &MutantInfo, p: &Preset, layout: Layout) -> Result<()
     };
     if !m.layouts.contains(&layout) {
         return bad(format!("the {layout:?} layout"));
+    }
+    if layout == Layout::Release && p.no_release.is_some() {
+        return bad(format!("preset `{}` in the release layout", p.name));
     }
     if m.needs_shards && p.sharding != Sharding::ReleaseLike {
         return bad(format!(
@@ -393,4 +390,30 @@ fn apply_container(
         }
         _ => Ok(()),
     }
+}
+
+/// Open `dir` the strictest way the readers offer and touch everything a forward pass could:
+/// every tensor (dequantised), every expert record (with its CRC checked), the Engram
+/// constants and token map. Returns the number of tensors read, or the first refusal.
+/// This is what "the readers refuse a mutant" means, for tests and for the harness.
+pub fn read_everything(dir: &Path) -> Result<usize, ds41_engine::Error> {
+    use ds41_engine::checkpoint::{
+        self, container::ContainerOptions, Checkpoint, ContainerCheckpoint,
+    };
+    let ck: Box<dyn Checkpoint> = match checkpoint::detect_layout(dir)? {
+        Layout::Container => Box::new(ContainerCheckpoint::open_with(
+            dir,
+            ContainerOptions { verify_crc: true },
+        )?),
+        Layout::Release => checkpoint::open(dir)?,
+    };
+    let names = ck.names();
+    for n in &names {
+        ck.tensor_f32(n)?;
+    }
+    if !ck.config().engram_layer_ids.is_empty() {
+        ck.engram_constants()?;
+    }
+    ck.engram_token_map()?;
+    Ok(names.len())
 }

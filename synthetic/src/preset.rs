@@ -78,6 +78,8 @@ pub struct Preset {
     pub waste_compat: bool,
     /// A generated checkpoint is large: keep it out of the default test suite.
     pub large: bool,
+    /// Why the release layout cannot hold this geometry (`None`: both layouts work).
+    pub no_release: Option<&'static str>,
     /// What a sequence reaches, in prose (the computable part is `mechanisms::reach`).
     pub reach: &'static str,
 }
@@ -172,6 +174,7 @@ fn tiny(sharding: Sharding, name: &'static str) -> Preset {
         sharding,
         waste_compat: false,
         large: false,
+        no_release: None,
         reach: TINY_REACH,
     }
 }
@@ -231,6 +234,8 @@ fn waste_tiny() -> Preset {
         sharding: Sharding::Single,
         waste_compat: true,
         large: false,
+        // MODEL.md §2.2 item 7: every K of an FP8/FP4 linear is a multiple of 32.
+        no_release: Some("q_lora_rank 48 (the K of wq_b and indexer.wq_b) is not a multiple of 32, so the release's FP8 32x32 blocks cannot store it; WASTE's geometry exists only as a container"),
         reach: "CONTAINER.md §10.3: window 4 wraps from the 5th token; ratio-2 latents every other token; \
 with a 12-token prompt the ratio-1 indexer discards positions (index_topk 4) and the as-shipped vs owner \
 index_k difference shows from the 11th token. Not reached (by design, it is WASTE's geometry): candidate \
@@ -293,6 +298,7 @@ fn wide() -> Preset {
         sharding: Sharding::ReleaseLike,
         waste_compat: false,
         large: true,
+        no_release: None,
         reach: "Release widths and release window (128) / index_topk (512): ring wrap from p ≥ 128, ratio-2 \
 indexer discards from p ≥ 1025, candidate filter (128 blocks of 8) from p ≥ 1024 on the ratio-1 writer \
 (layer 2) consumed by layer 3. Meant for throughput and memory at real shapes, not for numerics.",

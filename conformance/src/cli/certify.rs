@@ -1,8 +1,303 @@
-//! `ds41 certify` (placeholder until its issue lands).
+//! `ds41 certify`: run the conformance suite against an engine (CONTRACT.md, issue 8).
+//!
+//! `--engine reference` (default) is the built-in reference in process; a path ending in
+//! `.yaml`/`.yml` is a command profile; anything else is a command speaking PROTOCOL.md.
+//! With no arguments: generate the synthetic presets the suite uses into a temporary
+//! directory and certify the built-in reference. Exit: 0 conformant, 1 non-conformant,
+//! 2 harness or configuration error (including selecting zero cases).
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use anyhow::{anyhow, bail};
+
+use ds41_conformance::case::ModelRef;
+use ds41_conformance::engine_api::Engine;
+use ds41_conformance::gates::{GateSet, ProfileName};
+use ds41_conformance::reference::ReferenceEngine;
+use ds41_conformance::report::{self, human, RunReport, Summary};
+use ds41_conformance::runner::{self, Context, ExpectedFailures, ModelStore};
 
 #[derive(clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// `reference`, a command profile (`*.yaml`), or a command speaking the JSON-lines protocol.
+    #[arg(long, default_value = "reference")]
+    pub engine: String,
+    /// Inject a defect into the built-in reference (negative controls; see --list-defects).
+    #[arg(long)]
+    pub defect: Option<String>,
+    /// Case directory (default: the repository's conformance/cases).
+    #[arg(long)]
+    pub cases: Option<PathBuf>,
+    /// Tolerance profiles directory (default: the repository's gates/).
+    #[arg(long)]
+    pub gates: Option<PathBuf>,
+    /// Run only cases whose name contains this (repeatable).
+    #[arg(long)]
+    pub filter: Vec<String>,
+    /// Filters match whole case names.
+    #[arg(long)]
+    pub exact: bool,
+    /// Judge every case by at least this profile (`quantized` for requantised engines).
+    #[arg(long, default_value = "exact")]
+    pub profile: String,
+    /// Also run the long tier.
+    #[arg(long)]
+    pub long: bool,
+    /// Expected-failure list (default: gates/expected-failures/<engine name>.yaml if present).
+    #[arg(long)]
+    pub expected_failures: Option<PathBuf>,
+    /// Write report.json, junit.xml, plots/ and certificate.json here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Write JUnit XML here.
+    #[arg(long)]
+    pub junit: Option<PathBuf>,
+    /// Print the JSON report on stdout (progress still goes to stderr).
+    #[arg(long)]
+    pub json: bool,
+    /// Upstream data directory (default: $DS41_UPSTREAM).
+    #[arg(long)]
+    pub upstream: Option<PathBuf>,
+    /// Keep generated models and engine outputs here instead of a temporary directory.
+    #[arg(long)]
+    pub work_dir: Option<PathBuf>,
+    /// List the selected cases and exit.
+    #[arg(long)]
+    pub list: bool,
+    /// Show notes and reasons for every case.
+    #[arg(long, short)]
+    pub verbose: bool,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<i32> {
-    anyhow::bail!("`ds41 certify` is not implemented yet")
+pub fn make_engine(spec: &str, defect: Option<&str>) -> anyhow::Result<Box<dyn Engine>> {
+    if spec == "reference" {
+        return Ok(Box::new(match defect {
+            None => ReferenceEngine::new(),
+            Some(d) => ReferenceEngine::with_defect(d)?,
+        }));
+    }
+    if defect.is_some() {
+        bail!("--defect applies to the built-in reference only");
+    }
+    if spec.ends_with(".yaml") || spec.ends_with(".yml") {
+        return Ok(Box::new(ds41_conformance::profile::ProfileEngine::new(
+            std::path::Path::new(spec),
+        )?));
+    }
+    Ok(Box::new(ds41_conformance::protocol::AdapterEngine::start(
+        spec,
+    )?))
+}
+
+fn shell_quote(s: &str) -> String {
+    if s.chars()
+        .all(|c| c.is_ascii_alphanumeric() || "-_./:=@".contains(c))
+    {
+        s.to_string()
+    } else {
+        format!("'{}'", s.replace('\'', "'\\''"))
+    }
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    let started = Instant::now();
+    let cases_dir = a.cases.clone().unwrap_or_else(runner::default_cases_dir);
+    let gates = GateSet::load(&a.gates.clone().unwrap_or_else(runner::default_gates_dir))?;
+    let run_profile = ProfileName::parse(&a.profile).ok_or_else(|| {
+        anyhow!(
+            "--profile `{}`: expected exact, upstream or quantized",
+            a.profile
+        )
+    })?;
+    let all = runner::load_suite(&cases_dir)?;
+    let cases = runner::select(all.clone(), &a.filter, a.exact, a.long);
+    if cases.is_empty() {
+        bail!(
+            "no case selected (filters {:?}{}; {} cases in {})",
+            a.filter,
+            if a.long { "" } else { ", long tier excluded" },
+            all.len(),
+            cases_dir.display()
+        );
+    }
+    if a.list {
+        for c in &cases {
+            println!("{}", c.name);
+        }
+        return Ok(0);
+    }
+    let upstream = a
+        .upstream
+        .clone()
+        .or_else(|| std::env::var_os("DS41_UPSTREAM").map(PathBuf::from));
+    let _tmp;
+    let work_dir = match &a.work_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            _tmp = tempfile::Builder::new().prefix("ds41-certify-").tempdir()?;
+            _tmp.path().to_path_buf()
+        }
+    };
+    let mut engine = make_engine(&a.engine, a.defect.as_deref())?;
+    let identity = engine.identity();
+    let xfail = match &a.expected_failures {
+        Some(p) => Some(ExpectedFailures::load(p, &all)?),
+        None => {
+            let p = gates
+                .dir
+                .join("expected-failures")
+                .join(format!("{}.yaml", identity.name));
+            if p.exists() {
+                Some(ExpectedFailures::load(&p, &all)?)
+            } else {
+                None
+            }
+        }
+    };
+    let mut rerun = format!(
+        "cargo run --release -- certify --engine {}",
+        shell_quote(&a.engine)
+    );
+    if let Some(d) = &a.defect {
+        rerun += &format!(" --defect {}", shell_quote(d));
+    }
+    if a.cases.is_some() {
+        rerun += &format!(" --cases {}", shell_quote(&cases_dir.display().to_string()));
+    }
+    if run_profile != ProfileName::Exact {
+        rerun += &format!(" --profile {run_profile}");
+    }
+    rerun += " --exact --verbose --filter '{case}'";
+    let ctx = Context {
+        repo_root: runner::repo_root(),
+        cases_dir: cases_dir.clone(),
+        gates,
+        run_profile,
+        upstream: upstream.clone(),
+        work_dir: work_dir.clone(),
+        models: ModelStore::new(work_dir.join("models")),
+        reference: Mutex::new(Box::new(ReferenceEngine::new())),
+        rerun_template: rerun,
+    };
+    let mut err = std::io::stderr();
+    let _ = writeln!(
+        err,
+        "ds41 certify: {} case(s), engine {} {} ({}), profile {}, upstream {}",
+        cases.len(),
+        identity.name,
+        identity.version,
+        identity.driver,
+        run_profile,
+        upstream
+            .as_ref()
+            .map(|p| p.display().to_string())
+            .unwrap_or_else(|| "not set (upstream cases are skipped)".into())
+    );
+    pregenerate(&cases, &ctx, &mut err);
+    let mut results = Vec::with_capacity(cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let mut r = runner::run_case(case, engine.as_mut(), &ctx);
+        if let Some(x) = &xfail {
+            x.apply(&mut r);
+        }
+        human::progress_line(&mut err, i + 1, cases.len(), &r, a.verbose);
+        results.push(r);
+    }
+    let summary = Summary::of(&results);
+    let mut checkpoints = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for r in &results {
+        for (model, dir) in &r.details.models {
+            if seen.insert(model.clone()) {
+                match report::hash_checkpoint(model, std::path::Path::new(dir)) {
+                    Ok(c) => checkpoints.push(c),
+                    Err(e) => eprintln!("ds41 certify: cannot hash checkpoint {model}: {e:#}"),
+                }
+            }
+        }
+    }
+    let rep = RunReport {
+        contract_version: ds41_conformance::CONTRACT_VERSION.into(),
+        case_list_hash: report::case_list_hash(&cases),
+        cases_dir: cases_dir.display().to_string(),
+        engine: identity,
+        capabilities: engine
+            .capabilities()
+            .iter()
+            .map(|c| c.as_str().to_string())
+            .collect(),
+        profile: run_profile.as_str().into(),
+        filter: if a.filter.is_empty() {
+            None
+        } else {
+            Some(a.filter.join(" | "))
+        },
+        seconds: started.elapsed().as_secs_f64(),
+        verdict: summary.verdict().into(),
+        summary,
+        checkpoints,
+        results,
+    };
+    if let Some(d) = &a.report {
+        report::write_report_dir(&rep, d)?;
+        let _ = writeln!(err, "report: {}", d.display());
+    }
+    if let Some(j) = &a.junit {
+        std::fs::write(j, report::junit::render(&rep))
+            .map_err(|e| anyhow!("{}: {e}", j.display()))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rep)?);
+        human::summary_table(&mut err, &rep);
+    } else {
+        human::summary_table(&mut std::io::stdout(), &rep);
+    }
+    drop(engine);
+    Ok(rep.summary.exit_code())
+}
+
+/// Generate the synthetic checkpoints the selected cases use, up front, with a line each.
+fn pregenerate(cases: &[ds41_conformance::case::Case], ctx: &Context, err: &mut impl Write) {
+    use ds41_conformance::case::Spec;
+    let mut models = std::collections::BTreeSet::new();
+    for c in cases {
+        let m: Vec<&ModelRef> = match &c.spec {
+            Spec::Loader(s) => s.model.iter().collect(),
+            Spec::State(s) => std::iter::once(&s.model)
+                .chain(s.other_model.iter())
+                .collect(),
+            Spec::Residual(s) => vec![&s.model],
+            _ => vec![],
+        };
+        models.extend(
+            m.into_iter()
+                .filter(|m| matches!(m, ModelRef::Synthetic { .. }))
+                .cloned(),
+        );
+    }
+    for m in models {
+        let t = Instant::now();
+        match ctx.models.resolve(&m) {
+            Ok(dir) => {
+                let _ = writeln!(
+                    err,
+                    "generated {m} in {:.2}s -> {}",
+                    t.elapsed().as_secs_f64(),
+                    dir.display()
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    err,
+                    "cannot generate {m}: {e:#} (its cases will report the error)"
+                );
+            }
+        }
+    }
 }

@@ -40,6 +40,50 @@ pub struct Args {
     /// Inject a defect (negative control); repeatable. Names: see `Defect::ALL_NAMES`.
     #[arg(long = "defect")]
     pub defects: Vec<String>,
+    /// Engram token map (int32 `.npy`, or a safetensors file with `engram_token_map`, e.g. a
+    /// golden) for a release checkpoint whose tokenizer cannot build it. With --replay the
+    /// golden's own map is used when it carries one.
+    #[arg(long = "engram-token-map")]
+    pub engram_token_map: Option<PathBuf>,
+}
+
+/// Read a token map from an int32 `.npy` file or a safetensors file's `engram_token_map`.
+fn read_token_map(path: &std::path::Path) -> anyhow::Result<Vec<i32>> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    if bytes.starts_with(b"\x93NUMPY") {
+        let (major, hl_at) = (bytes[6], 8);
+        let (hlen, data_at) = if major == 1 {
+            (
+                u16::from_le_bytes([bytes[hl_at], bytes[hl_at + 1]]) as usize,
+                hl_at + 2,
+            )
+        } else {
+            let b: [u8; 4] = bytes[hl_at..hl_at + 4].try_into()?;
+            (u32::from_le_bytes(b) as usize, hl_at + 4)
+        };
+        let header = std::str::from_utf8(
+            bytes
+                .get(data_at..data_at + hlen)
+                .context("truncated .npy header")?,
+        )?;
+        if !header.contains("'<i4'") || header.contains("'fortran_order': True") {
+            bail!(
+                "{}: expected a C-order little-endian int32 array, header {header}",
+                path.display()
+            );
+        }
+        return Ok(bytes[data_at + hlen..]
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect());
+    }
+    let file = TraceFile::from_bytes(&bytes, path)?;
+    let (_, map) = file
+        .i64("engram_token_map")
+        .with_context(|| format!("{} has no `engram_token_map` tensor", path.display()))?;
+    map.iter()
+        .map(|&x| i32::try_from(x).context("token map value out of range"))
+        .collect()
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -57,14 +101,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             .map(|d| d.parse::<Defect>().map_err(|e| anyhow::anyhow!(e)))
             .collect::<anyhow::Result<Vec<_>>>()?,
     );
-    let model =
-        Model::open(&args.model).with_context(|| format!("opening {}", args.model.display()))?;
     let golden = match &args.replay {
         Some(p) => {
             Some(TraceFile::read(p).with_context(|| format!("reading golden {}", p.display()))?)
         }
         None => None,
     };
+    let token_map = match (&args.engram_token_map, &golden) {
+        (Some(p), _) => Some(read_token_map(p)?),
+        (None, Some(g)) => g
+            .i64("engram_token_map")
+            .map(|(_, m)| m.iter().map(|&x| x as i32).collect()),
+        (None, None) => None,
+    };
+    let model = Model::open_with_token_map(&args.model, token_map)
+        .with_context(|| format!("opening {}", args.model.display()))?;
     let tokens: Vec<u32> = match (&golden, args.tokens.is_empty()) {
         (_, false) => args.tokens.clone(),
         (Some(g), true) => g

@@ -8,5 +8,7 @@ pub mod goldens;
 pub mod inspect;
 pub mod parse;
 pub mod render;
+pub mod serve_adapter;
 pub mod synth;
 pub mod tokenize;
+pub mod verify_certificate;

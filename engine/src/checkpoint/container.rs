@@ -1264,35 +1264,18 @@ fn open_engram_tables(
 
 fn read_tokmap(path: &Path, cfg: &Config) -> Result<Vec<i32>> {
     let b = std::fs::read(path).map_err(|e| io_err(path, e))?;
-    if b.len() != cfg.vocab_size * 4 {
+    if b.len() % 4 != 0 {
         return Err(fmt_err(
             path,
-            b.len().min(cfg.vocab_size * 4) as u64,
-            format!(
-                "{} bytes, expected vocab_size·4 = {}",
-                b.len(),
-                cfg.vocab_size * 4
-            ),
+            b.len() as u64,
+            "length is not a multiple of 4 (int32 entries)",
         ));
     }
     let map: Vec<i32> = b
         .chunks_exact(4)
         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect();
-    if let Some((t, &id)) = map
-        .iter()
-        .enumerate()
-        .find(|(_, &id)| id < 0 || id as usize >= cfg.engram_compressed_vocab_size)
-    {
-        return Err(fmt_err(
-            path,
-            (4 * t) as u64,
-            format!(
-                "token {t} maps to {id}, outside 0..{}",
-                cfg.engram_compressed_vocab_size
-            ),
-        ));
-    }
+    super::release::check_token_map(path, &map, cfg)?;
     Ok(map)
 }
 

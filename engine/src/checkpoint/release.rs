@@ -23,6 +23,9 @@ use std::path::{Path, PathBuf};
 /// Optional sidecar with the Engram hash constants (the format of
 /// `upstream/engram/engram_hash_constants.json`).
 pub const ENGRAM_SIDECAR: &str = "engram_hash_constants.json";
+/// Optional token-map sidecars (token id → Engram compressed id).
+pub const TOKMAP_BIN: &str = "engram-tokmap.bin";
+pub const TOKMAP_NPY: &str = "engram_token_map_int32.npy";
 
 struct Shard {
     path: PathBuf,
@@ -375,14 +378,22 @@ fn classify(shards: &[Shard], mut raw: BTreeMap<String, Entry>) -> Result<BTreeM
             Dtype::BF16 => Some(Storage::Bf16),
             Dtype::F16 => Some(Storage::F16),
             Dtype::F8_E8M0 => {
-                // A scale must belong to a quantised weight.
-                let owner = name.strip_suffix(".scale").map(|s| format!("{s}.weight"));
-                let ok = owner
-                    .as_ref()
-                    .and_then(|o| raw.get(o))
-                    .is_some_and(|w| matches!(w.dtype, Dtype::F8_E4M3 | Dtype::I8));
-                if !ok {
-                    return Err(tensor_err(path, name, "F8_E8M0 scale without an F8_E4M3 or I8 `<w>.weight` companion"));
+                // A scale must belong to a quantised weight; name the weight when it is not.
+                let Some(owner) = name.strip_suffix(".scale").map(|s| format!("{s}.weight")) else {
+                    return Err(tensor_err(path, name, "F8_E8M0 tensor that is not a `<w>.scale` companion"));
+                };
+                match raw.get(&owner) {
+                    None => {
+                        return Err(tensor_err(path, &owner, format!("is missing, but its scale `{name}` is present")));
+                    }
+                    Some(w) if !matches!(w.dtype, Dtype::F8_E4M3 | Dtype::I8) => {
+                        return Err(tensor_err(
+                            &shards[w.shard].path,
+                            &owner,
+                            format!("dtype {} cannot carry the E8M0 scale `{name}` (expected F8_E4M3 or I8-packed FP4)", w.dtype),
+                        ));
+                    }
+                    Some(_) => {}
                 }
                 Some(Storage::E8m0)
             }
@@ -461,10 +472,10 @@ fn pair_quantised(
             )
         };
         return Err(tensor_err(
-            &shards[s.shard].path,
-            &sname,
+            path,
+            name,
             format!(
-                "scale shape {got:?} does not fit weight `{name}` {:?}: expected {expect}",
+                "stored shape {:?} does not fit its scale `{sname}` {got:?}: the scale should be {expect}",
                 e.stored_shape
             ),
         ));
@@ -505,10 +516,12 @@ fn read_index(dir: &Path, index: &Path) -> Result<(Vec<PathBuf>, BTreeMap<String
         let path = dir.join(rel);
         if !files.contains(&path) {
             if !path.is_file() {
-                return Err(tensor_err(
+                return Err(fmt_err(
                     index,
-                    name,
-                    format!("index names shard {f:?}, which does not exist"),
+                    0,
+                    format!(
+                        "`weight_map` puts tensor `{name}` in shard {f:?}, which does not exist"
+                    ),
                 ));
             }
             files.push(path.clone());
@@ -630,7 +643,120 @@ impl Checkpoint for ReleaseCheckpoint {
             (None, c) => c,
         }
     }
+    /// A sidecar map next to the weights, if present: `engram-tokmap.bin` (raw little-endian
+    /// int32, the container's format) or `engram_token_map_int32.npy` (the upstream file).
+    /// Otherwise `None`: the map is built from the tokenizer (MODEL.md §6.6.1).
     fn engram_token_map(&self) -> Result<Option<Vec<i32>>> {
-        Ok(None)
+        let bin = self.dir.join(TOKMAP_BIN);
+        let npy = self.dir.join(TOKMAP_NPY);
+        let (path, map) = if bin.is_file() {
+            let b = std::fs::read(&bin).map_err(|e| io_err(&bin, e))?;
+            (bin, raw_i32(&b))
+        } else if npy.is_file() {
+            let b = std::fs::read(&npy).map_err(|e| io_err(&npy, e))?;
+            let m = npy_i32_vector(&npy, &b)?;
+            (npy, m)
+        } else {
+            return Ok(None);
+        };
+        check_token_map(&path, &map, &self.config)?;
+        Ok(Some(map))
     }
+}
+
+fn raw_i32(b: &[u8]) -> Vec<i32> {
+    b.chunks_exact(4)
+        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// A 1-D little-endian int32 `.npy` array (format versions 1–3).
+pub fn npy_i32_vector(path: &Path, b: &[u8]) -> Result<Vec<i32>> {
+    if b.len() < 10 || &b[..6] != b"\x93NUMPY" {
+        return Err(fmt_err(
+            path,
+            0,
+            "not a .npy file (magic \\x93NUMPY missing)",
+        ));
+    }
+    let (hlen, start): (usize, usize) = match b[6] {
+        1 => (u16::from_le_bytes([b[8], b[9]]) as usize, 10),
+        2 | 3 if b.len() >= 12 => (u32::from_le_bytes([b[8], b[9], b[10], b[11]]) as usize, 12),
+        v => return Err(fmt_err(path, 6, format!("unsupported .npy version {v}"))),
+    };
+    let header = b
+        .get(start..start.saturating_add(hlen))
+        .and_then(|h| std::str::from_utf8(h).ok())
+        .ok_or_else(|| fmt_err(path, start as u64, "truncated or non-UTF-8 .npy header"))?;
+    let compact: String = header.chars().filter(|c| !c.is_whitespace()).collect();
+    if !compact.contains("'descr':'<i4'") || !compact.contains("'fortran_order':False") {
+        return Err(fmt_err(
+            path,
+            start as u64,
+            format!("expected a little-endian int32 C-order array, header is {header:?}"),
+        ));
+    }
+    let shape = compact
+        .split("'shape':(")
+        .nth(1)
+        .and_then(|r| r.split(')').next())
+        .ok_or_else(|| fmt_err(path, start as u64, "no shape in the .npy header"))?;
+    let dims: Vec<&str> = shape.split(',').filter(|d| !d.is_empty()).collect();
+    let n: usize = match dims[..] {
+        [d] => d
+            .parse()
+            .map_err(|_| fmt_err(path, start as u64, format!("bad shape ({shape})")))?,
+        _ => {
+            return Err(fmt_err(
+                path,
+                start as u64,
+                format!("expected a 1-D array, shape is ({shape})"),
+            ))
+        }
+    };
+    let data = &b[start + hlen..];
+    if Some(data.len()) != n.checked_mul(4) {
+        return Err(fmt_err(
+            path,
+            (start + hlen) as u64,
+            format!("{} data bytes for {n} int32 values", data.len()),
+        ));
+    }
+    Ok(raw_i32(data))
+}
+
+/// A token map must cover the vocabulary and stay inside the compressed ids.
+pub(crate) fn check_token_map(path: &Path, map: &[i32], cfg: &Config) -> Result<()> {
+    if map.len() != cfg.vocab_size {
+        return Err(fmt_err(
+            path,
+            0,
+            format!(
+                "{} entries, expected vocab_size = {}",
+                map.len(),
+                cfg.vocab_size
+            ),
+        ));
+    }
+    if let Some((t, &id)) = map
+        .iter()
+        .enumerate()
+        .find(|(_, &id)| id < 0 || id as usize >= cfg.engram_compressed_vocab_size)
+    {
+        return Err(fmt_err(
+            path,
+            (4 * t) as u64,
+            format!(
+                "token {t} maps to {id}, outside 0..{}",
+                cfg.engram_compressed_vocab_size
+            ),
+        ));
+    }
+    // MODEL.md §2.2 item 6: ids are handed out densely, so every compressed id occurs.
+    let mut seen = vec![false; cfg.engram_compressed_vocab_size];
+    map.iter().for_each(|&id| seen[id as usize] = true);
+    if let Some(missing) = seen.iter().position(|&s| !s) {
+        return Err(fmt_err(path, 0, format!("compressed id {missing} never occurs: the map must use exactly engram_compressed_vocab_size = {} ids", cfg.engram_compressed_vocab_size)));
+    }
+    Ok(())
 }

@@ -306,7 +306,7 @@ mod tests {
 
     #[test]
     fn loads_refuses_what_python_reads_differently() {
-        assert!(matches!(loads("{\"a\": 1}"), Ok(_)));
+        assert!(loads("{\"a\": 1}").is_ok());
         assert!(matches!(loads("not json"), Err(LoadsError::NotJson(_))));
         assert!(matches!(
             loads("{\"a\": NaN}"),
@@ -317,12 +317,9 @@ mod tests {
             loads("[123456789012345678901234]"),
             Err(LoadsError::Unsupported(_))
         ));
-        assert!(matches!(
-            loads("[18446744073709551615, -9223372036854775808]"),
-            Ok(_)
-        ));
+        assert!(loads("[18446744073709551615, -9223372036854775808]").is_ok());
         // Digits inside strings are not literals.
-        assert!(matches!(loads("[\"123456789012345678901234\"]"), Ok(_)));
+        assert!(loads("[\"123456789012345678901234\"]").is_ok());
     }
 
     #[test]

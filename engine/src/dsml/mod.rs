@@ -91,6 +91,16 @@ impl Error {
         self
     }
 
+    /// Prefixes the location with an outer path (`messages[2]` + `tool_calls[0]`).
+    pub fn within(mut self, outer: &str) -> Error {
+        self.location = match self.location.as_str() {
+            "" => outer.to_string(),
+            inner if inner.starts_with('[') => format!("{outer}{inner}"),
+            inner => format!("{outer}.{inner}"),
+        };
+        self
+    }
+
     pub fn with_detail(mut self, detail: impl Into<String>) -> Error {
         self.detail = Some(detail.into());
         self

@@ -36,6 +36,8 @@ pub(crate) struct Turn<'a> {
     pub blocks: Vec<TurnBlock>,
     /// The message the turn came from (`None` for a user turn made from tool messages).
     pub source: Option<&'a Message>,
+    /// The first message of the turn, for errors (`messages[3]`).
+    pub path: String,
 }
 
 impl<'a> Turn<'a> {
@@ -47,18 +49,15 @@ impl<'a> Turn<'a> {
     }
 }
 
+/// A message's processed content: its text, and its blocks when the content was a list.
+type ProcessedContent = (Option<Prompt>, Option<Vec<TurnBlock>>);
+
 /// Step 1 for one list of messages (`path` is `messages` or `context`): returns the processed
 /// contents and the image records in order.
-fn process_images<'a>(
-    messages: &'a [Message],
+fn process_images(
+    messages: &[Message],
     path: &str,
-) -> Result<
-    (
-        Vec<(Option<Prompt>, Option<Vec<TurnBlock>>)>,
-        Vec<serde_json::Value>,
-    ),
-    Error,
-> {
+) -> Result<(Vec<ProcessedContent>, Vec<serde_json::Value>), Error> {
     let mut out = Vec::with_capacity(messages.len());
     let mut images = Vec::new();
     for (i, msg) in messages.iter().enumerate() {
@@ -182,7 +181,8 @@ fn merge<'a>(
 ) -> Result<(Vec<Turn<'a>>, Vec<serde_json::Value>), Error> {
     let (processed, images) = process_images(messages, path)?;
     let mut turns: Vec<Turn<'a>> = Vec::new();
-    for (msg, (text, blocks)) in messages.iter().zip(processed) {
+    for (i, (msg, (text, blocks))) in messages.iter().zip(processed).enumerate() {
+        let mpath = format!("{path}[{i}]");
         match msg.role {
             Role::Tool => {
                 let block = TurnBlock::ToolResult {
@@ -196,6 +196,7 @@ fn merge<'a>(
                         text: None,
                         blocks: vec![block],
                         source: None,
+                        path: mpath,
                     }),
                 }
             }
@@ -213,6 +214,7 @@ fn merge<'a>(
                         text,
                         blocks,
                         source: Some(msg),
+                        path: mpath,
                     }),
                 }
             }
@@ -221,6 +223,7 @@ fn merge<'a>(
                 text,
                 blocks: Vec::new(),
                 source: Some(msg),
+                path: mpath,
             }),
         }
     }

@@ -122,7 +122,10 @@ impl<'t, 'a> Renderer<'t, 'a> {
                 let msg = turn.source.expect("system turns come from messages");
                 if !msg.tools.is_empty() {
                     p.push_text("\n\n");
-                    p.append(tools_block(&msg.tools)?);
+                    p.append(
+                        tools_block(&msg.tools)
+                            .map_err(|e| e.within(&format!("{}.tools", turn.path)))?,
+                    );
                 }
                 if let Some(rf) = msg.response_format.as_ref().filter(|v| json_py::truthy(v)) {
                     p.push_text(RESPONSE_FORMAT_HEADER);
@@ -146,7 +149,7 @@ impl<'t, 'a> Renderer<'t, 'a> {
                     Some(text) => p.append(text.clone()),
                     None => {
                         return Err(Error::input(
-                            &format!("turn {index}.content"),
+                            &format!("{}.content", turn.path),
                             "a latest_reminder needs content (the reference would render `None`)",
                         ))
                     }
@@ -176,7 +179,9 @@ impl<'t, 'a> Renderer<'t, 'a> {
                 .tool_calls
                 .iter()
                 .enumerate()
-                .map(|(i, call)| invoke(call).map_err(|e| e.at(&format!("tool_calls[{i}]"))))
+                .map(|(i, call)| {
+                    invoke(call).map_err(|e| e.within(&format!("{}.tool_calls[{i}]", turn.path)))
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             p.push_text("\n\n<");
             p.push_control(Control::Dsml);
@@ -294,7 +299,7 @@ fn tools_block(tools: &[Tool]) -> Result<Prompt, Error> {
             .unwrap_or_default()
             .to_string();
         let qualified = qualified_name(&name, tool.namespace.as_ref())
-            .map_err(|e| e.at(&format!("tools[{i}]")))?;
+            .map_err(|e| e.within(&format!("[{i}]")))?;
         function.insert("name".into(), Value::String(qualified));
         if let Some(Namespace::Object {
             description: Some(ns_description),
@@ -306,7 +311,7 @@ fn tools_block(tools: &[Tool]) -> Result<Prompt, Error> {
                     Some(s) => s.to_string(),
                     None => {
                         return Err(Error::input(
-                            &format!("tools[{i}].function.description"),
+                            &format!("[{i}].function.description"),
                             "expected a string to append to the namespace description",
                         ))
                     }

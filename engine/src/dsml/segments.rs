@@ -4,6 +4,7 @@
 //! literal `｜DSML｜` or `<｜end▁of▁sentence｜>` inside a tool result on the BPE path, so user
 //! data can never forge a control token. [`Prompt`]'s `Display` is the reference string.
 
+use crate::tokenizer::Tokenizer;
 use std::fmt;
 
 /// The sixteen control tokens the DSML encoder emits (TOKENIZER.md §3.1).
@@ -216,6 +217,45 @@ impl Prompt {
                 })
                 .collect(),
         )
+    }
+}
+
+impl Prompt {
+    /// Token ids with user data kept on the text path: each Text segment is BPE-encoded with
+    /// [`Tokenizer::encode_text`] (added-token spellings stay ordinary text) and each Control
+    /// is its single id. This is the safe policy (TOKENIZER.md §5.1, `deepseek-recipe`): a
+    /// literal `｜DSML｜` or `<｜end▁of▁sentence｜>` in a tool result cannot become a control.
+    /// Fails only if the tokenizer lacks one of the sixteen control tokens or maps it to an id
+    /// other than TOKENIZER.md §3.1's.
+    pub fn encode(&self, tokenizer: &Tokenizer) -> Result<Vec<u32>, super::Error> {
+        let mut ids = Vec::new();
+        for seg in &self.segments {
+            match seg {
+                Segment::Text(t) => ids.extend(tokenizer.encode_text(t)),
+                Segment::Control(c) => match tokenizer.token_to_id(c.text()) {
+                    Some(id) if id == c.id() => ids.push(id),
+                    found => {
+                        return Err(super::Error::input(
+                            &tokenizer.source().display().to_string(),
+                            format!(
+                                "control token {} maps to {found:?}, expected id {} (TOKENIZER.md §3.1)",
+                                c.text(),
+                                c.id()
+                            ),
+                        ))
+                    }
+                },
+            }
+        }
+        Ok(ids)
+    }
+
+    /// Token ids the way HF `encode(prompt_string)` produces them (vLLM, SGLang): the whole
+    /// string with added-token recognition, so control spellings inside user data become
+    /// control ids. Equal to [`Prompt::encode`] exactly when no Text segment spells an added
+    /// token.
+    pub fn encode_hf(&self, tokenizer: &Tokenizer) -> Vec<u32> {
+        tokenizer.encode_markup(&self.to_string())
     }
 }
 

@@ -14,11 +14,21 @@
 //! * **block opening**: any number of newlines before `<｜DSML｜ calls>` (vLLM does not require
 //!   the `\n\n`; recipe accepts any newlines), and the V4 spellings `tool_calls` / `invoke` /
 //!   `parameter` without the leading space (recipe closes on both);
+//! * **marker variants** seen from hosted APIs (DSML.md §5: `lsdefine/GenericAgent` #804,
+//!   `local-inference-lab/vllm` PR #417): `<｜｜DSML｜｜…>`, `‖DSML‖`, ASCII `|DSML|`. The strict
+//!   grammar, like the reference, treats these as plain content;
 //! * **truncated markup**: a half-written marker at the very end is dropped; an unterminated
 //!   parameter, invoke or block keeps what was written (recipe's flush);
 //! * **values**: `string="false"` text that is not JSON falls back to a JSON string (vLLM);
 //!   a duplicate parameter keeps the first value;
 //! * **after the block**: text is dropped and reported (recipe skips it as invalid).
+//!
+//! Relation to the strict grammar: on every completion the strict grammar accepts and the
+//! renderer writes back unchanged, the two give the same message (property
+//! `tolerant_grammar_is_total` in `engine/tests/dsml_roundtrip.rs`), except when a tool name,
+//! parameter name or value itself spells a marker or control token: the strict grammar reads
+//! field by field and keeps such a spelling inside the field, the tolerant one looks for
+//! markers first (as streaming servers do) and lets it end the field.
 
 use super::json_py;
 use super::message::ThinkingMode;
@@ -44,6 +54,8 @@ pub enum Recovery {
     LooseBlockPrefix,
     /// V4 tag spellings (`<｜DSML｜tool_calls>`, `invoke`, `parameter` without the space).
     V4Tags,
+    /// A DSML marker spelled other than `｜DSML｜` (`｜｜DSML｜｜`, `‖DSML‖`, ASCII `|DSML|`).
+    MarkerVariant(String),
     /// The text ended inside markup (a parameter, invoke or the block was not closed).
     Truncated,
     /// A partial marker at the end of the text was dropped.
@@ -62,42 +74,88 @@ pub enum Recovery {
     LiteralDsml,
 }
 
-/// Tag spellings: V4.1 (spaced) first, then V4.
-const OPEN: [&str; 2] = ["<｜DSML｜ calls>", "<｜DSML｜tool_calls>"];
-const CLOSE: [&str; 2] = ["</｜DSML｜ calls>", "</｜DSML｜tool_calls>"];
-const INVOKE: [&str; 2] = ["<｜DSML｜ invoke", "<｜DSML｜invoke"];
-const INVOKE_CLOSE: [&str; 2] = ["</｜DSML｜ invoke>", "</｜DSML｜invoke>"];
-const PARAM: [&str; 2] = ["<｜DSML｜ parameter", "<｜DSML｜parameter"];
-const PARAM_CLOSE: [&str; 2] = ["</｜DSML｜ parameter>", "</｜DSML｜parameter>"];
+/// The DSML marker as the model writes it, then the variants hosted APIs and other servers
+/// have been seen to produce (DSML.md §5: `<｜｜DSML｜｜…>`, `‖DSML‖`, ASCII `|DSML|`).
+const DSML_VARIANTS: [&str; 4] = ["｜DSML｜", "｜｜DSML｜｜", "‖DSML‖", "|DSML|"];
+
+/// Every accepted spelling of each marker. Index `k` is DSML variant `k / 2` with the V4.1
+/// spaced tag names (`k` even) or the V4 ones (`k` odd: `tool_calls`, `invoke`, `parameter`).
+struct Spellings {
+    open: Vec<String>,
+    close: Vec<String>,
+    invoke: Vec<String>,
+    invoke_close: Vec<String>,
+    param: Vec<String>,
+    param_close: Vec<String>,
+}
+
+fn spellings() -> &'static Spellings {
+    static CELL: std::sync::OnceLock<Spellings> = std::sync::OnceLock::new();
+    CELL.get_or_init(|| {
+        let each = |f: &dyn Fn(&str, &str, &str, &str) -> String| {
+            DSML_VARIANTS
+                .iter()
+                .flat_map(|d| {
+                    [
+                        f(d, " calls", " invoke", " parameter"),
+                        f(d, "tool_calls", "invoke", "parameter"),
+                    ]
+                })
+                .collect::<Vec<_>>()
+        };
+        Spellings {
+            open: each(&|d, c, _, _| format!("<{d}{c}>")),
+            close: each(&|d, c, _, _| format!("</{d}{c}>")),
+            invoke: each(&|d, _, i, _| format!("<{d}{i}")),
+            invoke_close: each(&|d, _, i, _| format!("</{d}{i}>")),
+            param: each(&|d, _, _, p| format!("<{d}{p}")),
+            param_close: each(&|d, _, _, p| format!("</{d}{p}>")),
+        }
+    })
+}
+
+/// Records a non-canonical spelling (once per kind).
+fn note_spelling(rec: &mut Vec<Recovery>, index: usize) {
+    let mut push = |r: Recovery| {
+        if !rec.contains(&r) {
+            rec.push(r);
+        }
+    };
+    if index % 2 == 1 {
+        push(Recovery::V4Tags);
+    }
+    if index / 2 > 0 {
+        push(Recovery::MarkerVariant(
+            DSML_VARIANTS[index / 2].to_string(),
+        ));
+    }
+}
 
 /// The earliest occurrence of any of `needles` in `hay`: (position, needle index).
-fn find_any(hay: &str, needles: &[&str]) -> Option<(usize, usize)> {
+fn find_any(hay: &str, needles: &[String]) -> Option<(usize, usize)> {
     needles
         .iter()
         .enumerate()
-        .filter_map(|(i, n)| hay.find(n).map(|p| (p, i)))
+        .filter_map(|(i, n)| hay.find(n.as_str()).map(|p| (p, i)))
         .min()
 }
 
 /// If `text` ends with a proper prefix (≥ 1 char) of any marker, the length of that suffix.
 fn partial_marker_suffix(text: &str) -> usize {
-    let markers = [
+    let sp = spellings();
+    let canonical = [
+        &sp.open[0],
+        &sp.close[0],
+        &sp.invoke[0],
+        &sp.invoke_close[0],
+        &sp.param[0],
+        &sp.param_close[0],
+    ];
+    let markers = canonical.iter().map(|s| s.as_str()).chain([
         CALLS_START,
-        OPEN[0],
-        OPEN[1],
-        CLOSE[0],
-        CLOSE[1],
-        INVOKE[0],
-        INVOKE[1],
-        INVOKE_CLOSE[0],
-        INVOKE_CLOSE[1],
-        PARAM[0],
-        PARAM[1],
-        PARAM_CLOSE[0],
-        PARAM_CLOSE[1],
         Control::Eos.text(),
         Control::ThinkEnd.text(),
-    ];
+    ]);
     let mut best = 0;
     for m in markers {
         for (cut, _) in m.char_indices().skip(1) {
@@ -140,7 +198,7 @@ pub(crate) fn parse_tolerant(completion: &str, mode: ThinkingMode) -> ParsedMess
             text = rest;
         }
         let think_end = text.find(Control::ThinkEnd.text());
-        let open = find_any(text, &OPEN).map(|(p, _)| p);
+        let open = find_any(text, &spellings().open).map(|(p, _)| p);
         match (think_end, open) {
             (Some(t), o) if o.is_none_or(|o| t < o) => {
                 reasoning = text[..t].to_string();
@@ -161,7 +219,7 @@ pub(crate) fn parse_tolerant(completion: &str, mode: ThinkingMode) -> ParsedMess
     }
 
     // Content up to the block.
-    let (content_part, block) = match find_any(text, &OPEN) {
+    let (content_part, block) = match find_any(text, &spellings().open) {
         Some((pos, which)) => {
             let before = &text[..pos];
             let content = match before.strip_suffix("\n\n") {
@@ -171,10 +229,8 @@ pub(crate) fn parse_tolerant(completion: &str, mode: ThinkingMode) -> ParsedMess
                     before.trim_end_matches('\n')
                 }
             };
-            if which == 1 {
-                rec.push(Recovery::V4Tags);
-            }
-            (content, Some(&text[pos + OPEN[which].len()..]))
+            note_spelling(&mut rec, which);
+            (content, Some(&text[pos + spellings().open[which].len()..]))
         }
         None => (text, None),
     };
@@ -204,21 +260,21 @@ fn parse_block(mut body: &str, rec: &mut Vec<Recovery>) -> Vec<ParsedToolCall> {
     let mut calls = Vec::new();
     let mut closed = false;
     loop {
-        let next_invoke = find_any(body, &INVOKE);
-        let next_close = find_any(body, &CLOSE);
+        let sp = spellings();
+        let next_invoke = find_any(body, &sp.invoke);
+        let next_close = find_any(body, &sp.close);
         match (next_invoke, next_close) {
             (Some((i, wi)), c) if c.is_none_or(|(c, _)| i < c) => {
-                if wi == 1 && !rec.contains(&Recovery::V4Tags) {
-                    rec.push(Recovery::V4Tags);
-                }
-                let (call, rest) = parse_invoke(&body[i + INVOKE[wi].len()..], rec);
+                note_spelling(rec, wi);
+                let (call, rest) = parse_invoke(&body[i + sp.invoke[wi].len()..], rec);
                 if let Some(call) = call {
                     calls.push(call);
                 }
                 body = rest;
             }
             (_, Some((c, wc))) => {
-                let after = &body[c + CLOSE[wc].len()..];
+                note_spelling(rec, wc);
+                let after = &body[c + sp.close[wc].len()..];
                 if !after.is_empty() {
                     rec.push(Recovery::TextAfterCalls(after.to_string()));
                 }
@@ -237,14 +293,15 @@ fn parse_block(mut body: &str, rec: &mut Vec<Recovery>) -> Vec<ParsedToolCall> {
 /// One invoke, from just after `<｜DSML｜ invoke`: the call (if its name is readable) and the
 /// text after `</｜DSML｜ invoke>` (or the end).
 fn parse_invoke<'t>(text: &'t str, rec: &mut Vec<Recovery>) -> (Option<ParsedToolCall>, &'t str) {
-    let (inner, rest, complete) = match find_any(text, &INVOKE_CLOSE) {
-        Some((p, w)) => (&text[..p], &text[p + INVOKE_CLOSE[w].len()..], true),
+    let sp = spellings();
+    let (inner, rest, complete) = match find_any(text, &sp.invoke_close) {
+        Some((p, w)) => (&text[..p], &text[p + sp.invoke_close[w].len()..], true),
         None => (text, "", false),
     };
     if !complete && !rec.contains(&Recovery::Truncated) {
         rec.push(Recovery::Truncated);
     }
-    let header_end = find_any(inner, &PARAM).map_or(inner.len(), |(p, _)| p);
+    let header_end = find_any(inner, &sp.param).map_or(inner.len(), |(p, _)| p);
     let header = &inner[..header_end];
     let name = header
         .trim_start()
@@ -256,10 +313,11 @@ fn parse_invoke<'t>(text: &'t str, rec: &mut Vec<Recovery>) -> (Option<ParsedToo
     };
     let mut params: Vec<(String, String, bool)> = Vec::new();
     let mut body = &inner[header_end..];
-    while let Some((p, w)) = find_any(body, &PARAM) {
-        let after = &body[p + PARAM[w].len()..];
-        let (param, next) = match find_any(after, &PARAM_CLOSE) {
-            Some((e, we)) => (&after[..e], &after[e + PARAM_CLOSE[we].len()..]),
+    while let Some((p, w)) = find_any(body, &sp.param) {
+        note_spelling(rec, w);
+        let after = &body[p + sp.param[w].len()..];
+        let (param, next) = match find_any(after, &sp.param_close) {
+            Some((e, we)) => (&after[..e], &after[e + sp.param_close[we].len()..]),
             None => {
                 if !rec.contains(&Recovery::Truncated) {
                     rec.push(Recovery::Truncated);
@@ -393,5 +451,32 @@ mod tests {
             m.recoveries,
             vec![Recovery::MissingEos, Recovery::MissingThinkEnd]
         );
+    }
+
+    #[test]
+    fn marker_variants_from_hosted_apis() {
+        for d in ["|DSML|", "｜｜DSML｜｜", "‖DSML‖"] {
+            let text = format!(
+                "ok\n\n<{d} calls>\n<{d} invoke name=\"f\">\n<{d} parameter name=\"a\" string=\"false\">1</{d} parameter>\n</{d} invoke>\n</{d} calls><｜end▁of▁sentence｜>"
+            );
+            let m = tol(&text, ThinkingMode::Chat);
+            assert_eq!(m.content, "ok", "{d}");
+            assert_eq!(m.tool_calls[0].arguments, "{\"a\": 1}", "{d}");
+            assert_eq!(
+                m.recoveries,
+                vec![Recovery::MarkerVariant(d.to_string())],
+                "{d}"
+            );
+            // Strict, like the reference: no tool call is ever read from these. `｜｜DSML｜｜`
+            // contains the DSML token, so it is an error; the others stay content.
+            match parse(&text, ParseMode::strict(ThinkingMode::Chat)) {
+                Ok(strict) => {
+                    assert!(strict.tool_calls.is_empty() && strict.content.contains("calls>"))
+                }
+                Err(e) => {
+                    assert!(d.contains("｜DSML｜") && e.message.contains("'｜DSML｜' in content"))
+                }
+            }
+        }
     }
 }

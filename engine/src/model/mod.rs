@@ -146,6 +146,33 @@ impl Model {
         let hasher = if ckpt.config().engram_layer_ids.is_empty() {
             None
         } else {
+            // A release ships no map: build it from the checkpoint's tokenizer (§6.6.1).
+            let token_map = match token_map {
+                Some(m) => Some(m),
+                None if ckpt.engram_token_map()?.is_none() => {
+                    let path = dir.join("tokenizer.json");
+                    let map = crate::tokenizer::Tokenizer::from_file(&path)
+                        .and_then(|tok| crate::tokenizer::engram_map::compressed_token_map(&tok))
+                        .map_err(|e| {
+                            Error::Model(format!(
+                                "building the Engram token map from {}: {e}; supply the map explicitly",
+                                path.display()
+                            ))
+                        })?;
+                    let n = crate::tokenizer::engram_map::compressed_vocab_size(&map);
+                    if n != ckpt.config().engram_compressed_vocab_size {
+                        return Err(Error::Config {
+                            field: "engram_compressed_vocab_size".into(),
+                            rule: format!(
+                                "the tokenizer's compressed map has {n} ids, the config says {}",
+                                ckpt.config().engram_compressed_vocab_size
+                            ),
+                        });
+                    }
+                    Some(map)
+                }
+                None => None,
+            };
             Some(engram::hasher_for(ckpt.as_ref(), token_map)?)
         };
         Model::from_parts(ckpt, hasher)

@@ -5,9 +5,15 @@
 //! (a partial UTF-8 token) the key is the raw token string, otherwise the normalised text (or
 //! the text itself when that is empty). Keys get compressed ids 0, 1, 2, … in order of first
 //! appearance. On the V4.1 tokenizer this gives 99,092 ids (test `engram_map_release`).
+//!
+//! The map depends on Unicode tables (MODEL.md §6.6.1 ⚠). Upstream builds it with the HF
+//! `tokenizers` normalizers, whose NFKC, NFD and combining-mark tables come from the
+//! `unicode-normalization-alignments` crate (Unicode 9.0) and whose lowercasing is Rust's
+//! `char::to_lowercase`; this module uses exactly those, so it agrees with HF on every input
+//! (test `normalizer_equals_hf`), not only on the release vocabulary.
 
-use unicode_normalization::char::is_combining_mark;
-use unicode_normalization::UnicodeNormalization;
+use unicode_normalization_alignments::char::is_combining_mark;
+use unicode_normalization_alignments::UnicodeNormalization;
 
 use super::Tokenizer;
 use crate::Result;
@@ -18,9 +24,10 @@ const SENTINEL: char = '\u{E000}';
 /// The upstream normaliser: NFKC → NFD → StripAccents → Lowercase → `[ \t\r\n]+` → " " →
 /// `^ $` → sentinel → Strip → sentinel → " ".
 pub fn normalize(text: &str) -> String {
-    let stripped: String = text
-        .nfkc()
+    let nfkc: String = text.nfkc().map(|(c, _)| c).collect();
+    let stripped: String = nfkc
         .nfd()
+        .map(|(c, _)| c)
         .filter(|&c| !is_combining_mark(c))
         .flat_map(char::to_lowercase)
         .collect();

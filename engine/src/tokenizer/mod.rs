@@ -49,13 +49,27 @@ pub struct Tokenizer {
     bpe: Bpe,
 }
 
-/// Reusable buffers for one encoding call.
+/// Buffers reused across encoding calls on one thread, so short inputs do not allocate.
 #[derive(Default)]
-struct Scratch<'t> {
+struct Scratch {
     pre: pretokenize::Scratch,
     bpe: bpe::Scratch,
-    /// Pieces already encoded in this call: where their ids sit in the output.
-    cache: foldhash::HashMap<&'t str, (u32, u32)>,
+}
+
+thread_local! {
+    static SCRATCH: std::cell::RefCell<Scratch> = std::cell::RefCell::default();
+}
+
+/// Pieces already encoded in this call, and where their ids sit in the output. Only worth
+/// its hashing for inputs long enough to repeat words.
+type PieceCache<'t> = foldhash::HashMap<&'t str, (u32, u32)>;
+const CACHE_MIN_BYTES: usize = 256;
+
+fn with_scratch<R>(f: impl FnOnce(&mut Scratch) -> R) -> R {
+    SCRATCH.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut scratch) => f(&mut scratch),
+        Err(_) => f(&mut Scratch::default()),
+    })
 }
 
 impl std::fmt::Debug for Tokenizer {
@@ -164,8 +178,10 @@ impl Tokenizer {
     /// Encodes untrusted text: added-token spellings are ordinary text.
     pub fn encode_text(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        let mut scratch = Scratch::default();
-        self.encode_plain(text, 0, text.len(), &mut scratch, &mut out);
+        let mut cache = PieceCache::default();
+        with_scratch(|scratch| {
+            self.encode_plain(text, 0, text.len(), scratch, &mut cache, &mut out)
+        });
         out
     }
 
@@ -173,12 +189,14 @@ impl Tokenizer {
     /// `encode(text, add_special_tokens=False)`).
     pub fn encode_markup(&self, text: &str) -> Vec<u32> {
         let mut out = Vec::with_capacity(text.len() / 3 + 1);
-        let mut scratch = Scratch::default();
-        self.splitter.split(text, &mut |segment| match segment {
-            Segment::Token(id) => out.push(id),
-            Segment::Text { start, end } => {
-                self.encode_plain(text, start, end, &mut scratch, &mut out)
-            }
+        let mut cache = PieceCache::default();
+        with_scratch(|scratch| {
+            self.splitter.split(text, &mut |segment| match segment {
+                Segment::Token(id) => out.push(id),
+                Segment::Text { start, end } => {
+                    self.encode_plain(text, start, end, scratch, &mut cache, &mut out)
+                }
+            })
         });
         out
     }
@@ -197,22 +215,26 @@ impl Tokenizer {
         text: &'t str,
         start: usize,
         end: usize,
-        scratch: &mut Scratch<'t>,
+        scratch: &mut Scratch,
+        cache: &mut PieceCache<'t>,
         out: &mut Vec<u32>,
     ) {
         let stretch = &text[start..end];
-        let Scratch { pre, bpe, cache } = scratch;
+        let Scratch { pre, bpe } = scratch;
+        let use_cache = text.len() >= CACHE_MIN_BYTES;
         pretokenize::split(stretch, pre, |a, b| {
             let piece = &stretch[a..b];
+            if !use_cache || piece.len() == 1 {
+                self.bpe.encode_word(piece.as_bytes(), bpe, out);
+                return;
+            }
             if let Some(&(at, len)) = cache.get(piece) {
                 out.extend_from_within(at as usize..(at + len) as usize);
                 return;
             }
             let at = out.len();
             self.bpe.encode_word(piece.as_bytes(), bpe, out);
-            if piece.len() > 1 {
-                cache.insert(piece, (at as u32, (out.len() - at) as u32));
-            }
+            cache.insert(piece, (at as u32, (out.len() - at) as u32));
         });
     }
 

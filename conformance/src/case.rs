@@ -1,0 +1,831 @@
+//! The case schema (CONTRACT.md §1): cases are YAML data in `conformance/cases/<family>/*.yaml`,
+//! one file per group, validated strictly on load (unknown fields refused, errors naming the
+//! file, the case and the field path). A case's full name is `family::file::case`, stable, and
+//! usable back as a filter.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{anyhow, bail};
+use serde::{Deserialize, Serialize};
+
+use crate::engine_api::{IndexK, Numerics};
+use crate::gates::{GateOverrides, ProfileName};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Family {
+    /// Container/loader: presets load, every mutant is refused.
+    Loader,
+    /// Tokenizer: exact ids on a corpus, control tokens only on the markup path.
+    Tokenizer,
+    /// DSML: render goldens byte-exact, parse results exact.
+    Dsml,
+    /// Session state: metamorphic relations (snapshot/restore, chunking, refusal).
+    State,
+    /// Layer residuals + discrete decisions against a golden trace.
+    Residual,
+}
+
+impl Family {
+    pub const ALL: [Family; 5] = [
+        Family::Loader,
+        Family::Tokenizer,
+        Family::Dsml,
+        Family::State,
+        Family::Residual,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Family::Loader => "loader",
+            Family::Tokenizer => "tokenizer",
+            Family::Dsml => "dsml",
+            Family::State => "state",
+            Family::Residual => "residual",
+        }
+    }
+}
+
+/// Where a model comes from: `synthetic:PRESET/LAYOUT[@SEED]`, `mutant:PRESET/LAYOUT/NAME`,
+/// or `upstream:REL` (under DS41_UPSTREAM).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum ModelRef {
+    Synthetic {
+        preset: String,
+        layout: String,
+        seed: u64,
+    },
+    Mutant {
+        preset: String,
+        layout: String,
+        mutant: String,
+    },
+    Upstream(String),
+}
+
+impl std::fmt::Display for ModelRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ModelRef::Synthetic {
+                preset,
+                layout,
+                seed,
+            } => write!(f, "synthetic:{preset}/{layout}@{seed}"),
+            ModelRef::Mutant {
+                preset,
+                layout,
+                mutant,
+            } => write!(f, "mutant:{preset}/{layout}/{mutant}"),
+            ModelRef::Upstream(rel) => write!(f, "upstream:{rel}"),
+        }
+    }
+}
+
+impl std::str::FromStr for ModelRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let layout_ok = |l: &str| matches!(l, "release" | "container");
+        if let Some(rest) = s.strip_prefix("synthetic:") {
+            let (body, seed) = match rest.split_once('@') {
+                Some((b, seed)) => (
+                    b,
+                    seed.parse::<u64>()
+                        .map_err(|_| format!("`{s}`: seed `{seed}` is not an integer"))?,
+                ),
+                None => (rest, 0),
+            };
+            let (preset, layout) = body
+                .split_once('/')
+                .ok_or(format!("`{s}`: expected synthetic:PRESET/LAYOUT[@SEED]"))?;
+            if !layout_ok(layout) || preset.is_empty() {
+                return Err(format!(
+                    "`{s}`: layout must be `release` or `container` and the preset non-empty"
+                ));
+            }
+            Ok(ModelRef::Synthetic {
+                preset: preset.into(),
+                layout: layout.into(),
+                seed,
+            })
+        } else if let Some(rest) = s.strip_prefix("mutant:") {
+            let parts: Vec<&str> = rest.split('/').collect();
+            if parts.len() != 3 || !layout_ok(parts[1]) || parts.iter().any(|p| p.is_empty()) {
+                return Err(format!("`{s}`: expected mutant:PRESET/LAYOUT/NAME"));
+            }
+            Ok(ModelRef::Mutant {
+                preset: parts[0].into(),
+                layout: parts[1].into(),
+                mutant: parts[2].into(),
+            })
+        } else if let Some(rel) = s.strip_prefix("upstream:") {
+            check_rel(s, rel)?;
+            Ok(ModelRef::Upstream(rel.into()))
+        } else {
+            Err(format!("`{s}`: a model is `synthetic:PRESET/LAYOUT[@SEED]`, `mutant:PRESET/LAYOUT/NAME` or `upstream:PATH`"))
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for ModelRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// A data file: `upstream:REL` (under DS41_UPSTREAM) or `repo:REL` (under the repository root).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub enum DataRef {
+    Upstream(String),
+    Repo(String),
+}
+
+fn check_rel(whole: &str, rel: &str) -> Result<(), String> {
+    if rel.is_empty() || rel.starts_with('/') || rel.split('/').any(|c| c == "..") {
+        return Err(format!(
+            "`{whole}`: the path must be relative and stay inside its root"
+        ));
+    }
+    Ok(())
+}
+
+impl std::str::FromStr for DataRef {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(rel) = s.strip_prefix("upstream:") {
+            check_rel(s, rel)?;
+            Ok(DataRef::Upstream(rel.into()))
+        } else if let Some(rel) = s.strip_prefix("repo:") {
+            check_rel(s, rel)?;
+            Ok(DataRef::Repo(rel.into()))
+        } else {
+            Err(format!(
+                "`{s}`: a data file is `upstream:PATH` or `repo:PATH`"
+            ))
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for DataRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+impl std::fmt::Display for DataRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DataRef::Upstream(r) => write!(f, "upstream:{r}"),
+            DataRef::Repo(r) => write!(f, "repo:{r}"),
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- family specs
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadExpect {
+    Accept,
+    Refuse,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoaderSpec {
+    /// One model, or...
+    #[serde(default)]
+    pub model: Option<ModelRef>,
+    /// ...every mutant of ds41-synthetic for this `PRESET/LAYOUT` (expands to one case each).
+    #[serde(default)]
+    pub all_mutants_of: Option<String>,
+    pub expect: LoadExpect,
+    /// Checked for the reference engine only: its refusal names one of these (other engines
+    /// word their own errors; they only have to refuse).
+    #[serde(default)]
+    pub error_mentions: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenizerCheck {
+    /// Ids equal the expected ids (from `corpus` or `ids`).
+    Ids,
+    /// No id is an added/control token (the text path's security boundary).
+    NoControlIds,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerSpec {
+    /// `tokenizer.json` (or a checkpoint directory).
+    pub tokenizer: DataRef,
+    /// JSON lines with `text` and `ids`.
+    #[serde(default)]
+    pub corpus: Option<DataRef>,
+    #[serde(default)]
+    pub texts: Vec<String>,
+    #[serde(default)]
+    pub ids: Vec<Vec<u32>>,
+    pub markup: bool,
+    pub check: TokenizerCheck,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenderSpec {
+    /// Official test-case format JSON.
+    pub conversation: DataRef,
+    /// Expected prompt text (byte-exact), or...
+    #[serde(default)]
+    pub expected: Option<DataRef>,
+    /// ...an expected refusal containing this text.
+    #[serde(default)]
+    pub expect_error: Option<String>,
+    #[serde(default)]
+    pub thinking_mode: Option<String>,
+    #[serde(default)]
+    pub reasoning_effort: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParseSpec {
+    pub completion: String,
+    #[serde(default)]
+    pub thinking: bool,
+    #[serde(default)]
+    pub tolerant: bool,
+    /// Expected message (official parser shape), or...
+    #[serde(default)]
+    pub expected: Option<serde_json::Value>,
+    /// ...expected refusal containing this text.
+    #[serde(default)]
+    pub expect_error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DsmlSpec {
+    #[serde(default)]
+    pub render: Option<RenderSpec>,
+    #[serde(default)]
+    pub parse: Option<ParseSpec>,
+    /// Every `NAME.json` with `NAME.txt` (expected prompt) or `NAME.error` (expected
+    /// refusal, `"<ExceptionType>: <message>"`) in this directory.
+    #[serde(default)]
+    pub render_dir: Option<DataRef>,
+    /// Probes of the official encoder/parser: `{inputs: DATA, results: DATA}` (the
+    /// `reference_probe_*.json` format); render and parse probes run, others are counted.
+    #[serde(default)]
+    pub probes: Option<ProbeFiles>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeFiles {
+    pub inputs: DataRef,
+    pub results: DataRef,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    /// prefill(split) + save + load in a fresh request + continue == uninterrupted.
+    SnapshotRestore,
+    /// prefill(split) with `tokens` vs token-at-a-time: every common logits row equal.
+    ChunkedPrefill,
+    /// A state saved on `model` is refused when loaded into `other_model`.
+    MismatchRefused,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSpec {
+    pub model: ModelRef,
+    pub relation: Relation,
+    pub tokens: Vec<u32>,
+    /// Split points (token counts before the snapshot / prefill chunk sizes); one check each.
+    pub splits: Vec<usize>,
+    pub numerics: Numerics,
+    pub index_k: IndexK,
+    #[serde(default)]
+    pub other_model: Option<ModelRef>,
+}
+
+/// `reference`, `{file: DATA}` or `{waste_oracle: {dir: DATA, variant: as_shipped|owner}}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GoldenSpec {
+    /// Computed live by the built-in reference engine (test-backend-ops style).
+    Reference,
+    /// A trace-format safetensors golden.
+    File(DataRef),
+    /// The WASTE oracle's raw f32 outputs (CONTAINER.md §10.4).
+    WasteOracle { dir: DataRef, variant: String },
+}
+
+impl<'de> Deserialize<'de> for GoldenSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Waste {
+            dir: DataRef,
+            variant: String,
+        }
+        let v = serde_yaml::Value::deserialize(d)?;
+        let expected = "`reference`, `{file: DATA}` or `{waste_oracle: {dir: DATA, variant: as_shipped|owner}}`";
+        match &v {
+            serde_yaml::Value::String(s) if s == "reference" => Ok(GoldenSpec::Reference),
+            serde_yaml::Value::Mapping(m) if m.len() == 1 => {
+                let (k, inner) = m.iter().next().unwrap();
+                match k.as_str() {
+                    Some("file") => Ok(GoldenSpec::File(
+                        DataRef::deserialize(inner.clone()).map_err(D::Error::custom)?,
+                    )),
+                    Some("waste_oracle") => {
+                        let w = Waste::deserialize(inner.clone()).map_err(D::Error::custom)?;
+                        if !matches!(w.variant.as_str(), "as_shipped" | "owner") {
+                            return Err(D::Error::custom(format!(
+                                "waste_oracle variant `{}` is not as_shipped or owner",
+                                w.variant
+                            )));
+                        }
+                        Ok(GoldenSpec::WasteOracle {
+                            dir: w.dir,
+                            variant: w.variant,
+                        })
+                    }
+                    _ => Err(D::Error::custom(format!("expected {expected}"))),
+                }
+            }
+            _ => Err(D::Error::custom(format!("expected {expected}"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResidualSpec {
+    pub model: ModelRef,
+    pub golden: GoldenSpec,
+    /// Token ids; omit to use the golden's `input_ids`.
+    #[serde(default)]
+    pub tokens: Option<Vec<u32>>,
+    /// First chunk size (None: all tokens in one prefill).
+    #[serde(default)]
+    pub prefill: Option<usize>,
+    pub numerics: Numerics,
+    pub index_k: IndexK,
+    /// For engines that dump the last token only: run once per prefix length.
+    #[serde(default)]
+    pub prefix_lengths: Vec<usize>,
+    /// Dump tensors the engine must provide (a missing one is NotSupported, never Pass).
+    #[serde(default = "default_require")]
+    pub require: Vec<String>,
+}
+
+fn default_require() -> Vec<String> {
+    vec!["logits".into()]
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Spec {
+    Loader(LoaderSpec),
+    Tokenizer(TokenizerSpec),
+    Dsml(DsmlSpec),
+    State(StateSpec),
+    Residual(ResidualSpec),
+}
+
+/// One runnable case.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Case {
+    /// `family::file::case`.
+    pub name: String,
+    pub family: Family,
+    pub description: String,
+    pub file: PathBuf,
+    /// Gate profile this case's golden belongs to.
+    pub profile: ProfileName,
+    pub tolerance: GateOverrides,
+    pub timeout_s: f64,
+    /// Long tier: only with DS41_LONG=1 (cargo test) or --long (certify).
+    pub long: bool,
+    pub spec: Spec,
+}
+
+impl Case {
+    /// Upstream data this case reads (it is Skipped when DS41_UPSTREAM is unset).
+    pub fn needs_upstream(&self) -> bool {
+        let up_model = |m: &ModelRef| matches!(m, ModelRef::Upstream(_));
+        let up_data = |d: &DataRef| matches!(d, DataRef::Upstream(_));
+        match &self.spec {
+            Spec::Loader(s) => s.model.as_ref().is_some_and(up_model),
+            Spec::Tokenizer(s) => up_data(&s.tokenizer) || s.corpus.as_ref().is_some_and(up_data),
+            Spec::Dsml(s) => {
+                s.render.as_ref().is_some_and(|r| {
+                    up_data(&r.conversation) || r.expected.as_ref().is_some_and(up_data)
+                }) || s.render_dir.as_ref().is_some_and(up_data)
+                    || s.probes
+                        .as_ref()
+                        .is_some_and(|p| up_data(&p.inputs) || up_data(&p.results))
+            }
+            Spec::State(s) => up_model(&s.model) || s.other_model.as_ref().is_some_and(up_model),
+            Spec::Residual(s) => {
+                up_model(&s.model)
+                    || match &s.golden {
+                        GoldenSpec::Reference => false,
+                        GoldenSpec::File(d) => up_data(d),
+                        GoldenSpec::WasteOracle { dir, .. } => up_data(dir),
+                    }
+            }
+        }
+    }
+}
+
+// ------------------------------------------------------------------------- file format
+
+/// The fields every case has, whatever its family.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Common {
+    name: String,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    profile: Option<ProfileName>,
+    #[serde(default)]
+    tolerance: GateOverrides,
+    #[serde(default)]
+    timeout_s: Option<f64>,
+    #[serde(default)]
+    long: bool,
+}
+const COMMON_KEYS: [&str; 6] = [
+    "name",
+    "description",
+    "profile",
+    "tolerance",
+    "timeout_s",
+    "long",
+];
+
+const DEFAULT_TIMEOUT_S: f64 = 300.0;
+
+fn typed<T: serde::de::DeserializeOwned>(v: serde_yaml::Value, at: &str) -> anyhow::Result<T> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            anyhow!("{at}: {}", e.inner())
+        } else {
+            anyhow!("{at}: field `{path}`: {}", e.inner())
+        }
+    })
+}
+
+/// Load every `*.yaml` under `dir` (sorted), validate, and return the cases sorted by name.
+/// Case names must be unique.
+pub fn load_cases(dir: &Path) -> anyhow::Result<Vec<Case>> {
+    let mut files = Vec::new();
+    collect_yaml(dir, &mut files)?;
+    files.sort();
+    if files.is_empty() {
+        bail!("{}: no case files (*.yaml)", dir.display());
+    }
+    let mut cases = Vec::new();
+    for f in &files {
+        cases.extend(load_case_file(f)?);
+    }
+    cases.sort_by(|a, b| a.name.cmp(&b.name));
+    for w in cases.windows(2) {
+        if w[0].name == w[1].name {
+            bail!(
+                "case `{}` is defined twice ({} and {})",
+                w[0].name,
+                w[0].file.display(),
+                w[1].file.display()
+            );
+        }
+    }
+    Ok(cases)
+}
+
+fn collect_yaml(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
+    let rd = std::fs::read_dir(dir).map_err(|e| anyhow!("{}: {e}", dir.display()))?;
+    for entry in rd {
+        let p = entry.map_err(|e| anyhow!("{}: {e}", dir.display()))?.path();
+        if p.is_dir() {
+            collect_yaml(&p, out)?;
+        } else if p.extension().is_some_and(|e| e == "yaml" || e == "yml") {
+            out.push(p);
+        }
+    }
+    Ok(())
+}
+
+/// Parse and validate one case file: `family`, optional `description`, and `cases`, each a
+/// mapping of the common fields plus the family's own fields (unknown keys refused).
+pub fn load_case_file(path: &Path) -> anyhow::Result<Vec<Case>> {
+    let file = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{file}: {e}"))?;
+    let root: serde_yaml::Value =
+        serde_yaml::from_str(&text).map_err(|e| anyhow!("{file}: not YAML: {e}"))?;
+    let serde_yaml::Value::Mapping(mut root) = root else {
+        bail!("{file}: the top level must be a mapping")
+    };
+    for k in root.keys() {
+        let k = k.as_str().unwrap_or("?");
+        if !matches!(k, "family" | "description" | "cases") {
+            bail!("{file}: field `{k}`: unknown (expected family, description, cases)");
+        }
+    }
+    let family: Family = typed(
+        root.remove("family")
+            .ok_or_else(|| anyhow!("{file}: field `family`: missing"))?,
+        &format!("{file}: field `family`"),
+    )?;
+    let Some(serde_yaml::Value::Sequence(raw_cases)) = root.remove("cases") else {
+        bail!("{file}: field `cases`: missing or not a list")
+    };
+    let stem = path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("cases")
+        .to_string();
+    let mut out = Vec::new();
+    for (i, raw) in raw_cases.into_iter().enumerate() {
+        let serde_yaml::Value::Mapping(mut m) = raw else {
+            bail!("{file}: cases[{i}]: not a mapping")
+        };
+        let mut common = serde_yaml::Mapping::new();
+        for k in COMMON_KEYS {
+            if let Some(v) = m.remove(k) {
+                common.insert(k.into(), v);
+            }
+        }
+        let c: Common = typed(
+            serde_yaml::Value::Mapping(common),
+            &format!("{file}: cases[{i}]"),
+        )?;
+        let at = format!("{file}: cases[{i}] (`{}`)", c.name);
+        let rest = serde_yaml::Value::Mapping(m);
+        let spec = match family {
+            Family::Loader => Spec::Loader(typed(rest, &at)?),
+            Family::Tokenizer => Spec::Tokenizer(typed(rest, &at)?),
+            Family::Dsml => Spec::Dsml(typed(rest, &at)?),
+            Family::State => Spec::State(typed(rest, &at)?),
+            Family::Residual => Spec::Residual(typed(rest, &at)?),
+        };
+        if c.name.is_empty()
+            || !c
+                .name
+                .chars()
+                .all(|ch| ch.is_ascii_alphanumeric() || "-_.".contains(ch))
+        {
+            bail!("{at}: field `name` must be non-empty [A-Za-z0-9-_.]");
+        }
+        let timeout_s = c.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
+        if !(timeout_s > 0.0 && timeout_s.is_finite()) {
+            bail!("{at}: field `timeout_s` must be a positive number of seconds");
+        }
+        validate_spec(&spec).map_err(|e| anyhow!("{at}: {e}"))?;
+        let profile = c.profile.unwrap_or(default_profile(&spec));
+        out.push(Case {
+            name: format!("{}::{stem}::{}", family.as_str(), c.name),
+            family,
+            description: c.description,
+            file: path.to_path_buf(),
+            profile,
+            tolerance: c.tolerance,
+            timeout_s,
+            long: c.long,
+            spec,
+        });
+    }
+    Ok(out)
+}
+
+fn default_profile(spec: &Spec) -> ProfileName {
+    match spec {
+        Spec::Residual(s) => match s.numerics {
+            Numerics::Exact => ProfileName::Exact,
+            Numerics::Upstream => ProfileName::Upstream,
+        },
+        Spec::State(s) => match s.numerics {
+            Numerics::Exact => ProfileName::Exact,
+            Numerics::Upstream => ProfileName::Upstream,
+        },
+        _ => ProfileName::Exact,
+    }
+}
+
+fn validate_spec(spec: &Spec) -> Result<(), String> {
+    match spec {
+        Spec::Loader(s) => {
+            if s.model.is_some() == s.all_mutants_of.is_some() {
+                return Err("give exactly one of `model` and `all_mutants_of`".into());
+            }
+            if let Some(m) = &s.all_mutants_of {
+                let ok = m
+                    .split_once('/')
+                    .is_some_and(|(p, l)| !p.is_empty() && matches!(l, "release" | "container"));
+                if !ok {
+                    return Err(format!(
+                        "field `all_mutants_of`: `{m}` is not PRESET/LAYOUT"
+                    ));
+                }
+                if s.expect != LoadExpect::Refuse {
+                    return Err("field `expect`: mutants must be refused".into());
+                }
+            }
+        }
+        Spec::Tokenizer(s) => {
+            let have_texts = !s.texts.is_empty();
+            if s.corpus.is_some() == have_texts {
+                return Err("give exactly one of `corpus` and `texts`".into());
+            }
+            if s.check == TokenizerCheck::Ids && have_texts && s.ids.len() != s.texts.len() {
+                return Err(format!(
+                    "field `ids`: {} lists for {} texts",
+                    s.ids.len(),
+                    s.texts.len()
+                ));
+            }
+            if s.check == TokenizerCheck::NoControlIds && s.markup {
+                return Err(
+                    "field `check`: no_control_ids applies to the text path (markup: false)".into(),
+                );
+            }
+        }
+        Spec::Dsml(s) => {
+            let n = usize::from(s.render.is_some())
+                + usize::from(s.parse.is_some())
+                + usize::from(s.render_dir.is_some())
+                + usize::from(s.probes.is_some());
+            if n != 1 {
+                return Err(
+                    "give exactly one of `render`, `parse`, `render_dir` and `probes`".into(),
+                );
+            }
+            if let Some(r) = &s.render {
+                if r.expected.is_some() == r.expect_error.is_some() {
+                    return Err(
+                        "field `render`: give exactly one of `expected` and `expect_error`".into(),
+                    );
+                }
+            }
+            if let Some(p) = &s.parse {
+                if p.expected.is_some() == p.expect_error.is_some() {
+                    return Err(
+                        "field `parse`: give exactly one of `expected` and `expect_error`".into(),
+                    );
+                }
+            }
+        }
+        Spec::State(s) => {
+            if s.splits.is_empty() {
+                return Err("field `splits`: at least one split point".into());
+            }
+            if let Some(&bad) = s.splits.iter().find(|&&k| k == 0 || k >= s.tokens.len()) {
+                return Err(format!(
+                    "field `splits`: {bad} is not inside 1..{}",
+                    s.tokens.len()
+                ));
+            }
+            if (s.relation == Relation::MismatchRefused) != s.other_model.is_some() {
+                return Err(
+                    "field `other_model`: required by (and only by) relation mismatch_refused"
+                        .into(),
+                );
+            }
+        }
+        Spec::Residual(s) => {
+            if let Some(t) = &s.tokens {
+                if t.is_empty() {
+                    return Err("field `tokens`: empty".into());
+                }
+                if let Some(p) = s.prefill {
+                    if p == 0 || p > t.len() {
+                        return Err(format!(
+                            "field `prefill`: {p} is not inside 1..={}",
+                            t.len()
+                        ));
+                    }
+                }
+                if let Some(&bad) = s.prefix_lengths.iter().find(|&&k| k == 0 || k > t.len()) {
+                    return Err(format!(
+                        "field `prefix_lengths`: {bad} is not inside 1..={}",
+                        t.len()
+                    ));
+                }
+            } else if matches!(s.golden, GoldenSpec::Reference) {
+                return Err(
+                    "field `tokens`: required when the golden is the live reference".into(),
+                );
+            }
+            const KNOWN: [&str; 8] = [
+                "logits",
+                "residual",
+                "experts",
+                "engram_hash",
+                "topk",
+                "attn_out",
+                "moe_out",
+                "expert_weights",
+            ];
+            if let Some(bad) = s.require.iter().find(|r| !KNOWN.contains(&r.as_str())) {
+                return Err(format!(
+                    "field `require`: unknown dump tensor `{bad}` (known: {})",
+                    KNOWN.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        p
+    }
+
+    #[test]
+    fn residual_case_parses_with_all_golden_kinds() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "r.yaml",
+            "family: residual\ncases:\n  - name: a\n    model: synthetic:tiny/release@3\n    golden: reference\n    tokens: [1, 2, 3]\n    numerics: exact\n    index_k: owner\n  - name: b\n    model: upstream:official_a/checkpoint\n    golden: {file: upstream:official_a/p01_d47/golden_ref_defect.safetensors}\n    prefill: 1\n    numerics: upstream\n    index_k: as-shipped\n    require: [logits, residual]\n  - name: c\n    model: upstream:waste_ds41_synth/container\n    golden: {waste_oracle: {dir: upstream:waste_ds41_synth/oracle, variant: as_shipped}}\n    tokens: [3, 7]\n    numerics: exact\n    index_k: as-shipped\n    prefix_lengths: [1, 2]\n    timeout_s: 10\n",
+        );
+        let cases = load_case_file(&p).unwrap();
+        assert_eq!(cases.len(), 3);
+        assert_eq!(cases[0].name, "residual::r::a");
+        assert!(
+            !cases[0].needs_upstream() && cases[1].needs_upstream() && cases[2].needs_upstream()
+        );
+        assert_eq!(cases[1].profile, ProfileName::Upstream);
+        match &cases[2].spec {
+            Spec::Residual(s) => assert!(
+                matches!(&s.golden, GoldenSpec::WasteOracle { variant, .. } if variant == "as_shipped")
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn unknown_field_names_file_case_and_field() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "bad.yaml",
+            "family: state\ncases:\n  - name: ok\n    model: synthetic:tiny/release\n    relation: snapshot_restore\n    tokens: [1, 2, 3]\n    splits: [1]\n    numerics: exact\n    index_k: owner\n    tokenz: [1]\n",
+        );
+        let e = load_case_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("bad.yaml") && e.contains("tokenz") && e.contains("cases[0]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn semantic_errors_name_the_case_and_field() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "s.yaml",
+            "family: state\ncases:\n  - name: split-out-of-range\n    model: synthetic:tiny/release\n    relation: snapshot_restore\n    tokens: [1, 2, 3]\n    splits: [3]\n    numerics: exact\n    index_k: owner\n",
+        );
+        let e = load_case_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("split-out-of-range") && e.contains("splits"),
+            "{e}"
+        );
+        let p = write(d.path(), "m.yaml", "family: loader\ncases:\n  - name: x\n    model: synthetic:tiny/floppy\n    expect: accept\n");
+        let e = load_case_file(&p).unwrap_err().to_string();
+        assert!(
+            e.contains("m.yaml") && e.contains("model") && e.contains("layout"),
+            "{e}"
+        );
+        let p = write(
+            d.path(),
+            "u.yaml",
+            "family: loader\ncases:\n  - name: x\n    model: upstream:../etc\n    expect: accept\n",
+        );
+        assert!(load_case_file(&p).is_err());
+    }
+
+    #[test]
+    fn repository_cases_load() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("cases");
+        let cases = load_cases(&dir).unwrap();
+        assert!(!cases.is_empty());
+    }
+}

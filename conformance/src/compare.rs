@@ -1,0 +1,1029 @@
+//! Trace comparison (CONTRACT.md §5), following ../shared/tools/compare.py (normal mode):
+//! Engram hash ids exact; discrete decisions (routed expert sets, indexer top-k sets) exact,
+//! token-major in processing order, except *fragile flips* in profiles that excuse them — a
+//! flip is excused when the golden's selection margin is at most
+//! `min(cap, floor + factor * drift upstream of it)`, counted, and everything it can influence
+//! (that token from that layer on, later tokens from that layer on) is excluded; residual rel
+//! L2 per (token, layer) cell; logits rel L2, max abs and argmax per compared step. Unlike
+//! compare.py a non-finite engine value is always a failure.
+
+use serde::Serialize;
+
+use crate::gates::{ArgmaxRule, Gates};
+use crate::trace::{Tensor, TraceFile};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MetricStatus {
+    Pass,
+    Fail,
+    Info,
+    /// The engine trace lacks this tensor.
+    NotChecked,
+    /// Present but nothing was left to compare after exclusions.
+    Vacuous,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Metric {
+    pub name: String,
+    pub status: MetricStatus,
+    pub text: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub worst: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub limit: Option<f64>,
+}
+
+/// Where the engine first left the golden, in forward order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Divergence {
+    pub token: usize,
+    pub layer: Option<usize>,
+    /// `engram_hash`, `topk.L{l}`, `experts`, `block_input`, `attn_out`, `mid`, `moe_out`,
+    /// `residual` (block output) or `logits`.
+    pub subop: String,
+    pub metric: String,
+    pub value: f64,
+    pub threshold: f64,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct FlipEvent {
+    pub kind: String,
+    pub token: usize,
+    pub layer: usize,
+    pub margin: f64,
+    pub excuse_limit: f64,
+    pub excused: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct CompareReport {
+    pub metrics: Vec<Metric>,
+    pub first_divergence: Option<Divergence>,
+    /// Worst compared residual rel L2 per layer over all tokens (None: nothing compared).
+    pub per_layer_worst: Vec<Option<f64>>,
+    pub flips: Vec<FlipEvent>,
+    pub residual_threshold: f64,
+}
+
+impl CompareReport {
+    pub fn failed(&self) -> bool {
+        self.metrics.iter().any(|m| m.status == MetricStatus::Fail)
+    }
+    pub fn excused_flips(&self) -> usize {
+        self.flips.iter().filter(|f| f.excused).count()
+    }
+    fn add(
+        &mut self,
+        name: &str,
+        status: MetricStatus,
+        text: String,
+        worst: Option<f64>,
+        limit: Option<f64>,
+    ) {
+        self.metrics.push(Metric {
+            name: name.into(),
+            status,
+            text,
+            worst,
+            limit,
+        });
+    }
+    /// One line per failing metric, for a failure reason.
+    pub fn failure_summary(&self) -> String {
+        let mut parts: Vec<String> = self
+            .metrics
+            .iter()
+            .filter(|m| m.status == MetricStatus::Fail)
+            .map(|m| format!("{}: {}", m.name, m.text))
+            .collect();
+        if let Some(d) = &self.first_divergence {
+            parts.insert(
+                0,
+                format!(
+                    "first divergence: token {}{} sub-op `{}`: {} {:.3e} > {:.3e}{}",
+                    d.token,
+                    d.layer.map(|l| format!(" layer {l}")).unwrap_or_default(),
+                    d.subop,
+                    d.metric,
+                    d.value,
+                    d.threshold,
+                    if d.detail.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", d.detail)
+                    }
+                ),
+            );
+        }
+        parts.join("\n")
+    }
+}
+
+/// rel L2 = ||e - g|| / ||g|| (||e - g|| when g = 0); non-finite engine values give +inf.
+pub fn rel_l2(e: &[f64], g: &[f64]) -> f64 {
+    if e.iter().any(|x| !x.is_finite()) {
+        return f64::INFINITY;
+    }
+    let d: f64 = e
+        .iter()
+        .zip(g)
+        .map(|(a, b)| (a - b) * (a - b))
+        .sum::<f64>()
+        .sqrt();
+    let n: f64 = g.iter().map(|b| b * b).sum::<f64>().sqrt();
+    if n > 0.0 {
+        d / n
+    } else {
+        d
+    }
+}
+
+pub fn max_abs(e: &[f64], g: &[f64]) -> f64 {
+    e.iter()
+        .zip(g)
+        .map(|(a, b)| {
+            if a.is_finite() {
+                (a - b).abs()
+            } else {
+                f64::INFINITY
+            }
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Index of the largest value, ties -> lower index.
+pub fn argmax(v: &[f64]) -> usize {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best
+}
+
+/// Indices of the `k` largest values (ties -> lower index).
+pub fn top_k(v: &[f64], k: usize) -> Vec<usize> {
+    let mut idx: Vec<usize> = (0..v.len()).collect();
+    idx.sort_by(|&a, &b| {
+        v[b].partial_cmp(&v[a])
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(&b))
+    });
+    idx.truncate(k);
+    idx
+}
+
+fn id_set(row: &[i64]) -> std::collections::BTreeSet<i64> {
+    row.iter().copied().filter(|&x| x >= 0).collect()
+}
+
+/// Compare an engine trace with a golden (both already restricted to the same tokens).
+pub fn compare(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> CompareReport {
+    let mut r = CompareReport {
+        residual_threshold: gates.residual.rel_l2,
+        ..Default::default()
+    };
+    let strict = !gates.decisions.excuse_fragile_flips;
+    let dg = &gates.decisions;
+    let gres = golden.get("residual");
+    let (t_n, l_n) = match gres {
+        Some(t) if t.shape.len() >= 2 => (t.shape[0], t.shape[1]),
+        _ => {
+            let steps = golden.get("logits").map(|t| t.shape[0]).unwrap_or(0);
+            (steps, 0)
+        }
+    };
+
+    // ---------------------------------------------------------------- Engram hash ids (exact)
+    if let Some(g) = golden.get("engram_hash") {
+        match engine.get("engram_hash") {
+            None => r.add(
+                "engram_hash",
+                MetricStatus::NotChecked,
+                "absent from the engine trace".into(),
+                None,
+                None,
+            ),
+            Some(e) if e.shape != g.shape => r.add(
+                "engram_hash",
+                MetricStatus::Fail,
+                format!("shape {:?} != golden {:?}", e.shape, g.shape),
+                None,
+                None,
+            ),
+            Some(e) => {
+                let (gv, ev, n) = (g.as_i64(), e.as_i64(), g.row_len());
+                let bad: Vec<usize> = (0..g.shape[0])
+                    .filter(|&t| gv[t * n..(t + 1) * n] != ev[t * n..(t + 1) * n])
+                    .collect();
+                if let Some(&t) = bad.first() {
+                    let col = (0..n)
+                        .find(|&c| gv[t * n + c] != ev[t * n + c])
+                        .unwrap_or(0);
+                    note_divergence(
+                        &mut r,
+                        Divergence {
+                            token: t,
+                            layer: None,
+                            subop: "engram_hash".into(),
+                            metric: "ids differing".into(),
+                            value: 1.0,
+                            threshold: 0.0,
+                            detail: format!(
+                                "flat column {col}: golden {} engine {}",
+                                gv[t * n + col],
+                                ev[t * n + col]
+                            ),
+                        },
+                    );
+                }
+                r.add(
+                    "engram_hash",
+                    if bad.is_empty() {
+                        MetricStatus::Pass
+                    } else {
+                        MetricStatus::Fail
+                    },
+                    format!(
+                        "{}/{} tokens identical{}",
+                        g.shape[0] - bad.len(),
+                        g.shape[0],
+                        bad.first()
+                            .map(|t| format!("; first bad token {t}"))
+                            .unwrap_or_default()
+                    ),
+                    None,
+                    Some(0.0),
+                );
+            }
+        }
+    }
+
+    // ---------------------------------------------- discrete decisions + residual, token-major
+    let topk_layers: Vec<usize> = golden
+        .tensors
+        .keys()
+        .filter_map(|k| k.strip_prefix("topk.L").and_then(|x| x.parse().ok()))
+        .collect();
+    let ge = golden.get("experts");
+    let ee = engine.get("experts").filter(|e| {
+        ge.is_some_and(|g| {
+            e.shape.len() == 3 && e.shape[0] == t_n && e.shape[1] == l_n && g.shape.len() == 3
+        })
+    });
+    if let (Some(e), Some(g)) = (engine.get("experts"), ge) {
+        if ee.is_none() {
+            r.add(
+                "experts",
+                MetricStatus::Fail,
+                format!("shape {:?} != golden {:?}", e.shape, g.shape),
+                None,
+                None,
+            );
+        }
+    }
+    let mut have_topk = std::collections::BTreeMap::new();
+    for &l in &topk_layers {
+        let name = format!("topk.L{l}");
+        match engine.get(&name) {
+            Some(e) if e.shape.first() == Some(&t_n) => {
+                have_topk.insert(l, e.clone());
+            }
+            Some(e) => r.add(
+                &name,
+                MetricStatus::Fail,
+                format!("{:?} rows != {} tokens", e.shape.first(), t_n),
+                None,
+                None,
+            ),
+            None => {}
+        }
+    }
+    let margin_exp = golden.get("margin.experts").map(|m| m.as_f64());
+    let margin_topk: std::collections::BTreeMap<usize, Vec<f64>> = topk_layers
+        .iter()
+        .filter_map(|&l| {
+            golden
+                .get(&format!("margin.topk.L{l}"))
+                .map(|m| (l, m.as_f64()))
+        })
+        .collect();
+    let m_exp = |t: usize, l: usize| {
+        margin_exp
+            .as_ref()
+            .map(|m| m[t * l_n + l])
+            .unwrap_or(f64::INFINITY)
+    };
+    let m_topk = |t: usize, l: usize| margin_topk.get(&l).map(|m| m[t]).unwrap_or(f64::INFINITY);
+
+    let eres = engine.get("residual");
+    let res_ok = match (gres, eres) {
+        (Some(g), Some(e)) => {
+            let ok = e.shape.len() >= 2
+                && e.shape[0] == g.shape[0]
+                && e.shape[1] == g.shape[1]
+                && e.len() == g.len();
+            if !ok {
+                r.add(
+                    "residual",
+                    MetricStatus::Fail,
+                    format!("shape {:?} != golden {:?}", e.shape, g.shape),
+                    None,
+                    None,
+                );
+            }
+            ok
+        }
+        _ => false,
+    };
+    let (gv, ev) = if res_ok {
+        (gres.unwrap().as_f64(), eres.unwrap().as_f64())
+    } else {
+        (vec![], vec![])
+    };
+    let cell_len = if res_ok {
+        gres.unwrap().len() / (t_n * l_n).max(1)
+    } else {
+        0
+    };
+    let mut cell = vec![f64::NAN; t_n * l_n];
+    let mut colmax = vec![0.0f64; l_n];
+    let mut excl = vec![l_n; t_n];
+    let mut frontier = l_n;
+    let mut cnt: std::collections::BTreeMap<String, (usize, usize)> =
+        std::collections::BTreeMap::new();
+    let mut robust: std::collections::BTreeMap<String, Vec<(usize, usize, f64, String)>> =
+        Default::default();
+    let (gexp, eexp, k_exp) = match (ge, ee) {
+        (Some(g), Some(e)) => (g.as_i64(), e.as_i64(), (g.shape[2], e.shape[2])),
+        _ => (vec![], vec![], (0, 0)),
+    };
+    let allowed = |kind: &str, l: usize, colmax: &[f64]| -> f64 {
+        if strict {
+            return -1.0;
+        }
+        let cap = if kind == "experts" {
+            dg.fragile_cap_experts
+        } else {
+            dg.fragile_cap_topk
+        };
+        if !res_ok {
+            return cap;
+        }
+        let up = colmax[..l].iter().copied().fold(0.0, f64::max);
+        cap.min(dg.fragile_floor + dg.fragile_factor * up)
+    };
+    for t in 0..t_n {
+        excl[t] = frontier;
+        for l in 0..l_n {
+            if l >= frontier {
+                break;
+            }
+            let mut tripped = false;
+            if let Some(e) = have_topk.get(&l) {
+                let name = format!("topk.L{l}");
+                let g = golden.get(&name).unwrap();
+                let (gs, es) = (
+                    id_set(&g.as_i64()[t * g.row_len()..(t + 1) * g.row_len()]),
+                    id_set(&e.as_i64()[t * e.row_len()..(t + 1) * e.row_len()]),
+                );
+                let c = cnt.entry(name.clone()).or_default();
+                c.0 += 1;
+                if gs == es {
+                    c.1 += 1;
+                } else {
+                    let detail = format!(
+                        "golden only {:?}, engine only {:?}",
+                        gs.difference(&es).collect::<Vec<_>>(),
+                        es.difference(&gs).collect::<Vec<_>>()
+                    );
+                    let lim = allowed("topk", l, &colmax);
+                    flip(
+                        &mut r,
+                        &mut robust,
+                        &name,
+                        t,
+                        l,
+                        m_topk(t, l),
+                        lim,
+                        detail,
+                        strict,
+                        &mut frontier,
+                    );
+                    tripped = true;
+                }
+            }
+            if !tripped && ee.is_some() {
+                let c = cnt.entry("experts".into()).or_default();
+                c.0 += 1;
+                let gs = id_set(&gexp[(t * l_n + l) * k_exp.0..(t * l_n + l + 1) * k_exp.0]);
+                let es = id_set(&eexp[(t * l_n + l) * k_exp.1..(t * l_n + l + 1) * k_exp.1]);
+                if gs == es {
+                    c.1 += 1;
+                } else {
+                    let detail = format!("golden {:?}, engine {:?}", gs, es);
+                    let lim = allowed("experts", l, &colmax);
+                    flip(
+                        &mut r,
+                        &mut robust,
+                        "experts",
+                        t,
+                        l,
+                        m_exp(t, l),
+                        lim,
+                        detail,
+                        strict,
+                        &mut frontier,
+                    );
+                    tripped = true;
+                }
+            }
+            if tripped && !strict {
+                excl[t] = excl[t].min(l);
+                break;
+            }
+            if res_ok {
+                let o = (t * l_n + l) * cell_len;
+                let v = rel_l2(&ev[o..o + cell_len], &gv[o..o + cell_len]);
+                cell[t * l_n + l] = v;
+                colmax[l] = colmax[l].max(v);
+                if v > gates.residual.rel_l2 && !strict {
+                    let missing_dec =
+                        ee.is_none() || (topk_layers.contains(&l) && !have_topk.contains_key(&l));
+                    let fragile_here = m_exp(t, l) <= allowed("experts", l, &colmax)
+                        || (margin_topk.contains_key(&l)
+                            && m_topk(t, l) <= allowed("topk", l, &colmax));
+                    if missing_dec && fragile_here {
+                        let m = m_exp(t, l).min(m_topk(t, l));
+                        r.flips.push(FlipEvent {
+                            kind: "residual(assumed)".into(),
+                            token: t,
+                            layer: l,
+                            margin: m,
+                            excuse_limit: allowed("experts", l, &colmax),
+                            excused: true,
+                            detail: format!("rel L2 {v:.3e} at a fragile golden decision; the trace has no decisions to prove it"),
+                        });
+                        frontier = frontier.min(l);
+                        excl[t] = excl[t].min(l);
+                        cell[t * l_n + l] = f64::NAN;
+                        break;
+                    }
+                }
+            }
+        }
+        excl[t] = excl[t].min(frontier);
+    }
+    for (name, (n, same)) in &cnt {
+        let rb = robust.get(name).map(|v| v.as_slice()).unwrap_or(&[]);
+        let excused = r
+            .flips
+            .iter()
+            .filter(|f| &f.kind == name && f.excused)
+            .count();
+        let mut text = format!("{same}/{n} compared identical; fragile flips excused {excused}");
+        if let Some((t, l, m, det)) = rb.first() {
+            text += &format!("; {} ROBUST mismatch(es), first at token {t} layer {l} (golden margin {m:.3}) {det}", rb.len());
+        }
+        r.add(
+            name,
+            if rb.is_empty() {
+                MetricStatus::Pass
+            } else {
+                MetricStatus::Fail
+            },
+            text,
+            None,
+            None,
+        );
+    }
+    for &l in &topk_layers {
+        let name = format!("topk.L{l}");
+        if engine.get(&name).is_none() {
+            r.add(
+                &name,
+                MetricStatus::NotChecked,
+                "absent from the engine trace".into(),
+                None,
+                None,
+            );
+        }
+    }
+    if ge.is_some() && engine.get("experts").is_none() {
+        r.add(
+            "experts",
+            MetricStatus::NotChecked,
+            "absent from the engine trace".into(),
+            None,
+            None,
+        );
+    }
+    let n_excused = r.excused_flips();
+    match dg.max_fragile {
+        Some(max) if n_excused > max => r.add(
+            "fragile_flips",
+            MetricStatus::Fail,
+            format!("{n_excused} excused flips > allowed {max}"),
+            None,
+            None,
+        ),
+        _ => r.add(
+            "fragile_flips",
+            MetricStatus::Info,
+            if strict {
+                "none excused (profile compares decisions strictly)".into()
+            } else {
+                format!(
+                    "{n_excused} excused; later tokens compared only below the first flipped layer"
+                )
+            },
+            Some(n_excused as f64),
+            None,
+        ),
+    }
+
+    // ------------------------------------------------------------------------------ residual
+    if res_ok {
+        let thr = gates.residual.rel_l2;
+        let compared = cell.iter().filter(|v| !v.is_nan()).count();
+        let worst = cell
+            .iter()
+            .copied()
+            .filter(|v| !v.is_nan())
+            .fold(0.0, f64::max);
+        r.per_layer_worst = (0..l_n)
+            .map(|l| {
+                let vals: Vec<f64> = (0..t_n)
+                    .map(|t| cell[t * l_n + l])
+                    .filter(|v| !v.is_nan())
+                    .collect();
+                if vals.is_empty() {
+                    None
+                } else {
+                    Some(vals.iter().copied().fold(0.0, f64::max))
+                }
+            })
+            .collect();
+        let over: Vec<(usize, usize)> = (0..t_n)
+            .flat_map(|t| (0..l_n).map(move |l| (t, l)))
+            .filter(|&(t, l)| cell[t * l_n + l] > thr)
+            .collect();
+        let mut text = format!(
+            "{compared}/{} cells compared, worst rel L2 {worst:.3e} (limit {thr:.1e})",
+            t_n * l_n
+        );
+        if let Some(&(t, l)) = over.first() {
+            let lowest = over.iter().map(|x| x.1).min().unwrap_or(l);
+            text += &format!("; {} cells over; first diverging cell token {t} layer {l}; lowest diverging layer {lowest}", over.len());
+            let subop = localise_subop(golden, engine, t, l, thr);
+            note_divergence(
+                &mut r,
+                Divergence {
+                    token: t,
+                    layer: Some(l),
+                    subop: subop.0,
+                    metric: "rel_l2".into(),
+                    value: cell[t * l_n + l],
+                    threshold: thr,
+                    detail: subop.1,
+                },
+            );
+        }
+        let status = if !over.is_empty() {
+            MetricStatus::Fail
+        } else if compared == 0 {
+            MetricStatus::Vacuous
+        } else {
+            MetricStatus::Pass
+        };
+        r.add("residual", status, text, Some(worst), Some(thr));
+    } else if gres.is_some() && eres.is_none() {
+        r.add(
+            "residual",
+            MetricStatus::NotChecked,
+            "absent from the engine trace".into(),
+            None,
+            None,
+        );
+    }
+
+    // ------------------------------------------------------------------------------ logits
+    compare_logits(&mut r, golden, engine, gates, &excl, l_n, strict);
+    r
+}
+
+#[allow(clippy::too_many_arguments)]
+fn flip(
+    r: &mut CompareReport,
+    robust: &mut std::collections::BTreeMap<String, Vec<(usize, usize, f64, String)>>,
+    kind: &str,
+    t: usize,
+    l: usize,
+    margin: f64,
+    limit: f64,
+    detail: String,
+    strict: bool,
+    frontier: &mut usize,
+) {
+    let excused = margin <= limit;
+    r.flips.push(FlipEvent {
+        kind: kind.into(),
+        token: t,
+        layer: l,
+        margin,
+        excuse_limit: limit,
+        excused,
+        detail: detail.clone(),
+    });
+    if !excused {
+        note_divergence(
+            r,
+            Divergence {
+                token: t,
+                layer: Some(l),
+                subop: kind.into(),
+                metric: "decision set".into(),
+                value: margin,
+                threshold: limit.max(0.0),
+                detail: format!("{detail}; golden margin {margin:.3} above the excuse limit"),
+            },
+        );
+        robust
+            .entry(kind.into())
+            .or_default()
+            .push((t, l, margin, detail));
+    }
+    if !strict {
+        *frontier = (*frontier).min(l);
+    }
+}
+
+/// Keep the earliest divergence in forward order (token, then layer).
+fn note_divergence(r: &mut CompareReport, d: Divergence) {
+    let key = |d: &Divergence| (d.token, d.layer.unwrap_or(0));
+    if r.first_divergence
+        .as_ref()
+        .is_none_or(|old| key(&d) < key(old))
+    {
+        r.first_divergence = Some(d);
+    }
+}
+
+/// At a diverging (token, layer) cell, name the first sub-op in forward order whose output
+/// already differs (when both traces carry sub-op tensors).
+fn localise_subop(
+    golden: &TraceFile,
+    engine: &TraceFile,
+    t: usize,
+    l: usize,
+    thr: f64,
+) -> (String, String) {
+    let mut seen = Vec::new();
+    for name in ["block_input", "attn_out", "mid", "moe_out"] {
+        let (Some(g), Some(e)) = (golden.get(name), engine.get(name)) else {
+            continue;
+        };
+        if g.shape != e.shape || g.shape.len() < 2 {
+            continue;
+        }
+        let n = g.len() / (g.shape[0] * g.shape[1]);
+        let o = (t * g.shape[1] + l) * n;
+        let v = rel_l2(&e.as_f64()[o..o + n], &g.as_f64()[o..o + n]);
+        seen.push(format!("{name} {v:.2e}"));
+        if v > thr {
+            return (
+                name.to_string(),
+                format!("sub-op rel L2: {}", seen.join(", ")),
+            );
+        }
+    }
+    if seen.is_empty() {
+        ("residual".into(), "block output; the traces carry no sub-op tensors (attn_out, moe_out) to localise further".into())
+    } else {
+        (
+            "residual".into(),
+            format!(
+                "sub-ops within limit ({}); the mix/expand differs",
+                seen.join(", ")
+            ),
+        )
+    }
+}
+
+fn compare_logits(
+    r: &mut CompareReport,
+    golden: &TraceFile,
+    engine: &TraceFile,
+    gates: &Gates,
+    excl: &[usize],
+    l_n: usize,
+    strict: bool,
+) {
+    let Some(gl) = golden.get("logits") else {
+        return;
+    };
+    let Some(el) = engine.get("logits") else {
+        r.add(
+            "logits",
+            MetricStatus::NotChecked,
+            "absent from the engine trace".into(),
+            None,
+            None,
+        );
+        return;
+    };
+    let gpos: Option<Vec<usize>> = golden
+        .get("logits_positions")
+        .map(|p| p.as_i64().iter().map(|&x| x as usize).collect());
+    let epos: Option<Vec<usize>> = engine
+        .get("logits_positions")
+        .map(|p| p.as_i64().iter().map(|&x| x as usize).collect());
+    let steps = gl.shape[0];
+    let rows: Option<Vec<usize>> = if let (Some(ep), Some(gp)) = (&epos, &gpos) {
+        gp.iter().map(|p| ep.iter().position(|x| x == p)).collect()
+    } else if el.shape.first() == Some(&steps) {
+        Some((0..steps).collect())
+    } else if let Some(gp) = &gpos {
+        if el.shape.first() == Some(&excl.len()) {
+            Some(gp.clone())
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+    let vocab = gl.row_len();
+    let Some(rows) = rows.filter(|_| el.shape.len() == 2 && el.row_len() == vocab) else {
+        r.add(
+            "logits",
+            MetricStatus::Fail,
+            format!(
+                "cannot align engine logits {:?} with golden {:?}",
+                el.shape, gl.shape
+            ),
+            None,
+            None,
+        );
+        return;
+    };
+    let (gv, ev) = (gl.as_f64(), el.as_f64());
+    let lg = &gates.logits;
+    let (mut ncmp, mut worst_rl, mut worst_ma, mut am_eq) = (0, 0.0f64, 0.0f64, 0);
+    let mut first_bad: Option<String> = None;
+    for (i, &row) in rows.iter().enumerate() {
+        let p = gpos.as_ref().map(|g| g[i]).unwrap_or(i);
+        let compared = strict || l_n == 0 || excl.get(p).is_none_or(|&x| x >= l_n);
+        if !compared {
+            continue;
+        }
+        let g = &gv[i * vocab..(i + 1) * vocab];
+        let e = &ev[row * vocab..(row + 1) * vocab];
+        let (rl, ma) = (rel_l2(e, g), max_abs(e, g));
+        let (ga, ea) = (argmax(g), argmax(e));
+        let am_ok = match lg.argmax {
+            ArgmaxRule::Exact => ga == ea,
+            ArgmaxRule::Top5 => top_k(e, 5).contains(&ga),
+        };
+        ncmp += 1;
+        worst_rl = worst_rl.max(rl);
+        worst_ma = worst_ma.max(ma);
+        am_eq += usize::from(ga == ea);
+        let ok = rl <= lg.rel_l2 && ma <= lg.max_abs && am_ok;
+        if !ok && first_bad.is_none() {
+            first_bad = Some(format!("first failing step {i} (pos {p}): rel L2 {rl:.3e}, max|d| {ma:.3e}, argmax golden {ga} engine {ea}"));
+            let (metric, value, threshold) = if rl > lg.rel_l2 {
+                ("rel_l2", rl, lg.rel_l2)
+            } else if ma > lg.max_abs {
+                ("max_abs", ma, lg.max_abs)
+            } else {
+                ("argmax", ea as f64, ga as f64)
+            };
+            note_divergence(
+                r,
+                Divergence {
+                    token: p,
+                    layer: None,
+                    subop: "logits".into(),
+                    metric: metric.into(),
+                    value,
+                    threshold,
+                    detail: format!("step {i}; argmax golden {ga} engine {ea}"),
+                },
+            );
+        }
+    }
+    let mut text = format!(
+        "{ncmp}/{} steps compared; worst rel L2 {worst_rl:.3e} (limit {:.1e}), worst max|d| {worst_ma:.3e} (limit {:.1e}); argmax equal {am_eq}/{ncmp}",
+        rows.len(),
+        lg.rel_l2,
+        lg.max_abs
+    );
+    if let Some(b) = &first_bad {
+        text += &format!("; {b}");
+    }
+    let status = if first_bad.is_some() {
+        MetricStatus::Fail
+    } else if ncmp == 0 {
+        MetricStatus::Vacuous
+    } else {
+        MetricStatus::Pass
+    };
+    r.add("logits", status, text, Some(worst_rl), Some(lg.rel_l2));
+}
+
+/// Convenience for fake traces in tests.
+pub fn tensor_f(shape: &[usize], v: Vec<f64>) -> Tensor {
+    Tensor::f(shape.to_vec(), v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gates::{GateSet, ProfileName};
+    use crate::trace::Tensor;
+
+    fn gates(p: ProfileName) -> Gates {
+        GateSet::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../gates"))
+            .unwrap()
+            .get(p)
+            .clone()
+    }
+
+    /// T=3 tokens, L=2 layers, cell of 4 values, vocab 5, experts top-2 of 4, one index layer.
+    fn golden() -> TraceFile {
+        let mut g = TraceFile::default();
+        let res: Vec<f64> = (0..24).map(|i| 1.0 + i as f64 * 0.1).collect();
+        g.tensors
+            .insert("residual".into(), Tensor::f(vec![3, 2, 2, 2], res));
+        g.tensors.insert(
+            "experts".into(),
+            Tensor::i(vec![3, 2, 2], vec![0, 1, 1, 2, 2, 3, 0, 3, 1, 3, 0, 2]),
+        );
+        g.tensors.insert(
+            "margin.experts".into(),
+            Tensor::f(vec![3, 2], vec![0.5, 0.5, 0.001, 0.5, 0.5, 0.5]),
+        );
+        g.tensors.insert(
+            "topk.L1".into(),
+            Tensor::i(vec![3, 2], vec![0, -1, 0, 1, 1, 2]),
+        );
+        g.tensors.insert(
+            "margin.topk.L1".into(),
+            Tensor::f(vec![3], vec![0.5, 0.5, 0.5]),
+        );
+        g.tensors.insert(
+            "engram_hash".into(),
+            Tensor::i(vec![3, 1, 2], vec![5, 6, 7, 8, 9, 10]),
+        );
+        g.tensors.insert(
+            "logits".into(),
+            Tensor::f(vec![3, 5], (0..15).map(|i| (i % 5) as f64).collect()),
+        );
+        g.tensors
+            .insert("logits_positions".into(), Tensor::i(vec![3], vec![0, 1, 2]));
+        g
+    }
+
+    #[test]
+    fn identical_trace_passes_every_profile() {
+        for p in ProfileName::ALL {
+            let r = compare(&golden(), &golden(), &gates(p));
+            assert!(!r.failed(), "{p}: {}", r.failure_summary());
+            assert!(r
+                .metrics
+                .iter()
+                .any(|m| m.name == "residual" && m.status == MetricStatus::Pass));
+            assert!(r
+                .metrics
+                .iter()
+                .any(|m| m.name == "topk.L1" && m.status == MetricStatus::Pass));
+        }
+    }
+
+    #[test]
+    fn residual_drift_is_localised_to_token_and_layer() {
+        let mut e = golden();
+        if let Some(Tensor {
+            data: crate::trace::Data::F(v),
+            ..
+        }) = e.tensors.get_mut("residual")
+        {
+            // token 1, layer 1 = cell 3
+            for x in &mut v[12..16] {
+                *x *= 1.01;
+            }
+        }
+        let r = compare(&golden(), &e, &gates(ProfileName::Exact));
+        assert!(r.failed());
+        let d = r.first_divergence.clone().unwrap();
+        assert_eq!(
+            (d.token, d.layer, d.subop.as_str()),
+            (1, Some(1), "residual")
+        );
+        assert!((d.value - 0.01).abs() < 1e-6, "{}", d.value);
+        // the upstream profile tolerates 1 %
+        assert!(!compare(&golden(), &e, &gates(ProfileName::Upstream)).failed());
+    }
+
+    #[test]
+    fn fragile_flip_is_excused_and_counted_only_where_allowed() {
+        let mut e = golden();
+        // token 1 layer 0: golden {2,3} margin 0.001 -> engine {1,3}
+        if let Some(Tensor {
+            data: crate::trace::Data::I(v),
+            ..
+        }) = e.tensors.get_mut("experts")
+        {
+            v[4] = 1;
+        }
+        let up = compare(&golden(), &e, &gates(ProfileName::Upstream));
+        assert!(!up.failed(), "{}", up.failure_summary());
+        assert_eq!(up.excused_flips(), 1);
+        let ex = compare(&golden(), &e, &gates(ProfileName::Exact));
+        assert!(ex.failed(), "exact profile compares decisions strictly");
+        assert_eq!(ex.first_divergence.unwrap().subop, "experts");
+    }
+
+    #[test]
+    fn robust_flip_fails_even_when_fragile_flips_are_excused() {
+        let mut e = golden();
+        // token 0 layer 1: golden {1,2} margin 0.5 -> engine {1,3}
+        if let Some(Tensor {
+            data: crate::trace::Data::I(v),
+            ..
+        }) = e.tensors.get_mut("experts")
+        {
+            v[3] = 3;
+        }
+        let r = compare(&golden(), &e, &gates(ProfileName::Upstream));
+        assert!(r.failed());
+        let d = r.first_divergence.clone().unwrap();
+        assert_eq!((d.token, d.layer), (0, Some(1)));
+        assert!(r.failure_summary().contains("ROBUST"));
+    }
+
+    #[test]
+    fn engram_hash_and_topk_are_exact() {
+        let mut e = golden();
+        if let Some(Tensor {
+            data: crate::trace::Data::I(v),
+            ..
+        }) = e.tensors.get_mut("engram_hash")
+        {
+            v[3] = 99;
+        }
+        let r = compare(&golden(), &e, &gates(ProfileName::Quantized));
+        assert!(r.failed());
+        assert_eq!(r.first_divergence.clone().unwrap().subop, "engram_hash");
+        let mut e = golden();
+        if let Some(Tensor {
+            data: crate::trace::Data::I(v),
+            ..
+        }) = e.tensors.get_mut("topk.L1")
+        {
+            v[4] = 0; // token 2: {1,2} -> {0,2}
+        }
+        let r = compare(&golden(), &e, &gates(ProfileName::Upstream));
+        assert!(r.failed(), "a top-k flip with margin 0.5 is robust");
+    }
+
+    #[test]
+    fn logits_argmax_and_nan_fail() {
+        let mut e = golden();
+        if let Some(Tensor {
+            data: crate::trace::Data::F(v),
+            ..
+        }) = e.tensors.get_mut("logits")
+        {
+            v[5] = f64::NAN;
+        }
+        let r = compare(&golden(), &e, &gates(ProfileName::Quantized));
+        assert!(r.failed());
+        let d = r.first_divergence.unwrap();
+        assert_eq!((d.token, d.subop.as_str()), (1, "logits"));
+    }
+
+    #[test]
+    fn missing_tensors_are_not_checked_not_passed() {
+        let mut e = TraceFile::default();
+        e.tensors
+            .insert("logits".into(), golden().tensors["logits"].clone());
+        let r = compare(&golden(), &e, &gates(ProfileName::Exact));
+        assert!(!r.failed());
+        for name in ["residual", "experts", "topk.L1", "engram_hash"] {
+            assert!(
+                r.metrics
+                    .iter()
+                    .any(|m| m.name == name && m.status == MetricStatus::NotChecked),
+                "{name}: {:?}",
+                r.metrics
+            );
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! The engine-under-test abstraction (CONTRACT.md §2, PROTOCOL.md): one small surface that the
+//! built-in reference (in process), a JSON-lines adapter (subprocess) and a YAML command
+//! profile all implement. Requests name files; bulk tensors travel as safetensors files in the
+//! trace format (docs/TRACE.md).
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// What an engine can do, declared up front (hello / profile). A case that needs a capability
+/// the engine lacks is NotSupported, never Pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub enum Capability {
+    /// Open a checkpoint and either accept it or refuse it with a reason.
+    #[serde(rename = "load")]
+    Load,
+    /// Encode text on the text path (no control tokens) and on the markup path.
+    #[serde(rename = "tokenize")]
+    Tokenize,
+    /// Render a conversation to a DSML prompt.
+    #[serde(rename = "render")]
+    Render,
+    /// Parse a DSML completion.
+    #[serde(rename = "parse")]
+    Parse,
+    /// Run tokens and return logits.
+    #[serde(rename = "forward")]
+    Forward,
+    /// The forward output carries per-layer streams and discrete decisions.
+    #[serde(rename = "trace")]
+    Trace,
+    /// Prefill more than one token in one chunk (otherwise token at a time only).
+    #[serde(rename = "prefill")]
+    Prefill,
+    /// Save and restore session state.
+    #[serde(rename = "state")]
+    State,
+    /// Teacher-forced replay from a golden's block inputs.
+    #[serde(rename = "replay")]
+    Replay,
+    #[serde(rename = "numerics.exact")]
+    NumericsExact,
+    #[serde(rename = "numerics.upstream")]
+    NumericsUpstream,
+    #[serde(rename = "index_k.as_shipped")]
+    IndexKAsShipped,
+    #[serde(rename = "index_k.owner")]
+    IndexKOwner,
+}
+
+impl Capability {
+    pub const ALL: [Capability; 13] = [
+        Capability::Load,
+        Capability::Tokenize,
+        Capability::Render,
+        Capability::Parse,
+        Capability::Forward,
+        Capability::Trace,
+        Capability::Prefill,
+        Capability::State,
+        Capability::Replay,
+        Capability::NumericsExact,
+        Capability::NumericsUpstream,
+        Capability::IndexKAsShipped,
+        Capability::IndexKOwner,
+    ];
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Capability::Load => "load",
+            Capability::Tokenize => "tokenize",
+            Capability::Render => "render",
+            Capability::Parse => "parse",
+            Capability::Forward => "forward",
+            Capability::Trace => "trace",
+            Capability::Prefill => "prefill",
+            Capability::State => "state",
+            Capability::Replay => "replay",
+            Capability::NumericsExact => "numerics.exact",
+            Capability::NumericsUpstream => "numerics.upstream",
+            Capability::IndexKAsShipped => "index_k.as_shipped",
+            Capability::IndexKOwner => "index_k.owner",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Capability> {
+        Self::ALL.into_iter().find(|c| c.as_str() == s)
+    }
+}
+
+impl std::fmt::Display for Capability {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Who the engine says it is; recorded in reports and certificates.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngineIdentity {
+    pub name: String,
+    pub version: String,
+    #[serde(default)]
+    pub commit: Option<String>,
+    /// How it was plugged in: `reference`, `adapter: CMD`, `profile: FILE`.
+    #[serde(default)]
+    pub driver: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Numerics {
+    Exact,
+    Upstream,
+}
+
+impl Numerics {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Numerics::Exact => "exact",
+            Numerics::Upstream => "upstream",
+        }
+    }
+    pub fn capability(self) -> Capability {
+        match self {
+            Numerics::Exact => Capability::NumericsExact,
+            Numerics::Upstream => Capability::NumericsUpstream,
+        }
+    }
+}
+
+/// The index-key hand-off behaviour of MODEL.md §8 (`as-shipped` = the official code).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum IndexK {
+    #[serde(rename = "as-shipped")]
+    AsShipped,
+    #[serde(rename = "owner")]
+    Owner,
+}
+
+impl IndexK {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            IndexK::AsShipped => "as-shipped",
+            IndexK::Owner => "owner",
+        }
+    }
+    pub fn capability(self) -> Capability {
+        match self {
+            IndexK::AsShipped => Capability::IndexKAsShipped,
+            IndexK::Owner => Capability::IndexKOwner,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoadRequest {
+    pub model: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TokenizeRequest {
+    /// A checkpoint directory (its tokenizer) or a `tokenizer.json` file.
+    pub tokenizer: PathBuf,
+    pub texts: Vec<String>,
+    /// true: recognise added/control tokens (markup path); false: text path.
+    pub markup: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RenderRequest {
+    /// The conversation in the official test-case format (DSML.md, issue 6 item 5).
+    pub conversation: serde_json::Value,
+    #[serde(default)]
+    pub thinking_mode: Option<String>,
+    #[serde(default)]
+    pub reasoning_effort: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ParseRequest {
+    pub completion: String,
+    pub thinking: bool,
+    pub tolerant: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ForwardRequest {
+    pub model: PathBuf,
+    pub tokens: Vec<u32>,
+    /// Tokens processed as the first chunk (None: all, or all after a loaded state: 0).
+    #[serde(default)]
+    pub prefill: Option<usize>,
+    pub numerics: Numerics,
+    pub index_k: IndexK,
+    /// Where the engine writes its trace (safetensors, trace format).
+    pub out: PathBuf,
+    #[serde(default)]
+    pub save_state: Option<PathBuf>,
+    #[serde(default)]
+    pub load_state: Option<PathBuf>,
+    /// Teacher-forced replay from this golden's block inputs.
+    #[serde(default)]
+    pub replay: Option<PathBuf>,
+}
+
+/// Why an engine call did not produce an answer. `Refused` is an answer (the engine rejected
+/// the input, e.g. a broken checkpoint); the rest are failures of the engine or its driver.
+#[derive(Debug, Clone, PartialEq)]
+pub enum EngineError {
+    Unsupported(Capability),
+    Refused(String),
+    Timeout(Duration),
+    Crashed(String),
+    Garbage(String),
+    Failed(String),
+}
+
+impl std::fmt::Display for EngineError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EngineError::Unsupported(c) => write!(f, "engine lacks capability `{c}`"),
+            EngineError::Refused(m) => write!(f, "engine refused: {m}"),
+            EngineError::Timeout(d) => write!(f, "engine timed out after {:.1}s", d.as_secs_f64()),
+            EngineError::Crashed(m) => write!(f, "engine crashed: {m}"),
+            EngineError::Garbage(m) => write!(f, "engine answered garbage: {m}"),
+            EngineError::Failed(m) => write!(f, "engine failed: {m}"),
+        }
+    }
+}
+
+pub type EngineResult<T> = Result<T, EngineError>;
+
+/// An engine under test. Every call carries the case's timeout; a driver that cannot stop
+/// its engine in time must still return `Timeout` and leave itself usable for the next case.
+pub trait Engine: Send {
+    fn identity(&self) -> EngineIdentity;
+    fn capabilities(&self) -> BTreeSet<Capability>;
+    fn load(&mut self, req: &LoadRequest, timeout: Duration) -> EngineResult<()>;
+    fn tokenize(&mut self, req: &TokenizeRequest, timeout: Duration)
+        -> EngineResult<Vec<Vec<u32>>>;
+    fn render(&mut self, req: &RenderRequest, timeout: Duration) -> EngineResult<String>;
+    fn parse(&mut self, req: &ParseRequest, timeout: Duration) -> EngineResult<serde_json::Value>;
+    /// Run the request; on success the trace file `req.out` exists.
+    fn forward(&mut self, req: &ForwardRequest, timeout: Duration) -> EngineResult<()>;
+}

@@ -1,0 +1,97 @@
+//! Container/loader family (CONTRACT.md §1.1): valid checkpoints load; every mutant of
+//! ds41-synthetic is refused — a crash or an acceptance is a failure.
+
+use crate::case::{Case, LoadExpect, LoaderSpec, ModelRef};
+use crate::engine_api::{Capability, Engine, EngineError, LoadRequest};
+use crate::outcome::Outcome;
+use crate::runner::{require, timeout, Context, Details};
+
+pub fn run(
+    case: &Case,
+    s: &LoaderSpec,
+    engine: &mut dyn Engine,
+    ctx: &Context,
+    details: &mut Details,
+) -> Result<Outcome, Outcome> {
+    if let Some(o) = require(engine, &[Capability::Load]) {
+        return Ok(o);
+    }
+    let Some(model) = &s.model else {
+        return Err(Outcome::error(format!(
+            "`all_mutants_of: {}` expanded to no cases: ds41-synthetic lists no mutants in this build",
+            s.all_mutants_of.as_deref().unwrap_or("")
+        )));
+    };
+    let dir = ctx.model(model)?;
+    details
+        .models
+        .push((model.to_string(), dir.display().to_string()));
+    let res = engine.load(&LoadRequest { model: dir.clone() }, timeout(case));
+    Ok(match (s.expect, res) {
+        (LoadExpect::Accept, Ok(())) => Outcome::Pass,
+        (LoadExpect::Accept, Err(EngineError::Refused(m))) => {
+            Outcome::fail(format!("refused a valid checkpoint ({model}): {m}"))
+        }
+        (LoadExpect::Refuse, Ok(())) => Outcome::fail(format!(
+            "accepted a broken checkpoint ({model}); expected a refusal{}",
+            if s.error_mentions.is_empty() {
+                String::new()
+            } else {
+                format!(" naming one of {:?}", s.error_mentions)
+            }
+        )),
+        (LoadExpect::Refuse, Err(EngineError::Refused(m))) => {
+            details.notes.push(format!("refusal: {m}"));
+            let named = s.error_mentions.is_empty()
+                || s.error_mentions.iter().any(|w| m.contains(w.as_str()));
+            if super::is_reference(engine) && !named {
+                Outcome::fail(format!("refused, but for another reason: expected the error to name one of {:?}, got: {m}", s.error_mentions))
+            } else {
+                Outcome::Pass
+            }
+        }
+        (_, Err(EngineError::Unsupported(c))) => Outcome::not_supported(c.as_str()),
+        (_, Err(e)) => Outcome::fail(format!(
+            "loading {model}: {e} (a clean refusal or acceptance was due)"
+        )),
+    })
+}
+
+/// Expand `all_mutants_of: PRESET/LAYOUT` into one case per mutant.
+pub fn expand(cases: Vec<Case>) -> Vec<Case> {
+    let mut out = Vec::new();
+    for c in cases {
+        let crate::case::Spec::Loader(s) = &c.spec else {
+            out.push(c);
+            continue;
+        };
+        let Some(of) = &s.all_mutants_of else {
+            out.push(c);
+            continue;
+        };
+        let (preset, layout) = of.split_once('/').unwrap_or((of.as_str(), ""));
+        let mutants = crate::synthetic::list_mutants(preset, layout);
+        if mutants.is_empty() {
+            out.push(c);
+            continue;
+        }
+        for m in mutants {
+            let mut e = c.clone();
+            e.name = format!("{}.{}", c.name, m.name);
+            e.description = format!("{preset}/{layout} with {}: must be refused", m.description);
+            e.spec = crate::case::Spec::Loader(LoaderSpec {
+                model: Some(ModelRef::Mutant {
+                    preset: preset.into(),
+                    layout: layout.into(),
+                    mutant: m.name.clone(),
+                }),
+                all_mutants_of: None,
+                expect: LoadExpect::Refuse,
+                error_mentions: m.mentions.clone(),
+            });
+            out.push(e);
+        }
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    out
+}

@@ -1,0 +1,278 @@
+//! Layer-residual family (CONTRACT.md §1.5): the engine's trace against a golden — per-layer
+//! streams, logits and the exact discrete decisions, with fragile flips counted in bf16
+//! profiles (compare.rs). Engines that dump only the last token are run once per prefix
+//! length (CONTAINER.md §15: 1, 2, 3, 4 and 12 tokens).
+
+use std::path::Path;
+
+use crate::case::{Case, GoldenSpec, ResidualSpec};
+use crate::compare::compare;
+use crate::engine_api::{Capability, Engine, ForwardRequest};
+use crate::gates::ProfileName;
+use crate::outcome::Outcome;
+use crate::runner::{engine_failure, require, timeout, Context, Details};
+use crate::trace::TraceFile;
+
+pub fn run(
+    case: &Case,
+    s: &ResidualSpec,
+    engine: &mut dyn Engine,
+    ctx: &Context,
+    details: &mut Details,
+) -> Result<Outcome, Outcome> {
+    let mut caps = vec![Capability::Forward];
+    // In the quantized profile the requested numerics are advisory: the engine runs what it runs.
+    if ctx.run_profile < ProfileName::Quantized {
+        caps.push(s.numerics.capability());
+    }
+    caps.push(s.index_k.capability());
+    if s.require.iter().any(|r| r != "logits") {
+        caps.push(Capability::Trace);
+    }
+    if let Some(o) = require(engine, &caps) {
+        return Ok(o);
+    }
+    let model = ctx.model(&s.model)?;
+    details
+        .models
+        .push((s.model.to_string(), model.display().to_string()));
+    let dir = ctx.scratch(case)?;
+    let golden = load_golden(s, &model, ctx, &dir, case)?;
+    let tokens: Vec<u32> = match &s.tokens {
+        Some(t) => t.clone(),
+        None => golden
+            .get("input_ids")
+            .ok_or_else(|| {
+                Outcome::error("case gives no tokens and the golden has no `input_ids`")
+            })?
+            .as_i64()
+            .iter()
+            .map(|&x| x as u32)
+            .collect(),
+    };
+    let prefill = s.prefill.unwrap_or(tokens.len());
+    if prefill > 1 && !engine.capabilities().contains(&Capability::Prefill) {
+        return Ok(Outcome::not_supported(Capability::Prefill.as_str()));
+    }
+    let gates = ctx.gates_for(case);
+    let golden_tokens = golden
+        .get("residual")
+        .map(|r| r.shape[0])
+        .unwrap_or(tokens.len());
+    if golden_tokens < tokens.len() {
+        return Err(Outcome::error(format!(
+            "golden covers {golden_tokens} tokens, the case runs {}",
+            tokens.len()
+        )));
+    }
+    let golden = golden.select_tokens(&(0..tokens.len()).collect::<Vec<_>>());
+
+    let run = |engine: &mut dyn Engine, n: usize| -> Result<TraceFile, Outcome> {
+        let req = ForwardRequest {
+            model: model.clone(),
+            tokens: tokens[..n].to_vec(),
+            prefill: Some(prefill.min(n)),
+            numerics: s.numerics,
+            index_k: s.index_k,
+            out: dir.join(format!("engine-{n}.safetensors")),
+            save_state: None,
+            load_state: None,
+            replay: None,
+        };
+        engine
+            .forward(&req, timeout(case))
+            .map_err(|e| engine_failure("forward", e))?;
+        TraceFile::read(&req.out)
+            .map_err(|e| Outcome::fail(format!("forward: unreadable trace: {e:#}")))
+    };
+    let full = run(engine, tokens.len())?;
+    check_required(&full, s)?;
+    let rows = full
+        .get("residual")
+        .map(|r| r.shape[0])
+        .or_else(|| full.get("logits").map(|l| l.shape[0]))
+        .unwrap_or(0);
+    let mut failed = false;
+    if rows >= tokens.len() || tokens.len() == 1 {
+        let r = compare(&golden, &full, &gates);
+        failed |= r.failed();
+        details.absorb(&format!("{} tokens", tokens.len()), &r);
+    } else {
+        // A last-token-only engine: one run per prefix length, each against that token.
+        let mut lengths = s.prefix_lengths.clone();
+        if lengths.is_empty() {
+            lengths.push(tokens.len());
+        }
+        details.notes.push(format!(
+            "the engine dumps the last token only; comparing prefix lengths {lengths:?}"
+        ));
+        for &n in &lengths {
+            let t = if n == tokens.len() {
+                full.clone()
+            } else {
+                run(engine, n)?
+            };
+            let r = compare(
+                &golden.select_tokens(&[n - 1]),
+                &last_token_view(&t, n),
+                &gates,
+            );
+            failed |= r.failed();
+            details.absorb(&format!("prefix {n}"), &r);
+        }
+    }
+    if details.fragile_flips > 0 {
+        details.notes.push(format!(
+            "{} fragile decision flips excused (profile {})",
+            details.fragile_flips, gates.profile
+        ));
+    }
+    Ok(if failed {
+        let mut reason = String::new();
+        if let Some(d) = &details.first_divergence {
+            reason += &format!(
+                "[{}] first divergence at token {}{}, sub-op `{}`: {} {:.3e} > {:.3e}",
+                d.run,
+                d.token,
+                d.layer.map(|l| format!(" layer {l}")).unwrap_or_default(),
+                d.subop,
+                d.metric,
+                d.value,
+                d.threshold
+            );
+            if !d.detail.is_empty() {
+                reason += &format!(" ({})", d.detail);
+            }
+        }
+        for m in details.metrics.iter().filter(|m| m.status == "fail") {
+            reason += &format!("\n[{}] {}: {}", m.run, m.name, m.text);
+        }
+        Outcome::fail(reason.trim().to_string())
+    } else {
+        Outcome::Pass
+    })
+}
+
+/// A last-token-only trace may still carry per-token tensors (e.g. a route dump appended at
+/// every step): keep only their last row so they line up with the last-token golden.
+fn last_token_view(t: &TraceFile, n: usize) -> TraceFile {
+    let mut out = t.clone();
+    for (name, x) in out.tensors.iter_mut() {
+        if n > 1 && x.shape.first() == Some(&n) && !name.starts_with("logits") {
+            *x = x.select_rows(&[n - 1]);
+        }
+    }
+    out
+}
+
+fn check_required(t: &TraceFile, s: &ResidualSpec) -> Result<(), Outcome> {
+    for r in &s.require {
+        let present = if r == "topk" {
+            t.tensors.keys().any(|k| k.starts_with("topk.L"))
+        } else {
+            t.get(r).is_some()
+        };
+        if !present {
+            return Err(Outcome::fail(format!(
+                "the engine's trace lacks `{r}`, which this case requires"
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn load_golden(
+    s: &ResidualSpec,
+    model: &Path,
+    ctx: &Context,
+    dir: &Path,
+    case: &Case,
+) -> Result<TraceFile, Outcome> {
+    match &s.golden {
+        GoldenSpec::File(d) => {
+            let p = ctx.data(d)?;
+            TraceFile::read(&p).map_err(|e| Outcome::error(format!("golden: {e:#}")))
+        }
+        GoldenSpec::WasteOracle { dir: odir, variant } => {
+            let p = ctx.data(odir)?;
+            let d = model_dims(model).map_err(|e| Outcome::error(format!("{e:#}")))?;
+            crate::trace::waste_oracle_golden(&p, variant, d.vocab, d.layers, d.hc, d.dim)
+                .map_err(|e| Outcome::error(format!("golden: {e:#}")))
+        }
+        GoldenSpec::Reference => {
+            let tokens = s
+                .tokens
+                .clone()
+                .ok_or_else(|| Outcome::error("live golden needs tokens"))?;
+            let req = ForwardRequest {
+                model: model.to_path_buf(),
+                prefill: Some(s.prefill.unwrap_or(tokens.len())),
+                tokens,
+                numerics: s.numerics,
+                index_k: s.index_k,
+                out: dir.join("golden-reference.safetensors"),
+                save_state: None,
+                load_state: None,
+                replay: None,
+            };
+            let mut reference = ctx
+                .reference
+                .lock()
+                .map_err(|_| Outcome::error("reference engine lock poisoned"))?;
+            reference.forward(&req, timeout(case)).map_err(|e| {
+                Outcome::error(format!(
+                    "the built-in reference could not make the golden: {e}"
+                ))
+            })?;
+            TraceFile::read(&req.out).map_err(|e| Outcome::error(format!("golden: {e:#}")))
+        }
+    }
+}
+
+/// The sizes a raw golden needs, read from the checkpoint's config.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub vocab: usize,
+    pub layers: usize,
+    pub hc: usize,
+    pub dim: usize,
+}
+
+/// Read vocab, layer count, hc_mult and width from `config.json` (root or `text_config`) or
+/// a container's `manifest.json` `config` (HF key names).
+pub fn model_dims(model: &Path) -> anyhow::Result<Dims> {
+    let (file, key) = if model.join("manifest.json").exists() {
+        (model.join("manifest.json"), Some("config"))
+    } else {
+        (model.join("config.json"), None)
+    };
+    let text =
+        std::fs::read_to_string(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let root: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let mut cfg = match key {
+        Some(k) => root[k].clone(),
+        None => root.clone(),
+    };
+    if cfg.get("text_config").is_some() {
+        cfg = cfg["text_config"].clone();
+    }
+    let get = |names: &[&str]| -> anyhow::Result<usize> {
+        names
+            .iter()
+            .find_map(|n| cfg.get(*n).and_then(|v| v.as_u64()))
+            .map(|v| v as usize)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{}: config has none of the fields {names:?}",
+                    file.display()
+                )
+            })
+    };
+    Ok(Dims {
+        vocab: get(&["vocab_size"])?,
+        layers: get(&["num_hidden_layers", "n_layers"])?,
+        hc: get(&["hc_mult"])?,
+        dim: get(&["hidden_size", "dim"])?,
+    })
+}

@@ -1,0 +1,282 @@
+//! The conformance suite as a libtest-mimic test target (`harness = false`): one trial per
+//! case against the built-in reference in process, the same cases again through the JSON-lines
+//! protocol (`ds41 serve-adapter` as a subprocess), the negative controls (each injected
+//! defect must make a declared check fail), and self-tests of the harness with engines that
+//! crash, hang, answer garbage or refuse. Filterable by name; `--list` works for nextest.
+//!
+//! Cases that read upstream data are reported as ignored with the reason when DS41_UPSTREAM
+//! is unset; long-tier cases are `#[ignore]`d unless DS41_LONG=1.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
+use ds41_conformance::case::Case;
+use ds41_conformance::gates::{GateSet, ProfileName};
+use ds41_conformance::outcome::Outcome;
+use ds41_conformance::protocol::AdapterEngine;
+use ds41_conformance::reference::{self, ReferenceEngine};
+use ds41_conformance::runner::{self, run_case, Context, ExpectedFailures, ModelStore};
+use ds41_conformance::selftest::{self, ControlVerdict};
+
+fn verdict(o: &Outcome, rerun: &str, notes: &[String]) -> Result<Completion, Failed> {
+    let notes = if notes.is_empty() {
+        String::new()
+    } else {
+        format!("\nnotes: {}", notes.join("; "))
+    };
+    match o {
+        Outcome::Pass => Ok(Completion::Completed),
+        Outcome::Waived { reason, failure } => {
+            eprintln!("WAIVED ({reason}): {failure}");
+            Ok(Completion::Completed)
+        }
+        Outcome::Skipped { reason } => Ok(Completion::ignored_with(format!("SKIPPED: {reason}"))),
+        Outcome::NotSupported { capability } => Err(format!(
+            "the reference must support every capability; `{capability}` is missing{notes}"
+        )
+        .into()),
+        Outcome::Fail { reason } => Err(format!("{reason}\nre-run: {rerun}{notes}").into()),
+        Outcome::Error { reason } => Err(format!("harness error: {reason}{notes}").into()),
+    }
+}
+
+fn ds41_bin() -> String {
+    env!("CARGO_BIN_EXE_ds41").to_string()
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let work = tempfile::Builder::new()
+        .prefix("ds41-suite-")
+        .tempdir()
+        .expect("temp dir");
+    let cases_dir = runner::default_cases_dir();
+    let suite =
+        runner::load_suite(&cases_dir).unwrap_or_else(|e| panic!("loading the suite: {e:#}"));
+    let gates = GateSet::load(&runner::default_gates_dir())
+        .unwrap_or_else(|e| panic!("loading gates: {e:#}"));
+    let xfail_path = gates.dir.join("expected-failures/ds41-reference.yaml");
+    let xfail = Arc::new(if xfail_path.exists() {
+        ExpectedFailures::load(&xfail_path, &suite).unwrap_or_else(|e| panic!("{e:#}"))
+    } else {
+        ExpectedFailures::default()
+    });
+    let upstream = std::env::var_os("DS41_UPSTREAM").map(PathBuf::from);
+    if upstream.is_none() {
+        eprintln!(
+            "SKIPPED: DS41_UPSTREAM not set: cases reading upstream data are reported as ignored"
+        );
+    }
+    let long = std::env::var("DS41_LONG").is_ok_and(|v| v == "1");
+    let ctx = Arc::new(Context {
+        repo_root: runner::repo_root(),
+        cases_dir,
+        gates,
+        run_profile: ProfileName::Exact,
+        upstream,
+        work_dir: work.path().to_path_buf(),
+        models: ModelStore::new(work.path().join("models")),
+        reference: Mutex::new(Box::new(ReferenceEngine::new())),
+        rerun_template: "cargo test -p ds41-conformance --test suite -- '{case}' --exact".into(),
+    });
+    let mut trials = Vec::new();
+    for case in &suite {
+        // In process.
+        let (c, cx, x) = (case.clone(), Arc::clone(&ctx), Arc::clone(&xfail));
+        trials.push(
+            Trial::ignorable_test(case.name.clone(), move || {
+                let mut engine = ReferenceEngine::new();
+                let mut r = run_case(&c, &mut engine, &cx);
+                x.apply(&mut r);
+                verdict(&r.outcome, &r.rerun, &r.details.notes)
+            })
+            .with_kind(case.family.as_str())
+            .with_ignored_flag(case.long && !long),
+        );
+        // Through the protocol, the reference as a subprocess.
+        let (c, cx, x) = (case.clone(), Arc::clone(&ctx), Arc::clone(&xfail));
+        trials.push(
+            Trial::ignorable_test(format!("protocol::{}", case.name), move || {
+                let mut engine = AdapterEngine::start(&format!("{} serve-adapter", ds41_bin()))
+                    .map_err(|e| format!("{e:#}"))?;
+                let mut r = run_case(&c, &mut engine, &cx);
+                x.apply(&mut r);
+                let rerun = format!(
+                    "cargo test -p ds41-conformance --test suite -- 'protocol::{}' --exact",
+                    c.name
+                );
+                verdict(&r.outcome, &rerun, &r.details.notes)
+            })
+            .with_kind("protocol")
+            .with_ignored_flag(case.long && !long),
+        );
+    }
+    negative_controls(&suite, &ctx, &mut trials);
+    adapter_selftests(&suite, &ctx, &mut trials);
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(work);
+    conclusion.exit();
+}
+
+/// `selftest::defect::NAME`: each injectable defect makes at least one declared check fail;
+/// `selftest::defects-declared`: every defect has a declaration.
+fn negative_controls(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>) {
+    let defects = reference::defects();
+    let controls = selftest::load(&selftest::default_path(), suite, &defects);
+    let declared: Vec<String> = controls
+        .as_ref()
+        .map(|c| c.controls.iter().map(|x| x.defect.clone()).collect())
+        .unwrap_or_default();
+    let load_error = controls.as_ref().err().map(|e| format!("{e:#}"));
+    let all = defects.clone();
+    trials.push(Trial::test("selftest::defects-declared", move || {
+        if let Some(e) = load_error {
+            return Err(e.into());
+        }
+        let missing: Vec<&String> = all.iter().filter(|d| !declared.contains(d)).collect();
+        if missing.is_empty() {
+            Ok(())
+        } else {
+            Err(
+                format!("defects without declared checks in negative-controls.yaml: {missing:?}")
+                    .into(),
+            )
+        }
+    }));
+    let Ok(controls) = controls else { return };
+    for ctl in controls.controls {
+        let (s, cx) = (suite.to_vec(), Arc::clone(ctx));
+        trials.push(
+            Trial::ignorable_test(format!("selftest::defect::{}", ctl.defect), move || {
+                match selftest::check_control(&ctl, &s, &cx) {
+                    Ok(_) => Ok(Completion::Completed),
+                    Err(ControlVerdict::Skipped(why)) => Ok(Completion::ignored_with(format!(
+                        "SKIPPED: every declared check skipped: {why}"
+                    ))),
+                    Err(ControlVerdict::NotCaught(why) | ControlVerdict::Broken(why)) => {
+                        Err(why.into())
+                    }
+                }
+            })
+            .with_kind("selftest"),
+        );
+    }
+}
+
+const FAKE: &str = r#"mode=$1; marker=$2
+while IFS= read -r line; do
+  id=$(printf '%s' "$line" | sed -n 's/^{"id":\([0-9]*\).*/\1/p')
+  case "$line" in
+    *'"op":"hello"'*)
+      caps='["load"]'; [ "$mode" = nocaps ] && caps='[]'
+      printf '{"id":%s,"ok":true,"result":{"protocol":"ds41-engine/1","engine":{"name":"fake-%s","version":"0"},"capabilities":%s}}\n' "$id" "$mode" "$caps";;
+    *'"op":"shutdown"'*) printf '{"id":%s,"ok":true,"result":{}}\n' "$id"; exit 0;;
+    *) case "$mode" in
+         crash) echo "fake engine: imitating a segfault" >&2; exit 139;;
+         crash-once) if [ -e "$marker" ]; then printf '{"id":%s,"ok":true,"result":{}}\n' "$id"; else : > "$marker"; echo "fake engine: first call dies" >&2; exit 1; fi;;
+         hang) exec sleep 5;;
+         garbage) echo 'Loading model... 100%';;
+         refuse) printf '{"id":%s,"ok":false,"error":{"kind":"refused","message":"no thanks"}}\n' "$id";;
+         accept|nocaps) printf '{"id":%s,"ok":true,"result":{}}\n' "$id";;
+       esac;;
+  esac
+done
+"#;
+
+/// `selftest::adapter::*`: a crashing, hanging, garbage-speaking, refusing or
+/// accept-everything engine fails the case with the reason, and the run goes on.
+fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>) {
+    let find = |n: &str| suite.iter().find(|c| c.name == n).cloned();
+    let (Some(valid), Some(mutant)) = (
+        find("loader::synthetic::tiny-release-loads"),
+        find("loader::synthetic::mutant-tiny-release.no-attn-sink"),
+    ) else {
+        trials.push(Trial::test("selftest::adapter", || {
+            Err("the loader cases the self-tests use are missing".into())
+        }));
+        return;
+    };
+    let expect_fail = |needle: &'static str| -> Box<dyn Fn(&Outcome) -> Result<(), String> + Send> {
+        Box::new(move |o: &Outcome| match o {
+            Outcome::Fail { reason } if reason.contains(needle) => Ok(()),
+            other => Err(format!(
+                "expected a Fail mentioning {needle:?}, got {other:?}"
+            )),
+        })
+    };
+    let specs: Vec<(
+        &str,
+        Case,
+        Box<dyn Fn(&Outcome) -> Result<(), String> + Send>,
+    )> = vec![
+        ("crash", valid.clone(), expect_fail("imitating a segfault")),
+        (
+            "hang",
+            Case {
+                timeout_s: 0.5,
+                ..valid.clone()
+            },
+            expect_fail("timed out"),
+        ),
+        (
+            "garbage",
+            valid.clone(),
+            expect_fail("Loading model... 100%"),
+        ),
+        (
+            "refuse",
+            valid.clone(),
+            expect_fail("refused a valid checkpoint"),
+        ),
+        (
+            "accept",
+            mutant.clone(),
+            expect_fail("accepted a broken checkpoint"),
+        ),
+        (
+            "nocaps",
+            valid.clone(),
+            Box::new(|o: &Outcome| match o {
+                Outcome::NotSupported { capability } if capability == "load" => Ok(()),
+                other => Err(format!("expected NotSupported(load), got {other:?}")),
+            }),
+        ),
+    ];
+    let dir = ctx.work_dir.join("fake-engines");
+    let _ = std::fs::create_dir_all(&dir);
+    let script = dir.join("fake.sh");
+    let _ = std::fs::write(&script, FAKE);
+    for (mode, case, check) in specs {
+        let (cx, script) = (Arc::clone(ctx), script.clone());
+        trials.push(
+            Trial::test(format!("selftest::adapter::{mode}"), move || {
+                let mut e =
+                    AdapterEngine::start(&format!("exec sh {} {mode} /dev/null", script.display()))
+                        .map_err(|e| format!("{e:#}"))?;
+                let r = run_case(&case, &mut e, &cx);
+                check(&r.outcome).map_err(Failed::from)
+            })
+            .with_kind("selftest"),
+        );
+    }
+    // A crash fails that case only: the next case gets a fresh engine process.
+    let (cx, script, marker) = (Arc::clone(ctx), script, dir.join("crash-once.marker"));
+    trials.push(
+        Trial::test("selftest::adapter::run-goes-on-after-crash", move || {
+            let _ = std::fs::remove_file(&marker);
+            let mut e = AdapterEngine::start(&format!("exec sh {} crash-once {}", script.display(), marker.display())).map_err(|e| format!("{e:#}"))?;
+            let first = run_case(&valid, &mut e, &cx);
+            if !matches!(&first.outcome, Outcome::Fail { reason } if reason.contains("first call dies")) {
+                return Err(format!("first call: expected a crash Fail with the engine's stderr, got {:?}", first.outcome).into());
+            }
+            let second = run_case(&valid, &mut e, &cx);
+            if second.outcome != Outcome::Pass {
+                return Err(format!("second call after the restart: expected Pass, got {:?}", second.outcome).into());
+            }
+            Ok(())
+        })
+        .with_kind("selftest"),
+    );
+}

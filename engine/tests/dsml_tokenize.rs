@@ -1,0 +1,147 @@
+//! DSML prompts to token ids (TOKENIZER.md §3.1, §5.1; DSML.md §6). Needs `DS41_UPSTREAM`
+//! (the V4.1 tokenizer.json and the official cases); skipped with a printed reason otherwise.
+
+use ds41_engine::dsml::{self, Control, Segment, ThinkingMode};
+use ds41_engine::tokenizer::Tokenizer;
+use serde_json::Value;
+use std::path::PathBuf;
+
+fn upstream() -> Option<PathBuf> {
+    let dir = std::env::var_os("DS41_UPSTREAM");
+    if dir.is_none() {
+        eprintln!("SKIPPED: DS41_UPSTREAM not set");
+    }
+    dir.map(PathBuf::from)
+}
+
+fn tokenizer(dir: &std::path::Path) -> Tokenizer {
+    Tokenizer::from_file(dir.join("tokenizer/tokenizer.json")).expect("load tokenizer.json")
+}
+
+#[test]
+fn official_prompts_tokenize_to_the_hf_ids() {
+    let Some(dir) = upstream() else { return };
+    let tok = tokenizer(&dir);
+    let want: Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.join("dsml/test_output_token_ids_hf_tokenizers_0.23.3.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    for n in 1..=5 {
+        let input = std::fs::read_to_string(dir.join(format!("dsml/test_input_{n}.json"))).unwrap();
+        let case = dsml::load_case(&input).unwrap();
+        let prompt =
+            dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None)).unwrap();
+        let ids: Vec<u32> = serde_json::from_value(want[n.to_string()]["ids"].clone()).unwrap();
+        // The official user data holds no control spelling, so the safe policy and HF agree.
+        assert_eq!(
+            prompt.encode(&tok).unwrap(),
+            ids,
+            "case {n}: segment encoding"
+        );
+        assert_eq!(
+            prompt.encode_hf(&tok),
+            ids,
+            "case {n}: whole-string encoding"
+        );
+        assert_eq!(ids.len() as u64, want[n.to_string()]["n"].as_u64().unwrap());
+    }
+}
+
+#[test]
+fn control_ids_match_the_tokenizer() {
+    let Some(dir) = upstream() else { return };
+    let tok = tokenizer(&dir);
+    for c in Control::ALL {
+        assert_eq!(tok.token_to_id(c.text()), Some(c.id()), "{}", c.text());
+    }
+    // `<｜DSML｜ calls>` is four ids (TOKENIZER.md §3.1).
+    let mut p = dsml::Prompt::from("<");
+    p.push_control(Control::Dsml);
+    p.push_text(" calls>");
+    assert_eq!(p.encode(&tok).unwrap(), [30, 128825, 10699, 32]);
+}
+
+/// The security boundary: markers typed into user data stay text with the segment encoding;
+/// HF's whole-string encoding turns exactly those into control ids.
+#[test]
+fn user_markers_stay_text_only_on_the_segment_path() {
+    let Some(dir) = upstream() else { return };
+    let tok = tokenizer(&dir);
+    let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../goldens/dsml/34_literal_markers_pass_through.json");
+    let case = dsml::load_case(&std::fs::read_to_string(golden).unwrap()).unwrap();
+    let prompt = dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None)).unwrap();
+    let safe = prompt.encode(&tok).unwrap();
+    let hf = prompt.encode_hf(&tok);
+    let count = |ids: &[u32], id: u32| ids.iter().filter(|&&i| i == id).count();
+    let controls = |c: Control| {
+        prompt
+            .segments()
+            .iter()
+            .filter(|s| **s == Segment::Control(c))
+            .count()
+    };
+    // Safe path: as many EOS / DSML / </think> / <｜User｜> / <｜Assistant｜> ids as the
+    // renderer emitted controls.
+    for c in [
+        Control::Eos,
+        Control::Dsml,
+        Control::ThinkEnd,
+        Control::User,
+        Control::Assistant,
+    ] {
+        assert_eq!(count(&safe, c.id()), controls(c), "{}", c.text());
+    }
+    // HF path: the user's `<｜User｜>` and the tool result's DSML, EOS, </think> and
+    // <｜Assistant｜> became one extra control id each.
+    for c in [
+        Control::Eos,
+        Control::Dsml,
+        Control::ThinkEnd,
+        Control::User,
+        Control::Assistant,
+    ] {
+        assert_eq!(count(&hf, c.id()), controls(c) + 1, "{}", c.text());
+    }
+    // Both decode to the same text.
+    assert_eq!(tok.decode(&safe, false).unwrap(), prompt.to_string());
+    assert_eq!(tok.decode(&hf, false).unwrap(), prompt.to_string());
+}
+
+/// Over every project golden: the segment encoding equals HF's whole-string encoding exactly
+/// when no text segment spells an added token, so segment boundaries never change BPE.
+#[test]
+fn segment_and_whole_string_encodings_agree_unless_user_text_spells_a_token() {
+    let Some(dir) = upstream() else { return };
+    let tok = tokenizer(&dir);
+    let golden_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../goldens/dsml");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&golden_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json") && p.with_extension("txt").exists())
+        .collect();
+    paths.sort();
+    let (mut same, mut differ) = (0, 0);
+    for path in &paths {
+        let case = dsml::load_case(&std::fs::read_to_string(path).unwrap()).unwrap();
+        let prompt =
+            dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None)).unwrap();
+        let spells_token = prompt.segments().iter().any(|s| match s {
+            Segment::Text(t) => tok
+                .added_tokens()
+                .iter()
+                .any(|a| t.contains(a.content.as_str())),
+            Segment::Control(_) => false,
+        });
+        let agree = prompt.encode(&tok).unwrap() == prompt.encode_hf(&tok);
+        assert_eq!(agree, !spells_token, "{}", path.display());
+        if agree {
+            same += 1
+        } else {
+            differ += 1
+        }
+    }
+    eprintln!("goldens: {same} encode identically, {differ} differ at user-typed markers");
+    assert!(same >= 30 && differ >= 1);
+}
