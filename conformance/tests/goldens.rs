@@ -62,6 +62,20 @@ fn committed_goldens_pass_check() {
 }
 
 #[test]
+fn reference_engine_goldens_reproduce() {
+    // Re-runs `ds41 synth` + `ds41 forward` for every reference-engine golden: a change in the
+    // engine's output fails here until the goldens are reviewed and blessed.
+    let opts = options(&repo_root());
+    let mut report = Report::default();
+    ds41_conformance::goldens::check::rerun_reference(&opts, &mut report).unwrap();
+    assert!(
+        report.count(Status::Ok) > 0,
+        "no reference-engine golden re-ran"
+    );
+    assert_eq!(failures(&report), Vec::<String>::new());
+}
+
+#[test]
 fn flipping_a_byte_of_any_golden_fails_naming_it() {
     let goldens: Vec<String> = list_files(&repo_root().join("goldens"))
         .unwrap()
@@ -240,6 +254,26 @@ mod bless {
         let again = bless(&options(tmp.path(), false, false)).unwrap();
         assert_eq!(again[0].outputs[0].1, Change::Identical);
         assert!(!again[0].record_changed);
+
+        // The engine "changes" (same recorded hashes, different output): the re-run check
+        // fails naming the golden, and a dry run is allowed under CI.
+        let side = tmp.path().join("goldens/traces/t.txt.provenance.json");
+        let text = std::fs::read_to_string(&side)
+            .unwrap()
+            .replace("printf 'new", "printf 'newer");
+        std::fs::write(&side, text).unwrap();
+        assert!(failures(&check(&super::options(tmp.path())).unwrap()).is_empty());
+        let mut report = Report::default();
+        ds41_conformance::goldens::check::rerun_reference(&super::options(tmp.path()), &mut report)
+            .unwrap();
+        let fails = failures(&report);
+        assert!(
+            fails
+                .iter()
+                .any(|f| f.contains("t.txt") && f.contains("different result")),
+            "{fails:?}"
+        );
+        assert!(bless(&options(tmp.path(), true, true)).is_ok());
     }
 
     #[test]

@@ -33,6 +33,10 @@ enum Action {
         /// Also rebuild generated inputs (e.g. `ds41 synth` checkpoints) and compare hashes.
         #[arg(long)]
         deep: bool,
+        /// Also re-run every reference-engine golden's command and fail where the output
+        /// differs from the committed golden (the engine changed: review, then bless).
+        #[arg(long)]
+        rerun: bool,
         /// Print passing items too.
         #[arg(long, short)]
         verbose: bool,
@@ -79,6 +83,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         Action::Check {
             common,
             deep,
+            rerun,
             verbose,
         } => {
             let root = repo_root(common.repo)?;
@@ -89,7 +94,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 deep,
                 ds41,
             };
-            let report = check(&opts)?;
+            let mut report = check(&opts)?;
+            if rerun {
+                goldens::check::rerun_reference(&opts, &mut report)?;
+            }
             for f in &report.findings {
                 if f.status != Status::Ok || verbose {
                     let mut shown = f.clone();
@@ -135,7 +143,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                     println!("  input changed: {i}");
                 }
                 for (path, change) in &r.outputs {
-                    if *change != goldens::diff::Change::Identical {
+                    if !change.is_unchanged() {
                         changed += 1;
                     }
                     let name = path.file_name().unwrap_or_default().to_string_lossy();

@@ -302,6 +302,37 @@ fn compare_input(actual: &str, expected: &str, label: &str, sidecar: &Path, repo
     }
 }
 
+/// Re-run every reference-engine record (a bless dry run) and add a failure for each output
+/// whose content differs from the committed golden.
+pub fn rerun_reference(opts: &CheckOptions, report: &mut Report) -> Result<(), GoldenError> {
+    let results = super::bless::bless(&super::bless::BlessOptions {
+        repo_root: opts.repo_root.clone(),
+        goldens_dir: opts.goldens_dir.clone(),
+        upstream: opts.upstream.clone(),
+        ds41: opts.ds41.clone(),
+        filter: None,
+        dry_run: true,
+        ci: false,
+    })?;
+    for r in results {
+        for (path, change) in r.outputs {
+            if change.is_unchanged() {
+                report.push(Status::Ok, &path, "re-run reproduces it");
+            } else {
+                report.push(
+                    Status::Fail,
+                    &path,
+                    format!(
+                        "re-running its command gives a different result ({}); review and `ds41 goldens bless`",
+                        change.to_string().trim_end()
+                    ),
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Build a generated input in a fresh temporary directory; returns it (kept alive) and its
 /// tree hash.
 pub fn materialise(

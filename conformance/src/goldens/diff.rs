@@ -9,6 +9,9 @@ use safetensors::{Dtype, SafeTensors};
 #[derive(Debug, Clone, PartialEq)]
 pub enum Change {
     Identical,
+    /// Different bytes, same content: safetensors with equal tensors and metadata whose
+    /// header was serialised in another key order.
+    Equivalent,
     Tensors(Vec<TensorChange>),
     Text {
         lines_old: usize,
@@ -46,10 +49,21 @@ pub enum TensorDiff {
     Metadata,
 }
 
+impl Change {
+    /// Whether the content is unchanged (byte-identical or equivalent).
+    pub fn is_unchanged(&self) -> bool {
+        matches!(self, Change::Identical | Change::Equivalent)
+    }
+}
+
 impl fmt::Display for Change {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Change::Identical => write!(f, "unchanged"),
+            Change::Equivalent => write!(
+                f,
+                "unchanged (same tensors and metadata; header bytes differ)"
+            ),
             Change::New => write!(f, "new file"),
             Change::Bytes { old, new } => write!(f, "bytes differ ({old} -> {new} bytes)"),
             Change::Text {
@@ -108,6 +122,9 @@ pub fn diff(name: &str, old: &[u8], new: &[u8]) -> Change {
                     name: "__metadata__".into(),
                     what: TensorDiff::Metadata,
                 });
+            }
+            if changes.is_empty() {
+                return Change::Equivalent;
             }
             return Change::Tensors(changes);
         }
@@ -293,6 +310,32 @@ mod tests {
         }
         assert!(list.iter().any(|t| t.what == TensorDiff::Added));
         assert!(list.iter().any(|t| t.what == TensorDiff::Removed));
+    }
+
+    #[test]
+    fn reordered_metadata_is_equivalent_not_changed() {
+        let bytes: Vec<u8> = [1.0f32, 2.0].iter().flat_map(|x| x.to_le_bytes()).collect();
+        let view = TensorView::new(Dtype::F32, vec![2], &bytes).unwrap();
+        let meta: std::collections::HashMap<String, String> = [("a", "1"), ("b", "2"), ("c", "3")]
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let old = safetensors::serialize(vec![("t", view)], Some(meta)).unwrap();
+        // Rewrite the header with the metadata keys in reverse order (same length).
+        let n = u64::from_le_bytes(old[..8].try_into().unwrap()) as usize;
+        let header: serde_json::Value = serde_json::from_slice(&old[8..8 + n]).unwrap();
+        let mut header = header.as_object().unwrap().clone();
+        let meta = header["__metadata__"].as_object().unwrap().clone();
+        let reversed: serde_json::Map<String, serde_json::Value> = meta.into_iter().rev().collect();
+        header.insert("__metadata__".into(), serde_json::Value::Object(reversed));
+        let mut text = serde_json::to_vec(&header).unwrap();
+        text.resize(n, b' ');
+        let mut new = old[..8].to_vec();
+        new.extend_from_slice(&text);
+        new.extend_from_slice(&old[8 + n..]);
+        assert_ne!(old, new);
+        assert_eq!(diff("t.safetensors", &old, &new), Change::Equivalent);
+        assert!(diff("t.safetensors", &old, &new).is_unchanged());
     }
 
     #[test]
