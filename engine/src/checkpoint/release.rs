@@ -515,12 +515,10 @@ fn read_index(dir: &Path, index: &Path) -> Result<(Vec<PathBuf>, BTreeMap<String
         let path = dir.join(rel);
         if !files.contains(&path) {
             if !path.is_file() {
-                return Err(fmt_err(
+                return Err(tensor_err(
                     index,
-                    0,
-                    format!(
-                        "`weight_map` puts tensor `{name}` in shard {f:?}, which does not exist"
-                    ),
+                    name,
+                    format!("index names shard {f:?}, which does not exist"),
                 ));
             }
             files.push(path.clone());
