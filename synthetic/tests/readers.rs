@@ -203,7 +203,7 @@ fn every_mutant_is_refused_with_its_expected_error() {
                         "{} on {preset} {layout:?}: expected {}, got {}: {e}",
                         m.name,
                         m.expect,
-                        ds41_synthetic::Expected::variant_of(&e)
+                        e.kind()
                     )),
                 }
             }
