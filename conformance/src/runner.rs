@@ -104,10 +104,16 @@ impl Context {
                 }
             })
             .collect();
-        let d = self.work_dir.join("cases").join(safe);
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).map_err(|e| Outcome::error(format!("{}: {e}", d.display())))?;
-        Ok(d)
+        // Unique per call: the same case may run concurrently in process and through the
+        // protocol adapter, and the two must never share files.
+        let base = self.work_dir.join("cases");
+        let io_err = |e: std::io::Error| Outcome::error(format!("{}: {e}", base.display()));
+        std::fs::create_dir_all(&base).map_err(io_err)?;
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("{safe}-"))
+            .tempdir_in(&base)
+            .map_err(io_err)?;
+        Ok(dir.keep())
     }
 }
 

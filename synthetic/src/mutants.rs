@@ -97,7 +97,7 @@ pub fn list_mutants() -> Vec<MutantInfo> {
         m("header-not-json", "a safetensors header is not valid JSON", R, FORMAT, &[".safetensors"]),
         MutantInfo {
             needs_shards: true,
-            ..m("index-missing-shard", "model.safetensors.index.json maps a tensor to a shard that does not exist", R, &["Format", "Io"], &["model-00099-of-00099.safetensors"])
+            ..m("index-missing-shard", "model.safetensors.index.json maps a tensor to a shard that does not exist", R, &["Format", "Io", "Tensor"], &["model-00099-of-00099.safetensors"])
         },
         m("bad-format-version", "manifest format_version is 1", C, &["Format", "Config"], &["format_version"]),
         m("no-format-version", "manifest has no format_version", C, &["Format", "Config"], &["format_version"]),

@@ -963,7 +963,12 @@ fn open_banks(
         if bytes == 0 || bytes % experts != 0 || (bytes / experts) % RECORD_ALIGN != 0 {
             return Err(j.err(&format!("{field}.bytes"), format!("{bytes} bytes do not make {experts} records of a multiple of {RECORD_ALIGN} bytes")));
         }
-        if codebook_base + kinds.len() * q.stages > n_codebooks {
+        // Checked: a manifest may state any value, and an overflow must be a refusal.
+        let codebook_end = kinds
+            .len()
+            .checked_mul(q.stages)
+            .and_then(|n| n.checked_add(codebook_base));
+        if codebook_end.is_none_or(|end| end > n_codebooks) {
             return Err(j.err(
                 &format!("{field}.codebook_base"),
                 format!(
