@@ -82,6 +82,33 @@ pub fn e2m1_pair(byte: u8) -> [f32; 2] {
     ]
 }
 
+/// The 256 e4m3fn codes widened to f64 (for the matrix-vector kernels, which multiply in
+/// f64; `E4M3_F64[c] == e4m3_to_f32(c) as f64`).
+pub static E4M3_F64: [f64; 256] = {
+    let mut t = [0f64; 256];
+    let mut c = 0;
+    while c < 256 {
+        t[c] = f32::from_bits(E4M3_BITS[c]) as f64;
+        c += 1;
+    }
+    t
+};
+
+/// Both e2m1 values of every packed FP4 byte widened to f64 (`[low nibble, high nibble]`,
+/// equal to [`e2m1_pair`]).
+pub static E2M1_PAIR_F64: [[f64; 2]; 256] = {
+    let mut t = [[0f64; 2]; 256];
+    let mut b = 0;
+    while b < 256 {
+        t[b] = [
+            f32::from_bits(E2M1_BITS[b & 0xF]) as f64,
+            f32::from_bits(E2M1_BITS[b >> 4]) as f64,
+        ];
+        b += 1;
+    }
+    t
+};
+
 /// Decode one E8M0 scale byte: `2^(b − 127)`; 255 is NaN; 0 is 2^−127 (an f32 subnormal).
 #[inline]
 pub fn e8m0_to_f32(b: u8) -> f32 {
@@ -163,6 +190,19 @@ mod tests {
         }
         // code 8 is +0.0, not -0.0 (convert.py's table)
         assert_eq!(e2m1_to_f32(8).to_bits(), 0.0f32.to_bits());
+    }
+
+    #[test]
+    fn wide_tables_equal_the_f32_decoders() {
+        for c in 0..=255u8 {
+            let (a, b) = (E4M3_F64[c as usize], f64::from(e4m3_to_f32(c)));
+            assert!(
+                a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()),
+                "{c}"
+            );
+            let [lo, hi] = e2m1_pair(c);
+            assert_eq!(E2M1_PAIR_F64[c as usize], [f64::from(lo), f64::from(hi)]);
+        }
     }
 
     #[test]

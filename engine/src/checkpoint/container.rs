@@ -13,7 +13,10 @@
 use super::names::{
     container_to_release, expected_tensors, expert_name, release_to_container, ContainerName,
 };
-use super::{check_rows_request, rows_cols, tensor_err, Checkpoint, Layout, QuantView, Storage};
+use super::{
+    check_rows_request, rows_cols, tensor_err, Checkpoint, DenseDtype, Layout, QuantView, Storage,
+    WeightView,
+};
 use crate::config::{
     parse_json_bytes, read_json, Config, EngramHashConstants, EngramLayerHash, EngramPad,
 };
@@ -1366,6 +1369,41 @@ impl Checkpoint for ContainerCheckpoint {
     fn quant_view(&self, name: &str) -> Result<Option<QuantView<'_>>> {
         self.lookup(name)?;
         Ok(None)
+    }
+    fn weight_view(&self, name: &str) -> Result<Option<WeightView<'_>>> {
+        let Some(e) = self.trunk_entries.get(name) else {
+            self.lookup(name)?;
+            return Ok(None); // experts (VQ) and Engram rows are read with `rows_f32`
+        };
+        let [rows, cols] = e.shape[..] else {
+            return Ok(None);
+        };
+        let t = &self.trunk[..];
+        Ok(match e.storage {
+            Storage::F32 => t.get(e.off..).map(|bytes| WeightView::Dense {
+                dtype: DenseDtype::F32,
+                rows,
+                cols,
+                bytes,
+            }),
+            Storage::Q8G | Storage::Q4G => {
+                let padded = cols.div_ceil(e.group) * e.group;
+                let q8 = e.storage == Storage::Q8G;
+                match (t.get(e.off..), t.get(e.scale_off..)) {
+                    (Some(codes), Some(scales)) => Some(WeightView::Grouped {
+                        bits: if q8 { 8 } else { 4 },
+                        rows,
+                        cols,
+                        group: e.group,
+                        row_bytes: if q8 { padded } else { padded / 2 },
+                        codes,
+                        scales,
+                    }),
+                    _ => None,
+                }
+            }
+            _ => None,
+        })
     }
     fn engram_constants(&self) -> Result<EngramHashConstants> {
         self.engram.clone().ok_or_else(|| Error::Config {

@@ -114,6 +114,134 @@ impl QuantView<'_> {
     }
 }
 
+/// Element type of an unquantised [`WeightView::Dense`] weight (little-endian bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub enum DenseDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl DenseDtype {
+    pub fn width(self) -> usize {
+        match self {
+            DenseDtype::F32 => 4,
+            DenseDtype::Bf16 | DenseDtype::F16 => 2,
+        }
+    }
+}
+
+/// The stored bytes of a 2-D weight `[rows, cols]`, borrowed from the mapped file, in a form
+/// the matrix-vector kernels decode a 32-column block at a time without an f32 copy of the
+/// rows (issue 4 item 6). Every variant decodes to exactly the values of `rows_f32`.
+#[derive(Debug, Clone, Copy)]
+pub enum WeightView<'a> {
+    /// Release FP8 / FP4 codes with E8M0 scales.
+    Quant(QuantView<'a>),
+    /// Unquantised rows, `rows · cols · width` bytes.
+    Dense {
+        dtype: DenseDtype,
+        rows: usize,
+        cols: usize,
+        bytes: &'a [u8],
+    },
+    /// Container Q8G (`bits` 8: int8) or Q4G (`bits` 4: nibble − 8, low nibble first): row r
+    /// is `codes[r·row_bytes ..]`, its f16 group scales `scales[r·2·ceil(cols/group) ..]`.
+    Grouped {
+        bits: u8,
+        rows: usize,
+        cols: usize,
+        group: usize,
+        row_bytes: usize,
+        codes: &'a [u8],
+        scales: &'a [u8],
+    },
+}
+
+impl WeightView<'_> {
+    /// `(rows, cols)` of the logical weight.
+    pub fn shape(&self) -> (usize, usize) {
+        match *self {
+            WeightView::Quant(v) => (v.rows, v.cols),
+            WeightView::Dense { rows, cols, .. } | WeightView::Grouped { rows, cols, .. } => {
+                (rows, cols)
+            }
+        }
+    }
+
+    /// Check that the borrowed bytes cover the shape, so a kernel can index them freely.
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let need = |what: &str, have: usize, want: Option<usize>| match want {
+            Some(w) if have >= w => Ok(()),
+            _ => Err(format!(
+                "{what} hold {have} bytes, the shape {:?} needs {want:?}",
+                self.shape()
+            )),
+        };
+        match *self {
+            WeightView::Quant(v) => {
+                let code_bytes = match v.kind {
+                    QuantKind::Fp4 if v.cols % 2 != 0 => {
+                        return Err(format!("packed FP4 with an odd width {}", v.cols))
+                    }
+                    QuantKind::Fp4 => v.rows.checked_mul(v.cols / 2),
+                    _ => v.rows.checked_mul(v.cols),
+                };
+                let scale_rows = match v.kind {
+                    QuantKind::Fp8Block => v.rows.div_ceil(32),
+                    _ => v.rows,
+                };
+                if v.scale_cols < v.cols.div_ceil(32) {
+                    return Err(format!(
+                        "{} scale columns for {} columns",
+                        v.scale_cols, v.cols
+                    ));
+                }
+                need("codes", v.codes.len(), code_bytes)?;
+                need(
+                    "scales",
+                    v.scales.len(),
+                    scale_rows.checked_mul(v.scale_cols),
+                )
+            }
+            WeightView::Dense {
+                dtype,
+                rows,
+                cols,
+                bytes,
+            } => need(
+                "rows",
+                bytes.len(),
+                rows.checked_mul(cols)
+                    .and_then(|n| n.checked_mul(dtype.width())),
+            ),
+            WeightView::Grouped {
+                bits,
+                rows,
+                cols,
+                group,
+                row_bytes,
+                codes,
+                scales,
+            } => {
+                if group == 0 || !matches!(bits, 4 | 8) {
+                    return Err(format!("group {group}, bits {bits}"));
+                }
+                let row_need = if bits == 8 { cols } else { cols.div_ceil(2) };
+                if row_bytes < row_need {
+                    return Err(format!("row of {row_bytes} bytes for {cols} columns"));
+                }
+                need("codes", codes.len(), rows.checked_mul(row_bytes))?;
+                need(
+                    "scales",
+                    scales.len(),
+                    rows.checked_mul(2 * cols.div_ceil(group)),
+                )
+            }
+        }
+    }
+}
+
 /// Read access to the weights of one checkpoint. Names are canonical release names
 /// (`layers.3.attn.wq_a.weight`); a container maps its own names onto them. Nothing here
 /// materialises a whole checkpoint: each call dequantises only what it is asked for.
@@ -144,6 +272,12 @@ pub trait Checkpoint: Send + Sync {
     fn quant_view(&self, name: &str) -> Result<Option<QuantView<'_>>> {
         let _ = name;
         Ok(None)
+    }
+    /// The stored bytes of a 2-D weight for the direct kernels (`None` when the storage has
+    /// no such view, e.g. a container VQ expert: callers then read rows with `rows_f32`).
+    /// The default serves the FP8/FP4 [`Checkpoint::quant_view`].
+    fn weight_view(&self, name: &str) -> Result<Option<WeightView<'_>>> {
+        Ok(self.quant_view(name)?.map(WeightView::Quant))
     }
     /// Engram hashing constants (multipliers, primes, offsets, pad) for this checkpoint. The
     /// default applies the release recipe to `config()` (MODEL.md §6.6.1); a container states

@@ -9,7 +9,8 @@
 
 use super::names::expected_tensors;
 use super::{
-    check_rows_request, rows_cols, tensor_err, Checkpoint, Layout, QuantKind, QuantView, Storage,
+    check_rows_request, rows_cols, tensor_err, Checkpoint, DenseDtype, Layout, QuantKind,
+    QuantView, Storage, WeightView,
 };
 use crate::config::{read_json, Config, EngramHashConstants, EngramLayerHash, EngramPad};
 use crate::dtype::{bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, f16_to_f32};
@@ -617,6 +618,27 @@ impl Checkpoint for ReleaseCheckpoint {
     fn rows_f32(&self, name: &str, first: usize, out: &mut [f32]) -> Result<()> {
         let e = self.entry(name)?;
         self.decode_rows(name, e, first, out)
+    }
+    fn weight_view(&self, name: &str) -> Result<Option<WeightView<'_>>> {
+        let e = self.entry(name)?;
+        let dtype = match e.storage {
+            Storage::Fp8Block | Storage::Fp8Rows | Storage::Fp4 => {
+                return Ok(Some(WeightView::Quant(self.view(name, e)?)))
+            }
+            Storage::F32 => DenseDtype::F32,
+            Storage::Bf16 => DenseDtype::Bf16,
+            Storage::F16 => DenseDtype::F16,
+            _ => return Ok(None),
+        };
+        let [rows, cols] = e.shape[..] else {
+            return Ok(None);
+        };
+        Ok(Some(WeightView::Dense {
+            dtype,
+            rows,
+            cols,
+            bytes: self.bytes(e),
+        }))
     }
     fn quant_view(&self, name: &str) -> Result<Option<QuantView<'_>>> {
         let e = self.entry(name)?;

@@ -23,70 +23,31 @@ use crate::{Error, Result};
 
 /// `wo_a` (§6.4.7): group g maps heads `g·H/G .. (g+1)·H/G` (concatenated) through rows
 /// `g·rank .. (g+1)·rank`. A BF16 matmul: f64 accumulation (rule C2), bf16 out upstream.
-/// Rows are dequantised on the fly from the mapped checkpoint.
+/// Rows are decoded on the fly from the mapped checkpoint.
 pub struct GroupedOutput {
-    name: String,
+    linear: Linear,
     groups: usize,
     rank: usize,
-    group_width: usize,
 }
 
 impl GroupedOutput {
-    fn load(ckpt: &dyn Checkpoint, name: &str, cfg: &Config) -> Result<GroupedOutput> {
+    fn load(ckpt: &Arc<dyn Checkpoint>, name: &str, cfg: &Config) -> Result<GroupedOutput> {
         let group_width = cfg.n_heads / cfg.o_groups * cfg.head_dim;
-        super::expect_shape(ckpt, name, &[cfg.o_groups * cfg.o_lora_rank, group_width])?;
+        super::expect_shape(
+            ckpt.as_ref(),
+            name,
+            &[cfg.o_groups * cfg.o_lora_rank, group_width],
+        )?;
         Ok(GroupedOutput {
-            name: name.to_string(),
+            linear: Linear::load(ckpt, name, LinearKind::Bf16)?,
             groups: cfg.o_groups,
             rank: cfg.o_lora_rank,
-            group_width,
         })
     }
 
-    fn forward(
-        &self,
-        ckpt: &dyn Checkpoint,
-        o: &[f32],
-        rows: usize,
-        z: &mut [f32],
-        numerics: Numerics,
-    ) -> Result<()> {
-        let n_out = self.groups * self.rank;
-        let gw = self.group_width;
-        let per_chunk = 64;
-        let cols: Vec<Result<Vec<f32>>> = (0..n_out.div_ceil(per_chunk))
-            .into_par_iter()
-            .map(|c| {
-                let first = c * per_chunk;
-                let n = per_chunk.min(n_out - first);
-                let mut w = vec![0.0f32; n * gw];
-                ckpt.rows_f32(&self.name, first, &mut w)?;
-                let mut out = vec![0.0f32; n * rows];
-                for i in 0..n {
-                    let g = (first + i) / self.rank;
-                    let wr = &w[i * gw..(i + 1) * gw];
-                    for t in 0..rows {
-                        let x =
-                            &o[t * self.groups * gw + g * gw..t * self.groups * gw + (g + 1) * gw];
-                        let acc: f64 = wr.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum();
-                        out[i * rows + t] = acc as f32;
-                    }
-                }
-                Ok(out)
-            })
-            .collect();
-        for (c, block) in cols.into_iter().enumerate() {
-            let block = block?;
-            let first = c * per_chunk;
-            let n = block.len() / rows;
-            for i in 0..n {
-                for t in 0..rows {
-                    z[t * n_out + first + i] = block[i * rows + t];
-                }
-            }
-        }
-        numerics.round(z);
-        Ok(())
+    fn forward(&self, o: &[f32], rows: usize, z: &mut [f32], numerics: Numerics) -> Result<()> {
+        self.linear
+            .forward_grouped(o, rows, self.groups, z, numerics)
     }
 }
 
@@ -149,7 +110,7 @@ impl Attention {
             wq_b: Linear::load(ckpt, &format!("{p}wq_b.weight"), LinearKind::Fp8)?,
             wkv: Linear::load(ckpt, &format!("{p}wkv.weight"), LinearKind::Fp8)?,
             kv_norm: RmsNorm::load(ckpt.as_ref(), &format!("{p}kv_norm.weight"), cfg.norm_eps)?,
-            wo_a: GroupedOutput::load(ckpt.as_ref(), &format!("{p}wo_a.weight"), cfg)?,
+            wo_a: GroupedOutput::load(ckpt, &format!("{p}wo_a.weight"), cfg)?,
             wo_b: Linear::load(ckpt, &format!("{p}wo_b.weight"), LinearKind::Fp8)?,
             sink,
             compressor: if is_kv_source {
@@ -180,6 +141,7 @@ impl Attention {
         let (rows, nh, dh) = (chunk.rows, self.n_heads, self.head_dim);
         let numerics = ctx.numerics;
         let upstream = numerics == Numerics::Upstream;
+        let fp4_ties = quant::Fp4Ties::for_defects(ctx.defects);
 
         // §6.4.1 query path.
         let mut qr = vec![0.0f32; rows * self.q_lora];
@@ -232,7 +194,7 @@ impl Attention {
                 }
             }
             if let Some(ix) = self.indexer.as_ref().filter(|ix| ix.is_owner()) {
-                let keys = ix.keys(&emitted, self.ratio, ctx.rope, numerics)?;
+                let keys = ix.keys(&emitted, self.ratio, ctx.rope, numerics, fp4_ties)?;
                 cache.index_keys.extend_from_slice(&keys);
             }
             for e in &emitted {
@@ -240,7 +202,7 @@ impl Attention {
                 ctx.rope
                     .rotate(&mut latent, dh, e.index * self.ratio, false, numerics);
                 if upstream {
-                    quant::fp4_qdq_e4m3(&mut latent);
+                    quant::fp4_qdq_e4m3(&mut latent, fp4_ties);
                 }
                 cache.latents.extend_from_slice(&latent);
             }
@@ -356,7 +318,7 @@ impl Attention {
             }
         }
         let mut z = vec![0.0f32; rows * self.wo_a.groups * self.wo_a.rank];
-        self.wo_a.forward(ctx.ckpt, &o, rows, &mut z, numerics)?;
+        self.wo_a.forward(&o, rows, &mut z, numerics)?;
         self.wo_b.forward(&z, rows, out, numerics)
     }
 
@@ -398,7 +360,16 @@ impl Attention {
                 keys.index_key_count()
             )));
         }
-        let (iq, w) = ix.queries(qr, u, chunk.rows, chunk.start, ctx.rope, ctx.numerics)?;
+        let fp4_ties = quant::Fp4Ties::for_defects(ctx.defects);
+        let (iq, w) = ix.queries(
+            qr,
+            u,
+            chunk.rows,
+            chunk.start,
+            ctx.rope,
+            ctx.numerics,
+            fp4_ties,
+        )?;
         let cfg = ctx.cfg;
         let (nh, hd) = (cfg.index_n_heads, cfg.index_head_dim);
         let is_candidate_source = Some(self.layer) == cfg.candidate_source_layer;

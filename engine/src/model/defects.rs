@@ -29,7 +29,8 @@ pub enum Defect {
     BiasInRoutingWeights,
     /// §6.5: no SwiGLU clamps.
     NoSwigluClamp,
-    /// §5.3: FP4 rounding with ties away from zero instead of to even (needs numerics support).
+    /// §5.3: FP4 (e2m1) QDQ rounds ties away from zero instead of to even (upstream profile:
+    /// indexer queries and keys, compressed latents).
     Fp4TiesAwayFromEven,
     /// §6.6.1: a blocked shift does not block longer shifts.
     EngramPadNotLatching,

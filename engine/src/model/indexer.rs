@@ -76,6 +76,7 @@ impl Indexer {
         ratio: usize,
         rope: &Rope,
         numerics: Numerics,
+        ties: quant::Fp4Ties,
     ) -> Result<Vec<f32>> {
         let proj = self.keys.as_ref().ok_or_else(|| {
             crate::Error::Model("indexer without key projection asked for keys".into())
@@ -91,7 +92,7 @@ impl Indexer {
         for (row, e) in k.chunks_exact_mut(self.head_dim).zip(emitted) {
             rope.rotate(row, self.head_dim, e.index * ratio, false, numerics);
             if numerics == Numerics::Upstream {
-                quant::fp4_qdq_e8m0(row);
+                quant::fp4_qdq_e8m0(row, ties);
             }
         }
         Ok(k)
@@ -106,6 +107,7 @@ impl Indexer {
         start: usize,
         rope: &Rope,
         numerics: Numerics,
+        ties: quant::Fp4Ties,
     ) -> Result<(Vec<f32>, Vec<f32>)> {
         let w_q = self.n_heads * self.head_dim;
         let mut iq = vec![0.0f32; rows * w_q];
@@ -114,7 +116,7 @@ impl Indexer {
             rope.rotate(row, self.head_dim, start + t, false, numerics);
             if numerics == Numerics::Upstream {
                 for head in row.chunks_exact_mut(self.head_dim) {
-                    quant::fp4_qdq_e8m0(head);
+                    quant::fp4_qdq_e8m0(head, ties);
                 }
             }
         }

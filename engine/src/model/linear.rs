@@ -24,13 +24,11 @@
 //! Every output element is one fixed sequential reduction over k, computed by one task, so the
 //! result of a row does not depend on how many rows a call carries nor on the thread count.
 
-use std::cell::Cell;
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
+use super::matvec::{self, MatVec, Rule, Source};
 use super::numerics::Numerics;
-use super::quant::{act_quant_fp8_inplace, bf16, round_bf16, BLOCK};
+use super::quant::{act_quant_fp8_inplace, round_bf16, BLOCK};
 use crate::checkpoint::{Checkpoint, Layout, Storage};
 use crate::{Error, Result};
 
@@ -64,9 +62,6 @@ impl LinearKind {
         matches!(self, LinearKind::Fp8 | LinearKind::Fp4)
     }
 }
-
-/// Output rows a task handles (one dequantised chunk of weight rows).
-const ROWS_PER_TASK: usize = 16;
 
 /// A memory-mapped weight `[out_features, in_features]` with the canonical product `y = x Wᵀ`.
 pub struct Linear {
@@ -179,222 +174,125 @@ impl Linear {
                 self.name
             )));
         }
-        let round_out = upstream && self.kind != LinearKind::F32;
-
         // The GEMM input: bf16, then act-quant for FP8/FP4 (upstream); f32 as given otherwise.
-        let mut xin_buf = take_scratch(&INPUT_SCRATCH, 0);
-        let xin: &[f32] = if upstream && self.kind != LinearKind::F32 {
-            xin_buf.extend_from_slice(x);
-            round_bf16(&mut xin_buf);
+        let transform = upstream && self.kind != LinearKind::F32;
+        let mut wide = matvec::take(&matvec::WIDE_SCRATCH, 0, 0.0);
+        if transform {
+            let mut xin = matvec::take(&matvec::INPUT_SCRATCH, 0, 0.0);
+            xin.extend_from_slice(x);
+            round_bf16(&mut xin);
             if block_exact {
-                for row in xin_buf.chunks_exact_mut(n_in) {
+                for row in xin.chunks_exact_mut(n_in) {
                     act_quant_fp8_inplace(row);
                 }
             }
-            &xin_buf
+            wide.extend(xin.iter().map(|&v| f64::from(v)));
+            matvec::put(&matvec::INPUT_SCRATCH, xin);
         } else {
-            x
-        };
-
-        let kernel = Kernel {
-            linear: self,
-            xin,
-            rows,
-            block_exact,
-            round_out,
-        };
-        let result = if rows == 1 {
-            // Decode: each task owns a contiguous slice of y.
-            y.par_chunks_mut(ROWS_PER_TASK)
-                .enumerate()
-                .try_for_each(|(t, ych)| kernel.task(t * ROWS_PER_TASK, ych))
-        } else {
-            // Prefill: tasks fill an output-major buffer, transposed into y afterwards.
-            let mut yt = take_scratch(&OUTPUT_SCRATCH, rows * n_out);
-            let r = yt
-                .par_chunks_mut(ROWS_PER_TASK * rows)
-                .enumerate()
-                .try_for_each(|(t, ych)| kernel.task(t * ROWS_PER_TASK, ych));
-            if r.is_ok() {
-                for (n, col) in yt.chunks_exact(rows).enumerate() {
-                    for (m, &v) in col.iter().enumerate() {
-                        y[m * n_out + n] = v;
-                    }
-                }
+            wide.extend(x.iter().map(|&v| f64::from(v)));
+        }
+        let result = self.source().and_then(|source| {
+            MatVec {
+                source,
+                n_in,
+                w_first: 0,
+                x: &wide,
+                x_stride: n_in,
+                x_off: 0,
+                rows,
+                rule: if block_exact {
+                    Rule::C1
+                } else {
+                    Rule::C2 { init: 0.0 }
+                },
+                round_out: transform,
             }
-            put_scratch(&OUTPUT_SCRATCH, yt);
-            r
-        };
-        put_scratch(&INPUT_SCRATCH, xin_buf);
+            .run(n_out, y, n_out, 0)
+        });
+        matvec::put(&matvec::WIDE_SCRATCH, wide);
         result
     }
-}
 
-/// One call's fixed parameters, shared by its tasks.
-struct Kernel<'a> {
-    linear: &'a Linear,
-    xin: &'a [f32],
-    rows: usize,
-    block_exact: bool,
-    round_out: bool,
-}
-
-impl Kernel<'_> {
-    /// Compute outputs `first..first + n` (n = out.len() / rows) for every input row into `out`,
-    /// laid out output-major (`out[(n - first) * rows + m]`).
-    fn task(&self, first: usize, out: &mut [f32]) -> Result<()> {
-        let n_in = self.linear.in_features;
-        let n_rows_w = out.len() / self.rows;
-        let mut w = take_scratch(&WEIGHT_SCRATCH, n_rows_w * n_in);
-        let r = self
-            .linear
-            .ckpt
-            .rows_f32(&self.linear.name, first, &mut w[..n_rows_w * n_in]);
-        if r.is_ok() {
-            // Tiles of several independent reductions keep the FPU pipelines busy; every
-            // output is still its own sequential chain, so tiling never changes a bit.
-            let mut i = 0;
-            while i < n_rows_w {
-                if self.rows == 1 {
-                    if n_rows_w - i >= 8 {
-                        self.tile::<8, 1>(&w, i, 0, out);
-                        i += 8;
-                    } else {
-                        self.tile::<1, 1>(&w, i, 0, out);
-                        i += 1;
-                    }
-                    continue;
-                }
-                let four = n_rows_w - i >= 4;
-                let mut m = 0;
-                while m < self.rows {
-                    let pair = self.rows - m >= 2;
-                    match (four, pair) {
-                        (true, true) => self.tile::<4, 2>(&w, i, m, out),
-                        (true, false) => self.tile::<4, 1>(&w, i, m, out),
-                        (false, true) => self.tile::<1, 2>(&w, i, m, out),
-                        (false, false) => self.tile::<1, 1>(&w, i, m, out),
-                    }
-                    m += if pair { 2 } else { 1 };
-                }
-                i += if four { 4 } else { 1 };
-            }
-        }
-        put_scratch(&WEIGHT_SCRATCH, w);
-        r
-    }
-
-    /// Outputs for weight rows `i0..i0+NW` of the task's chunk and input rows `m0..m0+NX`.
-    fn tile<const NW: usize, const NX: usize>(
+    /// The grouped product of `wo_a` (MODEL.md §6.4.7): weight rows `g·(out/G) ..` read
+    /// input columns `g·in .. (g+1)·in` of `x` `[rows, groups · in]`. C2 from −0.0 (the
+    /// reference's f64 `sum`), input as given, output rounded at the regime's bf16 point.
+    pub fn forward_grouped(
         &self,
-        w: &[f32],
-        i0: usize,
-        m0: usize,
-        out: &mut [f32],
-    ) {
-        let n = self.linear.in_features;
-        let wr: [&[f32]; NW] = std::array::from_fn(|i| &w[(i0 + i) * n..(i0 + i + 1) * n]);
-        let xr: [&[f32]; NX] = std::array::from_fn(|m| &self.xin[(m0 + m) * n..(m0 + m + 1) * n]);
-        let vals = if self.block_exact {
-            c1_tile(&xr, &wr)
-        } else {
-            c2_tile(&xr, &wr)
-        };
-        for (i, row) in vals.iter().enumerate() {
-            for (m, &v) in row.iter().enumerate() {
-                out[(i0 + i) * self.rows + m0 + m] = if self.round_out { bf16(v) } else { v };
-            }
+        x: &[f32],
+        rows: usize,
+        groups: usize,
+        y: &mut [f32],
+        numerics: Numerics,
+    ) -> Result<()> {
+        let (n_in, n_out) = (self.in_features, self.out_features);
+        if groups == 0
+            || n_out % groups != 0
+            || x.len() != rows * groups * n_in
+            || y.len() != rows * n_out
+        {
+            return Err(Error::Model(format!(
+                "grouped linear `{}` [{n_out}, {n_in}] in {groups} groups: input has {} values \
+                 and output {} for {rows} rows",
+                self.name,
+                x.len(),
+                y.len()
+            )));
         }
-    }
-}
-
-/// C2 (MODEL.md §5.4) for a tile: `out[i][m] = f32(Σ_k x[m][k]·w[i][k])`, each an f64 chain
-/// in increasing k (the f32·f32 products are exact in f64).
-#[inline(always)]
-fn c2_tile<const NW: usize, const NX: usize>(
-    x: &[&[f32]; NX],
-    w: &[&[f32]; NW],
-) -> [[f32; NX]; NW] {
-    let len = w[0].len();
-    let x = x.map(|r| &r[..len]);
-    let w = w.map(|r| &r[..len]);
-    let mut acc = [[0f64; NX]; NW];
-    for k in 0..len {
-        for i in 0..NW {
-            let wk = f64::from(w[i][k]);
-            for m in 0..NX {
-                acc[i][m] += f64::from(x[m][k]) * wk;
-            }
-        }
-    }
-    acc.map(|row| row.map(|v| v as f32))
-}
-
-/// C1 (MODEL.md §5.4) for a tile, on dequantised values: each 32-block summed in f64 (exact
-/// whatever the order, see the module note), rounded once to f32, blocks accumulated in f32
-/// in increasing order. The final bf16 rounding is the caller's.
-#[inline(always)]
-fn c1_tile<const NW: usize, const NX: usize>(
-    x: &[&[f32]; NX],
-    w: &[&[f32]; NW],
-) -> [[f32; NX]; NW] {
-    let len = w[0].len();
-    let x = x.map(|r| &r[..len]);
-    let w = w.map(|r| &r[..len]);
-    let mut acc = [[0f32; NX]; NW];
-    for k0 in (0..len).step_by(BLOCK) {
-        let mut block = [[0f64; NX]; NW];
-        for k in k0..k0 + BLOCK {
-            for i in 0..NW {
-                let wk = f64::from(w[i][k]);
-                for m in 0..NX {
-                    block[i][m] += f64::from(x[m][k]) * wk;
-                }
-            }
-        }
-        for i in 0..NW {
-            for m in 0..NX {
-                acc[i][m] += block[i][m] as f32;
-            }
-        }
-    }
-    acc
-}
-
-/// C1 for one dot product (see [`c1_tile`]); `x.len()` must be a multiple of 32.
-pub fn block_exact_dot(x: &[f32], w: &[f32]) -> f32 {
-    debug_assert_eq!(x.len() % BLOCK, 0);
-    c1_tile(&[x], &[w])[0][0]
-}
-
-// Per-thread reusable buffers. They are taken out of the cell while in use, so a nested call
-// (a linear inside a rayon task of another linear) finds an empty buffer instead of aliasing.
-thread_local! {
-    static INPUT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    static OUTPUT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-    static WEIGHT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
-}
-
-type Scratch = std::thread::LocalKey<Cell<Vec<f32>>>;
-
-/// Take this thread's buffer, cleared, then zero-filled to `len`.
-fn take_scratch(key: &'static Scratch, len: usize) -> Vec<f32> {
-    let mut v = key.with(Cell::take);
-    v.clear();
-    v.resize(len, 0.0);
-    v
-}
-
-/// Return a buffer (keeping the larger of the returned and any buffer stored meanwhile).
-fn put_scratch(key: &'static Scratch, v: Vec<f32>) {
-    key.with(|c| {
-        let old = c.take();
-        c.set(if old.capacity() > v.capacity() {
-            old
-        } else {
-            v
+        let per_group = n_out / groups;
+        let mut wide = matvec::take(&matvec::WIDE_SCRATCH, 0, 0.0);
+        wide.extend(x.iter().map(|&v| f64::from(v)));
+        let result = self.source().and_then(|source| {
+            let mut kernel = MatVec {
+                source,
+                n_in,
+                w_first: 0,
+                x: &wide,
+                x_stride: groups * n_in,
+                x_off: 0,
+                rows,
+                rule: Rule::C2 { init: -0.0 },
+                round_out: numerics.is_upstream(),
+            };
+            (0..groups).try_for_each(|g| {
+                kernel.w_first = g * per_group;
+                kernel.x_off = g * n_in;
+                kernel.run(per_group, y, n_out, g * per_group)
+            })
         });
-    });
+        matvec::put(&matvec::WIDE_SCRATCH, wide);
+        result
+    }
+
+    /// The stored bytes when the checkpoint has a view of them, else row reads.
+    fn source(&self) -> Result<Source<'_>> {
+        let view = self.ckpt.weight_view(&self.name)?;
+        match view {
+            Some(v) => {
+                let bad = |reason: String| Error::Tensor {
+                    file: std::path::PathBuf::from(format!(
+                        "<{:?} checkpoint>",
+                        self.ckpt.layout()
+                    )),
+                    tensor: self.name.clone(),
+                    reason,
+                };
+                if v.shape() != (self.out_features, self.in_features) {
+                    return Err(bad(format!(
+                        "stored view has shape {:?}, the linear is [{}, {}]",
+                        v.shape(),
+                        self.out_features,
+                        self.in_features
+                    )));
+                }
+                v.check().map_err(bad)?;
+                Ok(Source::View(v))
+            }
+            None => Ok(Source::Rows {
+                ckpt: self.ckpt.as_ref(),
+                name: &self.name,
+            }),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -403,7 +301,7 @@ pub(crate) mod tests {
     use super::*;
     use crate::config::Config;
     use crate::model::numerics::dot_f64_wide;
-    use crate::model::quant::{act_quant_fp8, E2M1_GRID};
+    use crate::model::quant::{act_quant_fp8, bf16, E2M1_GRID};
     use std::collections::HashMap;
 
     /// An in-memory checkpoint of exact f32 rows with a declared storage (test double).
@@ -826,6 +724,343 @@ pub(crate) mod tests {
         }
     }
 
+    /// A test double that serves stored bytes through `weight_view` (and exact rows through
+    /// `rows_f32` for the rows path), like the mapped readers.
+    struct ViewCheckpoint {
+        rows: MemCheckpoint,
+        views: HashMap<String, StoredBytes>,
+    }
+
+    enum StoredBytes {
+        Quant {
+            kind: crate::checkpoint::QuantKind,
+            codes: Vec<u8>,
+            scales: Vec<u8>,
+            scale_cols: usize,
+        },
+        Dense(crate::checkpoint::DenseDtype, Vec<u8>),
+        Grouped {
+            bits: u8,
+            group: usize,
+            row_bytes: usize,
+            codes: Vec<u8>,
+            scales: Vec<u8>,
+        },
+    }
+
+    impl Checkpoint for ViewCheckpoint {
+        fn layout(&self) -> Layout {
+            self.rows.layout()
+        }
+        fn config(&self) -> &Config {
+            self.rows.config()
+        }
+        fn contains(&self, name: &str) -> bool {
+            self.rows.contains(name)
+        }
+        fn shape(&self, name: &str) -> Result<Vec<usize>> {
+            self.rows.shape(name)
+        }
+        fn storage(&self, name: &str) -> Result<Storage> {
+            self.rows.storage(name)
+        }
+        fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
+            self.rows.tensor_f32(name)
+        }
+        fn rows_f32(&self, _: &str, _: usize, _: &mut [f32]) -> Result<()> {
+            Err(Error::Model("the view double serves no rows".into()))
+        }
+        fn weight_view(&self, name: &str) -> Result<Option<crate::checkpoint::WeightView<'_>>> {
+            use crate::checkpoint::{QuantView, WeightView};
+            let shape = self.rows.shape(name)?;
+            let (rows, cols) = (shape[0], shape[1]);
+            Ok(self.views.get(name).map(|b| match b {
+                StoredBytes::Quant {
+                    kind,
+                    codes,
+                    scales,
+                    scale_cols,
+                } => WeightView::Quant(QuantView {
+                    kind: *kind,
+                    rows,
+                    cols,
+                    codes,
+                    scales,
+                    scale_cols: *scale_cols,
+                }),
+                StoredBytes::Dense(dtype, bytes) => WeightView::Dense {
+                    dtype: *dtype,
+                    rows,
+                    cols,
+                    bytes,
+                },
+                StoredBytes::Grouped {
+                    bits,
+                    group,
+                    row_bytes,
+                    codes,
+                    scales,
+                } => WeightView::Grouped {
+                    bits: *bits,
+                    rows,
+                    cols,
+                    group: *group,
+                    row_bytes: *row_bytes,
+                    codes,
+                    scales,
+                },
+            }))
+        }
+    }
+
+    /// Container-style Q8G / Q4G bytes (f16 group scales) and their exact values.
+    fn random_grouped(
+        out: usize,
+        inp: usize,
+        bits: u8,
+        group: usize,
+        rng: &mut Rng,
+    ) -> (StoredBytes, Vec<f32>) {
+        let groups = inp.div_ceil(group);
+        let padded = groups * group;
+        let row_bytes = if bits == 8 { padded } else { padded / 2 };
+        let mut codes = vec![0u8; out * row_bytes];
+        let mut scales = Vec::new();
+        let mut values = vec![0f32; out * inp];
+        for r in 0..out {
+            let s: Vec<f32> = (0..groups)
+                .map(|_| half::f16::from_f32(rng.uniform() * 0.01).to_f32())
+                .collect();
+            for v in &s {
+                scales.extend_from_slice(&half::f16::from_f32(*v).to_bits().to_le_bytes());
+            }
+            for c in 0..inp {
+                let q = if bits == 8 {
+                    let q = rng.next_u32() as u8;
+                    codes[r * row_bytes + c] = q;
+                    i32::from(q as i8)
+                } else {
+                    let n = (rng.next_u32() & 15) as u8;
+                    codes[r * row_bytes + c / 2] |= if c % 2 == 0 { n } else { n << 4 };
+                    i32::from(n) - 8
+                };
+                values[r * inp + c] = q as f32 * s[c / group];
+            }
+        }
+        let bytes = StoredBytes::Grouped {
+            bits,
+            group,
+            row_bytes,
+            codes,
+            scales,
+        };
+        (bytes, values)
+    }
+
+    /// The direct kernels on stored bytes give the same bits as the rows path (exact
+    /// dequantised rows) for every storage, rule, row count and thread count.
+    #[test]
+    fn stored_byte_kernels_match_the_rows_path_bit_for_bit() {
+        use crate::checkpoint::{DenseDtype, QuantKind};
+        let mut rng = Rng::new(11);
+        let (out, inp) = (45, 96);
+        let w8 = random_fp8(out, inp, &mut rng);
+        let w4 = random_fp4(out, inp, &mut rng);
+        let wb: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
+        let (q8, v8) = random_grouped(out, 40, 8, 16, &mut rng);
+        let (q4, v4) = random_grouped(out, 40, 4, 16, &mut rng);
+        let scale_bytes = |e: &[i32]| e.iter().map(|&x| (x + 127) as u8).collect::<Vec<u8>>();
+        let packed: Vec<u8> = w4.codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
+        let mut tensors = HashMap::new();
+        let mut views = HashMap::new();
+        let mut add = |name: &str, shape: Vec<usize>, st: Storage, vals: Vec<f32>, b| {
+            tensors.insert(name.to_string(), (shape, st, vals));
+            views.insert(name.to_string(), b);
+        };
+        add(
+            "fp8",
+            vec![out, inp],
+            Storage::Fp8Block,
+            w8.values.clone(),
+            StoredBytes::Quant {
+                kind: QuantKind::Fp8Block,
+                codes: w8.codes.clone(),
+                scales: scale_bytes(&w8.scale_exp),
+                scale_cols: inp / 32,
+            },
+        );
+        add(
+            "fp4",
+            vec![out, inp],
+            Storage::Fp4,
+            w4.values.clone(),
+            StoredBytes::Quant {
+                kind: QuantKind::Fp4,
+                codes: packed,
+                scales: scale_bytes(&w4.scale_exp),
+                scale_cols: inp / 32,
+            },
+        );
+        add(
+            "bf16",
+            vec![out, inp],
+            Storage::Bf16,
+            wb.clone(),
+            StoredBytes::Dense(
+                DenseDtype::Bf16,
+                wb.iter()
+                    .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+                    .collect(),
+            ),
+        );
+        add(
+            "f32",
+            vec![out, inp],
+            Storage::F32,
+            wb.iter().map(|v| v * 1.000_1).collect(),
+            StoredBytes::Dense(
+                DenseDtype::F32,
+                wb.iter()
+                    .flat_map(|v| (v * 1.000_1).to_le_bytes())
+                    .collect(),
+            ),
+        );
+        // A block scale near the f32 limit (2^119) takes the generic block decode.
+        let mut big = random_fp8(out, inp, &mut rng);
+        big.scale_exp[1] = 119;
+        for n in 0..32 {
+            for k in 32..64 {
+                big.values[n * inp + k] = e4m3_value(big.codes[n * inp + k]) * 2f32.powi(119);
+            }
+        }
+        add(
+            "fp8big",
+            vec![out, inp],
+            Storage::Fp8Block,
+            big.values.clone(),
+            StoredBytes::Quant {
+                kind: QuantKind::Fp8Block,
+                codes: big.codes.clone(),
+                scales: scale_bytes(&big.scale_exp),
+                scale_cols: inp / 32,
+            },
+        );
+        add("q8", vec![out, 40], Storage::Q8G, v8, q8);
+        add("q4", vec![out, 40], Storage::Q4G, v4, q4);
+        let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
+            layout: Layout::Container,
+            tensors: tensors.clone(),
+        });
+        let view_ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
+            rows: MemCheckpoint {
+                layout: Layout::Container,
+                tensors,
+            },
+            views,
+        });
+        let cases = [
+            ("fp8", LinearKind::Fp8),
+            ("fp8", LinearKind::Bf16),
+            ("fp8big", LinearKind::Fp8),
+            ("fp8big", LinearKind::F32),
+            ("fp4", LinearKind::Fp4),
+            ("bf16", LinearKind::Bf16),
+            ("bf16", LinearKind::F32),
+            ("f32", LinearKind::F32),
+            ("q8", LinearKind::Bf16),
+            ("q4", LinearKind::F32),
+        ];
+        for (name, kind) in cases {
+            let by_rows = Linear::load(&rows_ckpt, name, kind).unwrap();
+            let by_view = Linear::load(&view_ckpt, name, kind).unwrap();
+            let n_in = by_rows.in_features();
+            for numerics in [Numerics::Upstream, Numerics::Exact] {
+                for rows in [1usize, 5] {
+                    let x = random_x(rows, n_in, &mut rng);
+                    let mut want = vec![0f32; rows * out];
+                    by_rows.forward(&x, rows, &mut want, numerics).unwrap();
+                    for threads in [1, 2] {
+                        let pool = rayon::ThreadPoolBuilder::new()
+                            .num_threads(threads)
+                            .build()
+                            .unwrap();
+                        let mut got = vec![0f32; rows * out];
+                        pool.install(|| by_view.forward(&x, rows, &mut got, numerics))
+                            .unwrap();
+                        let same = got
+                            .iter()
+                            .zip(&want)
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{name} {kind:?} {numerics} rows {rows} threads {threads}"
+                        );
+                    }
+                }
+            }
+        }
+        // A view that does not cover its shape is a named error, not a panic.
+        let short: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
+            rows: MemCheckpoint {
+                layout: Layout::Release,
+                tensors: [(
+                    "w".to_string(),
+                    (vec![4, 32], Storage::Bf16, vec![0.0; 128]),
+                )]
+                .into(),
+            },
+            views: [(
+                "w".to_string(),
+                StoredBytes::Dense(DenseDtype::Bf16, vec![0; 200]),
+            )]
+            .into(),
+        });
+        let lin = Linear::load(&short, "w", LinearKind::Bf16).unwrap();
+        let e = lin
+            .forward(&[0.0; 32], 1, &mut [0.0; 4], Numerics::Exact)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("`w`") && e.contains("bytes"), "{e}");
+    }
+
+    /// `wo_a`'s grouped product: per output a C2 chain from −0.0 over its group's columns.
+    #[test]
+    fn grouped_forward_is_c2_per_group() {
+        let mut rng = Rng::new(12);
+        let (groups, per_group, gw, rows) = (3, 10, 40, 4);
+        let wv: Vec<f32> = (0..groups * per_group * gw)
+            .map(|_| bf16(rng.uniform()))
+            .collect();
+        let ckpt = mem(vec![(
+            "wo_a",
+            vec![groups * per_group, gw],
+            Storage::Bf16,
+            wv.clone(),
+        )]);
+        let lin = Linear::load(&ckpt, "wo_a", LinearKind::Bf16).unwrap();
+        let x = random_x(rows, groups * gw, &mut rng);
+        for numerics in [Numerics::Upstream, Numerics::Exact] {
+            let mut y = vec![0f32; rows * groups * per_group];
+            lin.forward_grouped(&x, rows, groups, &mut y, numerics)
+                .unwrap();
+            for m in 0..rows {
+                for n in 0..groups * per_group {
+                    let g = n / per_group;
+                    let xr = &x[m * groups * gw + g * gw..][..gw];
+                    let acc: f64 = wv[n * gw..(n + 1) * gw]
+                        .iter()
+                        .zip(xr)
+                        .map(|(a, b)| f64::from(*a) * f64::from(*b))
+                        .sum();
+                    assert_eq!(
+                        y[m * groups * per_group + n].to_bits(),
+                        numerics.round1(acc as f32).to_bits()
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn bad_weights_and_inputs_are_named_errors() {
         let ckpt = mem(vec![
@@ -857,6 +1092,7 @@ pub(crate) mod tests {
 mod timing {
     use super::tests::*;
     use super::*;
+    use crate::model::quant::bf16;
 
     /// Rough throughput probe at release width (run with `--ignored --nocapture`); not a
     /// benchmark of record (that is `ds41 bench --kernels`).

@@ -22,6 +22,7 @@ pub mod handoff;
 pub mod hyper_connection;
 pub mod indexer;
 pub mod linear;
+pub mod matvec;
 pub mod moe;
 pub mod norm;
 pub mod numerics;
@@ -406,12 +407,6 @@ impl<'m> Session<'m> {
         let model = self.model;
         let cfg = &model.cfg;
         let (hc, d) = (cfg.hc_mult, cfg.dim);
-        if self.options.defects.has(Defect::Fp4TiesAwayFromEven) {
-            // The FP4 encoder lives in `quant` and has no switch for it yet.
-            return Err(Error::Model(
-                "defect fp4-ties-away-from-even is not supported by this engine build".into(),
-            ));
-        }
         let chunk = Chunk {
             start: self.state.position,
             rows: tokens.len(),

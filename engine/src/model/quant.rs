@@ -121,9 +121,36 @@ pub fn e2m1_encode(x: f32) -> u8 {
     e2m1_quantise(x).0
 }
 
+/// How an e2m1 rounding breaks an exact tie between two grid values.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Fp4Ties {
+    /// MODEL.md §1 / §5.3: to the even code (the official kernels' RNE).
+    #[default]
+    ToEven,
+    /// Away from zero: the injected defect `fp4-ties-away-from-even` (negative control).
+    AwayFromZero,
+}
+
+impl Fp4Ties {
+    /// The rule a run uses: ties to even unless the defect is injected.
+    pub fn for_defects(defects: &super::defects::DefectSet) -> Fp4Ties {
+        if defects.has(super::defects::Defect::Fp4TiesAwayFromEven) {
+            Fp4Ties::AwayFromZero
+        } else {
+            Fp4Ties::ToEven
+        }
+    }
+}
+
 /// Round onto the e2m1 grid, returning the nibble and its value (same rules as [`e2m1_encode`]).
 #[inline]
 pub fn e2m1_quantise(x: f32) -> (u8, f32) {
+    e2m1_quantise_ties(x, Fp4Ties::ToEven)
+}
+
+/// [`e2m1_quantise`] with an explicit tie rule.
+#[inline]
+pub fn e2m1_quantise_ties(x: f32, ties: Fp4Ties) -> (u8, f32) {
     if x.is_nan() {
         return (0, 0.0);
     }
@@ -138,7 +165,10 @@ pub fn e2m1_quantise(x: f32) -> (u8, f32) {
     } else {
         (6, 4.0, 2.0)
     };
-    let steps = round_to_quantum(f64::from(a) - base, quantum); // exact: a - base is exact
+    let steps = match ties {
+        Fp4Ties::ToEven => round_to_quantum(f64::from(a) - base, quantum), // a - base is exact
+        Fp4Ties::AwayFromZero => ((f64::from(a) - base) / quantum).round(), // halves go up
+    };
     let code = (f64::from(base_code) + steps).min(7.0) as u8; // saturate at ±6
     let value = E2M1_GRID[code as usize];
     (sign | code, if sign != 0 { -value } else { value })
@@ -183,7 +213,7 @@ pub fn act_quant_fp8_inplace(x: &mut [f32]) {
 
 /// FP4 QDQ with E8M0 scales, block 32 (indexer queries and index keys), MODEL.md §5.3:
 /// `a = max(max|x|, 6·2^−126)`, `s = pow2ceil(a · f32(1/6))`, value = `e2m1(clamp(x/s, ±6)) · s`.
-pub fn fp4_qdq_e8m0(x: &mut [f32]) {
+pub fn fp4_qdq_e8m0(x: &mut [f32], ties: Fp4Ties) {
     debug_assert_eq!(x.len() % BLOCK, 0);
     for xb in x.chunks_exact_mut(BLOCK) {
         let amax = xb
@@ -192,7 +222,7 @@ pub fn fp4_qdq_e8m0(x: &mut [f32]) {
             .max(6.0 * 2f32.powi(-126));
         let s = pow2ceil(amax * (1.0f32 / E2M1_MAX));
         for v in xb.iter_mut() {
-            *v = e2m1_quantise((*v / s).clamp(-E2M1_MAX, E2M1_MAX)).1 * s;
+            *v = e2m1_quantise_ties((*v / s).clamp(-E2M1_MAX, E2M1_MAX), ties).1 * s;
         }
     }
 }
@@ -200,7 +230,7 @@ pub fn fp4_qdq_e8m0(x: &mut [f32]) {
 /// FP4 QDQ with E4M3 scales, block 16 (compressed KV latents), MODEL.md §5.3:
 /// `a = max(max|x|, 6·2^−9)`, `s = e4m3(a / 6)` (f32 division then RNE), value =
 /// `e2m1(clamp(x / s, ±6)) · s` with an f32 **division** by the widened scale.
-pub fn fp4_qdq_e4m3(x: &mut [f32]) {
+pub fn fp4_qdq_e4m3(x: &mut [f32], ties: Fp4Ties) {
     debug_assert_eq!(x.len() % BLOCK_E4M3_SCALED, 0);
     for xb in x.chunks_exact_mut(BLOCK_E4M3_SCALED) {
         let amax = xb
@@ -209,7 +239,7 @@ pub fn fp4_qdq_e4m3(x: &mut [f32]) {
             .max(6.0 * 2f32.powi(-9));
         let s = e4m3_quantise(amax / E2M1_MAX).1;
         for v in xb.iter_mut() {
-            *v = e2m1_quantise((*v / s).clamp(-E2M1_MAX, E2M1_MAX)).1 * s;
+            *v = e2m1_quantise_ties((*v / s).clamp(-E2M1_MAX, E2M1_MAX), ties).1 * s;
         }
     }
 }
@@ -498,8 +528,8 @@ mod tests {
             .map(|i| pattern[i % 8] * if i >= 16 { -1.0 } else { 1.0 })
             .collect();
         let mut x16 = x32[..16].to_vec();
-        fp4_qdq_e8m0(&mut x32);
-        fp4_qdq_e4m3(&mut x16);
+        fp4_qdq_e8m0(&mut x32, Fp4Ties::ToEven);
+        fp4_qdq_e4m3(&mut x16, Fp4Ties::ToEven);
         for i in 0..32 {
             let w = want[i % 8] * if i >= 16 { -1.0 } else { 1.0 };
             assert_eq!(x32[i], w, "e8m0 elem {i}");
@@ -516,24 +546,24 @@ mod tests {
         x[0] = 7.0;
         x[1] = 1.0; // 0.5 → 0.5 → 1.0
         x[2] = 0.4; // 0.2 → 0 → 0
-        fp4_qdq_e8m0(&mut x);
+        fp4_qdq_e8m0(&mut x, Fp4Ties::ToEven);
         assert_eq!(&x[..3], &[8.0, 1.0, 0.0]);
         // E4M3: amax 7 → s = e4m3(7/6 = 1.1666…) = 1.125; 7/1.125 = 6.22 → clamp 6 → 6.75.
         let mut y = vec![0f32; 16];
         y[0] = 7.0;
         y[1] = -1.0; // -0.888… → -1 → -1.125
-        fp4_qdq_e4m3(&mut y);
+        fp4_qdq_e4m3(&mut y, Fp4Ties::ToEven);
         assert_eq!(&y[..2], &[6.75, -1.125]);
         // Zero blocks stay zero (the amax floors keep the scale nonzero).
         let mut z = vec![0f32; 32];
-        fp4_qdq_e8m0(&mut z);
-        fp4_qdq_e4m3(&mut z);
+        fp4_qdq_e8m0(&mut z, Fp4Ties::ToEven);
+        fp4_qdq_e4m3(&mut z, Fp4Ties::ToEven);
         assert!(z.iter().all(|&v| v == 0.0));
         // Every QDQ value is a bf16 and each block maps onto at most 15 distinct values.
         let mut a = activations(32 * 40, 3);
         let mut b = a.clone();
-        fp4_qdq_e8m0(&mut a);
-        fp4_qdq_e4m3(&mut b);
+        fp4_qdq_e8m0(&mut a, Fp4Ties::ToEven);
+        fp4_qdq_e4m3(&mut b, Fp4Ties::ToEven);
         assert!(a.iter().chain(&b).all(|&v| bf16(v) == v));
     }
 }

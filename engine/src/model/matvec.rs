@@ -1,0 +1,481 @@
+//! Matrix-vector kernels on the stored weight bytes (MODEL.md §5.4 C1/C2; issue 4 item 6).
+//!
+//! A task computes [`TILE`] output rows for every input row of a call. It walks the reduction
+//! in 32-column blocks: the block of its weight rows is decoded straight from the mapped
+//! checkpoint bytes ([`WeightView`]: e4m3 / e2m1 lookup tables times the block's E8M0 scale,
+//! bf16 / f16 / f32 rows, container Q8G / Q4G groups) into a small stack array, then every
+//! input row is run over it. No f32 copy of the weight rows is made per call, and in a
+//! prefill each block is decoded once for all rows.
+//!
+//! The decoded values are exactly the values `Checkpoint::rows_f32` returns (same f32
+//! products), widened to f64, and every output is the same sequence of f64 operations as a
+//! kernel on dequantised rows: C1 sums each 32-block in f64 in increasing k, rounds it to f32
+//! and accumulates blocks in f32 in increasing order; C2 is one f64 chain in increasing k.
+//! Results therefore do not depend on the storage path, the number of rows in the call or
+//! the thread count. Storages without a view (a container's VQ experts, test doubles) are
+//! read with `rows_f32` into a per-thread scratch buffer of the task's rows.
+//!
+//! Scratch buffers are per thread and reused, so a call allocates nothing once warmed up.
+
+use std::cell::Cell;
+
+use rayon::prelude::*;
+
+use super::quant::{bf16, BLOCK};
+use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView};
+use crate::dtype::{
+    bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, f16_to_f32, E2M1_PAIR_F64, E4M3_F64,
+};
+use crate::Result;
+
+/// Output rows of one task: independent f64 chains that keep the FPU pipelines busy.
+pub(crate) const TILE: usize = 8;
+
+/// One 32-column block of a task's weight rows: `w[k][i]` = row `i`, column `k0 + k`.
+type WeightBlock = [[f64; TILE]; BLOCK];
+
+/// Where a kernel reads its weight rows from.
+pub(crate) enum Source<'a> {
+    /// Decoded from the stored bytes.
+    View(WeightView<'a>),
+    /// Dequantised by the checkpoint (`rows_f32`) into scratch, a task's rows at a time.
+    Rows {
+        ckpt: &'a dyn Checkpoint,
+        name: &'a str,
+    },
+}
+
+/// The summation rule of a call (MODEL.md §5.4).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum Rule {
+    /// Each 32-block exactly (f64), rounded to f32, blocks accumulated in f32.
+    C1,
+    /// One f64 chain in increasing k starting from `init` (0.0, or −0.0 where the reference
+    /// is an iterator `sum`).
+    C2 { init: f64 },
+}
+
+/// One matrix-vector (or matrix-matrix) product `y[m, n] = Σ_k x[m, k] · W[w_first + n, k]`.
+pub(crate) struct MatVec<'a> {
+    pub source: Source<'a>,
+    /// Reduction length (the weight's row length).
+    pub n_in: usize,
+    /// Weight row of output 0.
+    pub w_first: usize,
+    /// Inputs widened to f64: row m is `x[m · x_stride + x_off ..][..n_in]`.
+    pub x: &'a [f64],
+    pub x_stride: usize,
+    pub x_off: usize,
+    pub rows: usize,
+    pub rule: Rule,
+    /// Round every output to bf16 (the upstream bf16 linears).
+    pub round_out: bool,
+}
+
+impl MatVec<'_> {
+    /// Compute `n_out` outputs into `y`, row m at `y[m · y_stride + y_off ..][..n_out]`.
+    pub fn run(&self, n_out: usize, y: &mut [f32], y_stride: usize, y_off: usize) -> Result<()> {
+        if self.rows == 1 {
+            // Decode: each task owns a contiguous slice of y.
+            return y[y_off..y_off + n_out]
+                .par_chunks_mut(TILE)
+                .enumerate()
+                .try_for_each(|(t, ych)| self.task(t * TILE, ych));
+        }
+        // Prefill: tasks fill an output-major buffer, transposed into y afterwards.
+        let rows = self.rows;
+        let mut yt = take(&OUTPUT_SCRATCH, n_out * rows, 0.0);
+        let r = yt
+            .par_chunks_mut(TILE * rows)
+            .enumerate()
+            .try_for_each(|(t, ych)| self.task(t * TILE, ych));
+        if r.is_ok() {
+            for (n, col) in yt.chunks_exact(rows).enumerate() {
+                for (m, &v) in col.iter().enumerate() {
+                    y[m * y_stride + y_off + n] = v;
+                }
+            }
+        }
+        put(&OUTPUT_SCRATCH, yt);
+        r
+    }
+
+    /// Outputs `first .. first + out.len() / rows`, output-major (`out[i · rows + m]`).
+    fn task(&self, first: usize, out: &mut [f32]) -> Result<()> {
+        let rows = self.rows;
+        if let (1, Source::View(WeightView::Quant(view))) = (rows, &self.source) {
+            self.task_single(*view, first, out);
+            return Ok(());
+        }
+        let nw = out.len() / rows;
+        let mut row_buf = take(&WEIGHT_SCRATCH, 0, 0.0);
+        if let Source::Rows { ckpt, name } = self.source {
+            row_buf.resize(nw * self.n_in, 0.0);
+            if let Err(e) = ckpt.rows_f32(name, self.w_first + first, &mut row_buf) {
+                put(&WEIGHT_SCRATCH, row_buf);
+                return Err(e);
+            }
+        }
+        // Rows ≥ nw of a short last task stay zero and are never written out.
+        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        let r0 = self.w_first + first;
+        match self.rule {
+            Rule::C1 => {
+                out.fill(0.0);
+                for k0 in (0..self.n_in).step_by(BLOCK) {
+                    let len = BLOCK.min(self.n_in - k0);
+                    self.decode(&row_buf, r0, nw, k0, len, &mut w);
+                    for m in 0..rows {
+                        let mut block = [0f64; TILE];
+                        dot_block(&mut block, self.xs(m, k0, len), &w);
+                        for i in 0..nw {
+                            out[i * rows + m] += block[i] as f32;
+                        }
+                    }
+                }
+                if self.round_out {
+                    out.iter_mut().for_each(|v| *v = bf16(*v));
+                }
+            }
+            Rule::C2 { init } => {
+                let mut acc = take(&ACC_SCRATCH, rows * TILE, init);
+                for k0 in (0..self.n_in).step_by(BLOCK) {
+                    let len = BLOCK.min(self.n_in - k0);
+                    self.decode(&row_buf, r0, nw, k0, len, &mut w);
+                    for (m, a) in acc.chunks_exact_mut(TILE).enumerate() {
+                        let a: &mut [f64; TILE] = a.try_into().expect("chunk of TILE");
+                        dot_block(a, self.xs(m, k0, len), &w);
+                    }
+                }
+                for (m, a) in acc.chunks_exact(TILE).enumerate() {
+                    for i in 0..nw {
+                        let v = a[i] as f32;
+                        out[i * rows + m] = if self.round_out { bf16(v) } else { v };
+                    }
+                }
+                put(&ACC_SCRATCH, acc);
+            }
+        }
+        put(&WEIGHT_SCRATCH, row_buf);
+        Ok(())
+    }
+
+    /// One input row (decode) on release FP8/FP4 bytes: each weight is decoded inside the
+    /// reduction loop from a lookup table, nothing is stored.
+    ///
+    /// C1: the block sum `Σ x·code` of an FP8/FP4 GEMM is exact in f64 in any order (module
+    /// note of `linear`), so each row is summed with independent partial sums and the E8M0
+    /// scale multiplies the block sum once, which equals summing the scaled weights.
+    /// C2: TILE rows advance their f64 chains together in increasing k, each weight being
+    /// `code · scale` (exact in f32 and f64 alike).
+    /// A block whose scale could overflow f32 (byte > [`SAFE_SCALE_BYTE`], never in a real
+    /// checkpoint), a partial block, or a short last tile in C2 takes the generic block
+    /// decode, with the same result.
+    fn task_single(&self, v: QuantView, first: usize, out: &mut [f32]) {
+        let nw = out.len();
+        let r0 = self.w_first + first;
+        let x = &self.x[self.x_off..][..self.n_in];
+        let fp4 = v.kind == QuantKind::Fp4;
+        let row_bytes = if fp4 { v.cols / 2 } else { v.cols };
+        let safe = |r: usize, k0: usize| {
+            self.n_in - k0 >= BLOCK && v.scales[scale_at(&v, r, k0)] <= SAFE_SCALE_BYTE
+        };
+        let scale = |r: usize, k0: usize| f64::from(e8m0_to_f32(v.scales[scale_at(&v, r, k0)]));
+        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        match self.rule {
+            Rule::C1 => {
+                for (i, o) in out.iter_mut().enumerate() {
+                    let r = r0 + i;
+                    let codes = &v.codes[r * row_bytes..][..row_bytes];
+                    let mut acc = 0f32;
+                    for k0 in (0..self.n_in).step_by(BLOCK) {
+                        let sum = if safe(r, k0) {
+                            let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+                            let part = if fp4 {
+                                fp4_block_sum(
+                                    xb,
+                                    codes[k0 / 2..k0 / 2 + BLOCK / 2]
+                                        .try_into()
+                                        .expect("half block"),
+                                )
+                            } else {
+                                fp8_block_sum(xb, codes[k0..k0 + BLOCK].try_into().expect("block"))
+                            };
+                            part * scale(r, k0)
+                        } else {
+                            let len = BLOCK.min(self.n_in - k0);
+                            self.decode(&[], r, 1, k0, len, &mut w);
+                            let mut block = [0f64; TILE];
+                            dot_block(&mut block, &x[k0..k0 + len], &w);
+                            block[0]
+                        };
+                        acc += sum as f32;
+                    }
+                    *o = if self.round_out { bf16(acc) } else { acc };
+                }
+            }
+            Rule::C2 { init } => {
+                let mut acc = [init; TILE];
+                for k0 in (0..self.n_in).step_by(BLOCK) {
+                    let len = BLOCK.min(self.n_in - k0);
+                    if nw == TILE && (0..TILE).all(|i| safe(r0 + i, k0)) {
+                        let s: [f64; TILE] = std::array::from_fn(|i| scale(r0 + i, k0));
+                        let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+                        let base = &v.codes[r0 * row_bytes..][..TILE * row_bytes];
+                        if fp4 {
+                            fp4_block_c2(&mut acc, xb, base, row_bytes, k0 / 2, &s);
+                        } else {
+                            fp8_block_c2(&mut acc, xb, base, row_bytes, k0, &s);
+                        }
+                    } else {
+                        self.decode(&[], r0, nw, k0, len, &mut w);
+                        dot_block(&mut acc, &x[k0..k0 + len], &w);
+                    }
+                }
+                for (o, a) in out.iter_mut().zip(acc) {
+                    let v = a as f32;
+                    *o = if self.round_out { bf16(v) } else { v };
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn xs(&self, m: usize, k0: usize, len: usize) -> &[f64] {
+        &self.x[m * self.x_stride + self.x_off + k0..][..len]
+    }
+
+    /// Fill `w[..len][..nw]` with weight rows `r0 ..` at columns `k0 .. k0 + len` (a
+    /// 32-aligned block): the exact f32 values of `rows_f32`, widened.
+    #[inline(always)]
+    fn decode(
+        &self,
+        row_buf: &[f32],
+        r0: usize,
+        nw: usize,
+        k0: usize,
+        len: usize,
+        w: &mut WeightBlock,
+    ) {
+        let view = match self.source {
+            Source::Rows { .. } => {
+                for i in 0..nw {
+                    let row = &row_buf[i * self.n_in + k0..][..len];
+                    for (wk, &v) in w.iter_mut().zip(row) {
+                        wk[i] = f64::from(v);
+                    }
+                }
+                return;
+            }
+            Source::View(v) => v,
+        };
+        match view {
+            WeightView::Quant(v) => {
+                let kb = k0 / BLOCK;
+                for i in 0..nw {
+                    let r = r0 + i;
+                    let scale_row = if v.kind == QuantKind::Fp8Block {
+                        r / 32
+                    } else {
+                        r
+                    };
+                    let s = e8m0_to_f32(v.scales[scale_row * v.scale_cols + kb]);
+                    if v.kind == QuantKind::Fp4 {
+                        let codes = &v.codes[r * (v.cols / 2) + k0 / 2..][..len / 2];
+                        for (pair, &b) in w.chunks_exact_mut(2).zip(codes) {
+                            let [lo, hi] = e2m1_pair(b);
+                            pair[0][i] = f64::from(lo * s);
+                            pair[1][i] = f64::from(hi * s);
+                        }
+                    } else {
+                        let codes = &v.codes[r * v.cols + k0..][..len];
+                        for (wk, &c) in w.iter_mut().zip(codes) {
+                            wk[i] = f64::from(e4m3_to_f32(c) * s);
+                        }
+                    }
+                }
+            }
+            WeightView::Dense {
+                dtype, cols, bytes, ..
+            } => {
+                let width = dtype.width();
+                for i in 0..nw {
+                    let row = &bytes[((r0 + i) * cols + k0) * width..][..len * width];
+                    match dtype {
+                        DenseDtype::F32 => {
+                            for (wk, c) in w.iter_mut().zip(row.chunks_exact(4)) {
+                                wk[i] = f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                            }
+                        }
+                        DenseDtype::Bf16 | DenseDtype::F16 => {
+                            let f = if dtype == DenseDtype::Bf16 {
+                                bf16_to_f32
+                            } else {
+                                f16_to_f32
+                            };
+                            for (wk, c) in w.iter_mut().zip(row.chunks_exact(2)) {
+                                wk[i] = f64::from(f(u16::from_le_bytes([c[0], c[1]])));
+                            }
+                        }
+                    }
+                }
+            }
+            WeightView::Grouped {
+                bits,
+                cols,
+                group,
+                row_bytes,
+                codes,
+                scales,
+                ..
+            } => {
+                let groups = cols.div_ceil(group);
+                for i in 0..nw {
+                    let r = r0 + i;
+                    let data = &codes[r * row_bytes..][..row_bytes];
+                    let sc = &scales[r * groups * 2..][..groups * 2];
+                    for (k, wk) in w.iter_mut().enumerate().take(len) {
+                        let c = k0 + k;
+                        let g = c / group;
+                        let s = f16_to_f32(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
+                        let q = if bits == 8 {
+                            i32::from(data[c] as i8)
+                        } else {
+                            let b = data[c / 2];
+                            i32::from(if c % 2 == 0 { b & 0xF } else { b >> 4 }) - 8
+                        };
+                        wk[i] = f64::from(q as f32 * s);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Largest E8M0 byte for which every e4m3 / e2m1 value times the scale is finite in f32
+/// (448 · 2^(245−127) < 2^128), so `code · scale` is the same number in f32 and in f64.
+const SAFE_SCALE_BYTE: u8 = 245;
+
+/// Index of the E8M0 scale of weight row `r`, column block starting at `k0`.
+#[inline(always)]
+fn scale_at(v: &QuantView, r: usize, k0: usize) -> usize {
+    let scale_row = if v.kind == QuantKind::Fp8Block {
+        r / 32
+    } else {
+        r
+    };
+    scale_row * v.scale_cols + k0 / BLOCK
+}
+
+/// `Σ x[k] · e4m3(code[k])` over one block, exact in f64, so four partial sums are fine.
+#[inline(always)]
+fn fp8_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK]) -> f64 {
+    let mut p = [0f64; 4];
+    for (xq, cq) in x.chunks_exact(4).zip(codes.chunks_exact(4)) {
+        for l in 0..4 {
+            p[l] += xq[l] * E4M3_F64[usize::from(cq[l])];
+        }
+    }
+    (p[0] + p[1]) + (p[2] + p[3])
+}
+
+/// [`fp8_block_sum`] for packed FP4 (two e2m1 values per byte, low nibble first).
+#[inline(always)]
+fn fp4_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK / 2]) -> f64 {
+    let mut p = [0f64; 4];
+    for (xq, cq) in x.chunks_exact(4).zip(codes.chunks_exact(2)) {
+        let [a, b] = E2M1_PAIR_F64[usize::from(cq[0])];
+        let [c, d] = E2M1_PAIR_F64[usize::from(cq[1])];
+        p[0] += xq[0] * a;
+        p[1] += xq[1] * b;
+        p[2] += xq[2] * c;
+        p[3] += xq[3] * d;
+    }
+    (p[0] + p[1]) + (p[2] + p[3])
+}
+
+/// C2 over one full block of FP8 codes for TILE consecutive rows (`base` starts at the
+/// first row, rows `stride` bytes apart): `acc[i] += x[k] · (code · s[i])`, k increasing.
+#[inline(always)]
+fn fp8_block_c2(
+    acc: &mut [f64; TILE],
+    x: &[f64; BLOCK],
+    base: &[u8],
+    stride: usize,
+    at: usize,
+    s: &[f64; TILE],
+) {
+    let rows: [&[u8; BLOCK]; TILE] =
+        std::array::from_fn(|i| base[i * stride + at..][..BLOCK].try_into().expect("block"));
+    for (k, &xk) in x.iter().enumerate() {
+        for i in 0..TILE {
+            acc[i] += xk * (E4M3_F64[usize::from(rows[i][k])] * s[i]);
+        }
+    }
+}
+
+/// [`fp8_block_c2`] for packed FP4.
+#[inline(always)]
+fn fp4_block_c2(
+    acc: &mut [f64; TILE],
+    x: &[f64; BLOCK],
+    base: &[u8],
+    stride: usize,
+    at: usize,
+    s: &[f64; TILE],
+) {
+    let rows: [&[u8; BLOCK / 2]; TILE] = std::array::from_fn(|i| {
+        base[i * stride + at..][..BLOCK / 2]
+            .try_into()
+            .expect("half block")
+    });
+    for (j, xp) in x.chunks_exact(2).enumerate() {
+        for i in 0..TILE {
+            let [lo, hi] = E2M1_PAIR_F64[usize::from(rows[i][j])];
+            acc[i] += xp[0] * (lo * s[i]);
+            acc[i] += xp[1] * (hi * s[i]);
+        }
+    }
+}
+
+/// `acc[i] += x[k] · w[k][i]` for k in increasing order: TILE independent f64 chains.
+#[inline(always)]
+fn dot_block(acc: &mut [f64; TILE], x: &[f64], w: &WeightBlock) {
+    for (&xk, wk) in x.iter().zip(w) {
+        for i in 0..TILE {
+            acc[i] += xk * wk[i];
+        }
+    }
+}
+
+// Per-thread reusable buffers. They are taken out of the cell while in use, so a nested call
+// (a linear inside a rayon task of another linear) finds an empty buffer instead of aliasing.
+thread_local! {
+    pub(crate) static INPUT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    pub(crate) static WIDE_SCRATCH: Cell<Vec<f64>> = const { Cell::new(Vec::new()) };
+    static OUTPUT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static WEIGHT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static ACC_SCRATCH: Cell<Vec<f64>> = const { Cell::new(Vec::new()) };
+}
+
+type Scratch<T> = std::thread::LocalKey<Cell<Vec<T>>>;
+
+/// Take this thread's buffer, cleared, then filled with `len` copies of `fill`.
+pub(crate) fn take<T: Copy>(key: &'static Scratch<T>, len: usize, fill: T) -> Vec<T> {
+    let mut v = key.with(Cell::take);
+    v.clear();
+    v.resize(len, fill);
+    v
+}
+
+/// Return a buffer (keeping the larger of the returned and any buffer stored meanwhile).
+pub(crate) fn put<T>(key: &'static Scratch<T>, v: Vec<T>) {
+    key.with(|c| {
+        let old = c.take();
+        c.set(if old.capacity() > v.capacity() {
+            old
+        } else {
+            v
+        });
+    });
+}
