@@ -66,6 +66,7 @@ fn every_defect_changes_the_official_a_run() {
         Defect::BiasInRoutingWeights,
         Defect::NoSwigluClamp,
         Defect::IndexKHandoffWrong,
+        Defect::Fp4TiesAwayFromEven,
     ];
     for d in defects {
         let damaged = run(
@@ -157,6 +158,53 @@ fn reversed_tie_rule_is_visible_on_constructed_scores() {
         select(&scores, 2, 5, &DefectSet::new([Defect::TopkTiesReversed])).unwrap(),
         vec![1, 3]
     );
+}
+
+#[test]
+fn fp4_ties_away_from_even_is_visible_on_constructed_blocks() {
+    use ds41_engine::model::quant::{fp4_qdq_e4m3, fp4_qdq_e8m0, Fp4Ties};
+    // Every e2m1 midpoint (and its negative) in a block whose largest magnitude is 6, so the
+    // scale is exactly 1 for both QDQ flavours and the block rounds the midpoints themselves.
+    let mids = [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
+    let to_even = [0.0f32, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0];
+    let away = [0.5f32, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
+    let block = |n: usize| {
+        let mut b = vec![6.0f32; n];
+        for (i, &m) in mids.iter().enumerate() {
+            b[i] = m;
+            b[n / 2 + i] = -m;
+        }
+        b
+    };
+    let check = |got: &[f32], want: &[f32], n: usize, what: &str| {
+        for (i, &w) in want.iter().enumerate() {
+            assert_eq!(got[i], w, "{what}: +{}", mids[i]);
+            assert_eq!(got[n / 2 + i], -w, "{what}: -{}", mids[i]);
+        }
+    };
+    let undamaged = Fp4Ties::for_defects(&DefectSet::none());
+    let damaged = Fp4Ties::for_defects(&DefectSet::new([Defect::Fp4TiesAwayFromEven]));
+    assert_eq!(undamaged, Fp4Ties::ToEven);
+    for (n, qdq) in [
+        (32, fp4_qdq_e8m0 as fn(&mut [f32], Fp4Ties)),
+        (16, fp4_qdq_e4m3 as fn(&mut [f32], Fp4Ties)),
+    ] {
+        let mut good = block(n);
+        qdq(&mut good, undamaged);
+        check(&good, &to_even, n, "reference (ties to even)");
+        let mut bad = block(n);
+        qdq(&mut bad, damaged);
+        check(&bad, &away, n, "defect (ties away from zero)");
+        // Off the midpoints the two rules agree.
+        let mut a = vec![
+            0.3f32, 1.1, 2.6, 4.9, -0.7, 6.0, 0.0, 1.0, 3.0, 5.5, -2.2, 0.1, 0.6, 1.6, 2.9, -6.0,
+        ];
+        a.resize(n, 0.4);
+        let mut b = a.clone();
+        qdq(&mut a, undamaged);
+        qdq(&mut b, damaged);
+        assert_eq!(a, b);
+    }
 }
 
 #[test]
