@@ -1372,8 +1372,12 @@ impl Checkpoint for ContainerCheckpoint {
     }
     fn weight_view(&self, name: &str) -> Result<Option<WeightView<'_>>> {
         let Some(e) = self.trunk_entries.get(name) else {
-            self.lookup(name)?;
-            return Ok(None); // experts (VQ) and Engram rows are read with `rows_f32`
+            // Experts (VQ) and Engram rows are read with `rows_f32`. (No `lookup`: it clones
+            // the shape, and this runs on every decode step.)
+            return match release_to_container(name) {
+                ContainerName::Expert { .. } | ContainerName::EngramTable { .. } => Ok(None),
+                _ => self.lookup(name).map(|_| None),
+            };
         };
         let [rows, cols] = e.shape[..] else {
             return Ok(None);

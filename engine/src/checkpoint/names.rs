@@ -299,7 +299,9 @@ pub fn release_to_container(name: &str) -> ContainerName {
                 && e.bytes().all(|b| b.is_ascii_digit())
                 && (e.len() == 1 || !e.starts_with('0'));
             if let (true, Ok(expert)) = (expert_ok, e.parse::<usize>()) {
-                if let Some(kind) = EXPERT_KINDS.iter().position(|k| w == format!("{k}.weight")) {
+                // (no allocation: the expert path is read on every decode step)
+                let stem = w.strip_suffix(".weight");
+                if let Some(kind) = EXPERT_KINDS.iter().position(|k| stem == Some(*k)) {
                     return ContainerName::Expert {
                         layer: l,
                         expert,

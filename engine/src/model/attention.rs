@@ -14,6 +14,7 @@ use super::indexer::{self, Indexer};
 use super::linear::{Linear, LinearKind};
 use super::norm::{rms_scale, RmsNorm};
 use super::numerics::Numerics;
+use super::pool::PoolVec;
 use super::quant;
 use super::sparse_attention::sparse_attention;
 use super::{Chunk, LayerCtx};
@@ -144,10 +145,10 @@ impl Attention {
         let fp4_ties = quant::Fp4Ties::for_defects(ctx.defects);
 
         // §6.4.1 query path.
-        let mut qr = vec![0.0f32; rows * self.q_lora];
+        let mut qr = PoolVec::filled(rows * self.q_lora, 0.0f32);
         self.wq_a.forward(u, rows, &mut qr, numerics)?;
         self.q_norm.forward_inplace(&mut qr, numerics);
-        let mut q = vec![0.0f32; rows * nh * dh];
+        let mut q = PoolVec::filled(rows * nh * dh, 0.0f32);
         self.wq_b.forward(&qr, rows, &mut q, numerics)?;
         if ctx.defects.has(Defect::PerHeadQueryNorm) {
             for head in q.chunks_exact_mut(dh) {
@@ -161,7 +162,7 @@ impl Attention {
         }
 
         // §6.4.2 window key of every row.
-        let mut kv = vec![0.0f32; rows * dh];
+        let mut kv = PoolVec::filled(rows * dh, 0.0f32);
         self.wkv.forward(u, rows, &mut kv, numerics)?;
         self.kv_norm.forward_inplace(&mut kv, numerics);
         for (t, row) in kv.chunks_exact_mut(dh).enumerate() {
@@ -197,7 +198,7 @@ impl Attention {
                 let keys = ix.keys(&emitted, self.ratio, ctx.rope, numerics, fp4_ties)?;
                 cache.index_keys.extend_from_slice(&keys);
             }
-            for e in &emitted {
+            for e in emitted.iter() {
                 let mut latent = e.latent.clone();
                 ctx.rope
                     .rotate(&mut latent, dh, e.index * self.ratio, false, numerics);
@@ -225,23 +226,22 @@ impl Attention {
             None => None,
         };
         let ring = &state.layers[self.layer].window;
-        let sink: Vec<f32> = if ctx.defects.has(Defect::NoAttentionSink) {
-            vec![f32::NEG_INFINITY; nh]
+        let sink: PoolVec<f32> = if ctx.defects.has(Defect::NoAttentionSink) {
+            PoolVec::filled(nh, f32::NEG_INFINITY)
         } else {
-            self.sink.clone()
+            PoolVec::from_slice(&self.sink)
         };
         let scale = (dh as f64).powf(-0.5) as f32;
-        let mut o = vec![0.0f32; rows * nh * dh];
+        let mut o = PoolVec::filled(rows * nh * dh, 0.0f32);
         let w = self.window;
         let total = chunk.total();
-        let results: Vec<Result<()>> = o
-            .par_chunks_mut(nh * dh)
+        o.par_chunks_mut(nh * dh)
             .enumerate()
-            .map(|(t, o_row)| {
+            .try_for_each(|(t, o_row)| {
                 let p = chunk.start + t;
                 // Window list in the upstream layout (§5.7): decode = ring slots oldest
                 // first, −1 at the front; prefill = min(T, W) entries ascending, −1 at the end.
-                let window_list: Vec<i64> = if chunk.decode_layout() {
+                let window_list: PoolVec<i64> = if chunk.decode_layout() {
                     (0..w)
                         .map(|i| p as i64 - w as i64 + 1 + i as i64)
                         .map(|q| q.max(-1))
@@ -258,8 +258,8 @@ impl Attention {
                     None => &[],
                 };
                 let n = window_list.len() + comp_list.len();
-                let mut kv_buf = vec![0.0f32; n * dh];
-                let mut idx = vec![-1i64; n];
+                let mut kv_buf = PoolVec::filled(n * dh, 0.0f32);
+                let mut idx = PoolVec::filled(n, -1i64);
                 for (i, &q) in window_list.iter().enumerate() {
                     if q < 0 {
                         continue;
@@ -300,9 +300,7 @@ impl Attention {
                     numerics,
                     o_row,
                 )
-            })
-            .collect();
-        results.into_iter().collect::<Result<Vec<()>>>()?;
+            })?;
 
         // The ring keeps the newest W keys: slot p mod W.
         let ring = &mut state.layers[self.layer].window;
@@ -317,7 +315,7 @@ impl Attention {
                 ctx.rope.rotate(row, dh, chunk.start + t, true, numerics);
             }
         }
-        let mut z = vec![0.0f32; rows * self.wo_a.groups * self.wo_a.rank];
+        let mut z = PoolVec::filled(rows * self.wo_a.groups * self.wo_a.rank, 0.0f32);
         self.wo_a.forward(&o, rows, &mut z, numerics)?;
         self.wo_b.forward(&z, rows, out, numerics)
     }
@@ -333,14 +331,14 @@ impl Attention {
         u: &[f32],
         state: &SessionState,
         handoff: &mut Handoff,
-    ) -> Result<Vec<Vec<i64>>> {
+    ) -> Result<PoolVec<PoolVec<i64>>> {
         let r = self.ratio;
         let compress_len = chunk.total() / r;
         if compress_len == 0 {
             if Some(self.layer) == ctx.cfg.candidate_source_layer {
                 handoff.candidates = None;
             }
-            return Ok(vec![Vec::new(); chunk.rows]);
+            return Ok((0..chunk.rows).map(|_| PoolVec::new()).collect());
         }
         let published = state.published_index_k.ok_or_else(|| {
             Error::Model(format!(
@@ -375,8 +373,8 @@ impl Attention {
         let is_candidate_source = Some(self.layer) == cfg.candidate_source_layer;
         let is_candidate_consumer = cfg.candidate_source_layer.is_some_and(|c| self.layer > c);
         let k = cfg.index_topk.min(compress_len);
-        let mut masks = Vec::new();
-        let mut lists = Vec::with_capacity(chunk.rows);
+        let mut masks = PoolVec::new();
+        let mut lists = PoolVec::new();
         for t in 0..chunk.rows {
             let p = chunk.start + t;
             let visible = (p + 1) / r;

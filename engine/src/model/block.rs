@@ -13,6 +13,7 @@ use super::handoff::Handoff;
 use super::hyper_connection::{collapse, expand, HcMix, HcSite};
 use super::moe::{Moe, Route};
 use super::norm::RmsNorm;
+use super::pool::PoolVec;
 use super::{Chunk, LayerCtx};
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
@@ -34,16 +35,16 @@ pub struct Block {
 #[derive(Debug, Clone)]
 pub struct BlockOutput {
     /// Z: the output stream [rows, hc, dim].
-    pub stream: Vec<f32>,
+    pub stream: PoolVec<f32>,
     /// The outgoing `pre` [rows, hc] (this block's FFN pre).
-    pub pre: Vec<f32>,
+    pub pre: PoolVec<f32>,
     /// Attention output after `wo_b`, before the expand [rows, dim].
-    pub attn_out: Vec<f32>,
+    pub attn_out: PoolVec<f32>,
     /// The stream after the attention expand (FFN input stream) [rows, hc, dim].
-    pub mid: Vec<f32>,
+    pub mid: PoolVec<f32>,
     /// MoE output before the expand [rows, dim].
-    pub moe_out: Vec<f32>,
-    pub routes: Vec<Route>,
+    pub moe_out: PoolVec<f32>,
+    pub routes: PoolVec<Route>,
 }
 
 impl Block {
@@ -78,8 +79,8 @@ impl Block {
         let iters = ctx.defects.sinkhorn_iters(ctx.cfg.hc_sinkhorn_iters);
 
         // Attention sublayer: coefficients from X, collapse with the incoming pre.
-        let mix_a: Vec<HcMix> = self.hc_attn.coefficients(x, rows, iters, numerics)?;
-        let mut u = vec![0.0f32; rows * d];
+        let mix_a: PoolVec<HcMix> = self.hc_attn.coefficients(x, rows, iters, numerics)?;
+        let mut u = PoolVec::filled(rows * d, 0.0f32);
         for t in 0..rows {
             let pre: &[f32] = if staggered {
                 &pre_in[t * hc..(t + 1) * hc]
@@ -94,10 +95,10 @@ impl Block {
             );
         }
         self.attn_norm.forward_inplace(&mut u, numerics);
-        let mut attn_out = vec![0.0f32; rows * d];
+        let mut attn_out = PoolVec::filled(rows * d, 0.0f32);
         self.attn
             .forward(ctx, chunk, &u, state, handoff, &mut attn_out)?;
-        let mut mid = vec![0.0f32; rows * hc * d];
+        let mut mid = PoolVec::filled(rows * hc * d, 0.0f32);
         for t in 0..rows {
             let span = t * hc * d..(t + 1) * hc * d;
             expand(
@@ -110,8 +111,8 @@ impl Block {
         }
 
         // FFN sublayer: coefficients from Y, collapse with the attention pre.
-        let mix_f: Vec<HcMix> = self.hc_ffn.coefficients(&mid, rows, iters, numerics)?;
-        let mut v = vec![0.0f32; rows * d];
+        let mix_f: PoolVec<HcMix> = self.hc_ffn.coefficients(&mid, rows, iters, numerics)?;
+        let mut v = PoolVec::filled(rows * d, 0.0f32);
         for t in 0..rows {
             let pre: &[f32] = if staggered {
                 &mix_a[t].pre
@@ -127,10 +128,10 @@ impl Block {
         }
         self.ffn_norm.forward_inplace(&mut v, numerics);
         let routes = self.moe.route(&v, rows, numerics, ctx.defects)?;
-        let mut moe_out = vec![0.0f32; rows * d];
+        let mut moe_out = PoolVec::filled(rows * d, 0.0f32);
         self.moe
             .forward(&v, rows, &routes, &mut moe_out, numerics, ctx.defects)?;
-        let mut stream = vec![0.0f32; rows * hc * d];
+        let mut stream = PoolVec::filled(rows * hc * d, 0.0f32);
         for t in 0..rows {
             let span = t * hc * d..(t + 1) * hc * d;
             expand(

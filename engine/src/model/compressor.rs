@@ -13,6 +13,7 @@ use super::cache::state::CompressedState;
 use super::linear::{Linear, LinearKind};
 use super::norm::RmsNorm;
 use super::numerics::Numerics;
+use super::pool::{poolable, PoolVec};
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::Result;
@@ -30,8 +31,10 @@ pub struct Emitted {
     /// Compressed index j.
     pub index: usize,
     /// Normed latent (pre-rope, pre-quant): what the indexer turns into a key.
-    pub latent: Vec<f32>,
+    pub latent: PoolVec<f32>,
 }
+
+poolable!(Emitted => EMITTED);
 
 impl Compressor {
     pub fn load(ckpt: &Arc<dyn Checkpoint>, cfg: &Config, layer: usize) -> Result<Compressor> {
@@ -69,23 +72,23 @@ impl Compressor {
         start: usize,
         state: &mut CompressedState,
         numerics: Numerics,
-    ) -> Result<Vec<Emitted>> {
+    ) -> Result<PoolVec<Emitted>> {
         let dh = self.head_dim;
-        let mut kv = vec![0.0f32; rows * dh];
+        let mut kv = PoolVec::filled(rows * dh, 0.0f32);
         self.wkv.forward(u, rows, &mut kv, numerics)?;
-        let mut out = Vec::new();
+        let mut out = PoolVec::new();
         if self.ratio == 1 {
             self.norm.forward_inplace(&mut kv, numerics);
             for t in 0..rows {
                 out.push(Emitted {
                     index: start + t,
-                    latent: kv[t * dh..(t + 1) * dh].to_vec(),
+                    latent: PoolVec::from_slice(&kv[t * dh..(t + 1) * dh]),
                 });
             }
             return Ok(out);
         }
         let r = self.ratio;
-        let mut score = vec![0.0f32; rows * dh];
+        let mut score = PoolVec::filled(rows * dh, 0.0f32);
         if let Some(g) = &self.wgate {
             g.forward(u, rows, &mut score, numerics)?;
         }
@@ -98,7 +101,7 @@ impl Compressor {
             if !(p + 1).is_multiple_of(r) {
                 continue;
             }
-            let mut latent = vec![0.0f32; dh];
+            let mut latent = PoolVec::filled(dh, 0.0f32);
             for (c, l) in latent.iter_mut().enumerate() {
                 let max = (0..r)
                     .map(|s| state.group_score[s * dh + c])

@@ -10,6 +10,7 @@ use super::defects::{Defect, DefectSet};
 use super::linear::{Linear, LinearKind};
 use super::norm::rms_scale;
 use super::numerics::Numerics;
+use super::pool::PoolVec;
 use crate::checkpoint::Checkpoint;
 use crate::config::{Config, EngramHashConstants, EngramPad};
 use crate::{Error, Result};
@@ -134,18 +135,18 @@ impl Engram {
         ids: &[i64],
         rows: usize,
         numerics: Numerics,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<PoolVec<f32>> {
         let cols = ids.len() / rows;
         let (d, hc) = (self.dim, self.hc);
-        let mut e = vec![0.0f32; rows * cols * self.head_dim];
+        let mut e = PoolVec::filled(rows * cols * self.head_dim, 0.0f32);
         for (row, &id) in e.chunks_exact_mut(self.head_dim).zip(ids) {
             ckpt.rows_f32(&self.table, id as usize, row)?;
         }
         numerics.round(&mut e);
-        let mut kv = vec![0.0f32; rows * (hc + 1) * d];
+        let mut kv = PoolVec::filled(rows * (hc + 1) * d, 0.0f32);
         self.wkv.forward(&e, rows, &mut kv, numerics)?;
         let scale = (d as f64).powf(-0.5) as f32;
-        let mut gates = vec![0.0f32; rows * hc];
+        let mut gates = PoolVec::filled(rows * hc, 0.0f32);
         for t in 0..rows {
             let kv_t = &kv[t * (hc + 1) * d..(t + 1) * (hc + 1) * d];
             let value = &kv_t[hc * d..];

@@ -8,6 +8,8 @@
 use std::fmt;
 use std::str::FromStr;
 
+use super::pool::PoolVec;
+
 /// Which index-key cache an index-key owner scores against (§8.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum IndexK {
@@ -68,8 +70,8 @@ impl FromStr for IndexK {
 pub struct Handoff {
     /// `topk_idxs`: per chunk row, the compressed indices selected by the most recent index
     /// source (ascending, −1 = none). Empty lists when compress_len was 0.
-    pub topk: Vec<Vec<i64>>,
+    pub topk: PoolVec<PoolVec<i64>>,
     /// `candidates`: per chunk row, the candidate-block mask over compressed positions, set
     /// by the candidate source when its indexer ran.
-    pub candidates: Option<Vec<Vec<bool>>>,
+    pub candidates: Option<PoolVec<PoolVec<bool>>>,
 }

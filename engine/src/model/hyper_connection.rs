@@ -11,6 +11,7 @@ use std::sync::Arc;
 use super::linear::{Linear, LinearKind};
 use super::norm::rms_scale;
 use super::numerics::Numerics;
+use super::pool::{poolable, PoolVec};
 use crate::checkpoint::Checkpoint;
 
 fn sigmoid(x: f32) -> f32 {
@@ -21,12 +22,14 @@ fn sigmoid(x: f32) -> f32 {
 #[derive(Debug, Clone, PartialEq)]
 pub struct HcMix {
     /// Collapse weights `pre[k]` (used by the NEXT sublayer's collapse).
-    pub pre: Vec<f32>,
+    pub pre: PoolVec<f32>,
     /// Expand weights for the sublayer output.
-    pub post: Vec<f32>,
+    pub post: PoolVec<f32>,
     /// `comb[j * hc + k]`: weight of source copy j in destination copy k.
-    pub comb: Vec<f32>,
+    pub comb: PoolVec<f32>,
 }
+
+poolable!(HcMix => HC_MIXES);
 
 /// `hc_{site}_fn`, `hc_{site}_base`, `hc_{site}_scale` of one sublayer (site = attn | ffn).
 pub struct HcSite {
@@ -79,16 +82,16 @@ impl HcSite {
         rows: usize,
         iters: usize,
         numerics: Numerics,
-    ) -> crate::Result<Vec<HcMix>> {
+    ) -> crate::Result<PoolVec<HcMix>> {
         let n_mix = (2 + self.hc) * self.hc;
-        let mut mixes = vec![0.0f32; rows * n_mix];
+        let mut mixes = PoolVec::filled(rows * n_mix, 0.0f32);
         // An f32 linear in both regimes (MODEL.md §4.8).
         self.mix_fn.forward(stream, rows, &mut mixes, numerics)?;
         let width = stream.len() / rows;
         Ok((0..rows)
             .map(|t| {
                 let r = rms_scale(&stream[t * width..(t + 1) * width], self.norm_eps);
-                let m: Vec<f32> = mixes[t * n_mix..(t + 1) * n_mix]
+                let m: PoolVec<f32> = mixes[t * n_mix..(t + 1) * n_mix]
                     .iter()
                     .map(|v| v * r)
                     .collect();
@@ -105,7 +108,7 @@ impl HcSite {
         let post = (0..hc)
             .map(|k| 2.0 * sigmoid(m[hc + k] * s[1] + b[hc + k]))
             .collect();
-        let mut c: Vec<f32> = (0..hc * hc)
+        let mut c: PoolVec<f32> = (0..hc * hc)
             .map(|i| m[2 * hc + i] * s[2] + b[2 * hc + i])
             .collect();
         // Row softmax, eps added after the division.

@@ -15,6 +15,7 @@ use super::defects::{Defect, DefectSet};
 use super::linear::{Linear, LinearKind};
 use super::norm::RmsNorm;
 use super::numerics::Numerics;
+use super::pool::PoolVec;
 use super::quant;
 use super::rope::Rope;
 use super::topk::topk;
@@ -77,16 +78,16 @@ impl Indexer {
         rope: &Rope,
         numerics: Numerics,
         ties: quant::Fp4Ties,
-    ) -> Result<Vec<f32>> {
+    ) -> Result<PoolVec<f32>> {
         let proj = self.keys.as_ref().ok_or_else(|| {
             crate::Error::Model("indexer without key projection asked for keys".into())
         })?;
         let n = emitted.len();
-        let x: Vec<f32> = emitted
+        let x: PoolVec<f32> = emitted
             .iter()
             .flat_map(|e| e.latent.iter().copied())
             .collect();
-        let mut k = vec![0.0f32; n * self.head_dim];
+        let mut k = PoolVec::filled(n * self.head_dim, 0.0f32);
         proj.wk.forward(&x, n, &mut k, numerics)?;
         proj.k_norm.forward_inplace(&mut k, numerics);
         for (row, e) in k.chunks_exact_mut(self.head_dim).zip(emitted) {
@@ -108,9 +109,9 @@ impl Indexer {
         rope: &Rope,
         numerics: Numerics,
         ties: quant::Fp4Ties,
-    ) -> Result<(Vec<f32>, Vec<f32>)> {
+    ) -> Result<(PoolVec<f32>, PoolVec<f32>)> {
         let w_q = self.n_heads * self.head_dim;
-        let mut iq = vec![0.0f32; rows * w_q];
+        let mut iq = PoolVec::filled(rows * w_q, 0.0f32);
         self.wq_b.forward(qr, rows, &mut iq, numerics)?;
         for (t, row) in iq.chunks_exact_mut(w_q).enumerate() {
             rope.rotate(row, self.head_dim, start + t, false, numerics);
@@ -120,7 +121,7 @@ impl Indexer {
                 }
             }
         }
-        let mut w = vec![0.0f32; rows * self.n_heads];
+        let mut w = PoolVec::filled(rows * self.n_heads, 0.0f32);
         self.weights_proj.forward(u, rows, &mut w, numerics)?;
         for v in w.iter_mut() {
             *v = numerics.round1(*v * self.weight_scale);
@@ -136,22 +137,21 @@ impl Indexer {
         keys: &[f32],
         n: usize,
         numerics: Numerics,
-    ) -> Vec<f32> {
+    ) -> PoolVec<f32> {
         let hd = self.head_dim;
-        (0..n)
-            .into_par_iter()
-            .map(|t| {
-                let key = &keys[t * hd..(t + 1) * hd];
-                let mut acc = 0.0f64;
-                for h in 0..self.n_heads {
-                    let q = &iq[h * hd..(h + 1) * hd];
-                    let dot: f64 = q.iter().zip(key).map(|(a, b)| *a as f64 * *b as f64).sum();
-                    let dot = numerics.round1(dot as f32).max(0.0);
-                    acc += numerics.round1(dot * w[h]) as f64;
-                }
-                numerics.round1(acc as f32)
-            })
-            .collect()
+        let mut scores = PoolVec::filled(n, 0.0f32);
+        scores.par_iter_mut().enumerate().for_each(|(t, score)| {
+            let key = &keys[t * hd..(t + 1) * hd];
+            let mut acc = 0.0f64;
+            for h in 0..self.n_heads {
+                let q = &iq[h * hd..(h + 1) * hd];
+                let dot: f64 = q.iter().zip(key).map(|(a, b)| *a as f64 * *b as f64).sum();
+                let dot = numerics.round1(dot as f32).max(0.0);
+                acc += numerics.round1(dot * w[h]) as f64;
+            }
+            *score = numerics.round1(acc as f32);
+        });
+        scores
     }
 }
 
@@ -164,10 +164,10 @@ pub fn candidate_mask(
     block: usize,
     keep: usize,
     defects: &DefectSet,
-) -> Result<Vec<bool>> {
+) -> Result<PoolVec<bool>> {
     let n = scores.len();
     let n_blocks = n.div_ceil(block);
-    let mut block_scores: Vec<f32> = (0..n_blocks)
+    let mut block_scores: PoolVec<f32> = (0..n_blocks)
         .map(|b| {
             scores[b * block..n.min((b + 1) * block)]
                 .iter()
@@ -184,8 +184,8 @@ pub fn candidate_mask(
         defects.has(Defect::TopkTiesReversed),
         "candidate blocks",
     )?;
-    let mut mask = vec![false; n];
-    for b in kept {
+    let mut mask = PoolVec::filled(n, false);
+    for &b in kept.iter() {
         if block_scores[b] == f32::NEG_INFINITY {
             continue;
         }
@@ -198,7 +198,12 @@ pub fn candidate_mask(
 
 /// Index selection for one query (§6.4.4): the `k` highest scores (tie rule), ascending,
 /// with positions the query cannot see (`t ≥ visible`) mapped to −1.
-pub fn select(scores: &[f32], k: usize, visible: usize, defects: &DefectSet) -> Result<Vec<i64>> {
+pub fn select(
+    scores: &[f32],
+    k: usize,
+    visible: usize,
+    defects: &DefectSet,
+) -> Result<PoolVec<i64>> {
     let mut chosen = topk(
         scores,
         k,
@@ -207,7 +212,7 @@ pub fn select(scores: &[f32], k: usize, visible: usize, defects: &DefectSet) -> 
     )?;
     chosen.sort_unstable();
     Ok(chosen
-        .into_iter()
-        .map(|t| if t < visible { t as i64 } else { -1 })
+        .iter()
+        .map(|&t| if t < visible { t as i64 } else { -1 })
         .collect())
 }

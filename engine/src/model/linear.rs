@@ -1,7 +1,9 @@
 //! Linear layers with the canonical summation of MODEL.md §5.4 (kinds from §4.8).
 //!
 //! The caller names the kind of a linear (§4.8 decides it from the tensor name); the stored
-//! weight stays memory-mapped and is dequantised a few rows at a time as a call needs them.
+//! weight stays memory-mapped and the kernels of [`super::matvec`] decode it straight from the
+//! mapped bytes (release FP8/FP4/bf16/f16/f32, container Q8G/Q4G; a container's VQ experts are
+//! read a task's rows at a time), never as a per-call f32 copy.
 //!
 //! | regime   | kind        | input                    | reduction                | output |
 //! |----------|-------------|--------------------------|--------------------------|--------|
@@ -15,11 +17,11 @@
 //! dequantised values is exact in f64 and so is the block sum (a multiple of `sa·sw·2^−18`
 //! below `sa·sw·2^23`), whatever the order. Rounding that f64 sum to f32 therefore equals
 //! §5.4's `f32(P_kb)·sa·sw` whenever the product is an f32 normal, i.e. for any weight scale
-//! above 2^−86 (real scales are near 2^−10). The kernel thus reads exact dequantised rows and
-//! sums each block exactly in f64 lanes, then accumulates the block results in f32 in
-//! increasing block order. On a container checkpoint (Q4G/Q8G/VQ3R weights) the same rule is
-//! applied to the container's dequantised values; it is then a well-defined canonical order
-//! rather than an exact product sum.
+//! above 2^−86 (real scales are near 2^−10). The kernels thus sum each block exactly in f64
+//! (in any order, with the weight scale applied to the block sum), round it to f32, and
+//! accumulate the block results in f32 in increasing block order. On a container checkpoint
+//! (Q4G/Q8G/VQ3R weights) the same rule is applied to the container's dequantised values in
+//! increasing k; it is then a well-defined canonical order rather than an exact product sum.
 //!
 //! Every output element is one fixed sequential reduction over k, computed by one task, so the
 //! result of a row does not depend on how many rows a call carries nor on the thread count.

@@ -26,6 +26,7 @@ pub mod matvec;
 pub mod moe;
 pub mod norm;
 pub mod numerics;
+pub mod pool;
 pub mod quant;
 pub mod roles;
 pub mod rope;
@@ -39,6 +40,7 @@ use crate::checkpoint::{Checkpoint, Layout};
 use crate::config::Config;
 use crate::trace::{Trace, TraceFile};
 use crate::{Error, Result};
+use pool::PoolVec;
 
 pub use block::{Block, BlockOutput};
 pub use cache::state::{CompressedState, LayerState, SessionState};
@@ -321,6 +323,12 @@ impl<'m> Session<'m> {
         &self.options
     }
 
+    /// Reserve the growing per-sequence state (compressed caches, index keys, Engram history)
+    /// for `tokens` positions, so later steps do not reallocate it.
+    pub fn reserve(&mut self, tokens: usize) {
+        self.state.reserve(&self.model.cfg, tokens);
+    }
+
     /// Number of tokens processed (the position of the next token).
     pub fn position(&self) -> usize {
         self.state.position
@@ -426,7 +434,7 @@ impl<'m> Session<'m> {
         // §6.6.1 Engram hash ids for every row and Engram layer.
         let cols = cfg.engram_max_ngram_size.saturating_sub(1) * cfg.engram_n_heads;
         let n_eng = model.engrams.len();
-        let mut hashes = vec![0i64; rows * n_eng * cols];
+        let mut hashes = PoolVec::filled(rows * n_eng * cols, 0i64);
         if let Some(h) = &model.hasher {
             for &t in tokens {
                 self.state.engram_history.push(h.compressed_id(t)?);
@@ -454,8 +462,8 @@ impl<'m> Session<'m> {
         }
 
         // §6.1 embedding, expanded to hc copies; pre of layer 0 is one-hot.
-        let mut x = vec![0.0f32; rows * hc * d];
-        let mut emb = vec![0.0f32; d];
+        let mut x = PoolVec::filled(rows * hc * d, 0.0f32);
+        let mut emb = PoolVec::filled(d, 0.0f32);
         for (r, &t) in tokens.iter().enumerate() {
             model.ckpt.rows_f32("embed.weight", t as usize, &mut emb)?;
             numerics.round(&mut emb);
@@ -463,8 +471,9 @@ impl<'m> Session<'m> {
                 x[(r * hc + k) * d..(r * hc + k + 1) * d].copy_from_slice(&emb);
             }
         }
-        let embedded = x.clone();
-        let mut pre = vec![0.0f32; rows * hc];
+        // Replay only: the embedded stream re-enters layer 0 (not kept on the decode path).
+        let embedded = forcing.map(|_| x.clone());
+        let mut pre = PoolVec::filled(rows * hc, 0.0f32);
         for r in 0..rows {
             pre[r * hc] = 1.0;
         }
@@ -474,7 +483,7 @@ impl<'m> Session<'m> {
             // Replay: Engram is applied to the golden stream entering the layer.
             if let Some(f) = forcing {
                 x = if l == 0 {
-                    embedded.clone()
+                    embedded.clone().unwrap_or_default()
                 } else {
                     forced_rows(f.residual, chunk, cfg, l - 1, hc * d)
                 };
@@ -524,29 +533,37 @@ impl<'m> Session<'m> {
 
         // §6.7 final collapse with the last FFN pre, norm, head (last row only).
         let last = rows - 1;
-        let (stream, final_pre) = match forcing {
-            Some(f) => (
-                forced_rows(f.residual, chunk, cfg, cfg.n_layers - 1, hc * d)[last * hc * d..]
-                    .to_vec(),
-                f.final_pre[(chunk.start + last) * hc..(chunk.start + last + 1) * hc].to_vec(),
+        let forced_last =
+            forcing.map(|f| forced_rows(f.residual, chunk, cfg, cfg.n_layers - 1, hc * d));
+        let (stream, final_pre): (&[f32], &[f32]) = match (forcing, &forced_last) {
+            (Some(f), Some(residual)) => (
+                &residual[last * hc * d..],
+                &f.final_pre[(chunk.start + last) * hc..(chunk.start + last + 1) * hc],
             ),
-            None => (x[last * hc * d..].to_vec(), pre[last * hc..].to_vec()),
+            _ => (&x[last * hc * d..], &pre[last * hc..]),
         };
-        let mut h = vec![0.0f32; d];
-        hyper_connection::collapse(&stream, &final_pre, &mut h, numerics);
+        let mut h = PoolVec::filled(d, 0.0f32);
+        hyper_connection::collapse(stream, final_pre, &mut h, numerics);
         model.norm.forward_inplace(&mut h, numerics);
-        let mut logits = vec![0.0f32; cfg.vocab_size];
-        model.head.forward(&h, 1, &mut logits, numerics)?;
+        // The logits buffer of the session is reused from step to step.
+        self.logits.clear();
+        self.logits.resize(cfg.vocab_size, 0.0);
+        model.head.forward(&h, 1, &mut self.logits, numerics)?;
         self.state.position += rows;
-        trace.push_logits(chunk.start + last, &logits);
-        self.logits = logits;
+        trace.push_logits(chunk.start + last, &self.logits);
         Ok(())
     }
 }
 
 /// Rows of a forced [tokens, layers, width] tensor for this chunk at `layer`.
-fn forced_rows(src: &[f32], chunk: Chunk, cfg: &Config, layer: usize, width: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(chunk.rows * width);
+fn forced_rows(
+    src: &[f32],
+    chunk: Chunk,
+    cfg: &Config,
+    layer: usize,
+    width: usize,
+) -> PoolVec<f32> {
+    let mut out = PoolVec::new();
     for p in chunk.start..chunk.total() {
         let o = (p * cfg.n_layers + layer) * width;
         out.extend_from_slice(&src[o..o + width]);
@@ -554,8 +571,14 @@ fn forced_rows(src: &[f32], chunk: Chunk, cfg: &Config, layer: usize, width: usi
     out
 }
 
-fn gather_engram(hashes: &[i64], rows: usize, n_eng: usize, cols: usize, li: usize) -> Vec<i64> {
-    let mut ids = Vec::with_capacity(rows * cols);
+fn gather_engram(
+    hashes: &[i64],
+    rows: usize,
+    n_eng: usize,
+    cols: usize,
+    li: usize,
+) -> PoolVec<i64> {
+    let mut ids = PoolVec::new();
     for r in 0..rows {
         let o = (r * n_eng + li) * cols;
         ids.extend_from_slice(&hashes[o..o + cols]);

@@ -11,6 +11,7 @@ use std::sync::Arc;
 use super::defects::{Defect, DefectSet};
 use super::linear::{Linear, LinearKind};
 use super::numerics::Numerics;
+use super::pool::{poolable, PoolVec};
 use super::topk::topk;
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
@@ -62,8 +63,8 @@ impl Expert {
         out: &mut [f32],
         numerics: Numerics,
     ) -> Result<()> {
-        let mut g = vec![0.0f32; rows * self.inter];
-        let mut up = vec![0.0f32; rows * self.inter];
+        let mut g = PoolVec::filled(rows * self.inter, 0.0f32);
+        let mut up = PoolVec::filled(rows * self.inter, 0.0f32);
         self.w1.forward(x, rows, &mut g, numerics)?;
         self.w3.forward(x, rows, &mut up, numerics)?;
         for t in 0..rows {
@@ -90,10 +91,12 @@ impl Expert {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Route {
     /// Expert ids in selection order (selection key descending, ties → lower id).
-    pub experts: Vec<usize>,
+    pub experts: PoolVec<usize>,
     /// Routing weights aligned with `experts`.
-    pub weights: Vec<f32>,
+    pub weights: PoolVec<f32>,
 }
+
+poolable!(Route => ROUTES);
 
 pub struct Moe {
     gate: Linear,
@@ -154,22 +157,23 @@ impl Moe {
         rows: usize,
         numerics: Numerics,
         defects: &DefectSet,
-    ) -> Result<Vec<Route>> {
-        let mut logits = vec![0.0f32; rows * self.n_routed];
+    ) -> Result<PoolVec<Route>> {
+        let mut logits = PoolVec::filled(rows * self.n_routed, 0.0f32);
         self.gate.forward(v, rows, &mut logits, numerics)?;
         let ties_reversed = defects.has(Defect::TopkTiesReversed);
         logits
             .chunks_exact(self.n_routed)
             .map(|l| {
-                let scores: Vec<f32> = l.iter().map(|&x| softplus(x).sqrt()).collect();
-                let keys: Vec<f32> = scores.iter().zip(&self.bias).map(|(s, b)| s + b).collect();
+                let scores: PoolVec<f32> = l.iter().map(|&x| softplus(x).sqrt()).collect();
+                let keys: PoolVec<f32> =
+                    scores.iter().zip(&self.bias).map(|(s, b)| s + b).collect();
                 let experts = topk(&keys, self.top_k, ties_reversed, "MoE router")?;
                 let from = if defects.has(Defect::BiasInRoutingWeights) {
                     &keys
                 } else {
                     &scores
                 };
-                let mut weights: Vec<f32> = experts.iter().map(|&e| from[e]).collect();
+                let mut weights: PoolVec<f32> = experts.iter().map(|&e| from[e]).collect();
                 if self.norm_topk_prob && self.top_k > 1 {
                     let sum = weights.iter().map(|&w| w as f64).sum::<f64>() as f32;
                     weights.iter_mut().for_each(|w| *w /= sum + 1e-20);
@@ -196,7 +200,7 @@ impl Moe {
         // Batch the rows routed to each expert; the canonical linear is row-independent, so
         // this equals running each token alone (prefill == decode).
         for e in 0..self.n_routed {
-            let (mut idx, mut w) = (Vec::new(), Vec::new());
+            let (mut idx, mut w) = (PoolVec::<usize>::new(), PoolVec::<f32>::new());
             for (t, r) in routes.iter().enumerate() {
                 if let Some(k) = r.experts.iter().position(|&x| x == e) {
                     idx.push(t);
@@ -206,11 +210,11 @@ impl Moe {
             if idx.is_empty() {
                 continue;
             }
-            let mut x = Vec::with_capacity(idx.len() * d);
+            let mut x = PoolVec::<f32>::new();
             for &t in &idx {
                 x.extend_from_slice(&v[t * d..(t + 1) * d]);
             }
-            let mut y = vec![0.0f32; idx.len() * d];
+            let mut y = PoolVec::filled(idx.len() * d, 0.0f32);
             self.experts[e].forward(&x, idx.len(), Some(&w), limit, &mut y, numerics)?;
             for (i, &t) in idx.iter().enumerate() {
                 for (o, a) in out[t * d..(t + 1) * d]
@@ -221,7 +225,7 @@ impl Moe {
                 }
             }
         }
-        let mut shared = vec![0.0f32; rows * d];
+        let mut shared = PoolVec::filled(rows * d, 0.0f32);
         self.shared
             .forward(v, rows, None, limit, &mut shared, numerics)?;
         for (o, s) in out.iter_mut().zip(&shared) {

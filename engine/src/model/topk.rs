@@ -2,18 +2,20 @@
 //! lower index wins. Used by MoE routing, candidate blocks and index selection. +∞ and −∞
 //! are ordinary values; NaN is an error, never a value.
 
+use super::pool::PoolVec;
 use crate::{Error, Result};
 
 /// Indices of the `k` largest `values`, in selection order (largest first, ties → lower
 /// index). `ties_reversed` is the negative control `Defect::TopkTiesReversed` (ties →
 /// higher index). `what` names the decision in the NaN error.
-pub fn topk(values: &[f32], k: usize, ties_reversed: bool, what: &str) -> Result<Vec<usize>> {
+pub fn topk(values: &[f32], k: usize, ties_reversed: bool, what: &str) -> Result<PoolVec<usize>> {
     if let Some(i) = values.iter().position(|v| v.is_nan()) {
         return Err(Error::Model(format!("{what}: NaN score at index {i}")));
     }
-    let mut order: Vec<usize> = (0..values.len()).collect();
-    // NaN-free, so partial_cmp is total here.
-    order.sort_by(|&a, &b| {
+    let mut order: PoolVec<usize> = (0..values.len()).collect();
+    // NaN-free, so partial_cmp is total here. (An unstable sort: the comparison is total and
+    // breaks every tie by index, so the order is unique, and it needs no buffer.)
+    order.sort_unstable_by(|&a, &b| {
         let by_value = values[b]
             .partial_cmp(&values[a])
             .unwrap_or(std::cmp::Ordering::Equal);

@@ -98,4 +98,20 @@ impl SessionState {
             published_index_k: None,
         }
     }
+
+    /// Reserve capacity for a sequence of `tokens` positions (capacity only, no state change):
+    /// the growing caches then never reallocate inside a step.
+    pub fn reserve(&mut self, cfg: &crate::config::Config, tokens: usize) {
+        self.engram_history
+            .reserve(tokens.saturating_sub(self.engram_history.len()));
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            if let Some(c) = layer.compressed.as_mut() {
+                let entries = tokens / cfg.compress_ratios[l].max(1);
+                c.latents
+                    .reserve((entries * c.head_dim).saturating_sub(c.latents.len()));
+                c.index_keys
+                    .reserve((entries * c.index_head_dim).saturating_sub(c.index_keys.len()));
+            }
+        }
+    }
 }
