@@ -137,6 +137,12 @@ impl<T: Poolable + PartialEq> PartialEq for PoolVec<T> {
     }
 }
 
+impl<T: Poolable + PartialEq> PartialEq<Vec<T>> for PoolVec<T> {
+    fn eq(&self, other: &Vec<T>) -> bool {
+        self.0 == *other
+    }
+}
+
 impl<T: Poolable> FromIterator<T> for PoolVec<T> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
         PoolVec::collect(iter)
