@@ -23,16 +23,16 @@ const WINDOW: usize = 64;
 const INDEX_TOPK: usize = 64;
 const TOKENS: usize = 72;
 const HEADS: usize = 16;
+const _: () = assert!(
+    WINDOW + INDEX_TOPK > 64,
+    "the lists must span two kernel blocks"
+);
 
 fn generate() -> (tempfile::TempDir, Model) {
     let mut preset = Preset::by_name("tiny").expect("tiny preset");
     preset.geometry.window_size = WINDOW;
     preset.geometry.index_topk = INDEX_TOPK;
     preset.geometry.n_heads = HEADS;
-    assert!(
-        WINDOW + INDEX_TOPK > 64,
-        "the lists must span two kernel blocks"
-    );
     let dir = tempfile::tempdir().unwrap();
     ds41_synthetic::release::write(&preset, 5, dir.path()).unwrap();
     let model = Model::open(dir.path()).unwrap();
@@ -81,7 +81,7 @@ fn first_difference(a: &Trace, b: &Trace) -> Option<usize> {
 
 fn decode_after(prefill: usize) -> Vec<usize> {
     std::iter::once(prefill)
-        .chain(std::iter::repeat(1).take(TOKENS - prefill))
+        .chain(std::iter::repeat_n(1, TOKENS - prefill))
         .collect()
 }
 

@@ -100,6 +100,7 @@ impl Indexer {
     }
 
     /// Per-row queries [rows, heads, head_dim] and head weights [rows, heads].
+    #[allow(clippy::too_many_arguments)]
     pub fn queries(
         &self,
         qr: &[f32],

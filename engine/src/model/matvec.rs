@@ -342,7 +342,7 @@ impl MatVec<'_> {
                             i32::from(data[c] as i8)
                         } else {
                             let b = data[c / 2];
-                            i32::from(if c % 2 == 0 { b & 0xF } else { b >> 4 }) - 8
+                            i32::from(if c.is_multiple_of(2) { b & 0xF } else { b >> 4 }) - 8
                         };
                         wk[i] = f64::from(q as f32 * s);
                     }
