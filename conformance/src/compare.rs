@@ -10,7 +10,7 @@
 use serde::Serialize;
 
 use crate::gates::{ArgmaxRule, Gates};
-use crate::trace::{Tensor, TraceFile};
+use crate::trace::TraceFile;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -362,7 +362,7 @@ pub fn compare(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> Compare
         Default::default();
     let (gexp, eexp, k_exp) = match (ge, ee) {
         (Some(g), Some(e)) => (g.as_i64(), e.as_i64(), (g.shape[2], e.shape[2])),
-        _ => (vec![], vec![], (0, 0)),
+        _ => (Default::default(), Default::default(), (0, 0)),
     };
     let allowed = |kind: &str, l: usize, colmax: &[f64]| -> f64 {
         if strict {
@@ -837,16 +837,11 @@ fn compare_logits(
     r.add("logits", status, text, Some(worst_rl), Some(lg.rel_l2));
 }
 
-/// Convenience for fake traces in tests.
-pub fn tensor_f(shape: &[usize], v: Vec<f64>) -> Tensor {
-    Tensor::f(shape.to_vec(), v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::gates::{GateSet, ProfileName};
-    use crate::trace::Tensor;
+    use crate::trace::{TraceData, TraceTensor};
 
     fn gates(p: ProfileName) -> Gates {
         GateSet::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../gates"))
@@ -858,35 +853,37 @@ mod tests {
     /// T=3 tokens, L=2 layers, cell of 4 values, vocab 5, experts top-2 of 4, one index layer.
     fn golden() -> TraceFile {
         let mut g = TraceFile::default();
-        let res: Vec<f64> = (0..24).map(|i| 1.0 + i as f64 * 0.1).collect();
+        let res: Vec<f32> = (0..24).map(|i| 1.0 + i as f32 * 0.1).collect();
         g.tensors
-            .insert("residual".into(), Tensor::f(vec![3, 2, 2, 2], res));
+            .insert("residual".into(), TraceTensor::f32(vec![3, 2, 2, 2], res));
         g.tensors.insert(
             "experts".into(),
-            Tensor::i(vec![3, 2, 2], vec![0, 1, 1, 2, 2, 3, 0, 3, 1, 3, 0, 2]),
+            TraceTensor::i64(vec![3, 2, 2], vec![0, 1, 1, 2, 2, 3, 0, 3, 1, 3, 0, 2]),
         );
         g.tensors.insert(
             "margin.experts".into(),
-            Tensor::f(vec![3, 2], vec![0.5, 0.5, 0.001, 0.5, 0.5, 0.5]),
+            TraceTensor::f32(vec![3, 2], vec![0.5, 0.5, 0.001, 0.5, 0.5, 0.5]),
         );
         g.tensors.insert(
             "topk.L1".into(),
-            Tensor::i(vec![3, 2], vec![0, -1, 0, 1, 1, 2]),
+            TraceTensor::i64(vec![3, 2], vec![0, -1, 0, 1, 1, 2]),
         );
         g.tensors.insert(
             "margin.topk.L1".into(),
-            Tensor::f(vec![3], vec![0.5, 0.5, 0.5]),
+            TraceTensor::f32(vec![3], vec![0.5, 0.5, 0.5]),
         );
         g.tensors.insert(
             "engram_hash".into(),
-            Tensor::i(vec![3, 1, 2], vec![5, 6, 7, 8, 9, 10]),
+            TraceTensor::i64(vec![3, 1, 2], vec![5, 6, 7, 8, 9, 10]),
         );
         g.tensors.insert(
             "logits".into(),
-            Tensor::f(vec![3, 5], (0..15).map(|i| (i % 5) as f64).collect()),
+            TraceTensor::f32(vec![3, 5], (0..15).map(|i| (i % 5) as f32).collect()),
         );
-        g.tensors
-            .insert("logits_positions".into(), Tensor::i(vec![3], vec![0, 1, 2]));
+        g.tensors.insert(
+            "logits_positions".into(),
+            TraceTensor::i64(vec![3], vec![0, 1, 2]),
+        );
         g
     }
 
@@ -909,8 +906,8 @@ mod tests {
     #[test]
     fn residual_drift_is_localised_to_token_and_layer() {
         let mut e = golden();
-        if let Some(Tensor {
-            data: crate::trace::Data::F(v),
+        if let Some(TraceTensor {
+            data: TraceData::F32(v),
             ..
         }) = e.tensors.get_mut("residual")
         {
@@ -935,8 +932,8 @@ mod tests {
     fn fragile_flip_is_excused_and_counted_only_where_allowed() {
         let mut e = golden();
         // token 1 layer 0: golden {2,3} margin 0.001 -> engine {1,3}
-        if let Some(Tensor {
-            data: crate::trace::Data::I(v),
+        if let Some(TraceTensor {
+            data: TraceData::I64(v),
             ..
         }) = e.tensors.get_mut("experts")
         {
@@ -954,8 +951,8 @@ mod tests {
     fn robust_flip_fails_even_when_fragile_flips_are_excused() {
         let mut e = golden();
         // token 0 layer 1: golden {1,2} margin 0.5 -> engine {1,3}
-        if let Some(Tensor {
-            data: crate::trace::Data::I(v),
+        if let Some(TraceTensor {
+            data: TraceData::I64(v),
             ..
         }) = e.tensors.get_mut("experts")
         {
@@ -971,8 +968,8 @@ mod tests {
     #[test]
     fn engram_hash_and_topk_are_exact() {
         let mut e = golden();
-        if let Some(Tensor {
-            data: crate::trace::Data::I(v),
+        if let Some(TraceTensor {
+            data: TraceData::I64(v),
             ..
         }) = e.tensors.get_mut("engram_hash")
         {
@@ -982,8 +979,8 @@ mod tests {
         assert!(r.failed());
         assert_eq!(r.first_divergence.clone().unwrap().subop, "engram_hash");
         let mut e = golden();
-        if let Some(Tensor {
-            data: crate::trace::Data::I(v),
+        if let Some(TraceTensor {
+            data: TraceData::I64(v),
             ..
         }) = e.tensors.get_mut("topk.L1")
         {
@@ -996,12 +993,12 @@ mod tests {
     #[test]
     fn logits_argmax_and_nan_fail() {
         let mut e = golden();
-        if let Some(Tensor {
-            data: crate::trace::Data::F(v),
+        if let Some(TraceTensor {
+            data: TraceData::F32(v),
             ..
         }) = e.tensors.get_mut("logits")
         {
-            v[5] = f64::NAN;
+            v[5] = f32::NAN;
         }
         let r = compare(&golden(), &e, &gates(ProfileName::Quantized));
         assert!(r.failed());
