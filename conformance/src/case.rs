@@ -204,6 +204,14 @@ pub struct LoaderSpec {
     /// word their own errors; they only have to refuse).
     #[serde(default)]
     pub error_mentions: Vec<String>,
+    /// After opening, run the read-time payload check (`load` with `verify: true`): for
+    /// corruption an open cannot see without reading the whole expert bank.
+    #[serde(default)]
+    pub verify: bool,
+    /// With `all_mutants_of`: the mutants that are caught at read time, not at open; their
+    /// cases load with `verify: true`. Each must be a mutant of the expansion.
+    #[serde(default)]
+    pub read_time_mutants: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

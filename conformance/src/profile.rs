@@ -747,7 +747,8 @@ mod tests {
         assert_eq!(
             e.load(
                 &LoadRequest {
-                    model: "/x/good".into()
+                    model: "/x/good".into(),
+                    verify: false,
                 },
                 t
             ),
@@ -756,6 +757,7 @@ mod tests {
         match e.load(
             &LoadRequest {
                 model: "/x/broken".into(),
+                verify: false,
             },
             t,
         ) {
@@ -765,6 +767,7 @@ mod tests {
         let r = e.load(
             &LoadRequest {
                 model: "/x/slow".into(),
+                verify: false,
             },
             Duration::from_millis(200),
         );

@@ -181,3 +181,82 @@ fn an_edited_report_is_refused() {
     .unwrap();
     assert_refused(&dir.join("certificate.json"), &[("report", "sha256")]);
 }
+
+fn xfail_list(dir: &Path, case: &str) -> PathBuf {
+    let p = dir.join(format!("xfail-{}.yaml", case.replace(':', "_")));
+    std::fs::write(
+        &p,
+        format!("engine: ds41-reference\nentries:\n  - case: {case}\n    reason: constructed for the test\n"),
+    )
+    .unwrap();
+    p
+}
+
+#[test]
+fn an_expected_failure_that_passes_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let case = "loader::synthetic::tiny-release-loads";
+    let list = xfail_list(tmp.path(), case);
+    let (code, out, err) = ds41(&[
+        "certify",
+        "--exact",
+        "--filter",
+        case,
+        "--verbose",
+        "--expected-failures",
+        list.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 1, "{out}\n{err}");
+    let all = format!("{out}{err}");
+    assert!(
+        all.contains("but it passed: remove it from the expected-failure list"),
+        "{all}"
+    );
+}
+
+#[test]
+fn an_expected_failure_that_fails_is_waived_with_its_reason() {
+    let tmp = tempfile::tempdir().unwrap();
+    let failing = "residual::synthetic::tiny-release-exact-owner-prefill";
+    let list = xfail_list(tmp.path(), failing);
+    let (code, out, err) = ds41(&[
+        "certify",
+        "--exact",
+        "--filter",
+        failing,
+        "--filter",
+        "loader::synthetic::tiny-release-loads",
+        "--defect",
+        "no-attention-sink",
+        "--verbose",
+        "--expected-failures",
+        list.to_str().unwrap(),
+    ]);
+    let all = format!("{out}{err}");
+    assert_eq!(
+        code, 0,
+        "a waived failure plus a pass is conformant:\n{all}"
+    );
+    assert!(
+        all.contains("WAIVED") && all.contains("constructed for the test"),
+        "{all}"
+    );
+}
+
+#[test]
+fn an_expected_failure_naming_no_case_is_a_configuration_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let list = xfail_list(tmp.path(), "loader::synthetic::no-such-case");
+    let (code, out, err) = ds41(&[
+        "certify",
+        "--filter",
+        "loader::synthetic::tiny-release-loads",
+        "--expected-failures",
+        list.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(
+        err.contains("no-such-case") && err.contains("does not exist"),
+        "{err}"
+    );
+}
