@@ -260,3 +260,31 @@ fn an_expected_failure_naming_no_case_is_a_configuration_error() {
         "{err}"
     );
 }
+
+/// `ds41 ... | head` ends quietly: no panic, no error message, the conventional SIGPIPE status.
+#[test]
+fn a_closed_output_pipe_ends_the_process_quietly() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+    // Far more than a pipe buffer holds, so the writer must see the reader go away.
+    {
+        let args = ["corpus", "--wide", "50000"];
+        let mut child = Command::new(env!("CARGO_BIN_EXE_ds41"))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut first = String::new();
+        out.read_line(&mut first).unwrap();
+        drop(out);
+        let done = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&done.stderr);
+        assert!(
+            !err.contains("panicked") && !err.contains("error"),
+            "{args:?}: {err}"
+        );
+        assert_eq!(done.status.code(), Some(141), "{args:?}: {:?}", done.status);
+    }
+}
