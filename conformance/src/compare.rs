@@ -610,10 +610,7 @@ pub fn compare_replay(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> 
     let mut skip_all = vec![false; t_n * l_n];
     let mut skip_moe = vec![false; t_n * l_n];
     let rows = |name: &str, want: &[usize]| -> Option<std::borrow::Cow<'_, [i64]>> {
-        let (g, e) = (golden.get(name)?, engine.get(name));
-        let Some(e) = e else {
-            return None;
-        };
+        let (g, e) = (golden.get(name)?, engine.get(name)?);
         if e.shape.len() < want.len()
             || e.shape[..want.len()] != *want
             || g.shape.len() != e.shape.len()
@@ -816,7 +813,7 @@ pub fn compare_replay(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> 
         let mut per_layer: Vec<Option<f64>> = vec![None; l_n];
         let (mut compared, mut worst, mut over) = (0usize, 0.0f64, Vec::new());
         for t in 0..t_n {
-            for l in 0..l_n {
+            for (l, layer_worst) in per_layer.iter_mut().enumerate() {
                 let i = t * l_n + l;
                 let skipped = match name {
                     "block_input" => false,
@@ -829,7 +826,7 @@ pub fn compare_replay(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> 
                 let v = rel_l2(&ev[i * w..(i + 1) * w], &gv[i * w..(i + 1) * w]);
                 compared += 1;
                 worst = worst.max(v);
-                per_layer[l] = Some(per_layer[l].unwrap_or(0.0).max(v));
+                *layer_worst = Some(layer_worst.unwrap_or(0.0).max(v));
                 if v > thr {
                     over.push((t, l, v));
                 }
