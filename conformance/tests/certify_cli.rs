@@ -288,3 +288,41 @@ fn a_closed_output_pipe_ends_the_process_quietly() {
         assert_eq!(done.status.code(), Some(141), "{args:?}: {:?}", done.status);
     }
 }
+
+/// `ds41 forward` twice on the same input writes byte-identical trace files (sorted header),
+/// so traces can be pinned by sha256.
+#[test]
+fn forward_traces_are_byte_deterministic() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("tiny");
+    let (code, _, err) = ds41(&[
+        "synth",
+        "--preset",
+        "tiny",
+        "--layout",
+        "release",
+        "--out",
+        model.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let run = |name: &str| {
+        let out = tmp.path().join(name);
+        let (code, _, err) = ds41(&[
+            "forward",
+            "--model",
+            model.to_str().unwrap(),
+            "--tokens",
+            "5,17,200,3,99",
+            "--prefill",
+            "2",
+            "--sub-ops",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(code, 0, "{err}");
+        std::fs::read(out).unwrap()
+    };
+    let (a, b) = (run("a.safetensors"), run("b.safetensors"));
+    assert!(a.len() > 1000);
+    assert!(a == b, "two runs wrote different bytes");
+}
