@@ -11,10 +11,11 @@
 use crate::draw::{self, Q4_CODE_RMS, Q8_CODE_RMS, VQ_CODE_RMS};
 use crate::inventory::{engram_primes, Init, EXPERT_GAIN};
 use crate::preset::{Geometry, Preset};
-use crate::pyjson;
-use crate::rng::{PyRandom, SplitMix64};
+use crate::rng::SplitMix64;
 use crate::tokenizer::{Vocab, SPECIALS};
 use crate::SynthError;
+use ds41_engine::dsml::json_py::{self, DumpOptions};
+use ds41_engine::tokenizer::python_random::PythonRandom;
 use half::f16;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -73,13 +74,13 @@ pub trait Draws {
 
 /// WASTE's generator (CONTAINER.md §10.2): one CPython `random.Random(seed)` stream.
 pub struct WasteDraws {
-    rng: PyRandom,
+    rng: PythonRandom,
 }
 
 impl WasteDraws {
     pub fn new(seed: u64) -> Self {
         Self {
-            rng: PyRandom::new(seed),
+            rng: PythonRandom::new(seed),
         }
     }
     fn f16s(&mut self, n: usize, lo: f64, hi: f64) -> Vec<u16> {
@@ -911,7 +912,7 @@ pub fn write(
     }
     write_file(
         "engram.json",
-        pyjson::to_string(&engram_json, 1).as_bytes(),
+        json_py::dumps_with(&engram_json, DumpOptions::file(1)).as_bytes(),
         &mut files,
     )?;
     let tokmap: Vec<u8> = map.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -933,7 +934,7 @@ pub fn write(
     });
     write_file(
         "manifest.json",
-        pyjson::to_string(&manifest, 1).as_bytes(),
+        json_py::dumps_with(&manifest, DumpOptions::file(1)).as_bytes(),
         &mut files,
     )?;
     if !p.waste_compat {
@@ -944,7 +945,7 @@ pub fn write(
             .collect();
         write_file(
             "specials.json",
-            pyjson::to_string(&Value::Array(specials), 1).as_bytes(),
+            json_py::dumps_with(&Value::Array(specials), DumpOptions::file(1)).as_bytes(),
             &mut files,
         )?;
     }

@@ -10,7 +10,8 @@
 //!
 //! Module map: [`rng`] (streams), [`preset`] (geometry), [`inventory`] (tensor names/shapes),
 //! [`tokenizer`] (tokenizer.json + Engram map), [`draw`], [`release`], [`container`],
-//! [`mutants`], [`mechanisms`] (what a sequence reaches), [`pyjson`].
+//! [`mutants`], [`mechanisms`] (what a sequence reaches); Python-compatible JSON text comes from the engine's
+//! `ds41_engine::dsml::json_py`, CPython `random` from `ds41_engine::tokenizer::python_random`.
 
 #![recursion_limit = "256"]
 
@@ -20,7 +21,6 @@ pub mod inventory;
 pub mod mechanisms;
 pub mod mutants;
 pub mod preset;
-pub mod pyjson;
 pub mod release;
 pub mod rng;
 pub mod tokenizer;
