@@ -40,11 +40,12 @@ pub const GENERATOR_VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
-    #[error("{path}: {source}")]
+    /// The OS reason is written inline, so it is not also a `source()` (a chain printer would
+    /// repeat it).
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("unknown preset `{0}` (known: {known})", known = preset::PRESET_NAMES.join(", "))]
     UnknownPreset(String),
@@ -67,7 +68,7 @@ impl SynthError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
         SynthError::Io {
             path: path.to_path_buf(),
-            source,
+            error: source,
         }
     }
 }
