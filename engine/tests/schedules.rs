@@ -6,8 +6,11 @@ use model_common as common;
 
 use std::path::Path;
 
-use ds41_engine::model::{IndexK, Model, Numerics, Options, Session};
-use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
+use ds41_engine::model::{IndexK, Model, Numerics, Options};
+use ds41_engine::testing::{
+    bit_equal, decode_schedule as schedule, first_difference, last_logits, run_chunks,
+};
+use ds41_engine::trace::{Trace, TraceFile};
 
 fn open_model(dir: &Path) -> Model {
     common::official_a_model(dir)
@@ -28,55 +31,6 @@ fn ids(up: &Path) -> Vec<u32> {
         .iter()
         .map(|&x| x as u32)
         .collect()
-}
-
-/// Run `ids` as consecutive chunks of the given sizes (the first is the prefill); a chunk of
-/// one token after position 0 is a decode step.
-fn run_chunks(model: &Model, ids: &[u32], chunks: &[usize], options: &Options) -> Trace {
-    let mut trace = Trace::new(
-        model.config(),
-        TraceOptions {
-            enabled: true,
-            sub_ops: false,
-        },
-    );
-    let mut s = Session::new(model, options.clone());
-    let mut at = 0;
-    for &n in chunks {
-        if n == 1 && at > 0 {
-            s.decode(ids[at], &mut trace).unwrap();
-        } else {
-            s.prefill(&ids[at..at + n], &mut trace).unwrap();
-        }
-        at += n;
-    }
-    assert_eq!(at, ids.len());
-    trace
-}
-
-fn schedule(prefill: usize, total: usize) -> Vec<usize> {
-    std::iter::once(prefill)
-        .chain(std::iter::repeat(1).take(total - prefill))
-        .collect()
-}
-
-/// First (token, layer) whose block output differs in any bit, comparing token rows by position.
-fn first_difference(a: &Trace, b: &Trace) -> Option<(usize, usize)> {
-    let w = a.hc * a.dim;
-    for t in 0..a.tokens {
-        for l in 0..a.n_layers {
-            let c = a.cell(t, l, w);
-            let (x, y) = (&a.residual[c.clone()], &b.residual[c]);
-            if x.iter().zip(y).any(|(p, q)| p.to_bits() != q.to_bits()) {
-                return Some((t, l));
-            }
-        }
-    }
-    None
-}
-
-fn last_logits(t: &Trace) -> &[f32] {
-    &t.logits[t.logits.len() - t.vocab..]
 }
 
 #[test]
@@ -108,9 +62,8 @@ fn exact_owner_prefill_decode_chunked_are_bit_identical() {
         for l in &full.index_layers {
             assert_eq!(full.topk[l], other.topk[l], "topk.L{l}, chunks {chunks:?}");
         }
-        let (a, b) = (last_logits(&full), last_logits(&other));
         assert!(
-            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            bit_equal(last_logits(&full), last_logits(&other)),
             "logits, chunks {chunks:?}"
         );
     }
@@ -206,11 +159,7 @@ fn results_do_not_depend_on_the_thread_count() {
             })
             .collect();
         assert_eq!(first_difference(&runs[0], &runs[1]), None);
-        assert!(runs[0]
-            .logits
-            .iter()
-            .zip(&runs[1].logits)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(bit_equal(&runs[0].logits, &runs[1].logits));
     }
 }
 
