@@ -5,9 +5,10 @@
 //! thread-count determinism. Needs no upstream data.
 
 use ds41_engine::checkpoint::Layout;
-use ds41_engine::model::{IndexK, Model, Numerics, Options};
+use ds41_engine::model::{IndexK, Model, Numerics};
 use ds41_engine::testing::{
-    bit_equal, decode_schedule as schedule, first_difference, last_logits, run_chunks as run,
+    bit_equal, decode_schedule as schedule, first_difference, last_logits, options,
+    run_chunks as run,
 };
 
 fn generate(layout: Layout) -> (tempfile::TempDir, Model) {
@@ -27,16 +28,8 @@ fn check_layout(layout: Layout, numerics_list: &[Numerics]) {
     let n = 40;
     let ids = ids(n);
     for &numerics in numerics_list {
-        let owner = Options {
-            numerics,
-            index_k: IndexK::Owner,
-            ..Options::default()
-        };
-        let shipped = Options {
-            numerics,
-            index_k: IndexK::AsShipped,
-            ..Options::default()
-        };
+        let owner = options(numerics, IndexK::Owner);
+        let shipped = options(numerics, IndexK::AsShipped);
         let full = run(&model, &ids, &[n], &owner);
         for chunks in [
             schedule(1, n),

@@ -3,8 +3,17 @@
 //! schedule equalities of MODEL.md §7.3 and §8, shared by engine/tests/schedules.rs (official_a,
 //! the WASTE container) and conformance/tests/forward_presets.rs (the synthetic presets).
 
-use crate::model::{Model, Options, Session};
+use crate::model::{IndexK, Model, Numerics, Options, Session};
 use crate::trace::{Trace, TraceOptions};
+
+/// Default options with the given numerics and `index_k` behaviour.
+pub fn options(numerics: Numerics, index_k: IndexK) -> Options {
+    Options {
+        numerics,
+        index_k,
+        ..Options::default()
+    }
+}
 
 /// Run `ids` as consecutive chunks of the given sizes (the first is the prefill); a chunk of
 /// one token after position 0 is a decode step. Panics (this is test code) when a step fails

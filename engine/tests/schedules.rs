@@ -6,9 +6,9 @@ use model_common as common;
 
 use std::path::Path;
 
-use ds41_engine::model::{IndexK, Model, Numerics, Options};
+use ds41_engine::model::{IndexK, Model, Numerics};
 use ds41_engine::testing::{
-    bit_equal, decode_schedule as schedule, first_difference, last_logits, run_chunks,
+    bit_equal, decode_schedule as schedule, first_difference, last_logits, options, run_chunks,
 };
 use ds41_engine::trace::{Trace, TraceFile};
 
@@ -40,11 +40,7 @@ fn exact_owner_prefill_decode_chunked_are_bit_identical() {
     };
     let model = open_model(&up);
     let ids = ids(&up);
-    let opts = Options {
-        numerics: Numerics::Exact,
-        index_k: IndexK::Owner,
-        ..Options::default()
-    };
+    let opts = options(Numerics::Exact, IndexK::Owner);
     let full = run_chunks(&model, &ids, &[48], &opts);
     // Chunk boundaries at n·r − 1, n·r, n·r + 1 and W ± 1 (r = 2, W = 8), plus pure decode.
     for chunks in [
@@ -79,11 +75,7 @@ fn upstream_owner_schedules_are_bit_identical_on_official_a() {
     };
     let model = open_model(&up);
     let ids = ids(&up);
-    let opts = Options {
-        numerics: Numerics::Upstream,
-        index_k: IndexK::Owner,
-        ..Options::default()
-    };
+    let opts = options(Numerics::Upstream, IndexK::Owner);
     let full = run_chunks(&model, &ids, &[48], &opts);
     for chunks in [
         schedule(1, 48),
@@ -106,16 +98,8 @@ fn as_shipped_differs_exactly_where_model_md_8_says() {
     let model = open_model(&up);
     let ids = ids(&up);
     for numerics in [Numerics::Exact, Numerics::Upstream] {
-        let shipped = Options {
-            numerics,
-            index_k: IndexK::AsShipped,
-            ..Options::default()
-        };
-        let owner = Options {
-            numerics,
-            index_k: IndexK::Owner,
-            ..Options::default()
-        };
+        let shipped = options(numerics, IndexK::AsShipped);
+        let owner = options(numerics, IndexK::Owner);
         let prefill_shipped = run_chunks(&model, &ids, &[48], &shipped);
         let prefill_owner = run_chunks(&model, &ids, &[48], &owner);
         // Prefill: every owner emits, so both behaviours agree.
@@ -143,11 +127,7 @@ fn results_do_not_depend_on_the_thread_count() {
     let model = open_model(&up);
     let ids = ids(&up);
     for numerics in [Numerics::Exact, Numerics::Upstream] {
-        let opts = Options {
-            numerics,
-            index_k: IndexK::AsShipped,
-            ..Options::default()
-        };
+        let opts = options(numerics, IndexK::AsShipped);
         let runs: Vec<Trace> = [1, 3]
             .iter()
             .map(|&n| {
@@ -175,16 +155,8 @@ fn waste_container_schedules() {
     let n = ids.len();
     // Upstream numerics do not apply: q_lora_rank 48 is not a whole number of FP8 blocks.
     for numerics in [Numerics::Exact] {
-        let owner = Options {
-            numerics,
-            index_k: IndexK::Owner,
-            ..Options::default()
-        };
-        let shipped = Options {
-            numerics,
-            index_k: IndexK::AsShipped,
-            ..Options::default()
-        };
+        let owner = options(numerics, IndexK::Owner);
+        let shipped = options(numerics, IndexK::AsShipped);
         let full = run_chunks(&model, &ids, &[n], &owner);
         for chunks in [
             schedule(1, n),
