@@ -10,7 +10,7 @@
 
 use crate::draw::{self, Q4_CODE_RMS, Q8_CODE_RMS, VQ_CODE_RMS};
 use crate::inventory::{engram_primes, logical_tensors, Init, Logical, EXPERT_GAIN};
-use crate::preset::{Geometry, Preset};
+use crate::preset::{decimal, Geometry, Preset};
 use crate::rng::SplitMix64;
 use crate::tokenizer::{Vocab, SPECIALS};
 use crate::SynthError;
@@ -408,7 +408,7 @@ fn trunk_names(g: &Geometry) -> Vec<(String, String, Fmt)> {
                 ]);
             }
         }
-        if g.is_engram(l) {
+        if g.engram_index(l).is_some() {
             add(&[
                 ("engram.wkv.weight", "engram.wkv.weight", Q4G),
                 ("engram.q_weight", "engram.q_weight", F32),
@@ -467,11 +467,11 @@ pub fn flat_config(g: &Geometry, compressed_vocab: usize, rows: &[u64]) -> Value
         "num_shared_experts": 1,
         "moe_renormalize": true,
         "moe_router_activation_func": "sigmoid",
-        "routed_scaling_factor": g.route_scale,
+        "routed_scaling_factor": decimal(g.route_scale),
         "num_attention_heads": g.n_heads,
         "qk_rope_head_dim": g.rope_head_dim,
         "q_lora_rank": g.q_lora_rank,
-        "rms_norm_eps": g.norm_eps,
+        "rms_norm_eps": decimal(g.norm_eps),
         "vocab_size": g.vocab_size,
         "tie_word_embeddings": false,
         "bos_token_id": g.bos_token_id,
@@ -482,11 +482,11 @@ pub fn flat_config(g: &Geometry, compressed_vocab: usize, rows: &[u64]) -> Value
         "sliding_window": g.window_size,
         "scoring_func": "sqrtsoftplus",
         "routing_bias_vl": g.routing_bias_vl,
-        "swiglu_limit": g.swiglu_limit,
+        "swiglu_limit": decimal(g.swiglu_limit),
         "hidden_act": "silu",
         "hc_mult": g.hc_mult,
         "hc_sinkhorn_iters": g.hc_sinkhorn_iters,
-        "hc_eps": g.hc_eps,
+        "hc_eps": decimal(g.hc_eps),
         "compress_ratios": g.compress_ratios,
         "kv_source_layer_ids": g.kv_source_layers,
         "index_source_layer_ids": g.index_source_layers,
@@ -756,7 +756,8 @@ pub fn write(
 
     // 3. Engram: constants (multipliers drawn per layer), then the tables.
     let primes = engram_primes(g);
-    let pad_compressed = map[g.engram_pad_id];
+    let pad = usize::try_from(g.engram_pad_id).expect("a preset's Engram pad is a token id");
+    let pad_compressed = map[pad];
     let mut eng_layers = Vec::new();
     for (i, &l) in g.engram_layer_ids.iter().enumerate() {
         let mults = draws.multipliers(l, g.engram_max_ngram_size, compressed);

@@ -6,6 +6,7 @@
 //! a trunk entry, an expert-bank kind or an Engram file (CONTAINER.md §8).
 
 use crate::preset::Geometry;
+use ds41_engine::config::release_primes;
 
 /// Release storage of a logical tensor (MODEL.md §4.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -75,38 +76,10 @@ impl Logical {
 }
 
 /// The primes of each Engram layer, `[layer][n − 2][head]`: the smallest primes above
-/// `engram_vocab_size − 1`, handed out in order and never reused (MODEL.md §6.6.1).
+/// `engram_vocab_size − 1`, handed out in order and never reused (MODEL.md §6.6.1) — the
+/// engine's recipe, so reader and writer cannot disagree.
 pub fn engram_primes(g: &Geometry) -> Vec<Vec<Vec<u64>>> {
-    let mut next = g.engram_vocab_size; // candidates start at vocab_size (> vocab_size − 1)
-    let mut take = || loop {
-        let c = next;
-        next += 1;
-        if is_prime(c) {
-            return c;
-        }
-    };
-    g.engram_layer_ids
-        .iter()
-        .map(|_| {
-            (2..=g.engram_max_ngram_size)
-                .map(|_| (0..g.engram_n_heads).map(|_| take()).collect())
-                .collect()
-        })
-        .collect()
-}
-
-fn is_prime(n: u64) -> bool {
-    if n < 2 {
-        return false;
-    }
-    let mut d = 2;
-    while d * d <= n {
-        if n % d == 0 {
-            return false;
-        }
-        d += 1;
-    }
-    true
+    release_primes(g)
 }
 
 /// Rows of each Engram table (= the sum of the layer's primes).
