@@ -9,7 +9,9 @@
 //!   `official_a` (E8M0 scales, 32×32 and per-row blocks);
 //! * `sparse_attn` ↔ [`sparse_attention`] (three 64-entry blocks, −1 placeholders, an empty
 //!   list, a dominant sink);
-//! * `hc_split_sinkhorn` ↔ [`HcSite::split_sinkhorn`] with official_a's `hc_attn` scale/base.
+//! * `hc_split_sinkhorn` ↔ [`HcSite::split_sinkhorn`] with official_a's `hc_attn` scale/base;
+//! * `stable_topk` (run_official.py's replacement of `torch.topk`) ↔ [`topk`] on rows full of
+//!   ties, ±0 and ±∞.
 //!
 //! Needs `DS41_PYTHON` (a Python with goldens/regen/requirements.txt) and `DS41_UPSTREAM`;
 //! prints `SKIPPED: ...` and returns without asserting when either is unset.
@@ -23,6 +25,7 @@ use ds41_engine::model::hyper_connection::HcSite;
 use ds41_engine::model::linear::{Linear, LinearKind};
 use ds41_engine::model::quant::{act_quant_fp8, bf16, fp4_qdq_e4m3, fp4_qdq_e8m0};
 use ds41_engine::model::sparse_attention::sparse_attention;
+use ds41_engine::model::topk::topk;
 use ds41_engine::model::Numerics;
 use safetensors::tensor::{Dtype, TensorView};
 use safetensors::SafeTensors;
@@ -208,6 +211,24 @@ fn torch_kernels_equal_the_engine_bit_for_bit() {
     input.f32("hc.eps", &[1], &[eps]);
     input.f32("hc.iters", &[1], &[iters as f32]);
 
+    // Top-k rows drawn from a handful of levels, so most decisions are ties.
+    let (topk_rows, topk_n, topk_k) = (16usize, 40usize, 12usize);
+    let levels = [
+        0.5f32,
+        -0.0,
+        0.0,
+        1.5,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        0.5,
+        -1.0,
+    ];
+    let topk_values: Vec<f32> = (0..topk_rows * topk_n)
+        .map(|_| levels[(rng.next() % levels.len() as u64) as usize])
+        .collect();
+    input.f32("topk.values", &[topk_rows, topk_n], &topk_values);
+    input.f32("topk.k", &[1], &[topk_k as f32]);
+
     let dir = tempfile::tempdir().unwrap();
     let (in_path, out_path) = (
         dir.path().join("in.safetensors"),
@@ -343,6 +364,33 @@ fn torch_kernels_equal_the_engine_bit_for_bit() {
         &comb,
         &mut failures,
     );
+
+    // The tie rule.
+    let torch_topk = out.tensor("topk.indices").unwrap();
+    assert_eq!(torch_topk.dtype(), Dtype::I64);
+    let torch_idx: Vec<i64> = torch_topk
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let engine_idx: Vec<i64> = topk_values
+        .chunks_exact(topk_n)
+        .flat_map(|row| topk(row, topk_k, false, "probe").unwrap())
+        .map(|i| i as i64)
+        .collect();
+    let differing = (0..engine_idx.len())
+        .filter(|&i| torch_idx[i] != engine_idx[i])
+        .count();
+    eprintln!(
+        "stable_topk: {} indices, {differing} differ",
+        engine_idx.len()
+    );
+    if differing > 0 {
+        failures.push(format!(
+            "stable_topk: {differing} of {} indices differ",
+            engine_idx.len()
+        ));
+    }
 
     assert!(
         failures.is_empty(),

@@ -14,6 +14,9 @@ passes bf16); every tensor present selects one probe:
                                  sparse_attn -> attn.out [S, H, D] (bf16 values)
     hc.mixes [R, (2+hc)·hc], hc.scale [3], hc.base [(2+hc)·hc], hc.hc, hc.eps, hc.iters [1]
                                  hc_split_sinkhorn -> hc.pre, hc.post, hc.comb
+    topk.values [R, N], topk.k [1]
+                                 stable_topk (the tie rule run_official.py installs for torch.topk)
+                                 -> topk.indices [R, k] (I64)
     gemm.x [R, K]                with --checkpoint: for each weight NAME (an F8_E4M3 or packed-FP4
                                  I8 tensor with NAME's `.scale` beside it) act_quant then fp8_gemm /
                                  fp4_gemm, bf16 result -> `gemm.NAME` [R, N]
@@ -54,6 +57,10 @@ def probe_hc(t, out):
     out["hc.pre"], out["hc.post"], out["hc.comb"] = pre, post, comb.flatten(-2)
 
 
+def probe_topk(t, out):
+    out["topk.indices"] = k.stable_topk(t["topk.values"], int(t["topk.k"][0]), dim=-1).indices.to(torch.int64)
+
+
 def probe_gemms(x, checkpoint: Path, names, out):
     torch.set_default_dtype(torch.bfloat16)   # model.py's default dtype: the GEMMs return bf16
     try:
@@ -90,6 +97,8 @@ def main(argv=None):
         probe_attention(t, out)
     if "hc.mixes" in t:
         probe_hc(t, out)
+    if "topk.values" in t:
+        probe_topk(t, out)
     if "gemm.x" in t:
         if not a.checkpoint or not a.weights:
             ap.error("gemm.x needs --checkpoint and --weights")
