@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Run this project's torch kernels (ds41_kernels.py) on given inputs, for a bit-for-bit
-cross-check against the Rust reference engine (engine/tests/torch_kernels.rs drives it).
+cross-check against the Rust reference engine (conformance/tests/regen_python/torch_kernels.rs
+drives it, as the trial `regen_python::torch-kernels-vs-engine`).
 
     python3 goldens/regen/model/kernel_probe.py --inputs IN.safetensors --out OUT.safetensors \\
         [--checkpoint DIR --weights NAME,NAME,...]
