@@ -9,11 +9,12 @@
 //! non-degenerate activations. The file order and structure are the same for both.
 
 use crate::draw::{self, Q4_CODE_RMS, Q8_CODE_RMS, VQ_CODE_RMS};
-use crate::inventory::{engram_primes, logical_tensors, Init, Logical, EXPERT_GAIN};
+use crate::inventory::{logical_tensors, Init, Logical, EXPERT_GAIN};
 use crate::preset::{decimal, Geometry, Preset};
 use crate::rng::SplitMix64;
 use crate::tokenizer::{Vocab, SPECIALS};
 use crate::SynthError;
+use ds41_engine::config::release_primes;
 use ds41_engine::dsml::json_py::{self, DumpOptions};
 use ds41_engine::tokenizer::python_random::PythonRandom;
 use half::f16;
@@ -755,7 +756,7 @@ pub fn write(
     }
 
     // 3. Engram: constants (multipliers drawn per layer), then the tables.
-    let primes = engram_primes(g);
+    let primes = release_primes(g);
     let pad = usize::try_from(g.engram_pad_id).expect("a preset's Engram pad is a token id");
     let pad_compressed = map[pad];
     let mut eng_layers = Vec::new();

@@ -75,16 +75,10 @@ impl Logical {
     }
 }
 
-/// The primes of each Engram layer, `[layer][n − 2][head]`: the smallest primes above
-/// `engram_vocab_size − 1`, handed out in order and never reused (MODEL.md §6.6.1) — the
-/// engine's recipe, so reader and writer cannot disagree.
-pub fn engram_primes(g: &Geometry) -> Vec<Vec<Vec<u64>>> {
-    release_primes(g)
-}
-
-/// Rows of each Engram table (= the sum of the layer's primes).
+/// Rows of each Engram table: the sum of the layer's primes, which are the engine's
+/// (`release_primes`, MODEL.md §6.6.1), so reader and writer cannot disagree.
 pub fn engram_rows(g: &Geometry) -> Vec<u64> {
-    engram_primes(g)
+    release_primes(g)
         .iter()
         .map(|l| l.iter().flatten().sum())
         .collect()
@@ -296,7 +290,7 @@ mod tests {
         // MODEL.md §11.2: engram_vocab_size 100, n ≤ 3, 2 heads → 101 103 107 109 | 113 127 131 137.
         let g = Preset::by_name("tiny").unwrap().geometry;
         assert_eq!(
-            engram_primes(&g),
+            release_primes(&g),
             vec![
                 vec![vec![101, 103], vec![107, 109]],
                 vec![vec![113, 127], vec![131, 137]]
@@ -321,7 +315,7 @@ mod tests {
         g.engram_n_heads = 8;
         g.engram_layer_ids = vec![1, 14];
         assert_eq!(engram_rows(&g), vec![384_006_168, 384_016_682]);
-        assert_eq!(engram_primes(&g)[0][0][0], 16_000_057);
+        assert_eq!(release_primes(&g)[0][0][0], 16_000_057);
     }
 
     #[test]
