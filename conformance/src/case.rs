@@ -204,6 +204,14 @@ pub struct LoaderSpec {
     /// word their own errors; they only have to refuse).
     #[serde(default)]
     pub error_mentions: Vec<String>,
+    /// After opening, run the read-time payload check (`load` with `verify: true`): for
+    /// corruption an open cannot see without reading the whole expert bank.
+    #[serde(default)]
+    pub verify: bool,
+    /// With `all_mutants_of`: the mutants that are caught at read time, not at open; their
+    /// cases load with `verify: true`. Each must be a mutant of the expansion.
+    #[serde(default)]
+    pub read_time_mutants: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -388,6 +396,11 @@ pub struct ResidualSpec {
     /// Dump tensors the engine must provide (a missing one is NotSupported, never Pass).
     #[serde(default = "default_require")]
     pub require: Vec<String>,
+    /// Teacher-forced replay (compare.py `--replay`): the engine recomputes every block from
+    /// the golden's own `block_input` / `pre_mix` (capability `replay`) and is judged per
+    /// cell by the profile's `replay` thresholds. Needs a `{file: ...}` golden carrying them.
+    #[serde(default)]
+    pub replay: bool,
 }
 
 fn default_require() -> Vec<String> {
@@ -729,6 +742,17 @@ fn validate_spec(spec: &Spec) -> Result<(), String> {
                 return Err(
                     "field `tokens`: required when the golden is the live reference".into(),
                 );
+            }
+            if s.replay {
+                if !matches!(s.golden, GoldenSpec::File(_)) {
+                    return Err(
+                        "field `replay`: needs a `{file: ...}` golden with block_input and pre_mix"
+                            .into(),
+                    );
+                }
+                if s.tokens.is_some() || !s.prefix_lengths.is_empty() {
+                    return Err("field `replay`: the tokens are the golden's `input_ids`; give neither `tokens` nor `prefix_lengths`".into());
+                }
             }
             const KNOWN: [&str; 8] = [
                 "logits",

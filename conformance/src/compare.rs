@@ -10,7 +10,7 @@
 use serde::Serialize;
 
 use crate::gates::{ArgmaxRule, Gates};
-use crate::trace::{Tensor, TraceFile};
+use crate::trace::TraceFile;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -200,70 +200,7 @@ pub fn compare(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> Compare
         }
     };
 
-    // ---------------------------------------------------------------- Engram hash ids (exact)
-    if let Some(g) = golden.get("engram_hash") {
-        match engine.get("engram_hash") {
-            None => r.add(
-                "engram_hash",
-                MetricStatus::NotChecked,
-                "absent from the engine trace".into(),
-                None,
-                None,
-            ),
-            Some(e) if e.shape != g.shape => r.add(
-                "engram_hash",
-                MetricStatus::Fail,
-                format!("shape {:?} != golden {:?}", e.shape, g.shape),
-                None,
-                None,
-            ),
-            Some(e) => {
-                let (gv, ev, n) = (g.as_i64(), e.as_i64(), g.row_len());
-                let bad: Vec<usize> = (0..g.shape[0])
-                    .filter(|&t| gv[t * n..(t + 1) * n] != ev[t * n..(t + 1) * n])
-                    .collect();
-                if let Some(&t) = bad.first() {
-                    let col = (0..n)
-                        .find(|&c| gv[t * n + c] != ev[t * n + c])
-                        .unwrap_or(0);
-                    note_divergence(
-                        &mut r,
-                        Divergence {
-                            token: t,
-                            layer: None,
-                            subop: "engram_hash".into(),
-                            metric: "ids differing".into(),
-                            value: 1.0,
-                            threshold: 0.0,
-                            detail: format!(
-                                "flat column {col}: golden {} engine {}",
-                                gv[t * n + col],
-                                ev[t * n + col]
-                            ),
-                        },
-                    );
-                }
-                r.add(
-                    "engram_hash",
-                    if bad.is_empty() {
-                        MetricStatus::Pass
-                    } else {
-                        MetricStatus::Fail
-                    },
-                    format!(
-                        "{}/{} tokens identical{}",
-                        g.shape[0] - bad.len(),
-                        g.shape[0],
-                        bad.first()
-                            .map(|t| format!("; first bad token {t}"))
-                            .unwrap_or_default()
-                    ),
-                    None,
-                    Some(0.0),
-                );
-            }
-        }
-    }
+    compare_engram(&mut r, golden, engine);
 
     // ---------------------------------------------- discrete decisions + residual, token-major
     let topk_layers: Vec<usize> = golden
@@ -362,7 +299,7 @@ pub fn compare(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> Compare
         Default::default();
     let (gexp, eexp, k_exp) = match (ge, ee) {
         (Some(g), Some(e)) => (g.as_i64(), e.as_i64(), (g.shape[2], e.shape[2])),
-        _ => (vec![], vec![], (0, 0)),
+        _ => (Default::default(), Default::default(), (0, 0)),
     };
     let allowed = |kind: &str, l: usize, colmax: &[f64]| -> f64 {
         if strict {
@@ -618,6 +555,396 @@ pub fn compare(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> Compare
     r
 }
 
+/// Compare a teacher-forced replay trace with its golden (compare.py `--replay`): the engine
+/// recomputed every block from the golden's own `block_input` / `pre_mix`, so nothing cascades.
+/// Engram hash ids exact; every (token, layer) cell of `attn_out`, `moe_out`, `residual` and
+/// (when dumped) `block_input` compared against the profile's replay thresholds; a flipped
+/// decision is excused only when its golden margin is at most the fixed `replay.fragile_floor`
+/// (no drift factor; never in profiles that compare decisions strictly), and then only the
+/// cells it feeds directly are skipped: an expert flip skips that cell's `moe_out` and
+/// `residual`, a top-k flip at index source l skips the token's cells from l up to the next
+/// index source. Logits (the engine's head on the golden final stream): every step.
+pub fn compare_replay(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> CompareReport {
+    let rg = &gates.replay;
+    let mut r = CompareReport {
+        residual_threshold: rg.residual_rel_l2,
+        ..Default::default()
+    };
+    let Some((t_n, l_n)) = golden
+        .get("residual")
+        .filter(|g| g.shape.len() >= 2)
+        .map(|g| (g.shape[0], g.shape[1]))
+    else {
+        r.add(
+            "residual",
+            MetricStatus::Fail,
+            "the golden has no [tokens, layers, ...] `residual`: not a replay golden".into(),
+            None,
+            None,
+        );
+        return r;
+    };
+    let floor = if gates.decisions.excuse_fragile_flips {
+        rg.fragile_floor
+    } else {
+        -1.0
+    };
+    compare_engram(&mut r, golden, engine);
+
+    // ------------------------------------------------------------ discrete decisions, per cell
+    let topk_layers: Vec<usize> = golden
+        .tensors
+        .keys()
+        .filter_map(|k| k.strip_prefix("topk.L").and_then(|x| x.parse().ok()))
+        .collect();
+    let next_source = |l: usize| {
+        topk_layers
+            .iter()
+            .copied()
+            .filter(|&x| x > l)
+            .min()
+            .unwrap_or(l_n)
+    };
+    // skip_all: a top-k flip feeds every sub-op of its layers; skip_moe: an expert flip feeds
+    // that cell's moe_out and residual.
+    let mut skip_all = vec![false; t_n * l_n];
+    let mut skip_moe = vec![false; t_n * l_n];
+    let rows = |name: &str, want: &[usize]| -> Option<std::borrow::Cow<'_, [i64]>> {
+        let (g, e) = (golden.get(name)?, engine.get(name)?);
+        if e.shape.len() < want.len()
+            || e.shape[..want.len()] != *want
+            || g.shape.len() != e.shape.len()
+        {
+            return None;
+        }
+        Some(e.as_i64())
+    };
+    let margins = |name: &str| golden.get(name).map(|m| m.as_f64());
+    let mut decision_tensors: Vec<(String, usize, Option<Vec<f64>>)> = topk_layers
+        .iter()
+        .map(|&l| {
+            (
+                format!("topk.L{l}"),
+                l,
+                margins(&format!("margin.topk.L{l}")),
+            )
+        })
+        .collect();
+    decision_tensors.push(("experts".into(), usize::MAX, margins("margin.experts")));
+    let mut present = std::collections::BTreeMap::new();
+    for (name, l, _) in &decision_tensors {
+        let want: Vec<usize> = if *l == usize::MAX {
+            vec![t_n, l_n]
+        } else {
+            vec![t_n]
+        };
+        match (golden.get(name), engine.get(name)) {
+            (None, _) => {}
+            (Some(_), None) => r.add(
+                name,
+                MetricStatus::NotChecked,
+                "absent from the engine trace".into(),
+                None,
+                None,
+            ),
+            (Some(g), Some(e)) => match rows(name, &want) {
+                Some(ev) => {
+                    present.insert(
+                        name.clone(),
+                        (
+                            g.as_i64().into_owned(),
+                            ev.into_owned(),
+                            g.row_len(),
+                            e.row_len(),
+                        ),
+                    );
+                }
+                None => r.add(
+                    name,
+                    MetricStatus::Fail,
+                    format!("shape {:?} != golden {:?}", e.shape, g.shape),
+                    None,
+                    None,
+                ),
+            },
+        }
+    }
+    let mut cnt: std::collections::BTreeMap<String, (usize, usize, Vec<String>)> =
+        Default::default();
+    let exp_width = |w: usize| w / l_n.max(1);
+    for t in 0..t_n {
+        for l in 0..l_n {
+            for (name, src, margin) in &decision_tensors {
+                let is_exp = *src == usize::MAX;
+                if (!is_exp && *src != l) || (is_exp && skip_all[t * l_n + l]) {
+                    continue;
+                }
+                let Some((gv, ev, gw, ew)) = present.get(name) else {
+                    continue;
+                };
+                let (gs, es) = if is_exp {
+                    let (gk, ek) = (exp_width(*gw), exp_width(*ew));
+                    let c = t * l_n + l;
+                    (
+                        id_set(&gv[c * gk..(c + 1) * gk]),
+                        id_set(&ev[c * ek..(c + 1) * ek]),
+                    )
+                } else {
+                    (
+                        id_set(&gv[t * gw..(t + 1) * gw]),
+                        id_set(&ev[t * ew..(t + 1) * ew]),
+                    )
+                };
+                let c = cnt.entry(name.clone()).or_default();
+                c.0 += 1;
+                if gs == es {
+                    c.1 += 1;
+                    continue;
+                }
+                let m = margin
+                    .as_ref()
+                    .map(|m| if is_exp { m[t * l_n + l] } else { m[t] })
+                    .unwrap_or(f64::INFINITY);
+                let excused = m <= floor;
+                let detail = format!(
+                    "golden only {:?}, engine only {:?}",
+                    gs.difference(&es).collect::<Vec<_>>(),
+                    es.difference(&gs).collect::<Vec<_>>()
+                );
+                r.flips.push(FlipEvent {
+                    kind: name.clone(),
+                    token: t,
+                    layer: l,
+                    margin: m,
+                    excuse_limit: floor,
+                    excused,
+                    detail: detail.clone(),
+                });
+                if excused {
+                    if is_exp {
+                        skip_moe[t * l_n + l] = true;
+                    } else {
+                        for x in l..next_source(l) {
+                            skip_all[t * l_n + x] = true;
+                        }
+                    }
+                } else {
+                    c.2.push(format!(
+                        "token {t} layer {l} (golden margin {m:.3}) {detail}"
+                    ));
+                    note_divergence(
+                        &mut r,
+                        Divergence {
+                            token: t,
+                            layer: Some(l),
+                            subop: name.clone(),
+                            metric: "decision set".into(),
+                            value: m,
+                            threshold: floor.max(0.0),
+                            detail: format!(
+                                "{detail}; golden margin {m:.3} above the replay fragile floor"
+                            ),
+                        },
+                    );
+                }
+            }
+        }
+    }
+    for (name, (n, same, robust)) in &cnt {
+        let excused = r
+            .flips
+            .iter()
+            .filter(|f| &f.kind == name && f.excused)
+            .count();
+        let mut text = format!("{same}/{n} identical; excused flips {excused}");
+        if let Some(first) = robust.first() {
+            text += &format!("; {} ROBUST mismatch(es), first at {first}", robust.len());
+        }
+        let status = if robust.is_empty() {
+            MetricStatus::Pass
+        } else {
+            MetricStatus::Fail
+        };
+        r.add(name, status, text, None, None);
+    }
+    let n_excused = r.excused_flips();
+    r.add(
+        "fragile_flips",
+        MetricStatus::Info,
+        if floor < 0.0 {
+            "none excused (profile compares decisions strictly)".into()
+        } else {
+            format!("{n_excused} excused (golden margin <= {floor:e}); the cells they feed directly are skipped")
+        },
+        Some(n_excused as f64),
+        None,
+    );
+
+    // -------------------------------------------------- per-cell streams, in forward order
+    for (name, thr) in [
+        ("block_input", rg.engram_rel_l2),
+        ("attn_out", rg.attn_rel_l2),
+        ("moe_out", rg.moe_rel_l2),
+        ("residual", rg.residual_rel_l2),
+    ] {
+        let (Some(g), Some(e)) = (golden.get(name), engine.get(name)) else {
+            let why = if golden.get(name).is_none() {
+                "absent from the golden"
+            } else if name == "block_input" {
+                "absent from the engine trace (the Engram step is not checked)"
+            } else {
+                "absent from the engine trace"
+            };
+            r.add(name, MetricStatus::NotChecked, why.into(), None, None);
+            continue;
+        };
+        if e.shape != g.shape || g.shape.len() < 2 || g.shape[0] != t_n || g.shape[1] != l_n {
+            r.add(
+                name,
+                MetricStatus::Fail,
+                format!("shape {:?} != golden {:?}", e.shape, g.shape),
+                None,
+                None,
+            );
+            continue;
+        }
+        let (gv, ev) = (g.as_f64(), e.as_f64());
+        let w = g.len() / (t_n * l_n).max(1);
+        let mut per_layer: Vec<Option<f64>> = vec![None; l_n];
+        let (mut compared, mut worst, mut over) = (0usize, 0.0f64, Vec::new());
+        for t in 0..t_n {
+            for (l, layer_worst) in per_layer.iter_mut().enumerate() {
+                let i = t * l_n + l;
+                let skipped = match name {
+                    "block_input" => false,
+                    "attn_out" => skip_all[i],
+                    _ => skip_all[i] || skip_moe[i],
+                };
+                if skipped {
+                    continue;
+                }
+                let v = rel_l2(&ev[i * w..(i + 1) * w], &gv[i * w..(i + 1) * w]);
+                compared += 1;
+                worst = worst.max(v);
+                *layer_worst = Some(layer_worst.unwrap_or(0.0).max(v));
+                if v > thr {
+                    over.push((t, l, v));
+                }
+            }
+        }
+        let mut text = format!(
+            "{compared}/{} cells compared, worst rel L2 {worst:.3e} (limit {thr:.1e})",
+            t_n * l_n
+        );
+        if let Some(&(t, l, v)) = over.first() {
+            let mut layers: Vec<usize> = over.iter().map(|x| x.1).collect();
+            layers.sort_unstable();
+            layers.dedup();
+            text += &format!(
+                "; {} cells over; first token {t} layer {l}; layers over {layers:?}",
+                over.len()
+            );
+            note_divergence(
+                &mut r,
+                Divergence {
+                    token: t,
+                    layer: Some(l),
+                    subop: name.into(),
+                    metric: "rel_l2".into(),
+                    value: v,
+                    threshold: thr,
+                    detail: "teacher-forced: this block's own computation differs".into(),
+                },
+            );
+        }
+        if name == "residual" {
+            r.per_layer_worst = per_layer;
+        }
+        let status = if !over.is_empty() {
+            MetricStatus::Fail
+        } else if compared == 0 {
+            MetricStatus::Vacuous
+        } else {
+            MetricStatus::Pass
+        };
+        r.add(name, status, text, Some(worst), Some(thr));
+    }
+
+    // ----------------------------------------- logits on the golden final stream, every step
+    let mut lg = gates.clone();
+    lg.logits.rel_l2 = rg.logits_rel_l2;
+    lg.logits.max_abs = rg.logits_max_abs;
+    compare_logits(&mut r, golden, engine, &lg, &vec![l_n; t_n], l_n, false);
+    r
+}
+
+/// Engram hash ids: exact everywhere, never excused.
+fn compare_engram(r: &mut CompareReport, golden: &TraceFile, engine: &TraceFile) {
+    if let Some(g) = golden.get("engram_hash") {
+        match engine.get("engram_hash") {
+            None => r.add(
+                "engram_hash",
+                MetricStatus::NotChecked,
+                "absent from the engine trace".into(),
+                None,
+                None,
+            ),
+            Some(e) if e.shape != g.shape => r.add(
+                "engram_hash",
+                MetricStatus::Fail,
+                format!("shape {:?} != golden {:?}", e.shape, g.shape),
+                None,
+                None,
+            ),
+            Some(e) => {
+                let (gv, ev, n) = (g.as_i64(), e.as_i64(), g.row_len());
+                let bad: Vec<usize> = (0..g.shape[0])
+                    .filter(|&t| gv[t * n..(t + 1) * n] != ev[t * n..(t + 1) * n])
+                    .collect();
+                if let Some(&t) = bad.first() {
+                    let col = (0..n)
+                        .find(|&c| gv[t * n + c] != ev[t * n + c])
+                        .unwrap_or(0);
+                    note_divergence(
+                        r,
+                        Divergence {
+                            token: t,
+                            layer: None,
+                            subop: "engram_hash".into(),
+                            metric: "ids differing".into(),
+                            value: 1.0,
+                            threshold: 0.0,
+                            detail: format!(
+                                "flat column {col}: golden {} engine {}",
+                                gv[t * n + col],
+                                ev[t * n + col]
+                            ),
+                        },
+                    );
+                }
+                r.add(
+                    "engram_hash",
+                    if bad.is_empty() {
+                        MetricStatus::Pass
+                    } else {
+                        MetricStatus::Fail
+                    },
+                    format!(
+                        "{}/{} tokens identical{}",
+                        g.shape[0] - bad.len(),
+                        g.shape[0],
+                        bad.first()
+                            .map(|t| format!("; first bad token {t}"))
+                            .unwrap_or_default()
+                    ),
+                    None,
+                    Some(0.0),
+                );
+            }
+        }
+    }
+}
+
 #[allow(clippy::too_many_arguments)]
 fn flip(
     r: &mut CompareReport,
@@ -837,16 +1164,11 @@ fn compare_logits(
     r.add("logits", status, text, Some(worst_rl), Some(lg.rel_l2));
 }
 
-/// Convenience for fake traces in tests.
-pub fn tensor_f(shape: &[usize], v: Vec<f64>) -> Tensor {
-    Tensor::f(shape.to_vec(), v)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::gates::{GateSet, ProfileName};
-    use crate::trace::Tensor;
+    use crate::trace::{TraceData, TraceTensor};
 
     fn gates(p: ProfileName) -> Gates {
         GateSet::load(&std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../gates"))
@@ -858,35 +1180,37 @@ mod tests {
     /// T=3 tokens, L=2 layers, cell of 4 values, vocab 5, experts top-2 of 4, one index layer.
     fn golden() -> TraceFile {
         let mut g = TraceFile::default();
-        let res: Vec<f64> = (0..24).map(|i| 1.0 + i as f64 * 0.1).collect();
+        let res: Vec<f32> = (0..24).map(|i| 1.0 + i as f32 * 0.1).collect();
         g.tensors
-            .insert("residual".into(), Tensor::f(vec![3, 2, 2, 2], res));
+            .insert("residual".into(), TraceTensor::f32(vec![3, 2, 2, 2], res));
         g.tensors.insert(
             "experts".into(),
-            Tensor::i(vec![3, 2, 2], vec![0, 1, 1, 2, 2, 3, 0, 3, 1, 3, 0, 2]),
+            TraceTensor::i64(vec![3, 2, 2], vec![0, 1, 1, 2, 2, 3, 0, 3, 1, 3, 0, 2]),
         );
         g.tensors.insert(
             "margin.experts".into(),
-            Tensor::f(vec![3, 2], vec![0.5, 0.5, 0.001, 0.5, 0.5, 0.5]),
+            TraceTensor::f32(vec![3, 2], vec![0.5, 0.5, 0.001, 0.5, 0.5, 0.5]),
         );
         g.tensors.insert(
             "topk.L1".into(),
-            Tensor::i(vec![3, 2], vec![0, -1, 0, 1, 1, 2]),
+            TraceTensor::i64(vec![3, 2], vec![0, -1, 0, 1, 1, 2]),
         );
         g.tensors.insert(
             "margin.topk.L1".into(),
-            Tensor::f(vec![3], vec![0.5, 0.5, 0.5]),
+            TraceTensor::f32(vec![3], vec![0.5, 0.5, 0.5]),
         );
         g.tensors.insert(
             "engram_hash".into(),
-            Tensor::i(vec![3, 1, 2], vec![5, 6, 7, 8, 9, 10]),
+            TraceTensor::i64(vec![3, 1, 2], vec![5, 6, 7, 8, 9, 10]),
         );
         g.tensors.insert(
             "logits".into(),
-            Tensor::f(vec![3, 5], (0..15).map(|i| (i % 5) as f64).collect()),
+            TraceTensor::f32(vec![3, 5], (0..15).map(|i| (i % 5) as f32).collect()),
         );
-        g.tensors
-            .insert("logits_positions".into(), Tensor::i(vec![3], vec![0, 1, 2]));
+        g.tensors.insert(
+            "logits_positions".into(),
+            TraceTensor::i64(vec![3], vec![0, 1, 2]),
+        );
         g
     }
 
@@ -909,8 +1233,8 @@ mod tests {
     #[test]
     fn residual_drift_is_localised_to_token_and_layer() {
         let mut e = golden();
-        if let Some(Tensor {
-            data: crate::trace::Data::F(v),
+        if let Some(TraceTensor {
+            data: TraceData::F32(v),
             ..
         }) = e.tensors.get_mut("residual")
         {
@@ -935,8 +1259,8 @@ mod tests {
     fn fragile_flip_is_excused_and_counted_only_where_allowed() {
         let mut e = golden();
         // token 1 layer 0: golden {2,3} margin 0.001 -> engine {1,3}
-        if let Some(Tensor {
-            data: crate::trace::Data::I(v),
+        if let Some(TraceTensor {
+            data: TraceData::I64(v),
             ..
         }) = e.tensors.get_mut("experts")
         {
@@ -954,8 +1278,8 @@ mod tests {
     fn robust_flip_fails_even_when_fragile_flips_are_excused() {
         let mut e = golden();
         // token 0 layer 1: golden {1,2} margin 0.5 -> engine {1,3}
-        if let Some(Tensor {
-            data: crate::trace::Data::I(v),
+        if let Some(TraceTensor {
+            data: TraceData::I64(v),
             ..
         }) = e.tensors.get_mut("experts")
         {
@@ -971,8 +1295,8 @@ mod tests {
     #[test]
     fn engram_hash_and_topk_are_exact() {
         let mut e = golden();
-        if let Some(Tensor {
-            data: crate::trace::Data::I(v),
+        if let Some(TraceTensor {
+            data: TraceData::I64(v),
             ..
         }) = e.tensors.get_mut("engram_hash")
         {
@@ -982,8 +1306,8 @@ mod tests {
         assert!(r.failed());
         assert_eq!(r.first_divergence.clone().unwrap().subop, "engram_hash");
         let mut e = golden();
-        if let Some(Tensor {
-            data: crate::trace::Data::I(v),
+        if let Some(TraceTensor {
+            data: TraceData::I64(v),
             ..
         }) = e.tensors.get_mut("topk.L1")
         {
@@ -996,12 +1320,12 @@ mod tests {
     #[test]
     fn logits_argmax_and_nan_fail() {
         let mut e = golden();
-        if let Some(Tensor {
-            data: crate::trace::Data::F(v),
+        if let Some(TraceTensor {
+            data: TraceData::F32(v),
             ..
         }) = e.tensors.get_mut("logits")
         {
-            v[5] = f64::NAN;
+            v[5] = f32::NAN;
         }
         let r = compare(&golden(), &e, &gates(ProfileName::Quantized));
         assert!(r.failed());
@@ -1025,5 +1349,136 @@ mod tests {
                 r.metrics
             );
         }
+    }
+
+    /// The golden of `golden()` plus the sub-op tensors a replay golden carries.
+    fn replay_golden() -> TraceFile {
+        let mut g = golden();
+        let cells = |w: usize, base: f32| (0..6 * w).map(|i| base + i as f32 * 0.05).collect();
+        g.tensors.insert(
+            "block_input".into(),
+            TraceTensor::f32(vec![3, 2, 2, 2], cells(4, 1.0)),
+        );
+        g.tensors.insert(
+            "attn_out".into(),
+            TraceTensor::f32(vec![3, 2, 2], cells(2, 2.0)),
+        );
+        g.tensors.insert(
+            "moe_out".into(),
+            TraceTensor::f32(vec![3, 2, 2], cells(2, 3.0)),
+        );
+        g
+    }
+
+    fn scale_cell(t: &mut TraceFile, name: &str, cell: usize, f: f32) {
+        let x = t.tensors.get_mut(name).unwrap();
+        let w = x.row_len() / x.shape[1];
+        if let TraceData::F32(v) = &mut x.data {
+            for y in &mut v[cell * w..(cell + 1) * w] {
+                *y *= f;
+            }
+        }
+    }
+
+    #[test]
+    fn replay_identical_passes_and_checks_every_cell() {
+        for p in ProfileName::ALL {
+            let r = compare_replay(&replay_golden(), &replay_golden(), &gates(p));
+            assert!(!r.failed(), "{p}: {}", r.failure_summary());
+            for name in [
+                "attn_out",
+                "moe_out",
+                "residual",
+                "block_input",
+                "logits",
+                "experts",
+            ] {
+                let m = r.metrics.iter().find(|m| m.name == name).unwrap();
+                assert_eq!(m.status, MetricStatus::Pass, "{p} {name}: {}", m.text);
+            }
+            let res = r.metrics.iter().find(|m| m.name == "residual").unwrap();
+            assert!(res.text.starts_with("6/6 cells compared"), "{}", res.text);
+        }
+    }
+
+    #[test]
+    fn replay_localises_the_first_diverging_sub_op() {
+        // token 1 layer 1 = cell 3: its attention output differs by 2 %.
+        let mut e = replay_golden();
+        scale_cell(&mut e, "attn_out", 3, 1.02);
+        let r = compare_replay(&replay_golden(), &e, &gates(ProfileName::Upstream));
+        assert!(r.failed());
+        let d = r.first_divergence.clone().unwrap();
+        assert_eq!(
+            (d.token, d.layer, d.subop.as_str()),
+            (1, Some(1), "attn_out")
+        );
+        // ... which the end-to-end comparison, blind to sub-ops here, would not see at all.
+        assert!(!compare(&replay_golden(), &e, &gates(ProfileName::Upstream)).failed());
+        // An Engram step (block_input) difference is its own sub-op.
+        let mut e = replay_golden();
+        scale_cell(&mut e, "block_input", 0, 1.05);
+        let d = compare_replay(&replay_golden(), &e, &gates(ProfileName::Upstream))
+            .first_divergence
+            .unwrap();
+        assert_eq!(
+            (d.token, d.layer, d.subop.as_str()),
+            (0, Some(0), "block_input")
+        );
+    }
+
+    #[test]
+    fn replay_flip_is_excused_only_below_the_fixed_floor_and_skips_its_cells() {
+        let up = gates(ProfileName::Upstream);
+        // token 1 layer 0: golden {2,3} with margin 0.001 <= floor 0.004 -> engine {1,3}, and
+        // the cells that routing decision feeds (moe_out, residual of that cell) differ.
+        let mut g = replay_golden();
+        let mut e = replay_golden();
+        if let TraceData::I64(v) = &mut e.tensors.get_mut("experts").unwrap().data {
+            v[4] = 1;
+        }
+        scale_cell(&mut e, "moe_out", 2, 1.5);
+        scale_cell(&mut e, "residual", 2, 1.5);
+        let r = compare_replay(&g, &e, &up);
+        assert!(!r.failed(), "{}", r.failure_summary());
+        assert_eq!(r.excused_flips(), 1);
+        let m = r.metrics.iter().find(|m| m.name == "residual").unwrap();
+        assert!(m.text.starts_with("5/6 cells compared"), "{}", m.text);
+        // the same margin above the floor is robust (the normal-mode drift factor does not apply)
+        if let TraceData::F32(v) = &mut g.tensors.get_mut("margin.experts").unwrap().data {
+            v[2] = 0.01;
+        }
+        let r = compare_replay(&g, &e, &up);
+        assert!(r.failed());
+        assert_eq!(r.first_divergence.unwrap().subop, "experts");
+        // the exact profile excuses nothing
+        assert!(compare_replay(&replay_golden(), &e, &gates(ProfileName::Exact)).failed());
+        // a top-k flip below the floor skips the token's cells up to the next index source
+        let mut g = replay_golden();
+        if let TraceData::F32(v) = &mut g.tensors.get_mut("margin.topk.L1").unwrap().data {
+            v[2] = 0.0;
+        }
+        let mut e = replay_golden();
+        if let TraceData::I64(v) = &mut e.tensors.get_mut("topk.L1").unwrap().data {
+            v[4] = 0;
+        }
+        scale_cell(&mut e, "attn_out", 5, 2.0);
+        let r = compare_replay(&g, &e, &up);
+        assert!(!r.failed(), "{}", r.failure_summary());
+        let m = r.metrics.iter().find(|m| m.name == "attn_out").unwrap();
+        assert!(m.text.starts_with("5/6 cells compared"), "{}", m.text);
+    }
+
+    #[test]
+    fn replay_logits_use_the_replay_thresholds_on_every_step() {
+        let mut e = replay_golden();
+        if let TraceData::F32(v) = &mut e.tensors.get_mut("logits").unwrap().data {
+            v[7] += 0.01; // far inside the end-to-end limits, outside replay's 1e-3
+        }
+        let up = gates(ProfileName::Upstream);
+        assert!(!compare(&replay_golden(), &e, &up).failed());
+        let r = compare_replay(&replay_golden(), &e, &up);
+        assert!(r.failed());
+        assert_eq!(r.first_divergence.unwrap().subop, "logits");
     }
 }

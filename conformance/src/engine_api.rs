@@ -155,6 +155,10 @@ impl IndexK {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LoadRequest {
     pub model: PathBuf,
+    /// After opening, also run the read-time payload check (expert CRCs of a container); a
+    /// load alone must not read the whole expert bank.
+    #[serde(default)]
+    pub verify: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -284,4 +284,50 @@ mod tests {
         let err = GateSet::load(dir.path()).unwrap_err().to_string();
         assert!(err.contains("excuse_fragile_flips"), "{err}");
     }
+
+    /// gates/upstream.yaml must carry official_a's own recommendations (end to end and
+    /// replay), so the cases judged by them use the thresholds the set was calibrated for.
+    #[test]
+    fn upstream_profile_matches_official_a_recommendations() {
+        let Some(up) = std::env::var_os("DS41_UPSTREAM") else {
+            eprintln!("SKIPPED: DS41_UPSTREAM not set");
+            return;
+        };
+        let meta: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(Path::new(&up).join("official_a/meta.json")).unwrap(),
+        )
+        .unwrap();
+        let args = |key: &str| -> BTreeMap<String, f64> {
+            let list: Vec<&str> = meta[key]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            list.windows(2)
+                .filter(|w| w[0].starts_with("--") && !w[1].starts_with("--"))
+                .map(|w| {
+                    (
+                        w[0].trim_start_matches("--").to_string(),
+                        w[1].parse().unwrap(),
+                    )
+                })
+                .collect()
+        };
+        let g = GateSet::load(&repo_gates()).unwrap();
+        let u = g.get(ProfileName::Upstream);
+        let c = args("recommended_compare_args");
+        assert_eq!(c["residual-rel-l2"], u.residual.rel_l2);
+        assert_eq!(c["logits-max-abs"], u.logits.max_abs);
+        assert_eq!(c["logits-rel-l2"], u.logits.rel_l2);
+        let r = args("recommended_replay_args");
+        assert_eq!(r.len(), 7, "{r:?}");
+        assert_eq!(r["attn-rel-l2"], u.replay.attn_rel_l2);
+        assert_eq!(r["moe-rel-l2"], u.replay.moe_rel_l2);
+        assert_eq!(r["residual-rel-l2"], u.replay.residual_rel_l2);
+        assert_eq!(r["engram-rel-l2"], u.replay.engram_rel_l2);
+        assert_eq!(r["fragile-floor"], u.replay.fragile_floor);
+        assert_eq!(r["logits-max-abs"], u.replay.logits_max_abs);
+        assert_eq!(r["logits-rel-l2"], u.replay.logits_rel_l2);
+    }
 }

@@ -46,7 +46,40 @@ enum Command {
     Goldens(cli::goldens::Args),
 }
 
+/// Exit status of a process whose output pipe was closed (`ds41 ... | head`): what a shell
+/// reports for a process ended by SIGPIPE, 128 + 13.
+const BROKEN_PIPE_EXIT: i32 = 141;
+
+/// `ds41 ... | head` must end quietly when the reader goes away. Rust ignores SIGPIPE, so a
+/// write to the closed pipe fails with EPIPE: `println!` panics with "failed printing to
+/// stdout", an explicit writer returns the error. Both end the process quietly here. (SIGPIPE
+/// is not restored to its default action: the harness writes to engine subprocesses, and an
+/// engine that dies must fail its case, not kill the run.)
+fn exit_quietly_on_broken_pipe() {
+    let default_hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let msg = info
+            .payload()
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| info.payload().downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        if msg.starts_with("failed printing to std") && msg.contains("Broken pipe") {
+            std::process::exit(BROKEN_PIPE_EXIT);
+        }
+        default_hook(info);
+    }));
+}
+
+fn is_broken_pipe(err: &anyhow::Error) -> bool {
+    err.chain().any(|e| {
+        e.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 fn main() {
+    exit_quietly_on_broken_pipe();
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Certify(a) => cli::certify::run(a),
@@ -64,6 +97,7 @@ fn main() {
     };
     match result {
         Ok(code) => std::process::exit(code),
+        Err(err) if is_broken_pipe(&err) => std::process::exit(BROKEN_PIPE_EXIT),
         Err(err) => {
             eprintln!("ds41: error: {err:#}");
             std::process::exit(2);

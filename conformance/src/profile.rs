@@ -14,7 +14,7 @@ use anyhow::{anyhow, bail};
 use serde::Deserialize;
 
 use crate::engine_api::*;
-use crate::trace::{read_raw_f32, read_raw_f32_rows, Tensor, TraceFile};
+use crate::trace::{read_raw_f32, read_raw_f32_rows, TraceFile, TraceTensor};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -597,7 +597,7 @@ impl Engine for ProfileEngine {
             let garbage = |e: anyhow::Error| EngineError::Garbage(format!("{e:#}"));
             match o.layout {
                 Layout::Trace => {
-                    let t = TraceFile::read(&file).map_err(garbage)?;
+                    let t = TraceFile::read(&file).map_err(|e| garbage(e.into()))?;
                     trace.tensors.extend(t.tensors);
                     trace.metadata.extend(t.metadata);
                 }
@@ -605,10 +605,10 @@ impl Engine for ProfileEngine {
                     let v = read_raw_f32(&file, dims()?.vocab).map_err(garbage)?;
                     trace
                         .tensors
-                        .insert("logits".into(), Tensor::f(vec![1, v.len()], v));
+                        .insert("logits".into(), TraceTensor::f32(vec![1, v.len()], v));
                     trace.tensors.insert(
                         "logits_positions".into(),
-                        Tensor::i(vec![1], vec![n as i64 - 1]),
+                        TraceTensor::i64(vec![1], vec![n as i64 - 1]),
                     );
                 }
                 Layout::StepsF32 => {
@@ -616,11 +616,11 @@ impl Engine for ProfileEngine {
                     let (steps, v) = read_raw_f32_rows(&file, vocab).map_err(garbage)?;
                     trace
                         .tensors
-                        .insert("logits".into(), Tensor::f(vec![steps, vocab], v));
+                        .insert("logits".into(), TraceTensor::f32(vec![steps, vocab], v));
                     let first = (n - steps) as i64;
                     trace.tensors.insert(
                         "logits_positions".into(),
-                        Tensor::i(vec![steps], (first..n as i64).collect()),
+                        TraceTensor::i64(vec![steps], (first..n as i64).collect()),
                     );
                 }
                 Layout::LastTokenLayersF32 | Layout::TokensLayersF32 => {
@@ -633,7 +633,7 @@ impl Engine for ProfileEngine {
                     let v = read_raw_f32(&file, rows * d.layers * d.hc * d.dim).map_err(garbage)?;
                     trace.tensors.insert(
                         "residual".into(),
-                        Tensor::f(vec![rows, d.layers, d.hc, d.dim], v),
+                        TraceTensor::f32(vec![rows, d.layers, d.hc, d.dim], v),
                     );
                 }
                 Layout::WasteRoute => {
@@ -654,7 +654,7 @@ impl Engine for ProfileEngine {
 
 /// WASTE_DUMP_ROUTE lines `pos layer id*K w*K lookahead*K` -> experts [tokens, layers, K]
 /// (a missing (pos, layer) is -1, i.e. "no decision").
-fn parse_waste_route(path: &Path, tokens: usize, layers: usize) -> anyhow::Result<Tensor> {
+fn parse_waste_route(path: &Path, tokens: usize, layers: usize) -> anyhow::Result<TraceTensor> {
     let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let mut rows: Vec<(usize, usize, Vec<i64>)> = Vec::new();
     for (i, line) in text
@@ -703,7 +703,7 @@ fn parse_waste_route(path: &Path, tokens: usize, layers: usize) -> anyhow::Resul
         }
         v[(pos * layers + layer) * k..(pos * layers + layer + 1) * k].copy_from_slice(&ids);
     }
-    Ok(Tensor::i(vec![tokens, layers, k], v))
+    Ok(TraceTensor::i64(vec![tokens, layers, k], v))
 }
 
 #[cfg(test)]
@@ -747,7 +747,8 @@ mod tests {
         assert_eq!(
             e.load(
                 &LoadRequest {
-                    model: "/x/good".into()
+                    model: "/x/good".into(),
+                    verify: false,
                 },
                 t
             ),
@@ -756,6 +757,7 @@ mod tests {
         match e.load(
             &LoadRequest {
                 model: "/x/broken".into(),
+                verify: false,
             },
             t,
         ) {
@@ -765,6 +767,7 @@ mod tests {
         let r = e.load(
             &LoadRequest {
                 model: "/x/slow".into(),
+                verify: false,
             },
             Duration::from_millis(200),
         );

@@ -131,10 +131,18 @@ impl Engine for ReferenceEngine {
     }
 
     fn load(&mut self, req: &LoadRequest, timeout: Duration) -> EngineResult<()> {
-        let dir = req.model.clone();
-        with_timeout(timeout, move || match ds41_engine::checkpoint::open(&dir) {
-            Ok(_) => Ok(()),
-            Err(e) => Err(EngineError::Refused(e.to_string())),
+        use ds41_engine::checkpoint::{self, ContainerCheckpoint, Layout};
+        let (dir, verify) = (req.model.clone(), req.verify);
+        with_timeout(timeout, move || {
+            let refused = |e: ds41_engine::Error| EngineError::Refused(e.to_string());
+            // Opening reads headers and the index only; the CRC of every expert record is a
+            // read-time check, run on request (`ds41 inspect --verify`).
+            if verify && checkpoint::detect_layout(&dir).map_err(refused)? == Layout::Container {
+                let c = ContainerCheckpoint::open(&dir).map_err(refused)?;
+                c.verify_all_crc().map_err(refused)?;
+                return Ok(());
+            }
+            checkpoint::open(&dir).map(|_| ()).map_err(refused)
         })
     }
 

@@ -114,6 +114,7 @@ fn main() {
         );
     }
     negative_controls(&suite, &ctx, &mut trials);
+    replay_controls(&suite, &ctx, &mut trials);
     adapter_selftests(&suite, &ctx, &mut trials);
     let conclusion = libtest_mimic::run(&args, trials);
     drop(work);
@@ -158,6 +159,51 @@ fn negative_controls(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>
                     Err(ControlVerdict::NotCaught(why) | ControlVerdict::Broken(why)) => {
                         Err(why.into())
                     }
+                }
+            })
+            .with_kind("selftest"),
+        );
+    }
+}
+
+/// `selftest::replay::*`: the teacher-forced cases themselves (not just some case of a
+/// control's list) fail on injected defects, localised to the block's own sub-op.
+fn replay_controls(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>) {
+    let specs = [
+        (
+            "residual::official_a::p48-prefill-only-replay",
+            "no-attention-sink",
+            "sub-op `attn_out`",
+        ),
+        (
+            "residual::official_a::p48-prefill-only-replay",
+            "no-swiglu-clamp",
+            "sub-op `moe_out`",
+        ),
+        (
+            "residual::official_a::p01-d47-as-shipped-replay",
+            "index-k-handoff-wrong",
+            "first divergence",
+        ),
+    ];
+    for (name, defect, needle) in specs {
+        let (case, cx) = (
+            suite.iter().find(|c| c.name == name).cloned(),
+            Arc::clone(ctx),
+        );
+        trials.push(
+            Trial::ignorable_test(format!("selftest::replay::{defect}"), move || {
+                let case = case.ok_or_else(|| format!("case `{name}` missing"))?;
+                let mut engine = ReferenceEngine::with_defect(defect).map_err(|e| e.to_string())?;
+                match run_case(&case, &mut engine, &cx).outcome {
+                    Outcome::Fail { reason } if reason.contains(needle) => Ok(Completion::Completed),
+                    Outcome::Skipped { reason } => {
+                        Ok(Completion::ignored_with(format!("SKIPPED: {reason}")))
+                    }
+                    other => Err(format!(
+                        "{name} with `{defect}`: expected a Fail mentioning {needle:?}, got {other:?}"
+                    )
+                    .into()),
                 }
             })
             .with_kind("selftest"),

@@ -8,7 +8,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use safetensors::tensor::{Dtype, TensorView};
+use std::borrow::Cow;
+use std::path::PathBuf;
+
+use safetensors::tensor::Dtype;
 
 use crate::config::Config;
 use crate::{Error, Result};
@@ -251,34 +254,21 @@ impl Trace {
                 ));
             }
         }
-        let views: Vec<(String, TensorView)> = tensors
-            .iter()
-            .map(|(n, dt, shape, data)| {
-                TensorView::new(*dt, shape.clone(), data)
-                    .map(|v| (n.clone(), v))
-                    .map_err(|e| Error::Model(format!("trace tensor `{n}`: {e}")))
+        let raw: Vec<RawTensor> = tensors
+            .into_iter()
+            .map(|(name, dtype, shape, data)| RawTensor {
+                name,
+                dtype,
+                shape,
+                data,
             })
-            .collect::<Result<_>>()?;
-        let meta: std::collections::HashMap<String, String> = self
-            .metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
-        safetensors::serialize(views, Some(meta)).map_err(|e| Error::Model(format!("trace: {e}")))
+        safetensors_bytes(raw, &self.metadata)
     }
 
     /// Write atomically (temp file + rename) to `path`.
     pub fn write(&self, path: &Path) -> Result<()> {
-        let bytes = self.to_bytes()?;
-        let tmp = path.with_extension("safetensors.tmp");
-        std::fs::write(&tmp, &bytes).map_err(|source| Error::Io {
-            path: tmp.clone(),
-            source,
-        })?;
-        std::fs::rename(&tmp, path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })
+        write_atomically(path, &self.to_bytes()?)
     }
 }
 
@@ -309,29 +299,193 @@ impl LeBytes for i64 {
     }
 }
 
-/// One tensor of a trace file, widened: floats to f32, integers to i64.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, bytes).map_err(|source| Error::Io {
+        path: tmp.clone(),
+        source,
+    })?;
+    std::fs::rename(&tmp, path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// One tensor to serialise: little-endian bytes of `dtype` in row-major order.
+pub struct RawTensor {
+    pub name: String,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+/// The one safetensors writer of the trace format. Byte-deterministic: the header lists
+/// `__metadata__` first (keys sorted), then the tensors sorted by name, whose data follow in
+/// that order; the header is padded with spaces to 8 bytes. (The `safetensors` crate's own
+/// serialiser takes the metadata as a `HashMap`, so its key order changes run to run.)
+pub fn safetensors_bytes(
+    mut tensors: Vec<RawTensor>,
+    metadata: &BTreeMap<String, String>,
+) -> Result<Vec<u8>> {
+    tensors.sort_by(|a, b| a.name.cmp(&b.name));
+    if let Some(w) = tensors.windows(2).find(|w| w[0].name == w[1].name) {
+        return Err(Error::Model(format!("trace tensor `{}` twice", w[0].name)));
+    }
+    let mut header = serde_json::Map::new();
+    if !metadata.is_empty() {
+        let m: serde_json::Map<String, serde_json::Value> = metadata
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        header.insert("__metadata__".into(), serde_json::Value::Object(m));
+    }
+    let mut offset = 0usize;
+    for t in &tensors {
+        let want = t.shape.iter().product::<usize>() * t.dtype.bitsize() / 8;
+        if t.data.len() != want {
+            return Err(Error::Model(format!(
+                "trace tensor `{}`: {} bytes for shape {:?} of {:?} ({want} expected)",
+                t.name,
+                t.data.len(),
+                t.shape,
+                t.dtype
+            )));
+        }
+        header.insert(
+            t.name.clone(),
+            serde_json::json!({
+                "dtype": t.dtype.to_string(),
+                "shape": t.shape,
+                "data_offsets": [offset, offset + t.data.len()],
+            }),
+        );
+        offset += t.data.len();
+    }
+    let mut h = serde_json::to_vec(&serde_json::Value::Object(header))
+        .map_err(|e| Error::Model(format!("trace header: {e}")))?;
+    while h.len() % 8 != 0 {
+        h.push(b' ');
+    }
+    let mut out = Vec::with_capacity(8 + h.len() + offset);
+    out.extend_from_slice(&(h.len() as u64).to_le_bytes());
+    out.extend_from_slice(&h);
+    for t in &tensors {
+        out.extend_from_slice(&t.data);
+    }
+    Ok(out)
+}
+
+/// The values of a trace tensor, widened: floats to f32 (F64 narrowed: no trace or golden
+/// carries more than f32 precision), integers to i64.
 #[derive(Debug, Clone, PartialEq)]
-pub enum TraceTensor {
-    F32 { shape: Vec<usize>, data: Vec<f32> },
-    I64 { shape: Vec<usize>, data: Vec<i64> },
+pub enum TraceData {
+    F32(Vec<f32>),
+    I64(Vec<i64>),
+}
+
+/// One tensor of a trace file.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TraceTensor {
+    pub shape: Vec<usize>,
+    pub data: TraceData,
 }
 
 impl TraceTensor {
+    pub fn f32(shape: Vec<usize>, v: Vec<f32>) -> TraceTensor {
+        TraceTensor {
+            shape,
+            data: TraceData::F32(v),
+        }
+    }
+
+    pub fn i64(shape: Vec<usize>, v: Vec<i64>) -> TraceTensor {
+        TraceTensor {
+            shape,
+            data: TraceData::I64(v),
+        }
+    }
+
     pub fn shape(&self) -> &[usize] {
-        match self {
-            TraceTensor::F32 { shape, .. } | TraceTensor::I64 { shape, .. } => shape,
+        &self.shape
+    }
+
+    pub fn len(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Size of one slice along axis 0.
+    pub fn row_len(&self) -> usize {
+        self.shape.iter().skip(1).product()
+    }
+
+    /// Values as f64 (integers converted).
+    pub fn as_f64(&self) -> Vec<f64> {
+        match &self.data {
+            TraceData::F32(v) => v.iter().map(|&x| x as f64).collect(),
+            TraceData::I64(v) => v.iter().map(|&x| x as f64).collect(),
+        }
+    }
+
+    /// Values as i64 (floats truncated; meant for id tensors).
+    pub fn as_i64(&self) -> Cow<'_, [i64]> {
+        match &self.data {
+            TraceData::I64(v) => Cow::Borrowed(v),
+            TraceData::F32(v) => Cow::Owned(v.iter().map(|&x| x as i64).collect()),
+        }
+    }
+
+    /// Rows `idx` along axis 0, in that order.
+    pub fn select_rows(&self, idx: &[usize]) -> TraceTensor {
+        if self.shape.is_empty() {
+            return self.clone();
+        }
+        let n = self.row_len();
+        let mut shape = self.shape.clone();
+        shape[0] = idx.len();
+        fn pick<T: Copy>(v: &[T], idx: &[usize], n: usize) -> Vec<T> {
+            idx.iter()
+                .flat_map(|&r| v[r * n..(r + 1) * n].iter().copied())
+                .collect()
+        }
+        match &self.data {
+            TraceData::F32(v) => TraceTensor::f32(shape, pick(v, idx, n)),
+            TraceData::I64(v) => TraceTensor::i64(shape, pick(v, idx, n)),
+        }
+    }
+
+    fn to_raw(&self, name: &str) -> RawTensor {
+        let (dtype, data) = match &self.data {
+            TraceData::F32(v) => (Dtype::F32, le_bytes(v)),
+            TraceData::I64(v) => (Dtype::I64, le_bytes(v)),
+        };
+        RawTensor {
+            name: name.into(),
+            dtype,
+            shape: self.shape.clone(),
+            data,
         }
     }
 }
 
-/// A trace (or golden) file read back: every tensor plus the metadata.
-#[derive(Debug, Clone, Default)]
+/// A trace (or golden) file: every tensor plus the metadata. This is the one reader of the
+/// format; the conformance harness compares these.
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct TraceFile {
+    /// Where it was read from (empty for traces built in memory).
+    pub path: PathBuf,
     pub tensors: BTreeMap<String, TraceTensor>,
     pub metadata: BTreeMap<String, String>,
 }
 
 impl TraceFile {
+    /// Read a safetensors trace. Any malformed byte is a Format error naming the file (an
+    /// engine answering garbage must fail its case, never crash the reader).
     pub fn read(path: &Path) -> Result<TraceFile> {
         let bytes = std::fs::read(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
@@ -350,6 +504,7 @@ impl TraceFile {
             safetensors::SafeTensors::read_metadata(bytes).map_err(|e| bad(e.to_string()))?;
         let st = safetensors::SafeTensors::deserialize(bytes).map_err(|e| bad(e.to_string()))?;
         let mut out = TraceFile {
+            path: path.to_path_buf(),
             metadata: meta
                 .metadata()
                 .clone()
@@ -359,64 +514,247 @@ impl TraceFile {
             ..Default::default()
         };
         for (name, view) in st.tensors() {
-            let shape = view.shape().to_vec();
-            let d = view.data();
-            let t = match view.dtype() {
-                Dtype::F32 => TraceTensor::F32 {
-                    shape,
-                    data: d
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect(),
-                },
-                Dtype::F64 => TraceTensor::F32 {
-                    shape,
-                    data: d
-                        .chunks_exact(8)
-                        .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])) as f32)
-                        .collect(),
-                },
-                Dtype::BF16 => TraceTensor::F32 {
-                    shape,
-                    data: d
-                        .chunks_exact(2)
-                        .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16))
-                        .collect(),
-                },
-                Dtype::I32 => TraceTensor::I64 {
-                    shape,
-                    data: d
-                        .chunks_exact(4)
-                        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as i64)
-                        .collect(),
-                },
-                Dtype::I64 => TraceTensor::I64 {
-                    shape,
-                    data: d
-                        .chunks_exact(8)
-                        .map(|c| i64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
-                        .collect(),
-                },
-                other => return Err(bad(format!("tensor `{name}`: unsupported dtype {other:?}"))),
-            };
+            let t = decode(view.dtype(), view.shape().to_vec(), view.data())
+                .map_err(|reason| bad(format!("tensor `{name}`: {reason}")))?;
             out.tensors.insert(name, t);
         }
         Ok(out)
     }
 
+    /// Serialise: floats as F32, integers as I64 (byte-deterministic, see [`safetensors_bytes`]).
+    pub fn to_bytes(&self) -> Result<Vec<u8>> {
+        let raw = self.tensors.iter().map(|(n, t)| t.to_raw(n)).collect();
+        safetensors_bytes(raw, &self.metadata)
+    }
+
+    /// Write atomically (temp file + rename) to `path`.
+    pub fn write(&self, path: &Path) -> Result<()> {
+        write_atomically(path, &self.to_bytes()?)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&TraceTensor> {
+        self.tensors.get(name)
+    }
+
     /// An f32 tensor by name, with its shape.
     pub fn f32(&self, name: &str) -> Option<(&[usize], &[f32])> {
-        match self.tensors.get(name)? {
-            TraceTensor::F32 { shape, data } => Some((shape, data)),
+        let t = self.tensors.get(name)?;
+        match &t.data {
+            TraceData::F32(v) => Some((&t.shape, v)),
             _ => None,
         }
     }
 
     /// An integer tensor by name, with its shape.
     pub fn i64(&self, name: &str) -> Option<(&[usize], &[i64])> {
-        match self.tensors.get(name)? {
-            TraceTensor::I64 { shape, data } => Some((shape, data)),
+        let t = self.tensors.get(name)?;
+        match &t.data {
+            TraceData::I64(v) => Some((&t.shape, v)),
             _ => None,
         }
+    }
+
+    /// The same trace restricted to the given token rows (tensors whose axis 0 is the token
+    /// axis, as `residual` or `input_ids` define it) and to the logits rows at those positions.
+    pub fn select_tokens(&self, tokens: &[usize]) -> TraceFile {
+        let t_all = self
+            .get("residual")
+            .map(|r| r.shape.first().copied().unwrap_or(0))
+            .or_else(|| {
+                self.get("input_ids")
+                    .map(|r| r.shape.first().copied().unwrap_or(0))
+            });
+        let mut out = TraceFile {
+            path: self.path.clone(),
+            metadata: self.metadata.clone(),
+            ..Default::default()
+        };
+        for (name, t) in &self.tensors {
+            if matches!(name.as_str(), "logits" | "logits_positions") {
+                continue;
+            }
+            let token_axis =
+                t.shape.first().copied() == t_all && name.as_str() != "engram_token_map";
+            let kept = if token_axis {
+                t.select_rows(tokens)
+            } else {
+                t.clone()
+            };
+            out.tensors.insert(name.clone(), kept);
+        }
+        if let Some(logits) = self.get("logits") {
+            let pos: Vec<usize> = match self.get("logits_positions") {
+                Some(p) => p.as_i64().iter().map(|&x| x as usize).collect(),
+                None => (0..logits.shape.first().copied().unwrap_or(0)).collect(),
+            };
+            let rows: Vec<usize> = tokens
+                .iter()
+                .filter_map(|t| pos.iter().position(|p| p == t))
+                .collect();
+            let kept: Vec<i64> = rows.iter().map(|&r| pos[r] as i64).collect();
+            out.tensors
+                .insert("logits".into(), logits.select_rows(&rows));
+            out.tensors.insert(
+                "logits_positions".into(),
+                TraceTensor::i64(vec![kept.len()], kept),
+            );
+        }
+        out
+    }
+}
+
+/// Widen one stored tensor (its byte length was checked against the shape by the safetensors
+/// parser).
+fn decode(dtype: Dtype, shape: Vec<usize>, b: &[u8]) -> std::result::Result<TraceTensor, String> {
+    fn le<const N: usize, T>(b: &[u8], f: impl Fn([u8; N]) -> T) -> Vec<T> {
+        b.chunks_exact(N)
+            .map(|c| {
+                let mut a = [0u8; N];
+                a.copy_from_slice(c);
+                f(a)
+            })
+            .collect()
+    }
+    let n: usize = shape.iter().product();
+    if b.len() * 8 != n * dtype.bitsize() {
+        return Err(format!(
+            "{} bytes for shape {shape:?} of {dtype:?}",
+            b.len()
+        ));
+    }
+    Ok(match dtype {
+        Dtype::F32 => TraceTensor::f32(shape, le(b, f32::from_le_bytes)),
+        Dtype::F64 => TraceTensor::f32(shape, le(b, |a| f64::from_le_bytes(a) as f32)),
+        Dtype::F16 => TraceTensor::f32(shape, le(b, |a| half::f16::from_le_bytes(a).to_f32())),
+        Dtype::BF16 => TraceTensor::f32(shape, le(b, |a| half::bf16::from_le_bytes(a).to_f32())),
+        Dtype::I64 => TraceTensor::i64(shape, le(b, i64::from_le_bytes)),
+        Dtype::I32 => TraceTensor::i64(shape, le(b, |a| i32::from_le_bytes(a) as i64)),
+        Dtype::I16 => TraceTensor::i64(shape, le(b, |a| i16::from_le_bytes(a) as i64)),
+        Dtype::I8 => TraceTensor::i64(shape, b.iter().map(|&x| x as i8 as i64).collect()),
+        Dtype::U8 => TraceTensor::i64(shape, b.iter().map(|&x| x as i64).collect()),
+        Dtype::BOOL => TraceTensor::i64(shape, b.iter().map(|&x| i64::from(x != 0)).collect()),
+        other => return Err(format!("unsupported dtype {other:?}")),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> TraceFile {
+        let mut t = TraceFile::default();
+        t.tensors.insert(
+            "residual".into(),
+            TraceTensor::f32(vec![3, 2, 1, 2], (0..12).map(|x| x as f32).collect()),
+        );
+        t.tensors.insert(
+            "experts".into(),
+            TraceTensor::i64(vec![3, 2, 1], vec![1, 2, 3, 4, 5, 6]),
+        );
+        t.tensors.insert(
+            "logits".into(),
+            TraceTensor::f32(vec![2, 2], vec![0.5, 1.5, 2.5, 3.5]),
+        );
+        t.tensors.insert(
+            "logits_positions".into(),
+            TraceTensor::i64(vec![2], vec![1, 2]),
+        );
+        for (k, v) in [("engine", "x"), ("numerics", "exact"), ("index-k", "owner")] {
+            t.metadata.insert(k.into(), v.into());
+        }
+        t
+    }
+
+    #[test]
+    fn write_read_round_trip_and_token_selection() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = sample();
+        let p = dir.path().join("t.safetensors");
+        t.write(&p).unwrap();
+        let back = TraceFile::read(&p).unwrap();
+        assert_eq!(back.tensors, t.tensors);
+        assert_eq!(back.metadata, t.metadata);
+        let s = back.select_tokens(&[2]);
+        assert_eq!(
+            s.get("residual").unwrap().as_f64(),
+            vec![8.0, 9.0, 10.0, 11.0]
+        );
+        assert_eq!(&*s.get("experts").unwrap().as_i64(), &[5, 6]);
+        assert_eq!(s.get("logits").unwrap().as_f64(), vec![2.5, 3.5]);
+        assert_eq!(&*s.get("logits_positions").unwrap().as_i64(), &[2]);
+    }
+
+    #[test]
+    fn writing_the_same_trace_twice_gives_identical_bytes() {
+        // Many metadata keys: a HashMap-ordered header would differ between two maps built
+        // independently (each HashMap has its own random hasher seed).
+        let build = || {
+            let mut t = sample();
+            for i in 0..32 {
+                t.metadata.insert(format!("key-{i}"), format!("value {i}"));
+            }
+            t
+        };
+        let (a, b) = (build().to_bytes().unwrap(), build().to_bytes().unwrap());
+        assert_eq!(a, b);
+        let dir = tempfile::tempdir().unwrap();
+        let (pa, pb) = (
+            dir.path().join("a.safetensors"),
+            dir.path().join("b.safetensors"),
+        );
+        build().write(&pa).unwrap();
+        build().write(&pb).unwrap();
+        assert_eq!(std::fs::read(&pa).unwrap(), std::fs::read(&pb).unwrap());
+        // The header lists the metadata first, keys sorted, then the tensors by name.
+        let n = u64::from_le_bytes(a[..8].try_into().unwrap()) as usize;
+        let header = std::str::from_utf8(&a[8..8 + n]).unwrap();
+        let pos = |k: &str| header.find(&format!("\"{k}\"")).unwrap();
+        assert!(pos("__metadata__") < pos("engine"));
+        assert!(pos("engine") < pos("index-k") && pos("index-k") < pos("key-0"));
+        assert!(pos("experts") < pos("logits") && pos("logits") < pos("residual"));
+        assert!(pos("key-31") < pos("experts"));
+    }
+
+    #[test]
+    fn a_model_trace_serialises_deterministically() {
+        let mut tr = Trace {
+            options: TraceOptions {
+                enabled: true,
+                sub_ops: true,
+            },
+            vocab: 3,
+            n_layers: 2,
+            hc: 1,
+            dim: 2,
+            topk_experts: 1,
+            index_topk: 2,
+            index_layers: vec![1],
+            engram_layers: 1,
+            engram_cols: 2,
+            candidate_layer: Some(1),
+            candidate_keep: 2,
+            ..Trace::default()
+        };
+        tr.begin_chunk(&[5, 6]);
+        tr.push_logits(1, &[0.1, 0.2, 0.3]);
+        for i in 0..16 {
+            tr.metadata.insert(format!("m{i}"), i.to_string());
+        }
+        let a = tr.to_bytes().unwrap();
+        let b = tr.clone().to_bytes().unwrap();
+        assert_eq!(a, b);
+        let back = TraceFile::from_bytes(&a, Path::new("mem")).unwrap();
+        assert_eq!(back.i64("experts").unwrap().0, &[2, 2, 1]);
+        assert_eq!(back.f32("logits").unwrap().1, &[0.1, 0.2, 0.3]);
+        assert!(back.get("candidates.L1").is_some());
+    }
+
+    #[test]
+    fn garbage_file_is_an_error_naming_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("bad.safetensors");
+        std::fs::write(&p, b"\xff\xff\xff\xff\xff\xff\xff\x7fnot a header").unwrap();
+        let e = TraceFile::read(&p).unwrap_err().to_string();
+        assert!(e.contains("bad.safetensors"), "{e}");
     }
 }

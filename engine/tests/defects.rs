@@ -162,7 +162,7 @@ fn reversed_tie_rule_is_visible_on_constructed_scores() {
 
 #[test]
 fn fp4_ties_away_from_even_is_visible_on_constructed_blocks() {
-    use ds41_engine::model::quant::{fp4_qdq_e4m3, fp4_qdq_e8m0, Fp4Ties};
+    use ds41_engine::model::quant::{fp4_qdq_e4m3_ties, fp4_qdq_e8m0_ties, Fp4Ties};
     // Every e2m1 midpoint (and its negative) in a block whose largest magnitude is 6, so the
     // scale is exactly 1 for both QDQ flavours and the block rounds the midpoints themselves.
     let mids = [0.25f32, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0];
@@ -186,8 +186,8 @@ fn fp4_ties_away_from_even_is_visible_on_constructed_blocks() {
     let damaged = Fp4Ties::for_defects(&DefectSet::new([Defect::Fp4TiesAwayFromEven]));
     assert_eq!(undamaged, Fp4Ties::ToEven);
     for (n, qdq) in [
-        (32, fp4_qdq_e8m0 as fn(&mut [f32], Fp4Ties)),
-        (16, fp4_qdq_e4m3 as fn(&mut [f32], Fp4Ties)),
+        (32, fp4_qdq_e8m0_ties as fn(&mut [f32], Fp4Ties)),
+        (16, fp4_qdq_e4m3_ties as fn(&mut [f32], Fp4Ties)),
     ] {
         let mut good = block(n);
         qdq(&mut good, undamaged);

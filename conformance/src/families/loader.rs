@@ -18,7 +18,7 @@ pub fn run(
     }
     let Some(model) = &s.model else {
         return Err(Outcome::error(format!(
-            "`all_mutants_of: {}` expanded to no cases: ds41-synthetic lists no mutants in this build",
+            "`all_mutants_of: {}` did not expand into mutant cases (no such mutants in this build, or a bad `read_time_mutants`)",
             s.all_mutants_of.as_deref().unwrap_or("")
         )));
     };
@@ -26,7 +26,16 @@ pub fn run(
     details
         .models
         .push((model.to_string(), dir.display().to_string()));
-    let res = engine.load(&LoadRequest { model: dir.clone() }, timeout(case));
+    let req = LoadRequest {
+        model: dir.clone(),
+        verify: s.verify,
+    };
+    if s.verify {
+        details
+            .notes
+            .push("load with the read-time payload check (verify: true)".into());
+    }
+    let res = engine.load(&req, timeout(case));
     Ok(match (s.expect, res) {
         (LoadExpect::Accept, Ok(())) => Outcome::Pass,
         (LoadExpect::Accept, Err(EngineError::Refused(m))) => {
@@ -75,6 +84,22 @@ pub fn expand(cases: Vec<Case>) -> Vec<Case> {
             out.push(c);
             continue;
         }
+        if let Some(bad) = s
+            .read_time_mutants
+            .iter()
+            .find(|r| !mutants.iter().any(|m| &&m.name == r))
+        {
+            // Keep the unexpanded case: running it reports the configuration error.
+            let mut e = c.clone();
+            e.spec = crate::case::Spec::Loader(LoaderSpec {
+                all_mutants_of: Some(format!(
+                    "{of} (read_time_mutants names `{bad}`, which is not one of its mutants)"
+                )),
+                ..s.clone()
+            });
+            out.push(e);
+            continue;
+        }
         for m in mutants {
             let mut e = c.clone();
             e.name = format!("{}.{}", c.name, m.name);
@@ -88,6 +113,8 @@ pub fn expand(cases: Vec<Case>) -> Vec<Case> {
                 all_mutants_of: None,
                 expect: LoadExpect::Refuse,
                 error_mentions: m.mentions.clone(),
+                verify: s.read_time_mutants.contains(&m.name),
+                read_time_mutants: Vec::new(),
             });
             out.push(e);
         }

@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::case::{Case, GoldenSpec, ResidualSpec};
-use crate::compare::compare;
+use crate::compare::{compare, compare_replay};
 use crate::engine_api::{Capability, Engine, ForwardRequest};
 use crate::gates::ProfileName;
 use crate::outcome::Outcome;
@@ -26,8 +26,11 @@ pub fn run(
         caps.push(s.numerics.capability());
     }
     caps.push(s.index_k.capability());
-    if s.require.iter().any(|r| r != "logits") {
+    if s.require.iter().any(|r| r != "logits") || s.replay {
         caps.push(Capability::Trace);
+    }
+    if s.replay {
+        caps.push(Capability::Replay);
     }
     if let Some(o) = require(engine, &caps) {
         return Ok(o);
@@ -70,6 +73,11 @@ pub fn run(
         )));
     }
     let golden = golden.select_tokens(&(0..tokens.len()).collect::<Vec<_>>());
+    if s.replay {
+        return replay(
+            case, s, engine, ctx, details, &golden, tokens, prefill, &dir,
+        );
+    }
 
     let run = |engine: &mut dyn Engine, n: usize| -> Result<TraceFile, Outcome> {
         let req = ForwardRequest {
@@ -132,7 +140,63 @@ pub fn run(
             details.fragile_flips, gates.profile
         ));
     }
-    Ok(if failed {
+    Ok(verdict(details, failed))
+}
+
+/// Teacher-forced replay: one run recomputing every block from the golden's own inputs,
+/// compared cell by cell (compare.rs `compare_replay`).
+#[allow(clippy::too_many_arguments)]
+fn replay(
+    case: &Case,
+    s: &ResidualSpec,
+    engine: &mut dyn Engine,
+    ctx: &Context,
+    details: &mut Details,
+    golden: &TraceFile,
+    tokens: Vec<u32>,
+    prefill: usize,
+    dir: &Path,
+) -> Result<Outcome, Outcome> {
+    let GoldenSpec::File(g) = &s.golden else {
+        return Err(Outcome::error("replay needs a golden file"));
+    };
+    let n = tokens.len();
+    let req = ForwardRequest {
+        model: ctx.model(&s.model)?,
+        tokens,
+        prefill: Some(prefill),
+        numerics: s.numerics,
+        index_k: s.index_k,
+        out: dir.join("engine-replay.safetensors"),
+        save_state: None,
+        load_state: None,
+        replay: Some(ctx.data(g)?),
+        engram_token_map: match &s.engram_token_map {
+            Some(d) => Some(ctx.data(d)?),
+            None => None,
+        },
+    };
+    engine
+        .forward(&req, timeout(case))
+        .map_err(|e| engine_failure("forward (replay)", e))?;
+    let trace = TraceFile::read(&req.out)
+        .map_err(|e| Outcome::fail(format!("forward (replay): unreadable trace: {e:#}")))?;
+    check_required(&trace, s)?;
+    let gates = ctx.gates_for(case);
+    let r = compare_replay(golden, &trace, &gates);
+    details.absorb(&format!("replay of {n} tokens"), &r);
+    if details.fragile_flips > 0 {
+        details.notes.push(format!(
+            "{} decision flips excused by the replay fragile floor (profile {})",
+            details.fragile_flips, gates.profile
+        ));
+    }
+    Ok(verdict(details, r.failed()))
+}
+
+/// The case verdict: Pass, or Fail naming the first divergence and every failing metric.
+fn verdict(details: &Details, failed: bool) -> Outcome {
+    if failed {
         let mut reason = String::new();
         if let Some(d) = &details.first_divergence {
             reason += &format!(
@@ -155,7 +219,7 @@ pub fn run(
         Outcome::fail(reason.trim().to_string())
     } else {
         Outcome::Pass
-    })
+    }
 }
 
 /// A last-token-only trace may still carry per-token tensors (e.g. a route dump appended at

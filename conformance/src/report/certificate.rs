@@ -139,13 +139,24 @@ pub fn verify(
             _ => {}
         }
     }
-    add(
-        s == cert.summary,
-        "summary",
+    let line = |s: &Summary| {
         format!(
             "{} results: {} pass, {} fail, {} not supported, {} waived, {} skipped, {} error",
             s.total, s.pass, s.fail, s.not_supported, s.waived, s.skipped, s.error
-        ),
+        )
+    };
+    add(
+        s == cert.summary,
+        "summary",
+        if s == cert.summary {
+            line(&s)
+        } else {
+            format!(
+                "the listed results give {}; the certificate's summary says {}",
+                line(&s),
+                line(&cert.summary)
+            )
+        },
     );
     add(
         s.verdict() == cert.verdict,
@@ -179,22 +190,107 @@ pub fn verify(
                     "report",
                     format!("{} sha256 {h}", rp.display()),
                 );
-                if let Ok(rep) = serde_json::from_slice::<RunReport>(&b) {
-                    let same = rep.results.len() == cert.results.len()
-                        && rep
-                            .results
-                            .iter()
-                            .zip(&cert.results)
-                            .all(|(a, b)| a.name == b.name && a.outcome.label() == b.status);
-                    add(
-                        same,
+                match serde_json::from_slice::<RunReport>(&b) {
+                    Ok(rep) => compare_with_report(&cert, &rep, &mut add),
+                    Err(e) => add(
+                        false,
                         "report results",
-                        "per-case outcomes agree with the certificate".into(),
-                    );
+                        format!("{}: not a run report: {e}", rp.display()),
+                    ),
                 }
             }
             Err(e) => add(false, "report", format!("{}: {e}", rp.display())),
         }
     }
     Ok((cert, f))
+}
+
+/// The report the certificate summarises must say the same: run identity, checkpoint hashes,
+/// summary, verdict and every case's outcome (naming the first that differs).
+fn compare_with_report(
+    cert: &Certificate,
+    rep: &RunReport,
+    add: &mut impl FnMut(bool, &str, String),
+) {
+    let mut differ = Vec::new();
+    if rep.case_list_hash != cert.case_list_hash {
+        differ.push(format!(
+            "case_list_hash (report {}, certificate {})",
+            rep.case_list_hash, cert.case_list_hash
+        ));
+    }
+    if rep.engine != cert.engine {
+        differ.push("engine".to_string());
+    }
+    if rep.profile != cert.profile {
+        differ.push(format!(
+            "profile (report {}, certificate {})",
+            rep.profile, cert.profile
+        ));
+    }
+    if rep.checkpoints != cert.checkpoints {
+        let which = rep
+            .checkpoints
+            .iter()
+            .zip(&cert.checkpoints)
+            .find(|(a, b)| a != b)
+            .map(|(a, _)| format!(" of `{}`", a.model))
+            .unwrap_or_default();
+        differ.push(format!("checkpoint hashes{which}"));
+    }
+    if rep.summary != cert.summary || rep.verdict != cert.verdict {
+        differ.push(format!(
+            "summary/verdict (report `{}`, certificate `{}`)",
+            rep.verdict, cert.verdict
+        ));
+    }
+    add(
+        differ.is_empty(),
+        "report header",
+        if differ.is_empty() {
+            "run identity, checkpoint hashes, summary and verdict agree".into()
+        } else {
+            format!("the report disagrees on {}", differ.join(", "))
+        },
+    );
+    let mut mismatch = None;
+    for i in 0..rep.results.len().max(cert.results.len()) {
+        match (rep.results.get(i), cert.results.get(i)) {
+            (Some(a), Some(b)) if a.name == b.name && a.outcome.label() == b.status => {}
+            (Some(a), Some(b)) if a.name == b.name => {
+                mismatch = Some(format!(
+                    "case `{}`: report {}, certificate {}",
+                    a.name,
+                    a.outcome.label(),
+                    b.status
+                ));
+            }
+            (Some(a), _) => {
+                mismatch = Some(format!(
+                    "case `{}` of the report is not in the certificate",
+                    a.name
+                ));
+            }
+            (None, Some(b)) => {
+                mismatch = Some(format!(
+                    "case `{}` of the certificate is not in the report",
+                    b.name
+                ));
+            }
+            (None, None) => {}
+        }
+        if mismatch.is_some() {
+            break;
+        }
+    }
+    add(
+        mismatch.is_none(),
+        "report results",
+        mismatch.unwrap_or_else(|| {
+            format!(
+                "{} per-case outcomes agree with the certificate",
+                cert.results.len()
+            )
+        }),
+    );
 }

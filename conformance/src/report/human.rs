@@ -65,6 +65,46 @@ pub fn summary_table(out: &mut impl Write, report: &RunReport) {
     }
     row(out, "total", &report.summary);
     let _ = writeln!(out);
+    // Why cases were not verdicts, grouped by reason (a skip is never a silent pass).
+    let mut grouped: std::collections::BTreeMap<(String, String), (usize, Vec<&str>)> =
+        Default::default();
+    for r in &report.results {
+        let key = match &r.outcome {
+            Outcome::Skipped { reason } => ("skipped", reason.clone()),
+            Outcome::NotSupported { capability } => (
+                "not supported",
+                format!("the engine lacks capability `{capability}`"),
+            ),
+            _ => continue,
+        };
+        let e = grouped.entry((key.0.to_string(), key.1)).or_default();
+        e.0 += 1;
+        if !e.1.contains(&r.family.as_str()) {
+            e.1.push(&r.family);
+        }
+    }
+    for ((kind, reason), (n, families)) in &grouped {
+        let _ = writeln!(
+            out,
+            "{kind}: {n} case(s) ({}): {reason}",
+            families.join(", ")
+        );
+    }
+    let failed: Vec<&str> = report
+        .results
+        .iter()
+        .filter(|r| matches!(r.outcome, Outcome::Fail { .. } | Outcome::Error { .. }))
+        .map(|r| r.name.as_str())
+        .collect();
+    for name in failed.iter().take(20) {
+        let _ = writeln!(out, "failed: {name}");
+    }
+    if failed.len() > 20 {
+        let _ = writeln!(out, "failed: ... and {} more", failed.len() - 20);
+    }
+    if !grouped.is_empty() || !failed.is_empty() {
+        let _ = writeln!(out);
+    }
     let e = &report.engine;
     let _ = writeln!(
         out,

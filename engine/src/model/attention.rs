@@ -203,7 +203,7 @@ impl Attention {
                 ctx.rope
                     .rotate(&mut latent, dh, e.index * self.ratio, false, numerics);
                 if upstream {
-                    quant::fp4_qdq_e4m3(&mut latent, fp4_ties);
+                    quant::fp4_qdq_e4m3_ties(&mut latent, fp4_ties);
                 }
                 cache.latents.extend_from_slice(&latent);
             }

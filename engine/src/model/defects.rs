@@ -40,6 +40,10 @@ pub enum Defect {
     CandidatePinMissing,
     /// §5.10: among equal values the HIGHER index wins.
     TopkTiesReversed,
+    /// §7.1 / issue 7: a restored state loses the compressors' open pooling groups (the kv
+    /// rows and scores of a ratio-r group not yet emitted), as a snapshot that saved only the
+    /// emitted latents would.
+    StateWithoutPoolingGroup,
 }
 
 impl Defect {
@@ -59,6 +63,7 @@ impl Defect {
         "index-k-handoff-wrong",
         "candidate-pin-missing",
         "topk-ties-reversed",
+        "state-without-pooling-group",
     ];
 }
 
@@ -80,6 +85,7 @@ impl fmt::Display for Defect {
             Defect::IndexKHandoffWrong => "index-k-handoff-wrong",
             Defect::CandidatePinMissing => "candidate-pin-missing",
             Defect::TopkTiesReversed => "topk-ties-reversed",
+            Defect::StateWithoutPoolingGroup => "state-without-pooling-group",
         };
         f.write_str(s)
     }
@@ -109,6 +115,7 @@ impl FromStr for Defect {
             "index-k-handoff-wrong" => Defect::IndexKHandoffWrong,
             "candidate-pin-missing" => Defect::CandidatePinMissing,
             "topk-ties-reversed" => Defect::TopkTiesReversed,
+            "state-without-pooling-group" => Defect::StateWithoutPoolingGroup,
             _ => {
                 return Err(format!(
                     "unknown defect `{s}` (known: {})",

@@ -93,7 +93,7 @@ impl Indexer {
         for (row, e) in k.chunks_exact_mut(self.head_dim).zip(emitted) {
             rope.rotate(row, self.head_dim, e.index * ratio, false, numerics);
             if numerics == Numerics::Upstream {
-                quant::fp4_qdq_e8m0(row, ties);
+                quant::fp4_qdq_e8m0_ties(row, ties);
             }
         }
         Ok(k)
@@ -118,7 +118,7 @@ impl Indexer {
             rope.rotate(row, self.head_dim, start + t, false, numerics);
             if numerics == Numerics::Upstream {
                 for head in row.chunks_exact_mut(self.head_dim) {
-                    quant::fp4_qdq_e8m0(head, ties);
+                    quant::fp4_qdq_e8m0_ties(head, ties);
                 }
             }
         }

@@ -345,7 +345,7 @@ impl<'m> Session<'m> {
 
     /// Replace the sequence state (a restore). The caller checks compatibility; the shapes
     /// are checked here.
-    pub fn set_state(&mut self, state: SessionState) -> Result<()> {
+    pub fn set_state(&mut self, mut state: SessionState) -> Result<()> {
         let fresh = SessionState::new(&self.model.cfg);
         let ok = state.layers.len() == fresh.layers.len()
             && state.layers.iter().zip(&fresh.layers).all(|(a, b)| {
@@ -356,6 +356,17 @@ impl<'m> Session<'m> {
             return Err(Error::Model(
                 "session state does not match the model's shapes".into(),
             ));
+        }
+        if self.options.defects.has(Defect::StateWithoutPoolingGroup) {
+            for c in state
+                .layers
+                .iter_mut()
+                .filter_map(|l| l.compressed.as_mut())
+            {
+                let fresh = CompressedState::new(c.ratio, c.head_dim, c.index_head_dim);
+                c.group_kv = fresh.group_kv;
+                c.group_score = fresh.group_score;
+            }
         }
         self.state = state;
         Ok(())

@@ -51,7 +51,9 @@ poolable!(
 pub struct PoolVec<T: Poolable>(Vec<T>);
 
 impl<T: Poolable> PoolVec<T> {
-    /// An empty buffer (with whatever capacity the recycled one has).
+    /// An empty buffer: the most recently returned one, with its capacity. (Plain LIFO: in
+    /// a steady sequence of requests each request meets the same buffer step after step, so
+    /// capacities settle after warm-up.)
     pub fn new() -> PoolVec<T> {
         let v = T::free_list()
             .try_with(|l| l.borrow_mut().pop())
@@ -67,6 +69,7 @@ impl<T: Poolable> PoolVec<T> {
         T: Clone,
     {
         let mut v = PoolVec::new();
+        v.grow_to(len);
         v.resize(len, value);
         v
     }
@@ -77,8 +80,18 @@ impl<T: Poolable> PoolVec<T> {
         T: Clone,
     {
         let mut v = PoolVec::new();
+        v.grow_to(src.len());
         v.extend_from_slice(src);
         v
+    }
+
+    /// Make room for `len` items, growing to the next power of two: a buffer whose size
+    /// follows the sequence length then reallocates only when that length crosses one.
+    fn grow_to(&mut self, len: usize) {
+        if self.0.capacity() < len {
+            let target = len.checked_next_power_of_two().unwrap_or(len);
+            self.0.reserve_exact(target - self.0.len());
+        }
     }
 
     /// The items of `iter`.
@@ -146,6 +159,15 @@ impl<T: Poolable + PartialEq> PartialEq<Vec<T>> for PoolVec<T> {
 impl<T: Poolable> FromIterator<T> for PoolVec<T> {
     fn from_iter<I: IntoIterator<Item = T>>(iter: I) -> Self {
         PoolVec::collect(iter)
+    }
+}
+
+/// Consuming iteration hands the buffer over (it is then freed, not recycled).
+impl<T: Poolable> IntoIterator for PoolVec<T> {
+    type Item = T;
+    type IntoIter = std::vec::IntoIter<T>;
+    fn into_iter(mut self) -> Self::IntoIter {
+        std::mem::take(&mut self.0).into_iter()
     }
 }
 

@@ -213,7 +213,12 @@ pub fn act_quant_fp8_inplace(x: &mut [f32]) {
 
 /// FP4 QDQ with E8M0 scales, block 32 (indexer queries and index keys), MODEL.md §5.3:
 /// `a = max(max|x|, 6·2^−126)`, `s = pow2ceil(a · f32(1/6))`, value = `e2m1(clamp(x/s, ±6)) · s`.
-pub fn fp4_qdq_e8m0(x: &mut [f32], ties: Fp4Ties) {
+pub fn fp4_qdq_e8m0(x: &mut [f32]) {
+    fp4_qdq_e8m0_ties(x, Fp4Ties::ToEven)
+}
+
+/// [`fp4_qdq_e8m0`] with an explicit tie rule (the negative control's switch).
+pub fn fp4_qdq_e8m0_ties(x: &mut [f32], ties: Fp4Ties) {
     debug_assert_eq!(x.len() % BLOCK, 0);
     for xb in x.chunks_exact_mut(BLOCK) {
         let amax = xb
@@ -230,7 +235,12 @@ pub fn fp4_qdq_e8m0(x: &mut [f32], ties: Fp4Ties) {
 /// FP4 QDQ with E4M3 scales, block 16 (compressed KV latents), MODEL.md §5.3:
 /// `a = max(max|x|, 6·2^−9)`, `s = e4m3(a / 6)` (f32 division then RNE), value =
 /// `e2m1(clamp(x / s, ±6)) · s` with an f32 **division** by the widened scale.
-pub fn fp4_qdq_e4m3(x: &mut [f32], ties: Fp4Ties) {
+pub fn fp4_qdq_e4m3(x: &mut [f32]) {
+    fp4_qdq_e4m3_ties(x, Fp4Ties::ToEven)
+}
+
+/// [`fp4_qdq_e4m3`] with an explicit tie rule (the negative control's switch).
+pub fn fp4_qdq_e4m3_ties(x: &mut [f32], ties: Fp4Ties) {
     debug_assert_eq!(x.len() % BLOCK_E4M3_SCALED, 0);
     for xb in x.chunks_exact_mut(BLOCK_E4M3_SCALED) {
         let amax = xb
@@ -528,8 +538,8 @@ mod tests {
             .map(|i| pattern[i % 8] * if i >= 16 { -1.0 } else { 1.0 })
             .collect();
         let mut x16 = x32[..16].to_vec();
-        fp4_qdq_e8m0(&mut x32, Fp4Ties::ToEven);
-        fp4_qdq_e4m3(&mut x16, Fp4Ties::ToEven);
+        fp4_qdq_e8m0(&mut x32);
+        fp4_qdq_e4m3(&mut x16);
         for i in 0..32 {
             let w = want[i % 8] * if i >= 16 { -1.0 } else { 1.0 };
             assert_eq!(x32[i], w, "e8m0 elem {i}");
@@ -546,24 +556,24 @@ mod tests {
         x[0] = 7.0;
         x[1] = 1.0; // 0.5 → 0.5 → 1.0
         x[2] = 0.4; // 0.2 → 0 → 0
-        fp4_qdq_e8m0(&mut x, Fp4Ties::ToEven);
+        fp4_qdq_e8m0(&mut x);
         assert_eq!(&x[..3], &[8.0, 1.0, 0.0]);
         // E4M3: amax 7 → s = e4m3(7/6 = 1.1666…) = 1.125; 7/1.125 = 6.22 → clamp 6 → 6.75.
         let mut y = vec![0f32; 16];
         y[0] = 7.0;
         y[1] = -1.0; // -0.888… → -1 → -1.125
-        fp4_qdq_e4m3(&mut y, Fp4Ties::ToEven);
+        fp4_qdq_e4m3(&mut y);
         assert_eq!(&y[..2], &[6.75, -1.125]);
         // Zero blocks stay zero (the amax floors keep the scale nonzero).
         let mut z = vec![0f32; 32];
-        fp4_qdq_e8m0(&mut z, Fp4Ties::ToEven);
-        fp4_qdq_e4m3(&mut z, Fp4Ties::ToEven);
+        fp4_qdq_e8m0(&mut z);
+        fp4_qdq_e4m3(&mut z);
         assert!(z.iter().all(|&v| v == 0.0));
         // Every QDQ value is a bf16 and each block maps onto at most 15 distinct values.
         let mut a = activations(32 * 40, 3);
         let mut b = a.clone();
-        fp4_qdq_e8m0(&mut a, Fp4Ties::ToEven);
-        fp4_qdq_e4m3(&mut b, Fp4Ties::ToEven);
+        fp4_qdq_e8m0(&mut a);
+        fp4_qdq_e4m3(&mut b);
         assert!(a.iter().chain(&b).all(|&v| bf16(v) == v));
     }
 }
