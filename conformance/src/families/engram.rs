@@ -79,7 +79,36 @@ pub fn run(
         (None, Some(EngramRelation::DeadLatches)) => {
             let tokens = s.tokens.clone().unwrap_or_default();
             let pad = s.pad_token.unwrap_or_default();
+            // Anchor: the text-only ids equal the built-in reference's (whose hashing the
+            // upstream goldens certify), so a constant answer cannot satisfy the relation.
+            let text_req = EngramHashRequest {
+                model: model.clone(),
+                tokens: tokens.clone(),
+                dead: vec![],
+                engram_token_map: token_map.clone(),
+            };
+            let anchor = ctx
+                .reference
+                .lock()
+                .map_err(|_| Outcome::error("reference engine lock poisoned"))?
+                .engram_hash(&text_req, timeout(case))
+                .map_err(|e| {
+                    Outcome::error(format!("the built-in reference could not hash: {e}"))
+                })?;
+            let text_only = hash(&tokens, &[], token_map.clone())?;
+            let o = judge(
+                &text_only,
+                &anchor,
+                "text only, against the built-in reference",
+                details,
+            );
+            if o != Outcome::Pass {
+                return Ok(o);
+            }
             let with_dead = hash(&tokens, &s.dead, token_map.clone())?;
+            if let Some(o) = shape_mismatch(&with_dead, &anchor, "with DEAD slots") {
+                return Ok(o);
+            }
             // Positions grouped by the last DEAD slot at or before them (None: before any).
             let mut groups: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
             for p in 0..tokens.len() {
@@ -90,33 +119,31 @@ pub fn run(
                 }
             }
             for (last, positions) in &groups {
-                let mut text = tokens.clone();
-                if let Some(q) = *last {
-                    text[..=q].iter_mut().for_each(|t| *t = pad);
-                }
-                let text_ids = hash(&text, &[], token_map.clone())?;
-                let rows = |ids: &EngramHashes| -> EngramHashes {
-                    positions
-                        .iter()
-                        .map(|&p| ids.get(p).cloned().unwrap_or_default())
-                        .collect()
-                };
-                let what = match last {
-                    None => "positions before the first DEAD slot against the text-only run"
-                        .to_string(),
-                    Some(q) => format!(
-                        "positions {}..={} against the text-only run with tokens 0..={q} set to the pad {pad}",
-                        positions[0],
-                        positions[positions.len() - 1]
+                let (text_ids, what) = match *last {
+                    None => (
+                        text_only.clone(),
+                        "positions before the first DEAD slot against the text-only run"
+                            .to_string(),
                     ),
+                    Some(q) => {
+                        let mut padded = tokens.clone();
+                        padded[..=q].iter_mut().for_each(|t| *t = pad);
+                        (
+                            hash(&padded, &[], token_map.clone())?,
+                            format!(
+                                "positions {}..={} against the text-only run with tokens 0..={q} set to the pad {pad}",
+                                positions[0],
+                                positions[positions.len() - 1]
+                            ),
+                        )
+                    }
                 };
-                if with_dead.len() != tokens.len() {
-                    return Ok(Outcome::fail(format!(
-                        "engine returned ids for {} positions, expected {}",
-                        with_dead.len(),
-                        tokens.len()
-                    )));
+                if let Some(o) = shape_mismatch(&text_ids, &anchor, "text only") {
+                    return Ok(o);
                 }
+                let rows = |ids: &EngramHashes| -> EngramHashes {
+                    positions.iter().map(|&p| ids[p].clone()).collect()
+                };
                 let o = judge_offset(
                     &rows(&with_dead),
                     &rows(&text_ids),
@@ -124,7 +151,7 @@ pub fn run(
                     &what,
                     details,
                 );
-                if !matches!(o, Outcome::Pass) {
+                if o != Outcome::Pass {
                     return Ok(o);
                 }
             }
@@ -207,6 +234,33 @@ fn judge_offset(
             "{bad}/{total} Engram hash ids differ{ctx}; first at token {t}, Engram layer index {l}, column {c} (= (n − 2) · n_heads + head): expected {b}, got {a}"
         )),
     }
+}
+
+/// [tokens, layers, cols] and whether every row has that shape.
+fn shape(v: &EngramHashes) -> (usize, usize, usize, bool) {
+    let l = v.first().map_or(0, Vec::len);
+    let c = v.first().and_then(|r| r.first()).map_or(0, Vec::len);
+    let regular = v
+        .iter()
+        .all(|r| r.len() == l && r.iter().all(|x| x.len() == c));
+    (v.len(), l, c, regular)
+}
+
+/// A Fail when `got` is ragged or not shaped like `want`.
+fn shape_mismatch(got: &EngramHashes, want: &EngramHashes, what: &str) -> Option<Outcome> {
+    let (gt, gl, gc, regular) = shape(got);
+    let (wt, wl, wc, _) = shape(want);
+    (!regular || (gt, gl, gc) != (wt, wl, wc)).then(|| {
+        let ctx = if what.is_empty() {
+            String::new()
+        } else {
+            format!(" ({what})")
+        };
+        Outcome::fail(format!(
+            "engine returned ids of shape [{gt}, {gl}, {gc}]{}, expected [{wt}, {wl}, {wc}]{ctx}",
+            if regular { "" } else { " (ragged)" }
+        ))
+    })
 }
 
 fn read_golden(g: &EngramGolden, ctx: &Context) -> Result<Expected, Outcome> {
