@@ -5,8 +5,11 @@
 //! thread-count determinism. Needs no upstream data.
 
 use ds41_engine::checkpoint::Layout;
-use ds41_engine::model::{IndexK, Model, Numerics, Options, Session};
-use ds41_engine::trace::{Trace, TraceOptions};
+use ds41_engine::model::{IndexK, Model, Numerics};
+use ds41_engine::testing::{
+    bit_equal, decode_schedule as schedule, first_difference, last_logits, options,
+    run_chunks as run,
+};
 
 fn generate(layout: Layout) -> (tempfile::TempDir, Model) {
     let dir = tempfile::tempdir().unwrap();
@@ -20,61 +23,13 @@ fn ids(n: usize) -> Vec<u32> {
     (0..n as u32).map(|i| (i * 37 + 11) % 509 + 3).collect()
 }
 
-fn run(model: &Model, ids: &[u32], chunks: &[usize], options: &Options) -> Trace {
-    let mut trace = Trace::new(
-        model.config(),
-        TraceOptions {
-            enabled: true,
-            sub_ops: false,
-        },
-    );
-    let mut s = Session::new(model, options.clone());
-    let mut at = 0;
-    for &n in chunks {
-        if n == 1 && at > 0 {
-            s.decode(ids[at], &mut trace).unwrap();
-        } else {
-            s.prefill(&ids[at..at + n], &mut trace).unwrap();
-        }
-        at += n;
-    }
-    trace
-}
-
-fn schedule(prefill: usize, total: usize) -> Vec<usize> {
-    std::iter::once(prefill)
-        .chain(std::iter::repeat(1).take(total - prefill))
-        .collect()
-}
-
-fn first_difference(a: &Trace, b: &Trace) -> Option<(usize, usize)> {
-    let w = a.hc * a.dim;
-    (0..a.tokens)
-        .flat_map(|t| (0..a.n_layers).map(move |l| (t, l)))
-        .find(|&(t, l)| {
-            let c = a.cell(t, l, w);
-            a.residual[c.clone()]
-                .iter()
-                .zip(&b.residual[c])
-                .any(|(x, y)| x.to_bits() != y.to_bits())
-        })
-}
-
 fn check_layout(layout: Layout, numerics_list: &[Numerics]) {
     let (_dir, model) = generate(layout);
     let n = 40;
     let ids = ids(n);
     for &numerics in numerics_list {
-        let owner = Options {
-            numerics,
-            index_k: IndexK::Owner,
-            ..Options::default()
-        };
-        let shipped = Options {
-            numerics,
-            index_k: IndexK::AsShipped,
-            ..Options::default()
-        };
+        let owner = options(numerics, IndexK::Owner);
+        let shipped = options(numerics, IndexK::AsShipped);
         let full = run(&model, &ids, &[n], &owner);
         for chunks in [
             schedule(1, n),
@@ -88,10 +43,7 @@ fn check_layout(layout: Layout, numerics_list: &[Numerics]) {
                 None,
                 "{layout:?} {numerics} chunks {chunks:?}"
             );
-            assert_eq!(
-                full.logits[full.logits.len() - full.vocab..],
-                other.logits[other.logits.len() - other.vocab..]
-            );
+            assert!(bit_equal(last_logits(&full), last_logits(&other)));
         }
         // tiny: the ratio-2 owner is layer 1, index_topk 8 → first even p with p/2 > 8 is 18.
         let a = run(&model, &ids, &schedule(1, n), &shipped);

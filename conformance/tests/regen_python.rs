@@ -1,46 +1,120 @@
-//! Runs the Python tests of goldens/regen/ (the kernels against hand-computed cases, the
-//! official-model driver on its toy stand-in, the DSML and WASTE drivers on toys) when a Python
-//! with goldens/regen/requirements.txt installed is named by `DS41_REGEN_PYTHON`, e.g.
-//! `DS41_REGEN_PYTHON=/tmp/ds41-venv/bin/python cargo test -p ds41-conformance --test regen_python`.
-//! About a minute; skipped (with the reason on stderr) when the variable is unset.
+//! The Python side of goldens/regen/, run from `cargo test` (harness: libtest-mimic, so a
+//! trial that cannot run is reported as *ignored* with its reason, never as passed):
+//!
+//! * `regen_python::model` — goldens/regen/model/test_*.py: the torch kernels against
+//!   hand-computed cases and an exact rational reference, run_official.py on its toy stand-in;
+//! * `regen_python::scripts` — goldens/regen/test_regen*.py: the DSML, tokenizer and WASTE
+//!   drivers on toys and forged inputs;
+//! * `regen_python::torch-kernels-vs-engine` — the torch kernels against this engine's upstream
+//!   profile, bit for bit, on official_a weights (regen_python/torch_kernels.rs).
+//!
+//! `DS41_PYTHON` names a Python with goldens/regen/requirements.txt installed, e.g.
+//! `DS41_PYTHON=/tmp/ds41-venv/bin/python DS41_UPSTREAM=/work/shared/upstream cargo test -p
+//! ds41-conformance --test regen_python` (about 40 s). Set but lacking the pinned packages is a
+//! failure. `DS41_UPSTREAM` and `DS41_TOKENIZER_WHEEL` are passed through (the Python tests that
+//! need them say `SKIPPED` when unset).
 
-use std::path::Path;
+#[path = "regen_python/torch_kernels.rs"]
+mod torch_kernels;
+
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
-#[test]
-fn regen_python_tests() {
-    let Some(python) = std::env::var_os("DS41_REGEN_PYTHON").filter(|v| !v.is_empty()) else {
-        eprintln!(
-            "SKIPPED: DS41_REGEN_PYTHON not set (a Python with goldens/regen/requirements.txt)"
-        );
-        return;
-    };
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for (dir, pattern) in [
-        ("goldens/regen/model", "test_*.py"),
-        ("goldens/regen", "test_regen*.py"),
-    ] {
-        let out = Command::new(&python)
-            .args(["-B", "-m", "unittest", "discover", "-s", dir, "-p", pattern])
-            .current_dir(&root)
-            .output()
-            .expect("run python");
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            out.status.success(),
-            "{dir}: python tests failed:\n{stderr}"
-        );
-        let ran = stderr
-            .lines()
-            .find_map(|l| {
-                l.strip_prefix("Ran ")?
-                    .split_whitespace()
-                    .next()?
-                    .parse::<u32>()
-                    .ok()
-            })
-            .unwrap_or(0);
-        assert!(ran > 0, "{dir}: no test ran:\n{stderr}");
-        eprintln!("{dir}: {ran} python tests passed");
+use libtest_mimic::{Arguments, Completion, Failed, Trial};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// Run one `unittest discover` and require that tests ran and all passed.
+fn unittest(python: &Path, dir: &str, pattern: &str) -> Result<Completion, Failed> {
+    let out = Command::new(python)
+        .args(["-B", "-m", "unittest", "discover", "-s", dir, "-p", pattern])
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("run {python:?}: {e}"))?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() {
+        return Err(format!("{dir}: python tests failed:\n{stderr}").into());
     }
+    let ran = stderr
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Ran ")?
+                .split_whitespace()
+                .next()?
+                .parse::<u32>()
+                .ok()
+        })
+        .unwrap_or(0);
+    if ran == 0 {
+        return Err(format!("{dir}: no test ran:\n{stderr}").into());
+    }
+    eprintln!("{dir}: {ran} python tests ran, all passed");
+    for line in stderr
+        .lines()
+        .filter_map(|l| l.find("SKIPPED").map(|i| &l[i..]))
+    {
+        eprintln!("  {line}");
+    }
+    Ok(Completion::Completed)
+}
+
+/// The Python named by DS41_PYTHON, after checking it has the pinned packages.
+fn regen_python() -> Result<PathBuf, String> {
+    let python = std::env::var_os("DS41_PYTHON")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .ok_or("SKIPPED: DS41_PYTHON not set (a Python with goldens/regen/requirements.txt)")?;
+    let probe = Command::new(&python)
+        .args(["-c", "import torch, tokenizers, safetensors, numpy"])
+        .output()
+        .map_err(|e| format!("DS41_PYTHON={python:?} cannot be run: {e}"))?;
+    if !probe.status.success() {
+        return Err(format!(
+            "DS41_PYTHON={python:?} lacks the pinned regen dependencies:\n{}",
+            String::from_utf8_lossy(&probe.stderr)
+        ));
+    }
+    Ok(python)
+}
+
+fn main() {
+    let args = Arguments::from_args();
+    let upstream = std::env::var_os("DS41_UPSTREAM").filter(|v| !v.is_empty());
+    if std::env::var_os("DS41_PYTHON").is_none_or(|v| v.is_empty()) {
+        eprintln!(
+            "SKIPPED: DS41_PYTHON not set: the goldens/regen Python tests are reported as ignored"
+        );
+    }
+    // A missing DS41_PYTHON is a skip; a DS41_PYTHON that cannot run the tests is a failure.
+    let need_python = || -> Result<Option<PathBuf>, Failed> {
+        match regen_python() {
+            Ok(p) => Ok(Some(p)),
+            Err(reason) if reason.starts_with("SKIPPED") => Ok(None),
+            Err(reason) => Err(reason.into()),
+        }
+    };
+    let skipped = || Completion::ignored_with("SKIPPED: DS41_PYTHON not set");
+    let trials = vec![
+        Trial::ignorable_test("regen_python::model", move || match need_python()? {
+            Some(py) => unittest(&py, "goldens/regen/model", "test_*.py"),
+            None => Ok(skipped()),
+        }),
+        Trial::ignorable_test("regen_python::scripts", move || match need_python()? {
+            Some(py) => unittest(&py, "goldens/regen", "test_regen*.py"),
+            None => Ok(skipped()),
+        }),
+        Trial::ignorable_test("regen_python::torch-kernels-vs-engine", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let Some(up) = upstream.clone() else {
+                return Ok(Completion::ignored_with("SKIPPED: DS41_UPSTREAM not set"));
+            };
+            torch_kernels::torch_kernels_equal_the_engine_bit_for_bit(&py, Path::new(&up));
+            Ok(Completion::Completed)
+        }),
+    ];
+    libtest_mimic::run(&args, trials).exit();
 }

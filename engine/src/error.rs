@@ -3,26 +3,25 @@
 
 use std::path::PathBuf;
 
-#[derive(Debug, thiserror::Error)]
+/// Each message is complete on its own: `Io` writes the operating system's reason inline and
+/// therefore does not also return it from `source()` (a chain printer such as anyhow's `{:#}`
+/// would print it twice). No variant wraps another error.
+#[derive(Debug)]
 pub enum Error {
-    #[error("{path}: {source}")]
+    /// Reading or writing `path` failed.
     Io {
         path: PathBuf,
-        #[source]
         source: std::io::Error,
     },
     /// A configuration field breaks a rule (`field` is the config key, `rule` what it broke).
-    #[error("config field `{field}`: {rule}")]
     Config { field: String, rule: String },
     /// A tensor is missing, has the wrong shape or dtype, or cannot be decoded.
-    #[error("{file}: tensor `{tensor}`: {reason}")]
     Tensor {
         file: PathBuf,
         tensor: String,
         reason: String,
     },
     /// A file's bytes break its format at a byte offset.
-    #[error("{file} @ byte {offset}: {reason}")]
     Format {
         file: PathBuf,
         offset: u64,
@@ -30,16 +29,41 @@ pub enum Error {
     },
     /// A tokenizer file is valid JSON but its content is unusable or unsupported
     /// (`field` is the JSON path, e.g. `model.merges[17]`).
-    #[error("{file}: tokenizer field `{field}`: {reason}")]
     Tokenizer {
         file: PathBuf,
         field: String,
         reason: String,
     },
     /// A forward-pass precondition failed (e.g. a position beyond the caches).
-    #[error("model: {0}")]
     Model(String),
 }
+
+impl std::fmt::Display for Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Error::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            Error::Config { field, rule } => write!(f, "config field `{field}`: {rule}"),
+            Error::Tensor {
+                file,
+                tensor,
+                reason,
+            } => write!(f, "{}: tensor `{tensor}`: {reason}", file.display()),
+            Error::Format {
+                file,
+                offset,
+                reason,
+            } => write!(f, "{} @ byte {offset}: {reason}", file.display()),
+            Error::Tokenizer {
+                file,
+                field,
+                reason,
+            } => write!(f, "{}: tokenizer field `{field}`: {reason}", file.display()),
+            Error::Model(message) => write!(f, "model: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for Error {}
 
 impl Error {
     /// The variant's name, for checks that expect a particular kind of refusal.
@@ -56,3 +80,21 @@ impl Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The OS reason appears once in a full chain (`{:#}` of anyhow walks `source()`).
+    #[test]
+    fn io_error_names_the_path_and_the_reason_once() {
+        let source = std::fs::read("/nonexistent/ds41/x").unwrap_err();
+        let reason = source.to_string();
+        let err = Error::Io {
+            path: PathBuf::from("/nonexistent/ds41/x"),
+            source,
+        };
+        assert_eq!(err.to_string(), format!("/nonexistent/ds41/x: {reason}"));
+        assert!(std::error::Error::source(&err).is_none());
+    }
+}

@@ -4,7 +4,8 @@
 //! * [`config`], [`checkpoint`], [`dtype`] — reading a checkpoint in either layout;
 //! * [`model`] — the text forward pass and its two numerics profiles;
 //! * [`tokenizer`] — the DS41 byte-level BPE and the Engram compressed token map;
-//! * [`dsml`] — the V4.1 chat format.
+//! * [`dsml`] — the V4.1 chat format;
+//! * `testing` (feature `test-support`) — schedule helpers shared by the tests.
 
 pub mod checkpoint;
 pub mod config;
@@ -13,6 +14,8 @@ pub mod dtype;
 pub mod error;
 pub mod model;
 pub mod state;
+#[cfg(feature = "test-support")]
+pub mod testing;
 pub mod tokenizer;
 pub mod trace;
 

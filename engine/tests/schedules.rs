@@ -6,8 +6,11 @@ use model_common as common;
 
 use std::path::Path;
 
-use ds41_engine::model::{IndexK, Model, Numerics, Options, Session};
-use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
+use ds41_engine::model::{IndexK, Model, Numerics};
+use ds41_engine::testing::{
+    bit_equal, decode_schedule as schedule, first_difference, last_logits, options, run_chunks,
+};
+use ds41_engine::trace::{Trace, TraceFile};
 
 fn open_model(dir: &Path) -> Model {
     common::official_a_model(dir)
@@ -30,55 +33,6 @@ fn ids(up: &Path) -> Vec<u32> {
         .collect()
 }
 
-/// Run `ids` as consecutive chunks of the given sizes (the first is the prefill); a chunk of
-/// one token after position 0 is a decode step.
-fn run_chunks(model: &Model, ids: &[u32], chunks: &[usize], options: &Options) -> Trace {
-    let mut trace = Trace::new(
-        model.config(),
-        TraceOptions {
-            enabled: true,
-            sub_ops: false,
-        },
-    );
-    let mut s = Session::new(model, options.clone());
-    let mut at = 0;
-    for &n in chunks {
-        if n == 1 && at > 0 {
-            s.decode(ids[at], &mut trace).unwrap();
-        } else {
-            s.prefill(&ids[at..at + n], &mut trace).unwrap();
-        }
-        at += n;
-    }
-    assert_eq!(at, ids.len());
-    trace
-}
-
-fn schedule(prefill: usize, total: usize) -> Vec<usize> {
-    std::iter::once(prefill)
-        .chain(std::iter::repeat(1).take(total - prefill))
-        .collect()
-}
-
-/// First (token, layer) whose block output differs in any bit, comparing token rows by position.
-fn first_difference(a: &Trace, b: &Trace) -> Option<(usize, usize)> {
-    let w = a.hc * a.dim;
-    for t in 0..a.tokens {
-        for l in 0..a.n_layers {
-            let c = a.cell(t, l, w);
-            let (x, y) = (&a.residual[c.clone()], &b.residual[c]);
-            if x.iter().zip(y).any(|(p, q)| p.to_bits() != q.to_bits()) {
-                return Some((t, l));
-            }
-        }
-    }
-    None
-}
-
-fn last_logits(t: &Trace) -> &[f32] {
-    &t.logits[t.logits.len() - t.vocab..]
-}
-
 #[test]
 fn exact_owner_prefill_decode_chunked_are_bit_identical() {
     let Some(up) = common::upstream("exact_owner_prefill_decode_chunked_are_bit_identical") else {
@@ -86,11 +40,7 @@ fn exact_owner_prefill_decode_chunked_are_bit_identical() {
     };
     let model = open_model(&up);
     let ids = ids(&up);
-    let opts = Options {
-        numerics: Numerics::Exact,
-        index_k: IndexK::Owner,
-        ..Options::default()
-    };
+    let opts = options(Numerics::Exact, IndexK::Owner);
     let full = run_chunks(&model, &ids, &[48], &opts);
     // Chunk boundaries at n·r − 1, n·r, n·r + 1 and W ± 1 (r = 2, W = 8), plus pure decode.
     for chunks in [
@@ -108,9 +58,8 @@ fn exact_owner_prefill_decode_chunked_are_bit_identical() {
         for l in &full.index_layers {
             assert_eq!(full.topk[l], other.topk[l], "topk.L{l}, chunks {chunks:?}");
         }
-        let (a, b) = (last_logits(&full), last_logits(&other));
         assert!(
-            a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+            bit_equal(last_logits(&full), last_logits(&other)),
             "logits, chunks {chunks:?}"
         );
     }
@@ -126,11 +75,7 @@ fn upstream_owner_schedules_are_bit_identical_on_official_a() {
     };
     let model = open_model(&up);
     let ids = ids(&up);
-    let opts = Options {
-        numerics: Numerics::Upstream,
-        index_k: IndexK::Owner,
-        ..Options::default()
-    };
+    let opts = options(Numerics::Upstream, IndexK::Owner);
     let full = run_chunks(&model, &ids, &[48], &opts);
     for chunks in [
         schedule(1, 48),
@@ -153,16 +98,8 @@ fn as_shipped_differs_exactly_where_model_md_8_says() {
     let model = open_model(&up);
     let ids = ids(&up);
     for numerics in [Numerics::Exact, Numerics::Upstream] {
-        let shipped = Options {
-            numerics,
-            index_k: IndexK::AsShipped,
-            ..Options::default()
-        };
-        let owner = Options {
-            numerics,
-            index_k: IndexK::Owner,
-            ..Options::default()
-        };
+        let shipped = options(numerics, IndexK::AsShipped);
+        let owner = options(numerics, IndexK::Owner);
         let prefill_shipped = run_chunks(&model, &ids, &[48], &shipped);
         let prefill_owner = run_chunks(&model, &ids, &[48], &owner);
         // Prefill: every owner emits, so both behaviours agree.
@@ -190,11 +127,7 @@ fn results_do_not_depend_on_the_thread_count() {
     let model = open_model(&up);
     let ids = ids(&up);
     for numerics in [Numerics::Exact, Numerics::Upstream] {
-        let opts = Options {
-            numerics,
-            index_k: IndexK::AsShipped,
-            ..Options::default()
-        };
+        let opts = options(numerics, IndexK::AsShipped);
         let runs: Vec<Trace> = [1, 3]
             .iter()
             .map(|&n| {
@@ -206,11 +139,7 @@ fn results_do_not_depend_on_the_thread_count() {
             })
             .collect();
         assert_eq!(first_difference(&runs[0], &runs[1]), None);
-        assert!(runs[0]
-            .logits
-            .iter()
-            .zip(&runs[1].logits)
-            .all(|(a, b)| a.to_bits() == b.to_bits()));
+        assert!(bit_equal(&runs[0].logits, &runs[1].logits));
     }
 }
 
@@ -226,16 +155,8 @@ fn waste_container_schedules() {
     let n = ids.len();
     // Upstream numerics do not apply: q_lora_rank 48 is not a whole number of FP8 blocks.
     for numerics in [Numerics::Exact] {
-        let owner = Options {
-            numerics,
-            index_k: IndexK::Owner,
-            ..Options::default()
-        };
-        let shipped = Options {
-            numerics,
-            index_k: IndexK::AsShipped,
-            ..Options::default()
-        };
+        let owner = options(numerics, IndexK::Owner);
+        let shipped = options(numerics, IndexK::AsShipped);
         let full = run_chunks(&model, &ids, &[n], &owner);
         for chunks in [
             schedule(1, n),

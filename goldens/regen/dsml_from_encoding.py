@@ -2,74 +2,87 @@
 """Check (or rewrite) goldens/dsml against the official DeepSeek-V4.1 encoder.
 
     python3 goldens/regen/dsml_from_encoding.py PATH/TO/encoding/encoding.py [--write]
+        [--goldens DIR] [--allow-unpinned]
 
 PATH is a copy of `encoding/encoding.py` from huggingface.co/deepseek-ai/DeepSeek-V4.1-Flash at
-revision dba1be0a40aa45a94ad051997016db3960a90277 (sha256 502bdaec…35c1; the script checks the
-hash and warns on any other). It is never vendored into this repository.
+revision dba1be0a40aa45a94ad051997016db3960a90277 (sha256 502bdaec…35c1); another file is
+refused unless --allow-unpinned. It is never vendored into this repository.
 
-For every goldens/dsml/NN_name.json the script runs what the official harness runs,
-`encode_case(case, thinking_mode="chat")` (the case's own thinking_mode / reasoning_effort
-win), plus the project extension key `drop_thinking` (passed to encode_messages), and compares
-the result with NN_name.txt, or the raised exception ("Type: message") with NN_name.error.
-Exit status 0 when everything agrees. With --write, disagreeing expectations are rewritten
-from the official encoder (then review the diff: the hand-derived file was wrong, or the
-encoder revision changed).
+For every DIR/NN_name.json (default goldens/dsml) the script renders the case the way the
+official golden harness does (DSML.md §1; the same code as dsml_official.py: `tools` attached to
+message 0, the case's thinking_mode / reasoning_effort / context win over chat) plus the project
+extension key `drop_thinking` (passed to encode_messages), and compares the result with
+NN_name.txt, or the exception the encoder raised ("Type: message") with NN_name.error. A case
+file this script cannot read is an error of the script (exit 2), never an expectation.
+Exit status 0 when everything agrees, 1 when something differs. With --write, disagreeing
+expectations are rewritten from the official encoder (then review the diff: the hand-derived
+file was wrong, or the encoder revision changed).
 """
-import hashlib
-import importlib.util
+import argparse
 import json
-import os
 import sys
+from pathlib import Path
 
-PINNED = "502bdaec8a3fd88ebc24c4721a7038fbe42f2063c664638127056107920035c1"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import dsml_official  # noqa: E402
+import provenance  # noqa: E402
+
+GOLDENS = Path(__file__).resolve().parent.parent / "dsml"
 
 
-def main():
-    if len(sys.argv) < 2:
-        sys.exit(__doc__)
-    encoding_path = sys.argv[1]
-    write = "--write" in sys.argv[2:]
-    digest = hashlib.sha256(open(encoding_path, "rb").read()).hexdigest()
-    if digest != PINNED:
-        print(f"warning: {encoding_path} has sha256 {digest}, not the pinned {PINNED}", file=sys.stderr)
-    spec = importlib.util.spec_from_file_location("ds41_encoding", encoding_path)
-    enc = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(enc)
+def expectation(encoding, case) -> tuple:
+    """(".txt", prompt) or (".error", "Type: message") for one case."""
+    extra = {}
+    if isinstance(case, dict) and "drop_thinking" in case:
+        extra["drop_thinking"] = case["drop_thinking"]
+    try:
+        return ".txt", dsml_official.render_case(encoding, None, case, **extra)
+    except Exception as e:  # the reference's rejection is the expectation
+        return ".error", f"{type(e).__name__}: {e}"
 
-    golden_dir = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "dsml")
-    stems = sorted(f[:-5] for f in os.listdir(golden_dir) if f.endswith(".json"))
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("encoding", type=Path, help="the release encoding/encoding.py")
+    ap.add_argument("--goldens", type=Path, default=GOLDENS, help="case directory (default goldens/dsml)")
+    ap.add_argument("--write", action="store_true", help="rewrite disagreeing expectations")
+    ap.add_argument("--allow-unpinned", action="store_true")
+    a = ap.parse_args(argv)
+
+    digest = provenance.sha256_file(a.encoding)
+    if digest != dsml_official.PINNED_ENCODING and not a.allow_unpinned:
+        print(f"dsml_from_encoding: {a.encoding}: sha256 {digest} is not the pinned "
+              f"{dsml_official.PINNED_ENCODING}; --allow-unpinned to run anyway", file=sys.stderr)
+        return 2
+    encoding = dsml_official.import_path("encoding", a.encoding)
+
+    stems = sorted(p.stem for p in a.goldens.glob("*.json") if not p.name.endswith(provenance.SUFFIX))
+    if not stems:
+        print(f"dsml_from_encoding: no case files in {a.goldens}", file=sys.stderr)
+        return 2
     disagree = 0
     for stem in stems:
-        path = os.path.join(golden_dir, stem + ".json")
-        raw = json.load(open(path, encoding="utf-8"))
-        drop_thinking = raw.get("drop_thinking", True) if isinstance(raw, dict) else True
+        path = a.goldens / f"{stem}.json"
         try:
-            (case,) = enc.load_cases(path)
-            got = enc.encode_messages(
-                case["messages"],
-                thinking_mode=case.get("thinking_mode") or "chat",
-                context=case.get("context"),
-                drop_thinking=drop_thinking,
-                reasoning_effort=case.get("reasoning_effort"),
-            )
-            ext, text = ".txt", got
-        except Exception as e:  # the reference's rejection is the expectation
-            ext, text = ".error", f"{type(e).__name__}: {e}"
-        want_path = os.path.join(golden_dir, stem + ext)
-        want = open(want_path, encoding="utf-8", newline="").read() if os.path.exists(want_path) else None
+            case = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            print(f"dsml_from_encoding: {path}: {e}", file=sys.stderr)
+            return 2
+        ext, text = expectation(encoding, case)
+        want_path = a.goldens / f"{stem}{ext}"
+        want = want_path.read_bytes().decode("utf-8") if want_path.exists() else None
         if want == text:
             continue
         disagree += 1
         print(f"DIFFERS {stem}{ext}:\n  encoder: {text!r}\n  golden:  {want!r}")
-        if write:
+        if a.write:
             for old in (".txt", ".error"):
-                if os.path.exists(os.path.join(golden_dir, stem + old)):
-                    os.remove(os.path.join(golden_dir, stem + old))
-            with open(want_path, "w", encoding="utf-8", newline="") as f:
-                f.write(text)
-    print(f"{len(stems) - disagree}/{len(stems)} goldens agree with {encoding_path}", file=sys.stderr)
-    sys.exit(1 if disagree and not write else 0)
+                (a.goldens / f"{stem}{old}").unlink(missing_ok=True)
+            want_path.write_bytes(text.encode("utf-8"))
+    print(f"{len(stems) - disagree}/{len(stems)} goldens agree with {a.encoding}"
+          + (f"; rewrote {disagree}" if a.write and disagree else ""), file=sys.stderr)
+    return 1 if disagree and not a.write else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

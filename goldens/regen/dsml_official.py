@@ -63,8 +63,10 @@ def call(fn, **kwargs):
     return fn(**kwargs)
 
 
-def render_case(encoding, harness, case):
-    if harness is not None and hasattr(harness, "encode_case"):
+def render_case(encoding, harness, case, **extra):
+    """Render one case file's content (DSML.md §1); `extra` keyword arguments (the project's
+    `drop_thinking` extension) go to encode_messages and rule out the release harness."""
+    if harness is not None and hasattr(harness, "encode_case") and not extra:
         return harness.encode_case(copy.deepcopy(case), thinking_mode="chat")
     if isinstance(case, list):
         case = {"messages": case}
@@ -77,7 +79,7 @@ def render_case(encoding, harness, case):
     for key in ("reasoning_effort", "context"):
         if key in case:
             kwargs[key] = case[key]
-    return call(encoding.encode_messages, messages=messages, **kwargs)
+    return call(encoding.encode_messages, messages=messages, **kwargs, **extra)
 
 
 def run_probe(encoding, probe):

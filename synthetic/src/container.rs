@@ -9,12 +9,14 @@
 //! non-degenerate activations. The file order and structure are the same for both.
 
 use crate::draw::{self, Q4_CODE_RMS, Q8_CODE_RMS, VQ_CODE_RMS};
-use crate::inventory::{engram_primes, Init, EXPERT_GAIN};
-use crate::preset::{Geometry, Preset};
-use crate::pyjson;
-use crate::rng::{PyRandom, SplitMix64};
+use crate::inventory::{logical_tensors, Init, Logical, EXPERT_GAIN};
+use crate::preset::{decimal, Geometry, Preset};
+use crate::rng::SplitMix64;
 use crate::tokenizer::{Vocab, SPECIALS};
 use crate::SynthError;
+use ds41_engine::config::release_primes;
+use ds41_engine::dsml::json_py::{self, DumpOptions};
+use ds41_engine::tokenizer::python_random::PythonRandom;
 use half::f16;
 use serde_json::{json, Map, Value};
 use std::collections::BTreeMap;
@@ -73,13 +75,13 @@ pub trait Draws {
 
 /// WASTE's generator (CONTAINER.md §10.2): one CPython `random.Random(seed)` stream.
 pub struct WasteDraws {
-    rng: PyRandom,
+    rng: PythonRandom,
 }
 
 impl WasteDraws {
     pub fn new(seed: u64) -> Self {
         Self {
-            rng: PyRandom::new(seed),
+            rng: PythonRandom::new(seed),
         }
     }
     fn f16s(&mut self, n: usize, lo: f64, hi: f64) -> Vec<u16> {
@@ -295,260 +297,160 @@ pub struct TrunkTensor {
     pub init: Init,
 }
 
-/// The trunk in the order of CONTAINER.md §10.2 item 1 (names per §8).
+/// The trunk in the order of CONTAINER.md §10.2 item 1 (names per §8). Shapes and value
+/// recipes are the logical tensors' ([`logical_tensors`]); this function only names, orders
+/// and formats them.
 pub fn trunk_tensors(g: &Geometry) -> Vec<TrunkTensor> {
-    let mut v = Vec::new();
-    let mut t = |name: String, release: String, shape: Vec<usize>, fmt, init| {
-        v.push(TrunkTensor {
-            name,
-            release,
-            shape,
-            fmt,
-            init,
+    let logical: BTreeMap<String, Logical> = logical_tensors(g)
+        .into_iter()
+        .map(|t| (t.name.clone(), t))
+        .collect();
+    trunk_names(g)
+        .into_iter()
+        .map(|(name, release, fmt)| {
+            let t = logical
+                .get(&release)
+                .unwrap_or_else(|| panic!("trunk tensor {name}: no logical tensor {release}"));
+            TrunkTensor {
+                name,
+                release,
+                shape: t.shape.clone(),
+                fmt,
+                init: t.init,
+            }
         })
-    };
+        .collect()
+}
+
+/// (container name, release name, format) of every trunk tensor, in trunk order.
+fn trunk_names(g: &Geometry) -> Vec<(String, String, Fmt)> {
     use Fmt::*;
-    t(
-        "model.embed_tokens.weight".into(),
-        "embed.weight".into(),
-        vec![g.vocab_size, g.dim],
-        Q8G,
-        Init::Uniform(-1.0, 1.0),
-    );
-    let hc = g.hc_mult;
+    let top = |c: &str, r: &str, fmt| (c.to_string(), r.to_string(), fmt);
+    let mut v = vec![top("model.embed_tokens.weight", "embed.weight", Q8G)];
     for l in 0..g.n_layers {
-        let c = |s: &str| format!("model.layers.{l}.{s}");
-        let r = |s: &str| format!("layers.{l}.{s}");
-        t(
-            c("input_layernorm.weight"),
-            r("attn_norm.weight"),
-            vec![g.dim],
-            F32,
-            Init::Norm,
-        );
-        t(
-            c("post_attention_layernorm.weight"),
-            r("ffn_norm.weight"),
-            vec![g.dim],
-            F32,
-            Init::Norm,
-        );
+        // Names below `model.layers.{l}.` (container) and `layers.{l}.` (release).
+        let mut add = |entries: &[(&str, &str, Fmt)]| {
+            v.extend(entries.iter().map(|&(c, r, fmt)| {
+                (
+                    format!("model.layers.{l}.{c}"),
+                    format!("layers.{l}.{r}"),
+                    fmt,
+                )
+            }));
+        };
+        add(&[
+            ("input_layernorm.weight", "attn_norm.weight", F32),
+            ("post_attention_layernorm.weight", "ffn_norm.weight", F32),
+        ]);
         for site in ["attn", "ffn"] {
-            let n = |k: &str| format!("hc_{site}_{k}");
-            t(
-                c(&n("fn")),
-                r(&n("fn")),
-                vec![(2 + hc) * hc, hc * g.dim],
-                Q8G,
-                Init::Linear(1.0),
+            let (f, b, s) = (
+                format!("hc_{site}_fn"),
+                format!("hc_{site}_base"),
+                format!("hc_{site}_scale"),
             );
-            t(
-                c(&n("base")),
-                r(&n("base")),
-                vec![(2 + hc) * hc],
-                F32,
-                Init::Uniform(-1.0, 1.0),
-            );
-            t(
-                c(&n("scale")),
-                r(&n("scale")),
-                vec![3],
-                F32,
-                Init::Uniform(0.5, 1.5),
-            );
+            add(&[(&f, &f, Q8G), (&b, &b, F32), (&s, &s, F32)]);
         }
-        let sa = |s: &str| c(&format!("self_attn.{s}"));
-        t(
-            sa("q_a_proj.weight"),
-            r("attn.wq_a.weight"),
-            vec![g.q_lora_rank, g.dim],
-            Q4G,
-            Init::Linear(1.0),
-        );
-        t(
-            sa("q_a_layernorm.weight"),
-            r("attn.q_norm.weight"),
-            vec![g.q_lora_rank],
-            F32,
-            Init::Norm,
-        );
-        t(
-            sa("q_b_proj.weight"),
-            r("attn.wq_b.weight"),
-            vec![g.n_heads * g.head_dim, g.q_lora_rank],
-            Q4G,
-            Init::Linear(1.5),
-        );
-        t(
-            sa("kv_proj.weight"),
-            r("attn.wkv.weight"),
-            vec![g.head_dim, g.dim],
-            Q4G,
-            Init::Linear(1.0),
-        );
-        t(
-            sa("kv_layernorm.weight"),
-            r("attn.kv_norm.weight"),
-            vec![g.head_dim],
-            F32,
-            Init::Norm,
-        );
-        t(
-            sa("o_a_proj.weight"),
-            r("attn.wo_a.weight"),
-            vec![
-                g.o_groups * g.o_lora_rank,
-                g.n_heads * g.head_dim / g.o_groups,
-            ],
-            Q4G,
-            Init::Linear(1.0),
-        );
-        t(
-            sa("o_b_proj.weight"),
-            r("attn.wo_b.weight"),
-            vec![g.dim, g.o_groups * g.o_lora_rank],
-            Q4G,
-            Init::Linear(1.0),
-        );
-        t(
-            sa("attn_sink"),
-            r("attn.attn_sink"),
-            vec![g.n_heads],
-            F32,
-            Init::Uniform(-2.0, 2.0),
-        );
+        add(&[
+            ("self_attn.q_a_proj.weight", "attn.wq_a.weight", Q4G),
+            ("self_attn.q_a_layernorm.weight", "attn.q_norm.weight", F32),
+            ("self_attn.q_b_proj.weight", "attn.wq_b.weight", Q4G),
+            ("self_attn.kv_proj.weight", "attn.wkv.weight", Q4G),
+            ("self_attn.kv_layernorm.weight", "attn.kv_norm.weight", F32),
+            ("self_attn.o_a_proj.weight", "attn.wo_a.weight", Q4G),
+            ("self_attn.o_b_proj.weight", "attn.wo_b.weight", Q4G),
+            ("self_attn.attn_sink", "attn.attn_sink", F32),
+        ]);
         if g.is_kv_source(l) {
-            t(
-                sa("compress.kv_proj.weight"),
-                r("attn.compressor.wkv.weight"),
-                vec![g.head_dim, g.dim],
-                Q4G,
-                Init::Linear(1.0),
-            );
-            t(
-                sa("compress.norm.weight"),
-                r("attn.compressor.norm.weight"),
-                vec![g.head_dim],
-                F32,
-                Init::Norm,
-            );
-            if g.compress_ratios[l] > 1 {
-                t(
-                    sa("compress.gate_proj.weight"),
-                    r("attn.compressor.wgate.weight"),
-                    vec![g.head_dim, g.dim],
+            add(&[
+                (
+                    "self_attn.compress.kv_proj.weight",
+                    "attn.compressor.wkv.weight",
                     Q4G,
-                    Init::Linear(2.0),
-                );
+                ),
+                (
+                    "self_attn.compress.norm.weight",
+                    "attn.compressor.norm.weight",
+                    F32,
+                ),
+            ]);
+            if g.compress_ratios[l] > 1 {
+                add(&[(
+                    "self_attn.compress.gate_proj.weight",
+                    "attn.compressor.wgate.weight",
+                    Q4G,
+                )]);
             }
         }
         if g.is_index_source(l) {
-            t(
-                sa("indexer.q_b_proj.weight"),
-                r("attn.indexer.wq_b.weight"),
-                vec![g.index_n_heads * g.index_head_dim, g.q_lora_rank],
-                Q4G,
-                Init::Linear(1.0),
-            );
-            t(
-                sa("indexer.weights_proj.weight"),
-                r("attn.indexer.weights_proj.weight"),
-                vec![g.index_n_heads, g.dim],
-                Q4G,
-                Init::Linear(1.0),
-            );
-            if g.is_kv_source(l) {
-                t(
-                    sa("indexer.k_proj.weight"),
-                    r("attn.indexer.wk.weight"),
-                    vec![g.index_head_dim, g.head_dim],
+            add(&[
+                (
+                    "self_attn.indexer.q_b_proj.weight",
+                    "attn.indexer.wq_b.weight",
                     Q4G,
-                    Init::Linear(1.0),
-                );
-                t(
-                    sa("indexer.k_layernorm.weight"),
-                    r("attn.indexer.k_norm.weight"),
-                    vec![g.index_head_dim],
-                    F32,
-                    Init::Norm,
-                );
+                ),
+                (
+                    "self_attn.indexer.weights_proj.weight",
+                    "attn.indexer.weights_proj.weight",
+                    Q4G,
+                ),
+            ]);
+            if g.is_kv_source(l) {
+                add(&[
+                    (
+                        "self_attn.indexer.k_proj.weight",
+                        "attn.indexer.wk.weight",
+                        Q4G,
+                    ),
+                    (
+                        "self_attn.indexer.k_layernorm.weight",
+                        "attn.indexer.k_norm.weight",
+                        F32,
+                    ),
+                ]);
             }
         }
-        if g.is_engram(l) {
-            t(
-                c("engram.wkv.weight"),
-                r("engram.wkv.weight"),
-                vec![(hc + 1) * g.dim, g.engram_in_dim()],
-                Q4G,
-                Init::Linear(1.0),
-            );
-            t(
-                c("engram.q_weight"),
-                r("engram.q_weight"),
-                vec![hc, g.dim],
-                F32,
-                Init::Uniform(-1.5, 1.5),
-            );
-            t(
-                c("engram.k_weight"),
-                r("engram.k_weight"),
-                vec![hc, g.dim],
-                F32,
-                Init::Uniform(-1.5, 1.5),
-            );
+        if g.engram_index(l).is_some() {
+            add(&[
+                ("engram.wkv.weight", "engram.wkv.weight", Q4G),
+                ("engram.q_weight", "engram.q_weight", F32),
+                ("engram.k_weight", "engram.k_weight", F32),
+            ]);
         }
-        let m = |s: &str| c(&format!("block_sparse_moe.{s}"));
-        t(
-            m("gate.weight"),
-            r("ffn.gate.weight"),
-            vec![g.n_routed_experts, g.dim],
-            Q4G,
-            Init::Linear(2.0),
-        );
-        t(
-            m("gate.e_score_correction_bias"),
-            r("ffn.gate.bias"),
-            vec![g.n_routed_experts],
-            F32,
-            Init::Uniform(-0.5, 0.5),
-        );
+        add(&[
+            ("block_sparse_moe.gate.weight", "ffn.gate.weight", Q4G),
+            (
+                "block_sparse_moe.gate.e_score_correction_bias",
+                "ffn.gate.bias",
+                F32,
+            ),
+        ]);
         if g.routing_bias_vl {
-            t(
-                m("gate.e_score_correction_bias_vl"),
-                r("ffn.gate.bias_vl"),
-                vec![g.n_routed_experts],
+            add(&[(
+                "block_sparse_moe.gate.e_score_correction_bias_vl",
+                "ffn.gate.bias_vl",
                 F32,
-                Init::Uniform(-3.0, 3.0),
-            );
+            )]);
         }
-        for (hf, w, shape) in [
-            ("gate_proj", "w1", vec![g.moe_inter_dim, g.dim]),
-            ("up_proj", "w3", vec![g.moe_inter_dim, g.dim]),
-            ("down_proj", "w2", vec![g.dim, g.moe_inter_dim]),
-        ] {
-            t(
-                m(&format!("shared_experts.{hf}.weight")),
-                r(&format!("ffn.shared_experts.{w}.weight")),
-                shape,
+        add(&[
+            (
+                "block_sparse_moe.shared_experts.gate_proj.weight",
+                "ffn.shared_experts.w1.weight",
                 Q4G,
-                Init::Linear(EXPERT_GAIN),
-            );
-        }
+            ),
+            (
+                "block_sparse_moe.shared_experts.up_proj.weight",
+                "ffn.shared_experts.w3.weight",
+                Q4G,
+            ),
+            (
+                "block_sparse_moe.shared_experts.down_proj.weight",
+                "ffn.shared_experts.w2.weight",
+                Q4G,
+            ),
+        ]);
     }
-    t(
-        "model.norm.weight".into(),
-        "norm.weight".into(),
-        vec![g.dim],
-        F32,
-        Init::Norm,
-    );
-    t(
-        "lm_head.weight".into(),
-        "head.weight".into(),
-        vec![g.vocab_size, g.dim],
-        Q8G,
-        Init::Linear(2.0),
-    );
+    v.push(top("model.norm.weight", "norm.weight", F32));
+    v.push(top("lm_head.weight", "head.weight", Q8G));
     v
 }
 
@@ -566,11 +468,11 @@ pub fn flat_config(g: &Geometry, compressed_vocab: usize, rows: &[u64]) -> Value
         "num_shared_experts": 1,
         "moe_renormalize": true,
         "moe_router_activation_func": "sigmoid",
-        "routed_scaling_factor": g.route_scale,
+        "routed_scaling_factor": decimal(g.route_scale),
         "num_attention_heads": g.n_heads,
         "qk_rope_head_dim": g.rope_head_dim,
         "q_lora_rank": g.q_lora_rank,
-        "rms_norm_eps": g.norm_eps,
+        "rms_norm_eps": decimal(g.norm_eps),
         "vocab_size": g.vocab_size,
         "tie_word_embeddings": false,
         "bos_token_id": g.bos_token_id,
@@ -581,11 +483,11 @@ pub fn flat_config(g: &Geometry, compressed_vocab: usize, rows: &[u64]) -> Value
         "sliding_window": g.window_size,
         "scoring_func": "sqrtsoftplus",
         "routing_bias_vl": g.routing_bias_vl,
-        "swiglu_limit": g.swiglu_limit,
+        "swiglu_limit": decimal(g.swiglu_limit),
         "hidden_act": "silu",
         "hc_mult": g.hc_mult,
         "hc_sinkhorn_iters": g.hc_sinkhorn_iters,
-        "hc_eps": g.hc_eps,
+        "hc_eps": decimal(g.hc_eps),
         "compress_ratios": g.compress_ratios,
         "kv_source_layer_ids": g.kv_source_layers,
         "index_source_layer_ids": g.index_source_layers,
@@ -854,8 +756,9 @@ pub fn write(
     }
 
     // 3. Engram: constants (multipliers drawn per layer), then the tables.
-    let primes = engram_primes(g);
-    let pad_compressed = map[g.engram_pad_id];
+    let primes = release_primes(g);
+    let pad = usize::try_from(g.engram_pad_id).expect("a preset's Engram pad is a token id");
+    let pad_compressed = map[pad];
     let mut eng_layers = Vec::new();
     for (i, &l) in g.engram_layer_ids.iter().enumerate() {
         let mults = draws.multipliers(l, g.engram_max_ngram_size, compressed);
@@ -911,7 +814,7 @@ pub fn write(
     }
     write_file(
         "engram.json",
-        pyjson::to_string(&engram_json, 1).as_bytes(),
+        json_py::dumps_with(&engram_json, DumpOptions::file(1)).as_bytes(),
         &mut files,
     )?;
     let tokmap: Vec<u8> = map.iter().flat_map(|x| x.to_le_bytes()).collect();
@@ -933,7 +836,7 @@ pub fn write(
     });
     write_file(
         "manifest.json",
-        pyjson::to_string(&manifest, 1).as_bytes(),
+        json_py::dumps_with(&manifest, DumpOptions::file(1)).as_bytes(),
         &mut files,
     )?;
     if !p.waste_compat {
@@ -944,7 +847,7 @@ pub fn write(
             .collect();
         write_file(
             "specials.json",
-            pyjson::to_string(&Value::Array(specials), 1).as_bytes(),
+            json_py::dumps_with(&Value::Array(specials), DumpOptions::file(1)).as_bytes(),
             &mut files,
         )?;
     }

@@ -6,6 +6,7 @@
 //! a trunk entry, an expert-bank kind or an Engram file (CONTAINER.md §8).
 
 use crate::preset::Geometry;
+use ds41_engine::config::release_primes;
 
 /// Release storage of a logical tensor (MODEL.md §4.5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,44 +75,10 @@ impl Logical {
     }
 }
 
-/// The primes of each Engram layer, `[layer][n − 2][head]`: the smallest primes above
-/// `engram_vocab_size − 1`, handed out in order and never reused (MODEL.md §6.6.1).
-pub fn engram_primes(g: &Geometry) -> Vec<Vec<Vec<u64>>> {
-    let mut next = g.engram_vocab_size; // candidates start at vocab_size (> vocab_size − 1)
-    let mut take = || loop {
-        let c = next;
-        next += 1;
-        if is_prime(c) {
-            return c;
-        }
-    };
-    g.engram_layer_ids
-        .iter()
-        .map(|_| {
-            (2..=g.engram_max_ngram_size)
-                .map(|_| (0..g.engram_n_heads).map(|_| take()).collect())
-                .collect()
-        })
-        .collect()
-}
-
-fn is_prime(n: u64) -> bool {
-    if n < 2 {
-        return false;
-    }
-    let mut d = 2;
-    while d * d <= n {
-        if n % d == 0 {
-            return false;
-        }
-        d += 1;
-    }
-    true
-}
-
-/// Rows of each Engram table (= the sum of the layer's primes).
+/// Rows of each Engram table: the sum of the layer's primes, which are the engine's
+/// (`release_primes`, MODEL.md §6.6.1), so reader and writer cannot disagree.
 pub fn engram_rows(g: &Geometry) -> Vec<u64> {
-    engram_primes(g)
+    release_primes(g)
         .iter()
         .map(|l| l.iter().flatten().sum())
         .collect()
@@ -119,261 +86,197 @@ pub fn engram_rows(g: &Geometry) -> Vec<u64> {
 
 /// All logical tensors of a geometry, in release order: embed, layers, norm, head.
 pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
-    let mut v = Vec::new();
-    let mut push = |name: String, shape: Vec<usize>, kind, init, layer| {
-        v.push(Logical {
-            name,
+    use Init::*;
+    use Kind::*;
+    let top = |name: &str, shape: Vec<usize>, kind, init| Logical {
+        name: name.into(),
+        shape,
+        kind,
+        init,
+        layer: None,
+    };
+    let mut v = vec![top(
+        "embed.weight",
+        vec![g.vocab_size, g.dim],
+        Bf16,
+        Uniform(-1.0, 1.0),
+    )];
+    let (hc, d) = (g.hc_mult, g.dim);
+    let (heads_dim, index_dim) = (g.n_heads * g.head_dim, g.index_n_heads * g.index_head_dim);
+    let rows = engram_rows(g);
+    for l in 0..g.n_layers {
+        // (name below `layers.{l}.`, shape, storage, values), in release order.
+        let mut layer: Vec<(String, Vec<usize>, Kind, Init)> = Vec::new();
+        let mut add = |entries: Vec<(&str, Vec<usize>, Kind, Init)>| {
+            layer.extend(
+                entries
+                    .into_iter()
+                    .map(|(n, s, k, i)| (n.to_string(), s, k, i)),
+            );
+        };
+        if let Some(i) = g.engram_layer_ids.iter().position(|&e| e == l) {
+            let table = vec![rows[i] as usize, g.engram_head_dim];
+            add(vec![
+                (
+                    "engram.embed.weight",
+                    table,
+                    EngramTable,
+                    Uniform(-1.7, 1.7),
+                ),
+                (
+                    "engram.wkv.weight",
+                    vec![(hc + 1) * d, g.engram_in_dim()],
+                    Fp8,
+                    Linear(1.0),
+                ),
+                ("engram.q_weight", vec![hc, d], Bf16, Uniform(-1.5, 1.5)),
+                ("engram.k_weight", vec![hc, d], Bf16, Uniform(-1.5, 1.5)),
+            ]);
+        }
+        add(vec![
+            ("attn_norm.weight", vec![d], Bf16, Norm),
+            ("ffn_norm.weight", vec![d], Bf16, Norm),
+        ]);
+        for site in ["attn", "ffn"] {
+            let mixes = (2 + hc) * hc;
+            add(vec![
+                (
+                    &format!("hc_{site}_fn"),
+                    vec![mixes, hc * d],
+                    F32,
+                    Linear(1.0),
+                ),
+                (
+                    &format!("hc_{site}_base"),
+                    vec![mixes],
+                    F32,
+                    Uniform(-1.0, 1.0),
+                ),
+                (&format!("hc_{site}_scale"), vec![3], F32, Uniform(0.5, 1.5)),
+            ]);
+        }
+        let wo_a = vec![g.o_groups * g.o_lora_rank, heads_dim / g.o_groups];
+        add(vec![
+            ("attn.wq_a.weight", vec![g.q_lora_rank, d], Fp8, Linear(1.0)),
+            ("attn.q_norm.weight", vec![g.q_lora_rank], Bf16, Norm),
+            (
+                "attn.wq_b.weight",
+                vec![heads_dim, g.q_lora_rank],
+                Fp8,
+                Linear(1.5),
+            ),
+            ("attn.wkv.weight", vec![g.head_dim, d], Fp8, Linear(1.0)),
+            ("attn.kv_norm.weight", vec![g.head_dim], Bf16, Norm),
+            ("attn.wo_a.weight", wo_a, Fp8, Linear(1.0)),
+            (
+                "attn.wo_b.weight",
+                vec![d, g.o_groups * g.o_lora_rank],
+                Fp8,
+                Linear(1.0),
+            ),
+            ("attn.attn_sink", vec![g.n_heads], F32, Uniform(-2.0, 2.0)),
+        ]);
+        if g.is_kv_source(l) {
+            add(vec![(
+                "attn.compressor.wkv.weight",
+                vec![g.head_dim, d],
+                Bf16,
+                Linear(1.0),
+            )]);
+            if g.compress_ratios[l] > 1 {
+                add(vec![(
+                    "attn.compressor.wgate.weight",
+                    vec![g.head_dim, d],
+                    Bf16,
+                    Linear(2.0),
+                )]);
+            }
+            add(vec![(
+                "attn.compressor.norm.weight",
+                vec![g.head_dim],
+                Bf16,
+                Norm,
+            )]);
+        }
+        if g.is_index_source(l) {
+            add(vec![
+                (
+                    "attn.indexer.wq_b.weight",
+                    vec![index_dim, g.q_lora_rank],
+                    Fp8,
+                    Linear(1.0),
+                ),
+                (
+                    "attn.indexer.weights_proj.weight",
+                    vec![g.index_n_heads, d],
+                    Bf16,
+                    Linear(1.0),
+                ),
+            ]);
+            if g.is_kv_source(l) {
+                add(vec![
+                    (
+                        "attn.indexer.wk.weight",
+                        vec![g.index_head_dim, g.head_dim],
+                        Bf16,
+                        Linear(1.0),
+                    ),
+                    (
+                        "attn.indexer.k_norm.weight",
+                        vec![g.index_head_dim],
+                        Bf16,
+                        Norm,
+                    ),
+                ]);
+            }
+        }
+        add(vec![
+            (
+                "ffn.gate.weight",
+                vec![g.n_routed_experts, d],
+                Bf16,
+                Linear(2.0),
+            ),
+            (
+                "ffn.gate.bias",
+                vec![g.n_routed_experts],
+                F32,
+                Uniform(-0.5, 0.5),
+            ),
+        ]);
+        if g.routing_bias_vl {
+            add(vec![(
+                "ffn.gate.bias_vl",
+                vec![g.n_routed_experts],
+                F32,
+                Uniform(-3.0, 3.0),
+            )]);
+        }
+        let experts = [
+            ("w1", vec![g.moe_inter_dim, d]),
+            ("w2", vec![d, g.moe_inter_dim]),
+            ("w3", vec![g.moe_inter_dim, d]),
+        ];
+        for (w, shape) in &experts {
+            let name = format!("ffn.shared_experts.{w}.weight");
+            add(vec![(&name, shape.clone(), Fp8, Linear(EXPERT_GAIN))]);
+        }
+        for e in 0..g.n_routed_experts {
+            for (w, shape) in &experts {
+                let name = format!("ffn.experts.{e}.{w}.weight");
+                add(vec![(&name, shape.clone(), Fp4, Linear(EXPERT_GAIN))]);
+            }
+        }
+        v.extend(layer.into_iter().map(|(name, shape, kind, init)| Logical {
+            name: format!("layers.{l}.{name}"),
             shape,
             kind,
             init,
-            layer,
-        })
-    };
-    use Kind::*;
-    push(
-        "embed.weight".into(),
-        vec![g.vocab_size, g.dim],
-        Bf16,
-        Init::Uniform(-1.0, 1.0),
-        None,
-    );
-    let hc = g.hc_mult;
-    let rows = engram_rows(g);
-    for l in 0..g.n_layers {
-        let p = |s: &str| format!("layers.{l}.{s}");
-        let at = Some(l);
-        if let Some(i) = g.engram_layer_ids.iter().position(|&e| e == l) {
-            let r = rows[i] as usize;
-            push(
-                p("engram.embed.weight"),
-                vec![r, g.engram_head_dim],
-                EngramTable,
-                Init::Uniform(-1.7, 1.7),
-                at,
-            );
-            push(
-                p("engram.wkv.weight"),
-                vec![(hc + 1) * g.dim, g.engram_in_dim()],
-                Fp8,
-                Init::Linear(1.0),
-                at,
-            );
-            push(
-                p("engram.q_weight"),
-                vec![hc, g.dim],
-                Bf16,
-                Init::Uniform(-1.5, 1.5),
-                at,
-            );
-            push(
-                p("engram.k_weight"),
-                vec![hc, g.dim],
-                Bf16,
-                Init::Uniform(-1.5, 1.5),
-                at,
-            );
-        }
-        push(p("attn_norm.weight"), vec![g.dim], Bf16, Init::Norm, at);
-        push(p("ffn_norm.weight"), vec![g.dim], Bf16, Init::Norm, at);
-        for site in ["attn", "ffn"] {
-            push(
-                p(&format!("hc_{site}_fn")),
-                vec![(2 + hc) * hc, hc * g.dim],
-                F32,
-                Init::Linear(1.0),
-                at,
-            );
-            push(
-                p(&format!("hc_{site}_base")),
-                vec![(2 + hc) * hc],
-                F32,
-                Init::Uniform(-1.0, 1.0),
-                at,
-            );
-            push(
-                p(&format!("hc_{site}_scale")),
-                vec![3],
-                F32,
-                Init::Uniform(0.5, 1.5),
-                at,
-            );
-        }
-        push(
-            p("attn.wq_a.weight"),
-            vec![g.q_lora_rank, g.dim],
-            Fp8,
-            Init::Linear(1.0),
-            at,
-        );
-        push(
-            p("attn.q_norm.weight"),
-            vec![g.q_lora_rank],
-            Bf16,
-            Init::Norm,
-            at,
-        );
-        push(
-            p("attn.wq_b.weight"),
-            vec![g.n_heads * g.head_dim, g.q_lora_rank],
-            Fp8,
-            Init::Linear(1.5),
-            at,
-        );
-        push(
-            p("attn.wkv.weight"),
-            vec![g.head_dim, g.dim],
-            Fp8,
-            Init::Linear(1.0),
-            at,
-        );
-        push(
-            p("attn.kv_norm.weight"),
-            vec![g.head_dim],
-            Bf16,
-            Init::Norm,
-            at,
-        );
-        push(
-            p("attn.wo_a.weight"),
-            vec![
-                g.o_groups * g.o_lora_rank,
-                g.n_heads * g.head_dim / g.o_groups,
-            ],
-            Fp8,
-            Init::Linear(1.0),
-            at,
-        );
-        push(
-            p("attn.wo_b.weight"),
-            vec![g.dim, g.o_groups * g.o_lora_rank],
-            Fp8,
-            Init::Linear(1.0),
-            at,
-        );
-        push(
-            p("attn.attn_sink"),
-            vec![g.n_heads],
-            F32,
-            Init::Uniform(-2.0, 2.0),
-            at,
-        );
-        if g.is_kv_source(l) {
-            push(
-                p("attn.compressor.wkv.weight"),
-                vec![g.head_dim, g.dim],
-                Bf16,
-                Init::Linear(1.0),
-                at,
-            );
-            if g.compress_ratios[l] > 1 {
-                push(
-                    p("attn.compressor.wgate.weight"),
-                    vec![g.head_dim, g.dim],
-                    Bf16,
-                    Init::Linear(2.0),
-                    at,
-                );
-            }
-            push(
-                p("attn.compressor.norm.weight"),
-                vec![g.head_dim],
-                Bf16,
-                Init::Norm,
-                at,
-            );
-        }
-        if g.is_index_source(l) {
-            push(
-                p("attn.indexer.wq_b.weight"),
-                vec![g.index_n_heads * g.index_head_dim, g.q_lora_rank],
-                Fp8,
-                Init::Linear(1.0),
-                at,
-            );
-            push(
-                p("attn.indexer.weights_proj.weight"),
-                vec![g.index_n_heads, g.dim],
-                Bf16,
-                Init::Linear(1.0),
-                at,
-            );
-            if g.is_kv_source(l) {
-                push(
-                    p("attn.indexer.wk.weight"),
-                    vec![g.index_head_dim, g.head_dim],
-                    Bf16,
-                    Init::Linear(1.0),
-                    at,
-                );
-                push(
-                    p("attn.indexer.k_norm.weight"),
-                    vec![g.index_head_dim],
-                    Bf16,
-                    Init::Norm,
-                    at,
-                );
-            }
-        }
-        push(
-            p("ffn.gate.weight"),
-            vec![g.n_routed_experts, g.dim],
-            Bf16,
-            Init::Linear(2.0),
-            at,
-        );
-        push(
-            p("ffn.gate.bias"),
-            vec![g.n_routed_experts],
-            F32,
-            Init::Uniform(-0.5, 0.5),
-            at,
-        );
-        if g.routing_bias_vl {
-            push(
-                p("ffn.gate.bias_vl"),
-                vec![g.n_routed_experts],
-                F32,
-                Init::Uniform(-3.0, 3.0),
-                at,
-            );
-        }
-        for (w, shape) in [
-            ("w1", vec![g.moe_inter_dim, g.dim]),
-            ("w2", vec![g.dim, g.moe_inter_dim]),
-            ("w3", vec![g.moe_inter_dim, g.dim]),
-        ] {
-            push(
-                p(&format!("ffn.shared_experts.{w}.weight")),
-                shape,
-                Fp8,
-                Init::Linear(EXPERT_GAIN),
-                at,
-            );
-        }
-        for e in 0..g.n_routed_experts {
-            for (w, shape) in [
-                ("w1", vec![g.moe_inter_dim, g.dim]),
-                ("w2", vec![g.dim, g.moe_inter_dim]),
-                ("w3", vec![g.moe_inter_dim, g.dim]),
-            ] {
-                push(
-                    p(&format!("ffn.experts.{e}.{w}.weight")),
-                    shape,
-                    Fp4,
-                    Init::Linear(EXPERT_GAIN),
-                    at,
-                );
-            }
-        }
+            layer: Some(l),
+        }));
     }
-    push("norm.weight".into(), vec![g.dim], Bf16, Init::Norm, None);
-    push(
-        "head.weight".into(),
-        vec![g.vocab_size, g.dim],
-        Bf16,
-        Init::Linear(2.0),
-        None,
-    );
+    v.push(top("norm.weight", vec![d], Bf16, Norm));
+    v.push(top("head.weight", vec![g.vocab_size, d], Bf16, Linear(2.0)));
     v
 }
 
@@ -387,7 +290,7 @@ mod tests {
         // MODEL.md §11.2: engram_vocab_size 100, n ≤ 3, 2 heads → 101 103 107 109 | 113 127 131 137.
         let g = Preset::by_name("tiny").unwrap().geometry;
         assert_eq!(
-            engram_primes(&g),
+            release_primes(&g),
             vec![
                 vec![vec![101, 103], vec![107, 109]],
                 vec![vec![113, 127], vec![131, 137]]
@@ -412,7 +315,7 @@ mod tests {
         g.engram_n_heads = 8;
         g.engram_layer_ids = vec![1, 14];
         assert_eq!(engram_rows(&g), vec![384_006_168, 384_016_682]);
-        assert_eq!(engram_primes(&g)[0][0][0], 16_000_057);
+        assert_eq!(release_primes(&g)[0][0][0], 16_000_057);
     }
 
     #[test]

@@ -10,7 +10,8 @@
 //!
 //! Module map: [`rng`] (streams), [`preset`] (geometry), [`inventory`] (tensor names/shapes),
 //! [`tokenizer`] (tokenizer.json + Engram map), [`draw`], [`release`], [`container`],
-//! [`mutants`], [`mechanisms`] (what a sequence reaches), [`pyjson`].
+//! [`mutants`], [`mechanisms`] (what a sequence reaches); Python-compatible JSON text comes from the engine's
+//! `ds41_engine::dsml::json_py`, CPython `random` from `ds41_engine::tokenizer::python_random`.
 
 #![recursion_limit = "256"]
 
@@ -20,7 +21,6 @@ pub mod inventory;
 pub mod mechanisms;
 pub mod mutants;
 pub mod preset;
-pub mod pyjson;
 pub mod release;
 pub mod rng;
 pub mod tokenizer;
@@ -40,11 +40,12 @@ pub const GENERATOR_VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SynthError {
-    #[error("{path}: {source}")]
+    /// The OS reason is written inline, so it is not also a `source()` (a chain printer would
+    /// repeat it).
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("unknown preset `{0}` (known: {known})", known = preset::PRESET_NAMES.join(", "))]
     UnknownPreset(String),
@@ -67,7 +68,7 @@ impl SynthError {
     pub(crate) fn io(path: &Path, source: std::io::Error) -> Self {
         SynthError::Io {
             path: path.to_path_buf(),
-            source,
+            error: source,
         }
     }
 }

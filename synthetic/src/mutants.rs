@@ -5,7 +5,8 @@
 use crate::container::WEXP_MAGIC;
 use crate::preset::{Preset, Sharding};
 use crate::release::{stored_tensors, ReleaseEdit};
-use crate::{pyjson, Layout, SynthError};
+use crate::{Layout, SynthError};
+use ds41_engine::dsml::json_py::{self, DumpOptions};
 use serde_json::{json, Value};
 use std::path::Path;
 
@@ -292,7 +293,10 @@ fn edit_manifest(dir: &Path, f: impl FnOnce(&mut Value)) -> Result<(), SynthErro
     let path = dir.join("manifest.json");
     let mut v = json_of(&path)?;
     f(&mut v);
-    write(&path, pyjson::to_string(&v, 1).as_bytes())
+    write(
+        &path,
+        json_py::dumps_with(&v, DumpOptions::file(1)).as_bytes(),
+    )
 }
 
 fn drop_trunk_entry(v: &mut Value, name: &str) {

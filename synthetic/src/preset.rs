@@ -1,59 +1,63 @@
 //! The presets (names are interface) and their geometry (MODEL.md §2, §11; CONTAINER.md §10.1).
 //!
-//! A [`Geometry`] mirrors the inference `ModelArgs` names of `engine::config::Config`; the
-//! writers turn it into the release `config.json` or the container manifest's flat config.
+//! A [`Geometry`] is an `engine::config::Config` (the inference `ModelArgs` names) plus the
+//! tokenizer's pad id; the writers turn it into the release `config.json` or the container
+//! manifest's flat config, and the readers must parse back the same `Config`.
 
-use crate::tokenizer::TokenizerKind;
+use std::collections::BTreeSet;
 
-/// Everything the writers need to know about one synthetic model.
+use ds41_engine::config::{release_primes, Config};
+
+use crate::tokenizer::{TokenizerKind, Vocab};
+
+/// Everything the writers need to know about one synthetic model: the engine's own
+/// [`Config`] (the inference `ModelArgs` names, so the field list lives in one place) plus the
+/// one tokenizer fact the config does not carry. Dereferences to the `Config`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Geometry {
-    pub vocab_size: usize,
-    pub dim: usize,
-    pub moe_inter_dim: usize,
-    pub n_layers: usize,
-    pub n_heads: usize,
-    pub n_routed_experts: usize,
-    pub n_activated_experts: usize,
-    pub route_scale: f64,
-    pub swiglu_limit: f64,
-    pub q_lora_rank: usize,
-    pub head_dim: usize,
-    pub rope_head_dim: usize,
-    pub norm_eps: f64,
-    pub o_groups: usize,
-    pub o_lora_rank: usize,
-    pub window_size: usize,
-    pub compress_ratios: Vec<usize>,
-    pub kv_source_layers: Vec<usize>,
-    pub index_source_layers: Vec<usize>,
-    pub candidate_source_layer: Option<usize>,
-    pub candidate_topk_blocks: usize,
-    pub candidate_block_size: usize,
-    pub index_n_heads: usize,
-    pub index_head_dim: usize,
-    pub index_topk: usize,
-    pub rope_theta: f64,
-    pub compress_rope_theta: f64,
-    pub original_seq_len: usize,
-    pub rope_factor: f64,
-    pub beta_fast: f64,
-    pub beta_slow: f64,
-    pub hc_mult: usize,
-    pub hc_sinkhorn_iters: usize,
-    pub hc_eps: f64,
-    pub engram_layer_ids: Vec<usize>,
-    pub engram_vocab_size: u64,
-    pub engram_max_ngram_size: usize,
-    pub engram_n_heads: usize,
-    pub engram_head_dim: usize,
-    /// Raw token id whose compressed id pads Engram history (`engram_pad_token_id`).
-    pub engram_pad_id: usize,
-    pub bos_token_id: usize,
-    pub eos_token_id: usize,
-    pub pad_token_id: usize,
-    /// Write `ffn.gate.bias_vl` (its values differ from `gate.bias`; text must ignore it).
-    pub routing_bias_vl: bool,
+    pub args: Config,
+    /// `pad_token_id` of the tokenizer files (not a `ModelArgs` field).
+    pub pad_token_id: u32,
+}
+
+impl std::ops::Deref for Geometry {
+    type Target = Config;
+    fn deref(&self) -> &Config {
+        &self.args
+    }
+}
+
+impl std::ops::DerefMut for Geometry {
+    fn deref_mut(&mut self) -> &mut Config {
+        &mut self.args
+    }
+}
+
+impl Geometry {
+    /// Complete `args` with what follows from the rest: the Engram table rows (the primes of
+    /// MODEL.md §6.6.1) and the compressed vocabulary of the preset's tokenizer.
+    fn new(mut args: Config, pad_token_id: u32, tokenizer: TokenizerKind) -> Geometry {
+        args.engram_num_embeddings = release_primes(&args)
+            .iter()
+            .map(|layer| layer.iter().flatten().sum())
+            .collect();
+        let map = Vocab::build(tokenizer, args.vocab_size).compressed_token_map();
+        args.engram_compressed_vocab_size = map.iter().collect::<BTreeSet<_>>().len();
+        Geometry { args, pad_token_id }
+    }
+
+    /// Width of one Engram lookup: (max_ngram − 1) · n_heads rows of head_dim.
+    pub fn engram_in_dim(&self) -> usize {
+        self.engram_columns() * self.engram_head_dim
+    }
+}
+
+/// An f32 config value as the f64 with the same shortest decimal (1e-6f32 → 1e-06, not
+/// 9.999999974752427e-07), so the JSON writers print what a person wrote in the preset.
+pub fn decimal(x: f32) -> f64 {
+    x.to_string()
+        .parse()
+        .expect("an f32's decimal form is an f64")
 }
 
 /// How the release layout splits tensors over files.
@@ -115,15 +119,20 @@ index-only consumer (layer 5); YaRN at positions ≥ 32; Engram on a window-only
 ratio-2 source (1) with a compressed map whose pad (raw 67, 'a') is not the identity (→ 35); top-2 of \
 4 experts with a spread router; swiglu_limit 1.0 with unit-scale activations so both clamps fire.";
 
-fn tiny(sharding: Sharding, name: &'static str) -> Preset {
-    let g = Geometry {
+/// `tiny`'s model arguments (MODEL.md §11); the other presets state how they differ.
+fn tiny_args() -> Config {
+    Config {
         vocab_size: 512,
         dim: 128,
         moe_inter_dim: 64,
         n_layers: 6,
+        n_mtp_layers: 0,
         n_heads: 4,
         n_routed_experts: 4,
+        n_shared_experts: 1,
         n_activated_experts: 2,
+        score_func: "sqrtsoftplus".into(),
+        norm_topk_prob: true,
         route_scale: 1.5,
         swiglu_limit: 1.0,
         q_lora_rank: 64,
@@ -153,15 +162,23 @@ fn tiny(sharding: Sharding, name: &'static str) -> Preset {
         hc_eps: 1e-6,
         engram_layer_ids: vec![0, 1],
         engram_vocab_size: 100,
+        engram_num_embeddings: Vec::new(), // filled in by Geometry::new
         engram_max_ngram_size: 3,
         engram_n_heads: 2,
         engram_head_dim: 32,
         engram_pad_id: 67,
-        bos_token_id: 0,
-        eos_token_id: 1,
-        pad_token_id: 2,
+        bos_token_id: Some(0),
+        eos_token_id: Some(1),
+        engram_compressed_vocab_size: 0, // filled in by Geometry::new
         routing_bias_vl: true,
-    };
+        image_token_id: None,
+        vision: None,
+        engram_pad_is_compressed: false,
+    }
+}
+
+fn tiny(sharding: Sharding, name: &'static str) -> Preset {
+    let g = Geometry::new(tiny_args(), 2, TokenizerKind::ByteBpe);
     Preset {
         name,
         description: if sharding == Sharding::Single {
@@ -180,52 +197,40 @@ fn tiny(sharding: Sharding, name: &'static str) -> Preset {
 }
 
 fn waste_tiny() -> Preset {
-    let g = Geometry {
-        vocab_size: 256,
-        dim: 128,
-        moe_inter_dim: 64,
-        n_layers: 6,
-        n_heads: 4,
-        n_routed_experts: 8,
-        n_activated_experts: 2,
-        route_scale: 2.0,
-        swiglu_limit: 10.0,
-        q_lora_rank: 48,
-        head_dim: 32,
-        rope_head_dim: 8,
-        norm_eps: 1e-5,
-        o_groups: 2,
-        o_lora_rank: 16,
-        window_size: 4,
-        compress_ratios: vec![0, 0, 2, 2, 1, 1],
-        kv_source_layers: vec![2, 4],
-        index_source_layers: vec![2, 4],
-        candidate_source_layer: Some(4),
-        candidate_topk_blocks: 2,
-        candidate_block_size: 2,
-        index_n_heads: 2,
-        index_head_dim: 16,
-        index_topk: 4,
-        rope_theta: 10000.0,
-        compress_rope_theta: 40000.0,
-        original_seq_len: 16,
-        rope_factor: 4.0,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        hc_mult: 4,
-        hc_sinkhorn_iters: 20,
-        hc_eps: 1e-6,
-        engram_layer_ids: vec![1, 3],
-        engram_vocab_size: 1000,
-        engram_max_ngram_size: 3,
-        engram_n_heads: 2,
-        engram_head_dim: 64,
-        engram_pad_id: 2,
-        bos_token_id: 1,
-        eos_token_id: 2,
-        pad_token_id: 2,
-        routing_bias_vl: true,
-    };
+    let g = Geometry::new(
+        Config {
+            vocab_size: 256,
+            n_routed_experts: 8,
+            route_scale: 2.0,
+            swiglu_limit: 10.0,
+            q_lora_rank: 48,
+            head_dim: 32,
+            rope_head_dim: 8,
+            norm_eps: 1e-5,
+            o_lora_rank: 16,
+            window_size: 4,
+            compress_ratios: vec![0, 0, 2, 2, 1, 1],
+            kv_source_layers: vec![2, 4],
+            index_source_layers: vec![2, 4],
+            candidate_source_layer: Some(4),
+            candidate_topk_blocks: 2,
+            candidate_block_size: 2,
+            index_n_heads: 2,
+            index_head_dim: 16,
+            index_topk: 4,
+            compress_rope_theta: 40000.0,
+            original_seq_len: 16,
+            engram_layer_ids: vec![1, 3],
+            engram_vocab_size: 1000,
+            engram_head_dim: 64,
+            engram_pad_id: 2,
+            bos_token_id: Some(1),
+            eos_token_id: Some(2),
+            ..tiny_args() // every other argument as in `tiny`
+        },
+        2,
+        TokenizerKind::Stub,
+    );
     Preset {
         name: "waste-tiny",
         description: "geometry of WASTE's DS41 test container (CONTAINER.md §10.1); container layout is byte-identical to make_test_container.py --ds41 for the same seed",
@@ -244,52 +249,42 @@ consumption (no index source after layer 4), ≥ 16 index heads, a non-identity 
 }
 
 fn wide() -> Preset {
-    let g = Geometry {
-        vocab_size: 16384,
-        dim: 5120,
-        moe_inter_dim: 2304,
-        n_layers: 4,
-        n_heads: 64,
-        n_routed_experts: 16,
-        n_activated_experts: 6,
-        route_scale: 1.5,
-        swiglu_limit: 10.0,
-        q_lora_rank: 1280,
-        head_dim: 512,
-        rope_head_dim: 64,
-        norm_eps: 1e-20,
-        o_groups: 8,
-        o_lora_rank: 1024,
-        window_size: 128,
-        compress_ratios: vec![0, 2, 1, 1],
-        kv_source_layers: vec![1, 2],
-        index_source_layers: vec![1, 2, 3],
-        candidate_source_layer: Some(2),
-        candidate_topk_blocks: 128,
-        candidate_block_size: 8,
-        index_n_heads: 32,
-        index_head_dim: 128,
-        index_topk: 512,
-        rope_theta: 10000.0,
-        compress_rope_theta: 160000.0,
-        original_seq_len: 65536,
-        rope_factor: 16.0,
-        beta_fast: 32.0,
-        beta_slow: 1.0,
-        hc_mult: 4,
-        hc_sinkhorn_iters: 20,
-        hc_eps: 1e-6,
-        engram_layer_ids: vec![0, 1],
-        engram_vocab_size: 1000,
-        engram_max_ngram_size: 4,
-        engram_n_heads: 8,
-        engram_head_dim: 256,
-        engram_pad_id: 67,
-        bos_token_id: 0,
-        eos_token_id: 1,
-        pad_token_id: 2,
-        routing_bias_vl: true,
-    };
+    let g = Geometry::new(
+        Config {
+            vocab_size: 16384,
+            dim: 5120,
+            moe_inter_dim: 2304,
+            n_layers: 4,
+            n_heads: 64,
+            n_routed_experts: 16,
+            n_activated_experts: 6,
+            swiglu_limit: 10.0,
+            q_lora_rank: 1280,
+            head_dim: 512,
+            rope_head_dim: 64,
+            o_groups: 8,
+            o_lora_rank: 1024,
+            window_size: 128,
+            compress_ratios: vec![0, 2, 1, 1],
+            kv_source_layers: vec![1, 2],
+            index_source_layers: vec![1, 2, 3],
+            candidate_source_layer: Some(2),
+            candidate_topk_blocks: 128,
+            candidate_block_size: 8,
+            index_n_heads: 32,
+            index_head_dim: 128,
+            index_topk: 512,
+            original_seq_len: 65536,
+            rope_factor: 16.0,
+            engram_vocab_size: 1000,
+            engram_max_ngram_size: 4,
+            engram_n_heads: 8,
+            engram_head_dim: 256,
+            ..tiny_args() // every other argument as in `tiny`
+        },
+        2,
+        TokenizerKind::ByteBpe,
+    );
     Preset {
         name: "wide",
         description: "real widths (dim 5120, 64x512 heads, q_lora 1280, o 8x1024, experts 2304, index 32x128, hc 4), 4 layers, 16 experts top-6, vocab 16384: for speed/memory benchmarks (~2.4 GB, written streamed)",
@@ -302,21 +297,5 @@ fn wide() -> Preset {
         reach: "Release widths and release window (128) / index_topk (512): ring wrap from p ≥ 128, ratio-2 \
 indexer discards from p ≥ 1025, candidate filter (128 blocks of 8) from p ≥ 1024 on the ratio-1 writer \
 (layer 2) consumed by layer 3. Meant for throughput and memory at real shapes, not for numerics.",
-    }
-}
-
-impl Geometry {
-    pub fn is_kv_source(&self, l: usize) -> bool {
-        self.kv_source_layers.contains(&l)
-    }
-    pub fn is_index_source(&self, l: usize) -> bool {
-        self.index_source_layers.contains(&l)
-    }
-    pub fn is_engram(&self, l: usize) -> bool {
-        self.engram_layer_ids.contains(&l)
-    }
-    /// Width of one Engram lookup: (max_ngram − 1) · n_heads rows of head_dim.
-    pub fn engram_in_dim(&self) -> usize {
-        (self.engram_max_ngram_size - 1) * self.engram_n_heads * self.engram_head_dim
     }
 }

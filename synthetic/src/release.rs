@@ -7,7 +7,7 @@
 
 use crate::draw::{self, E4M3_CODE_RMS, FP4_CODE_RMS};
 use crate::inventory::{engram_rows, logical_tensors, Kind, Logical};
-use crate::preset::{Geometry, Preset, Sharding};
+use crate::preset::{decimal, Geometry, Preset, Sharding};
 use crate::rng::SplitMix64;
 use crate::tokenizer::Vocab;
 use crate::SynthError;
@@ -290,8 +290,8 @@ pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
             "o_lora_rank": g.o_lora_rank,
             "o_groups": g.o_groups,
             "hidden_act": "silu",
-            "swiglu_limit": g.swiglu_limit,
-            "rms_norm_eps": g.norm_eps,
+            "swiglu_limit": decimal(g.swiglu_limit),
+            "rms_norm_eps": decimal(g.norm_eps),
             "attention_bias": false,
             "attention_dropout": 0.0,
             "initializer_range": 0.02,
@@ -312,7 +312,7 @@ pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
             "scoring_func": "sqrtsoftplus",
             "topk_method": "noaux_tc",
             "norm_topk_prob": true,
-            "routed_scaling_factor": g.route_scale,
+            "routed_scaling_factor": decimal(g.route_scale),
             "sliding_window": g.window_size,
             "compress_ratios": g.compress_ratios,
             "compress_rope_theta": g.compress_rope_theta,
@@ -326,7 +326,7 @@ pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
             "candidate_block_size": g.candidate_block_size,
             "hc_mult": g.hc_mult,
             "hc_sinkhorn_iters": g.hc_sinkhorn_iters,
-            "hc_eps": g.hc_eps,
+            "hc_eps": decimal(g.hc_eps),
             "engram_layer_ids": g.engram_layer_ids,
             "engram_num_embeddings": engram_rows(g),
             "engram_max_ngram_size": g.engram_max_ngram_size,
@@ -365,12 +365,12 @@ pub fn inference_config(g: &Geometry, compressed_vocab: usize) -> Value {
         "n_shared_experts": 1,
         "n_activated_experts": g.n_activated_experts,
         "score_func": "sqrtsoftplus",
-        "route_scale": g.route_scale,
-        "swiglu_limit": g.swiglu_limit,
+        "route_scale": decimal(g.route_scale),
+        "swiglu_limit": decimal(g.swiglu_limit),
         "q_lora_rank": g.q_lora_rank,
         "head_dim": g.head_dim,
         "rope_head_dim": g.rope_head_dim,
-        "norm_eps": g.norm_eps,
+        "norm_eps": decimal(g.norm_eps),
         "o_groups": g.o_groups,
         "o_lora_rank": g.o_lora_rank,
         "window_size": g.window_size,
@@ -389,7 +389,7 @@ pub fn inference_config(g: &Geometry, compressed_vocab: usize) -> Value {
         "candidate_block_size": g.candidate_block_size,
         "hc_mult": g.hc_mult,
         "hc_sinkhorn_iters": g.hc_sinkhorn_iters,
-        "hc_eps": g.hc_eps,
+        "hc_eps": decimal(g.hc_eps),
         "engram_layer_ids": g.engram_layer_ids,
         "engram_vocab_size": g.engram_vocab_size,
         "engram_num_embeddings": engram_rows(g),

@@ -13,12 +13,12 @@
 //!   Single-id decodes are all distinct, so the map is the identity, as in WASTE's container
 //!   (`engram-tokmap.bin` is the identity there). Encoding text with it is not meaningful.
 //!
-//! The compressed map (`compressed_token_map`) follows MODEL.md §6.6.1 and is computed here
-//! without Unicode tables: every non-special token decodes to ASCII or to a lone byte ≥ 0x80
-//! (which decodes to U+FFFD, so its key is the raw token string). For ASCII text NFKC, NFD and
-//! StripAccents are identities, Lowercase is ASCII lower-casing and Strip removes the White_Space
-//! characters `\t \n \x0b \x0c \r` and space. A dev-test checks the map against HF `tokenizers`.
+//! The compressed map (`compressed_token_map`) follows MODEL.md §6.6.1 with the engine's
+//! normaliser (`ds41_engine::tokenizer::engram_map::normalize`) on each token's decoded bytes:
+//! every non-special token decodes to ASCII or to a lone byte ≥ 0x80 (which decodes to U+FFFD,
+//! so its key is the raw token string). A dev-test checks the map against HF `tokenizers`.
 
+use ds41_engine::tokenizer::engram_map::normalize;
 use serde_json::{json, Value};
 
 pub const SPECIALS: [&str; 3] = [
@@ -125,7 +125,7 @@ impl Vocab {
             .collect()
     }
 
-    /// MODEL.md §6.6.1 key of one id (see the module docs for why ASCII rules suffice).
+    /// MODEL.md §6.6.1 key of one id.
     fn engram_key(&self, id: usize) -> String {
         if id < 3 {
             // Specials contain U+FF5C/U+2581; they can equal no ASCII key and differ from each
@@ -142,7 +142,7 @@ impl Vocab {
             text.is_ascii(),
             "synthetic vocab is ASCII apart from lone high bytes"
         );
-        let key = normalize_ascii(&text);
+        let key = normalize(&text);
         if key.is_empty() {
             text
         } else {
@@ -220,30 +220,6 @@ fn bpe(word: &str, ranks: &std::collections::HashMap<(String, String), usize>) -
         let right = pieces.remove(i + 1);
         pieces[i].push_str(&right);
     }
-}
-
-/// The Engram normaliser restricted to ASCII text (MODEL.md §6.6.1 step 3).
-fn normalize_ascii(text: &str) -> String {
-    let lower = text.to_ascii_lowercase();
-    let mut collapsed = String::new();
-    let mut in_run = false;
-    for c in lower.chars() {
-        if matches!(c, ' ' | '\t' | '\r' | '\n') {
-            if !in_run {
-                collapsed.push(' ');
-            }
-            in_run = true;
-        } else {
-            collapsed.push(c);
-            in_run = false;
-        }
-    }
-    if collapsed == " " {
-        return " ".to_string();
-    }
-    collapsed
-        .trim_matches(|c: char| matches!(c, '\t' | '\n' | '\x0b' | '\x0c' | '\r' | ' '))
-        .to_string()
 }
 
 /// The words the merges spell, in order: for each consonant-vowel syllable pair, the lower

@@ -269,7 +269,7 @@ fn proxy_both_swiglu_clamps_fire_on_unit_rms_inputs() {
     let p = Preset::by_name("tiny").unwrap();
     let g = &p.geometry;
     let vals = expected_values("tiny", Layout::Release, 0).unwrap();
-    let limit = g.swiglu_limit as f32;
+    let limit = g.swiglu_limit;
     // Inputs: embedding rows scaled to unit RMS.
     let emb = &vals["embed.weight"];
     let inputs: Vec<Vec<f32>> = (0..64)

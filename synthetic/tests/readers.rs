@@ -101,34 +101,29 @@ fn readers_parse_the_preset_geometry_in_both_layouts() {
             let ck = checkpoint::open(&tmp.path().join("ck")).unwrap();
             let c = ck.config();
             let what = format!("{preset} {layout:?}");
-            assert_eq!(
-                (c.dim, c.n_layers, c.vocab_size),
-                (g.dim, g.n_layers, g.vocab_size),
-                "{what}"
-            );
-            assert_eq!(
-                c.compress_ratios[..g.n_layers],
-                g.compress_ratios[..],
-                "{what}"
-            );
-            assert_eq!(c.kv_source_layers, g.kv_source_layers, "{what}");
-            assert_eq!(c.index_source_layers, g.index_source_layers, "{what}");
-            assert_eq!(c.candidate_source_layer, g.candidate_source_layer, "{what}");
-            assert_eq!(
-                (c.window_size, c.index_topk, c.index_n_heads),
-                (g.window_size, g.index_topk, g.index_n_heads),
-                "{what}"
-            );
-            assert_eq!(c.engram_layer_ids, g.engram_layer_ids, "{what}");
-            assert_eq!(
-                c.engram_num_embeddings,
-                ds41_synthetic::inventory::engram_rows(&g),
-                "{what}"
-            );
+            // The written config parses back to the preset's own Config, apart from what a
+            // layout adds or leaves out: the vision part, a container's compressed pad id.
+            let mut read = c.clone();
+            read.compress_ratios.truncate(g.n_layers);
+            read.vision = None;
+            read.image_token_id = None;
+            // The release reader infers routing_bias_vl from the vision header, which the
+            // synthetic configs leave off (vision_n_layers 0) although `gate.bias_vl` is
+            // written; text ignores it either way, and changing the config would change the
+            // pinned bytes.
+            read.routing_bias_vl = g.routing_bias_vl;
+            if read.engram_pad_is_compressed {
+                read.engram_pad_is_compressed = false;
+                read.engram_pad_id = g.engram_pad_id;
+                assert_eq!(
+                    c.engram_pad_id,
+                    i64::from(map[g.engram_pad_id as usize]),
+                    "{what}"
+                );
+            }
+            assert_eq!(read, g.args, "{what}");
             let distinct: BTreeSet<_> = map.iter().collect();
             assert_eq!(c.engram_compressed_vocab_size, distinct.len(), "{what}");
-            assert_eq!(c.route_scale as f64, g.route_scale, "{what}");
-            assert_eq!(c.swiglu_limit as f64, g.swiglu_limit, "{what}");
             let k = ck.engram_constants().unwrap();
             assert_eq!(k.layers.len(), g.engram_layer_ids.len(), "{what}");
             if layout == Layout::Container {

@@ -28,11 +28,12 @@ pub const UPSTREAM_ENV: &str = "DS41_UPSTREAM";
 
 #[derive(Debug, thiserror::Error)]
 pub enum GoldenError {
-    #[error("{path}: {source}")]
+    /// The OS reason is written inline, so it is not also a `source()` (a chain printer would
+    /// repeat it).
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{path}: cannot parse: {reason}")]
     Parse { path: PathBuf, reason: String },
@@ -56,7 +57,7 @@ impl GoldenError {
     pub fn io(path: &Path, source: std::io::Error) -> GoldenError {
         GoldenError::Io {
             path: path.to_path_buf(),
-            source,
+            error: source,
         }
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! * `dumps`: separators `", "` and `": "`, key order preserved (serde_json `preserve_order`),
 //!   non-ASCII written raw, only `"`, `\\` and U+0000–U+001F escaped, floats in Python `repr`
-//!   form (`1.0`, `1e-05`, `1e+16`);
+//!   form (`1.0`, `1e-05`, `1e+16`); `dumps_with` adds the `ensure_ascii` and `indent` forms
+//!   (ds41-synthetic writes WASTE's container JSON files with `json.dump(v, f, indent=1)`);
 //! * `loads`: serde_json, plus an explicit refusal of the inputs Python reads differently
 //!   (integer literals beyond 64 bits, which Python keeps exact, and the `NaN` / `Infinity`
 //!   literals Python accepts). Refusing is deliberate: silently rounding would change the prompt.
@@ -14,21 +15,54 @@
 use serde_json::Value;
 use std::fmt::Write as _;
 
+/// The `json.dumps` keyword arguments this project writes with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DumpOptions {
+    /// `ensure_ascii`: everything outside printable ASCII as `\uXXXX` (surrogate pairs above
+    /// U+FFFF); otherwise only `"`, `\\` and the C0 controls are escaped.
+    pub ensure_ascii: bool,
+    /// `indent`: `None` writes one line with separators `", "` / `": "`; `Some(n)` puts every
+    /// item on its own line indented by n spaces per level, with separators `","` / `": "`.
+    pub indent: Option<usize>,
+}
+
+impl DumpOptions {
+    /// `json.dumps(value, ensure_ascii=False)`: the DSML encoder's form.
+    pub const DSML: DumpOptions = DumpOptions {
+        ensure_ascii: false,
+        indent: None,
+    };
+
+    /// `json.dump(value, f, indent=n)` with the default `ensure_ascii=True` (how WASTE's
+    /// generator writes container JSON files, CONTAINER.md §10.2).
+    pub const fn file(indent: usize) -> DumpOptions {
+        DumpOptions {
+            ensure_ascii: true,
+            indent: Some(indent),
+        }
+    }
+}
+
 /// `json.dumps(value, ensure_ascii=False)`.
 pub fn dumps(value: &Value) -> String {
+    dumps_with(value, DumpOptions::DSML)
+}
+
+/// `json.dumps(value, ...)` with the given options.
+pub fn dumps_with(value: &Value, options: DumpOptions) -> String {
     let mut out = String::new();
-    write_value(&mut out, value);
+    write_value(&mut out, value, options, 0);
     out
 }
 
 /// `json.dumps(text, ensure_ascii=False)` for a string.
 pub fn dumps_str(text: &str) -> String {
     let mut out = String::with_capacity(text.len() + 2);
-    write_str(&mut out, text);
+    write_str(&mut out, text, false);
     out
 }
 
-fn write_value(out: &mut String, value: &Value) {
+fn write_value(out: &mut String, value: &Value, options: DumpOptions, level: usize) {
     match value {
         Value::Null => out.push_str("null"),
         Value::Bool(true) => out.push_str("true"),
@@ -42,35 +76,56 @@ fn write_value(out: &mut String, value: &Value) {
                 out.push_str(&float_repr(n.as_f64().unwrap_or(f64::NAN)));
             }
         }
-        Value::String(s) => write_str(out, s),
+        Value::String(s) => write_str(out, s, options.ensure_ascii),
         Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_value(out, item);
-            }
-            out.push(']');
+            write_container(out, ('[', ']'), items, options, level, |out, item| {
+                write_value(out, item, options, level + 1)
+            })
         }
         Value::Object(map) => {
-            out.push('{');
-            for (i, (k, v)) in map.iter().enumerate() {
-                if i > 0 {
-                    out.push_str(", ");
-                }
-                write_str(out, k);
+            write_container(out, ('{', '}'), map, options, level, |out, (k, v)| {
+                write_str(out, k, options.ensure_ascii);
                 out.push_str(": ");
-                write_value(out, v);
-            }
-            out.push('}');
+                write_value(out, v, options, level + 1);
+            })
         }
     }
 }
 
-/// Python's `json` string escaping with `ensure_ascii=False` (`ESCAPE` in `json/encoder.py`):
-/// only `"`, `\`, and the C0 controls are escaped; everything else is written raw.
-fn write_str(out: &mut String, s: &str) {
+/// Brackets, separators and (with an indent) line breaks around the items of an array or
+/// object; an empty container is `[]` / `{}` in every form.
+fn write_container<I: IntoIterator>(
+    out: &mut String,
+    (open, close): (char, char),
+    items: I,
+    options: DumpOptions,
+    level: usize,
+    mut write_item: impl FnMut(&mut String, I::Item),
+) {
+    let newline = |out: &mut String, indent: usize, level: usize| {
+        out.push('\n');
+        out.extend(std::iter::repeat_n(' ', indent * level));
+    };
+    out.push(open);
+    let mut empty = true;
+    for (i, item) in items.into_iter().enumerate() {
+        empty = false;
+        if i > 0 {
+            out.push_str(if options.indent.is_some() { "," } else { ", " });
+        }
+        if let Some(indent) = options.indent {
+            newline(out, indent, level + 1);
+        }
+        write_item(out, item);
+    }
+    if let (Some(indent), false) = (options.indent, empty) {
+        newline(out, indent, level);
+    }
+    out.push(close);
+}
+
+/// Python's `json` string escaping (`ESCAPE` / `ESCAPE_ASCII` in `json/encoder.py`).
+fn write_str(out: &mut String, s: &str, ensure_ascii: bool) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -81,8 +136,12 @@ fn write_str(out: &mut String, s: &str) {
             '\t' => out.push_str("\\t"),
             '\u{08}' => out.push_str("\\b"),
             '\u{0c}' => out.push_str("\\f"),
-            c if (c as u32) < 0x20 => {
-                let _ = write!(out, "\\u{:04x}", c as u32);
+            ' '..='~' => out.push(c),
+            c if ensure_ascii || (c as u32) < 0x20 => {
+                let mut units = [0u16; 2];
+                for unit in c.encode_utf16(&mut units) {
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
             }
             c => out.push(c),
         }
@@ -282,6 +341,20 @@ mod tests {
     }
 
     #[test]
+    fn indented_ascii_matches_json_dump_indent_1() {
+        let v = json!({"a": [1, 2], "b": {"c": "x\u{ff5c}\u{7f}"}, "d": [], "e": 2.0});
+        assert_eq!(
+            dumps_with(&v, DumpOptions::file(1)),
+            "{\n \"a\": [\n  1,\n  2\n ],\n \"b\": {\n  \"c\": \"x\\uff5c\\u007f\"\n },\n \"d\": [],\n \"e\": 2.0\n}"
+        );
+        // Astral characters become surrogate pairs.
+        assert_eq!(
+            dumps_with(&json!("\u{1F600}"), DumpOptions::file(2)),
+            "\"\\ud83d\\ude00\""
+        );
+    }
+
+    #[test]
     fn float_repr_matches_python() {
         // Expected strings are Python 3.11 `repr(float)` outputs.
         let cases = [
@@ -298,6 +371,10 @@ mod tests {
             (123456.789, "123456.789"),
             (1e100, "1e+100"),
             (f64::INFINITY, "Infinity"),
+            (1e-20, "1e-20"),
+            (-2.5e-7, "-2.5e-07"),
+            (1234567890123456.0, "1234567890123456.0"),
+            (40000.0, "40000.0"),
         ];
         for (x, want) in cases {
             assert_eq!(float_repr(x), want, "{x}");

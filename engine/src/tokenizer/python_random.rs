@@ -1,11 +1,14 @@
-//! CPython's `random` module, as far as the wide corpus needs it (TOKENIZER.md §9): MT19937
-//! seeded like `random.seed(int)` (`init_by_array` over the 32-bit words of the seed), and
-//! `getrandbits`, `randint` and `choice` with CPython's rejection sampling. With it the Rust
-//! corpus reproduces the WASTE/CPython 3.11 strings exactly.
+//! CPython's `random` module, as far as this project needs it: MT19937 seeded like
+//! `random.seed(int)` (`init_by_array` over the 32-bit words of the seed), `getrandbits`,
+//! `randint`, `randrange` and `choice` with CPython's rejection sampling, and `random()` /
+//! `uniform` from 53 bits. With it the wide tokenizer corpus (TOKENIZER.md §9) reproduces the
+//! WASTE/CPython 3.11 strings exactly, and ds41-synthetic reproduces WASTE's synthetic test
+//! container byte for byte (CONTAINER.md §10.2). The one implementation of both.
 
 const N: usize = 624;
 const M: usize = 397;
 
+#[derive(Clone)]
 pub struct PythonRandom {
     mt: [u32; N],
     index: usize,
@@ -108,6 +111,23 @@ impl PythonRandom {
         }
     }
 
+    /// `randrange(lo, hi)` (hi exclusive, `hi - lo` at most 2^32 - 1).
+    pub fn randrange(&mut self, lo: i64, hi: i64) -> i64 {
+        lo + i64::from(self.randbelow((hi - lo) as u32))
+    }
+
+    /// `random()`: 53 bits from two draws (`genrand_res53`).
+    pub fn random(&mut self) -> f64 {
+        let a = f64::from(self.next_u32() >> 5);
+        let b = f64::from(self.next_u32() >> 6);
+        (a * 67_108_864.0 + b) * (1.0 / 9_007_199_254_740_992.0)
+    }
+
+    /// `uniform(a, b)` = a + (b − a)·random().
+    pub fn uniform(&mut self, a: f64, b: f64) -> f64 {
+        a + (b - a) * self.random()
+    }
+
     /// `randint(a, b)`, both ends included.
     pub fn randint(&mut self, a: u32, b: u32) -> u32 {
         a + self.randbelow(b - a + 1)
@@ -145,5 +165,19 @@ mod tests {
         assert_eq!(ints, [15, 18, 15, 15, 17]);
         let pool: Vec<u32> = (0..27_790).collect();
         assert_eq!(*r.choice(&pool), 19_247);
+    }
+
+    /// CPython 3.11: `random.Random(0).random()` → 0.8444218515250481, then
+    /// 0.7579544029403025; `random.Random(0).randrange(256)` → 197 (getrandbits(9) with a
+    /// rejection); seeds above 2^32 take two key words: `Random(2**40 + 5).random()`.
+    #[test]
+    fn random_and_randrange_match_cpython() {
+        let mut r = PythonRandom::new(0);
+        assert_eq!(r.random(), 0.8444218515250481);
+        assert_eq!(r.random(), 0.7579544029403025);
+        let mut r = PythonRandom::new(0);
+        assert_eq!(r.randrange(0, 256), 197);
+        let mut r = PythonRandom::new((1 << 40) + 5);
+        assert_eq!(r.random(), 0.5043802970418443);
     }
 }

@@ -61,7 +61,15 @@ def e2m1_codes(v: torch.Tensor) -> torch.Tensor:
 
 
 def e2m1_decode(codes: torch.Tensor) -> torch.Tensor:
+    """Weight decode, convert.py's table: code 8 -> +0.0 (errata `fp4_code8_sign`)."""
     return FP4_VALUES[codes.long()]
+
+
+def e2m1_value(codes: torch.Tensor) -> torch.Tensor:
+    """An activation QDQ value: the grid magnitude with the code's sign, so a negative input
+    that rounds to zero stays -0.0 as IEEE arithmetic on e2m1(v)·s gives (the engine agrees)."""
+    mag = FP4_GRID[(codes & 7).long()]
+    return torch.where((codes & 8) != 0, -mag, mag)
 
 
 def _blocks(x: torch.Tensor, block: int) -> torch.Tensor:
@@ -102,7 +110,7 @@ def fp4_act_quant(x, block_size=32, inplace=False, scale_dtype=torch.float8_e8m0
         raise ValueError(f"fp4_act_quant: unsupported scale dtype {scale_dtype}")
     codes = e2m1_codes((blocks / scale.unsqueeze(-1)).clamp(-FP4_MAX, FP4_MAX))
     if inplace:
-        x.copy_((e2m1_decode(codes) * scale.unsqueeze(-1)).flatten(-2).to(x.dtype))
+        x.copy_((e2m1_value(codes) * scale.unsqueeze(-1)).flatten(-2).to(x.dtype))
         return x
     codes = codes.flatten(-2)
     packed = (codes[..., 0::2] | (codes[..., 1::2] << 4)).contiguous()
@@ -235,6 +243,10 @@ def _sum4(x, dim):
     return total.unsqueeze(dim)
 
 
+def _sigmoid(x):
+    return 1 / (1 + torch.exp(-x))
+
+
 def hc_split_sinkhorn(mixes, hc_scale, hc_base, hc_mult=4, sinkhorn_iters=20, eps=1e-6):
     """mixes [..., (2+hc)·hc] f32 -> pre [..., hc], post [..., hc], comb [..., hc, hc]
     (comb[j, k]: j = source copy, k = destination copy)."""
@@ -245,8 +257,10 @@ def hc_split_sinkhorn(mixes, hc_scale, hc_base, hc_mult=4, sinkhorn_iters=20, ep
     scale = hc_scale.to(torch.float32)
     base = hc_base.to(torch.float32)
     eps = torch.tensor(eps, dtype=torch.float32)
-    pre = torch.sigmoid(mixes[..., :hc] * scale[0] + base[:hc]) + eps
-    post = 2 * torch.sigmoid(mixes[..., hc:2 * hc] * scale[1] + base[hc:2 * hc])
+    # σ(x) = 1 / (1 + e^-x) as MODEL.md §5.1 writes it (torch.sigmoid's vectorised CPU form
+    # differs from it in the last ulp).
+    pre = _sigmoid(mixes[..., :hc] * scale[0] + base[:hc]) + eps
+    post = 2 * _sigmoid(mixes[..., hc:2 * hc] * scale[1] + base[hc:2 * hc])
     comb = (mixes[..., 2 * hc:] * scale[2] + base[2 * hc:]).unflatten(-1, (hc, hc))
     sum_rows = _sum4 if hc == 4 else (lambda x, d: x.sum(d, keepdim=True))
     e = torch.exp(comb - comb.amax(-1, keepdim=True))

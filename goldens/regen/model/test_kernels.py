@@ -205,8 +205,8 @@ class HcSplitSinkhorn(unittest.TestCase):
         scale = torch.tensor([0.7, 1.3, 2.0])
         base = torch.randn(24, generator=gen)
         pre, post, comb = K.hc_split_sinkhorn(m, scale, base)
-        self.assertTrue(torch.equal(pre, torch.sigmoid(m[:, :4] * scale[0] + base[:4]) + torch.tensor(1e-6)))
-        self.assertTrue(torch.equal(post, 2 * torch.sigmoid(m[:, 4:8] * scale[1] + base[4:8])))
+        self.assertTrue(torch.equal(pre, (1 / (1 + torch.exp(-(m[:, :4] * scale[0] + base[:4])))) + torch.tensor(1e-6)))
+        self.assertTrue(torch.equal(post, 2 * (1 / (1 + torch.exp(-(m[:, 4:8] * scale[1] + base[4:8]))))))
         self.assertTrue(torch.allclose(comb.sum(-2), torch.ones(5, 4), atol=1e-5))   # columns
         # Rows are only approximately normalised (the loop ends on a column step), but each
         # iteration brings them closer.
