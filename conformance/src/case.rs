@@ -24,15 +24,18 @@ pub enum Family {
     State,
     /// Layer residuals + discrete decisions against a golden trace.
     Residual,
+    /// Engram hash ids from token ids alone (no weights), exact.
+    Engram,
 }
 
 impl Family {
-    pub const ALL: [Family; 5] = [
+    pub const ALL: [Family; 6] = [
         Family::Loader,
         Family::Tokenizer,
         Family::Dsml,
         Family::State,
         Family::Residual,
+        Family::Engram,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -41,6 +44,7 @@ impl Family {
             Family::Dsml => "dsml",
             Family::State => "state",
             Family::Residual => "residual",
+            Family::Engram => "engram",
         }
     }
 }
@@ -403,6 +407,67 @@ pub struct ResidualSpec {
     pub replay: bool,
 }
 
+/// A model directory without weights, assembled from data files (Engram hashing needs only the
+/// config and the tokenizer): `config.json`, `tokenizer.json`, optionally the token map.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightlessModel {
+    pub config: DataRef,
+    pub tokenizer: DataRef,
+    /// `engram_token_map_int32.npy` (otherwise the engine builds the map from the tokenizer).
+    #[serde(default)]
+    pub token_map: Option<DataRef>,
+}
+
+/// Expected Engram hash ids: a JSON golden (`engram_hash_golden_real.json` shape: `input_ids`
+/// [1,S] and `ids` naming a [1,S,layers,cols] key; `dead` naming a list of DEAD positions) or,
+/// without `ids`, a trace-format safetensors golden (`input_ids`, `engram_hash`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngramGolden {
+    pub file: DataRef,
+    #[serde(default)]
+    pub ids: Option<String>,
+    #[serde(default)]
+    pub dead: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngramRelation {
+    /// MODEL.md §6.6.1: at every position p, the ids with DEAD slots equal the text-only ids
+    /// of the sequence whose positions up to the last DEAD slot ≤ p all hold the pad token
+    /// (a latched block reads the pad at every longer shift). Needs no golden.
+    DeadLatches,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngramSpec {
+    /// A checkpoint whose Engram constants and token map are used, or...
+    #[serde(default)]
+    pub model: Option<ModelRef>,
+    /// ...a weightless model directory.
+    #[serde(default)]
+    pub weightless: Option<WeightlessModel>,
+    /// Compare against a golden, or...
+    #[serde(default)]
+    pub golden: Option<EngramGolden>,
+    /// ...check a relation on `tokens` with `dead` positions and `pad_token`.
+    #[serde(default)]
+    pub relation: Option<EngramRelation>,
+    #[serde(default)]
+    pub tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    pub dead: Vec<usize>,
+    /// The raw token id of the Engram pad (`engram_pad_id`).
+    #[serde(default)]
+    pub pad_token: Option<u32>,
+    /// A safetensors file with an `engram_token_map` tensor to use instead of the model's map.
+    #[serde(default)]
+    pub engram_token_map: Option<DataRef>,
+}
+
 fn default_require() -> Vec<String> {
     vec!["logits".into()]
 }
@@ -415,6 +480,7 @@ pub enum Spec {
     Dsml(DsmlSpec),
     State(StateSpec),
     Residual(ResidualSpec),
+    Engram(EngramSpec),
 }
 
 /// One runnable case.
@@ -458,6 +524,16 @@ impl Case {
                         GoldenSpec::File(d) => up_data(d),
                         GoldenSpec::WasteOracle { dir, .. } => up_data(dir),
                     }
+            }
+            Spec::Engram(s) => {
+                s.model.as_ref().is_some_and(up_model)
+                    || s.weightless.as_ref().is_some_and(|w| {
+                        up_data(&w.config)
+                            || up_data(&w.tokenizer)
+                            || w.token_map.as_ref().is_some_and(up_data)
+                    })
+                    || s.golden.as_ref().is_some_and(|g| up_data(&g.file))
+                    || s.engram_token_map.as_ref().is_some_and(up_data)
             }
         }
     }
@@ -595,6 +671,7 @@ pub fn load_case_file(path: &Path) -> anyhow::Result<Vec<Case>> {
             Family::Dsml => Spec::Dsml(typed(rest, &at)?),
             Family::State => Spec::State(typed(rest, &at)?),
             Family::Residual => Spec::Residual(typed(rest, &at)?),
+            Family::Engram => Spec::Engram(typed(rest, &at)?),
         };
         if c.name.is_empty()
             || !c
@@ -771,6 +848,37 @@ fn validate_spec(spec: &Spec) -> Result<(), String> {
                 ));
             }
         }
+        Spec::Engram(s) => {
+            if s.model.is_some() == s.weightless.is_some() {
+                return Err("give exactly one of `model` and `weightless`".into());
+            }
+            if s.golden.is_some() == s.relation.is_some() {
+                return Err("give exactly one of `golden` and `relation`".into());
+            }
+            if let Some(g) = &s.golden {
+                if s.tokens.is_some() || !s.dead.is_empty() || s.pad_token.is_some() {
+                    return Err("field `golden`: tokens and dead positions come from the golden; give none of `tokens`, `dead`, `pad_token`".into());
+                }
+                if g.ids.is_none() && g.dead.is_some() {
+                    return Err("field `golden.dead`: only for JSON goldens (with `ids`)".into());
+                }
+            }
+            if s.relation.is_some() {
+                let n = s.tokens.as_ref().map_or(0, Vec::len);
+                if n == 0 {
+                    return Err("field `tokens`: required (non-empty) by a relation".into());
+                }
+                if s.dead.is_empty() {
+                    return Err("field `dead`: a latching relation needs DEAD positions".into());
+                }
+                if let Some(&bad) = s.dead.iter().find(|&&p| p >= n) {
+                    return Err(format!("field `dead`: {bad} is not inside 0..{n}"));
+                }
+                if s.pad_token.is_none() {
+                    return Err("field `pad_token`: required by a relation".into());
+                }
+            }
+        }
     }
     Ok(())
 }
@@ -848,6 +956,54 @@ mod tests {
             "family: loader\ncases:\n  - name: x\n    model: upstream:../etc\n    expect: accept\n",
         );
         assert!(load_case_file(&p).is_err());
+    }
+
+    #[test]
+    fn engram_cases_parse_and_errors_name_the_field() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "e.yaml",
+            "family: engram\ncases:\n  - name: rel\n    model: synthetic:tiny/release\n    relation: dead_latches\n    tokens: [1, 2, 3]\n    dead: [1]\n    pad_token: 67\n  - name: gold\n    weightless: {config: upstream:config/config.json, tokenizer: upstream:tokenizer/tokenizer.json}\n    golden: {file: upstream:engram/engram_hash_golden_real.json, ids: hash_with_dead_5_7, dead: dead_positions}\n",
+        );
+        let cases = load_case_file(&p).unwrap();
+        assert_eq!(cases[0].name, "engram::e::rel");
+        assert!(!cases[0].needs_upstream() && cases[1].needs_upstream());
+        for (yaml, needle) in [
+            (
+                "relation: dead_latches\n    tokens: [1, 2]\n    dead: [2]\n    pad_token: 1",
+                "dead",
+            ),
+            (
+                "relation: dead_latches\n    tokens: [1, 2]\n    dead: [1]",
+                "pad_token",
+            ),
+            (
+                "relation: dead_latches\n    tokens: [1, 2]\n    pad_token: 1",
+                "dead",
+            ),
+            (
+                "golden: {file: repo:x.json, ids: k}\n    tokens: [1]",
+                "golden",
+            ),
+            ("golden: {file: repo:x.safetensors, dead: d}", "golden.dead"),
+            (
+                "relation: dead_latches\n    golden: {file: repo:x.json, ids: k}",
+                "exactly one of `golden`",
+            ),
+            (
+                "relation: dead_latched\n    tokens: [1]\n    dead: [0]\n    pad_token: 1",
+                "relation",
+            ),
+        ] {
+            let p = write(
+                d.path(),
+                "bad.yaml",
+                &format!("family: engram\ncases:\n  - name: x\n    model: synthetic:tiny/release\n    {yaml}\n"),
+            );
+            let e = load_case_file(&p).unwrap_err().to_string();
+            assert!(e.contains("bad.yaml") && e.contains(needle), "{yaml}: {e}");
+        }
     }
 
     #[test]

@@ -203,11 +203,7 @@ pub fn compare(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> Compare
     compare_engram(&mut r, golden, engine);
 
     // ---------------------------------------------- discrete decisions + residual, token-major
-    let topk_layers: Vec<usize> = golden
-        .tensors
-        .keys()
-        .filter_map(|k| k.strip_prefix("topk.L").and_then(|x| x.parse().ok()))
-        .collect();
+    let topk_layers = index_source_layers(golden);
     let ge = golden.get("experts");
     let ee = engine.get("experts").filter(|e| {
         ge.is_some_and(|g| {
@@ -592,11 +588,7 @@ pub fn compare_replay(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> 
     compare_engram(&mut r, golden, engine);
 
     // ------------------------------------------------------------ discrete decisions, per cell
-    let topk_layers: Vec<usize> = golden
-        .tensors
-        .keys()
-        .filter_map(|k| k.strip_prefix("topk.L").and_then(|x| x.parse().ok()))
-        .collect();
+    let topk_layers = index_source_layers(golden);
     let next_source = |l: usize| {
         topk_layers
             .iter()
@@ -1162,6 +1154,18 @@ fn compare_logits(
         MetricStatus::Pass
     };
     r.add("logits", status, text, Some(worst_rl), Some(lg.rel_l2));
+}
+
+/// The index-source layers a trace carries (`topk.L{l}` tensors), ascending.
+fn index_source_layers(trace: &TraceFile) -> Vec<usize> {
+    // Sorted numerically: the tensor map's key order puts `topk.L10` before `topk.L2`.
+    let mut layers: Vec<usize> = trace
+        .tensors
+        .keys()
+        .filter_map(|k| k.strip_prefix("topk.L").and_then(|x| x.parse().ok()))
+        .collect();
+    layers.sort_unstable();
+    layers
 }
 
 #[cfg(test)]

@@ -48,10 +48,13 @@ pub enum Capability {
     IndexKAsShipped,
     #[serde(rename = "index_k.owner")]
     IndexKOwner,
+    /// Engram hash ids from token ids alone (no weights): `engram_hash`.
+    #[serde(rename = "engram_hash")]
+    EngramHash,
 }
 
 impl Capability {
-    pub const ALL: [Capability; 13] = [
+    pub const ALL: [Capability; 14] = [
         Capability::Load,
         Capability::Tokenize,
         Capability::Render,
@@ -65,6 +68,7 @@ impl Capability {
         Capability::NumericsUpstream,
         Capability::IndexKAsShipped,
         Capability::IndexKOwner,
+        Capability::EngramHash,
     ];
     pub fn as_str(self) -> &'static str {
         match self {
@@ -81,6 +85,7 @@ impl Capability {
             Capability::NumericsUpstream => "numerics.upstream",
             Capability::IndexKAsShipped => "index_k.as_shipped",
             Capability::IndexKOwner => "index_k.owner",
+            Capability::EngramHash => "engram_hash",
         }
     }
     pub fn parse(s: &str) -> Option<Capability> {
@@ -211,6 +216,27 @@ pub struct ForwardRequest {
     pub engram_token_map: Option<PathBuf>,
 }
 
+/// Engram hash ids (MODEL.md §6.6.1) of a token sequence, without weights (PROTOCOL.md
+/// `engram_hash`): the constants and the compressed token map are those of `model`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EngramHashRequest {
+    /// A checkpoint directory, or a weightless model directory (`config.json` and
+    /// `tokenizer.json`, optionally `engram_token_map_int32.npy`): hashing reads no weights.
+    pub model: PathBuf,
+    /// Raw token ids; the engine maps them through its compressed token map.
+    pub tokens: Vec<u32>,
+    /// Positions whose history slot is DEAD (image positions); their token is ignored.
+    #[serde(default)]
+    pub dead: Vec<usize>,
+    /// A safetensors file whose `engram_token_map` tensor replaces the model's map.
+    #[serde(default)]
+    pub engram_token_map: Option<PathBuf>,
+}
+
+/// Hash ids `[tokens][n_engram_layers][(max_ngram − 1) · n_heads]`, column
+/// `(n − 2) · n_heads + head`, layers in `engram_layer_ids` order.
+pub type EngramHashes = Vec<Vec<Vec<i64>>>;
+
 /// Why an engine call did not produce an answer. `Refused` is an answer (the engine rejected
 /// the input, e.g. a broken checkpoint); the rest are failures of the engine or its driver.
 #[derive(Debug, Clone, PartialEq)]
@@ -250,4 +276,12 @@ pub trait Engine: Send {
     fn parse(&mut self, req: &ParseRequest, timeout: Duration) -> EngineResult<serde_json::Value>;
     /// Run the request; on success the trace file `req.out` exists.
     fn forward(&mut self, req: &ForwardRequest, timeout: Duration) -> EngineResult<()>;
+    /// Engram hash ids of a token sequence. Engines without the capability keep the default.
+    fn engram_hash(
+        &mut self,
+        _req: &EngramHashRequest,
+        _timeout: Duration,
+    ) -> EngineResult<EngramHashes> {
+        Err(EngineError::Unsupported(Capability::EngramHash))
+    }
 }

@@ -10,7 +10,7 @@
 
 /// The interpretation contract this harness implements (CONTRACT.md); bumped whenever a
 /// rule changes so a certificate says which rules it was judged by.
-pub const CONTRACT_VERSION: &str = "1.0.0";
+pub const CONTRACT_VERSION: &str = "1.1.0";
 
 pub mod case;
 pub mod compare;
@@ -27,3 +27,17 @@ pub mod runner;
 pub mod selftest;
 pub mod synthetic;
 pub mod trace;
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn contract_document_states_this_version() {
+        let doc = include_str!("../CONTRACT.md");
+        let first = doc.lines().next().unwrap_or_default();
+        assert!(
+            first.ends_with(&format!("version {}", super::CONTRACT_VERSION)),
+            "CONTRACT.md says `{first}`, the harness {}",
+            super::CONTRACT_VERSION
+        );
+    }
+}

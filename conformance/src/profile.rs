@@ -158,6 +158,8 @@ impl Profile {
         need(Capability::Tokenize, self.tokenize.is_some(), "tokenize")?;
         need(Capability::Render, self.render.is_some(), "render")?;
         need(Capability::Parse, self.parse.is_some(), "parse")?;
+        // Command profiles have no Engram hashing section: their engram cases are NotSupported.
+        need(Capability::EngramHash, false, "engram_hash")?;
         let check =
             |section: &str, templates: Vec<&String>, extra: &[&str]| -> Result<(), String> {
                 for t in templates {

@@ -32,6 +32,7 @@ pub enum Request {
     Render(RenderRequest),
     Parse(ParseRequest),
     Forward(ForwardRequest),
+    EngramHash(EngramHashRequest),
     Shutdown,
 }
 
@@ -405,6 +406,14 @@ impl Engine for AdapterEngine {
         }
         Ok(())
     }
+    fn engram_hash(
+        &mut self,
+        req: &EngramHashRequest,
+        timeout: Duration,
+    ) -> EngineResult<EngramHashes> {
+        self.need(Capability::EngramHash)?;
+        field(self.call(Request::EngramHash(req.clone()), timeout)?, "ids")
+    }
 }
 
 // ------------------------------------------------------------------------- engine side
@@ -474,6 +483,9 @@ pub fn serve(
             Request::Forward(r) => engine
                 .forward(&r, no_timeout)
                 .map(|_| serde_json::json!({ "trace": r.out })),
+            Request::EngramHash(r) => engine
+                .engram_hash(&r, no_timeout)
+                .map(|ids| serde_json::json!({ "ids": ids })),
         };
         let r = result.map_err(|e| match e {
             EngineError::Refused(m) => ("refused", m),

@@ -125,6 +125,7 @@ impl Engine for ReferenceEngine {
             NumericsUpstream,
             IndexKAsShipped,
             IndexKOwner,
+            EngramHash,
         ]
         .into_iter()
         .collect()
@@ -244,17 +245,149 @@ impl Engine for ReferenceEngine {
         let defect = self.defect.clone();
         with_timeout(timeout, move || forward(&req, defect.as_deref()))
     }
+
+    fn engram_hash(
+        &mut self,
+        req: &EngramHashRequest,
+        timeout: Duration,
+    ) -> EngineResult<EngramHashes> {
+        let req = req.clone();
+        let defect = self.defect.clone();
+        with_timeout(timeout, move || engram_hash(&req, defect.as_deref()))
+    }
+}
+
+/// The defects of the forward pass named by `defect` (adapter defects act elsewhere).
+fn forward_defects(defect: Option<&str>) -> ds41_engine::model::DefectSet {
+    use ds41_engine::model::{Defect, DefectSet};
+    match defect.map(|d| d.parse::<Defect>()) {
+        Some(Ok(d)) => DefectSet::new([d]),
+        _ => DefectSet::none(),
+    }
+}
+
+/// Does `dir` hold weights (a release checkpoint or a container)? A directory with only a
+/// `config.json` and a tokenizer is a weightless model: enough for Engram hashing.
+fn has_weights(dir: &std::path::Path) -> bool {
+    [
+        "model.safetensors",
+        "model.safetensors.index.json",
+        "manifest.json",
+    ]
+    .iter()
+    .any(|f| dir.join(f).is_file())
+}
+
+/// The hasher of a weightless release directory: the release recipe applied to its
+/// `config.json`, the map from `engram_token_map_int32.npy` when present, else built from
+/// `tokenizer.json` (MODEL.md §6.6.1).
+fn weightless_hasher(
+    dir: &std::path::Path,
+    token_map: Option<Vec<i32>>,
+) -> ds41_engine::Result<ds41_engine::model::EngramHasher> {
+    use ds41_engine::checkpoint::release::{npy_i32_vector, TOKMAP_NPY};
+    use ds41_engine::tokenizer::engram_map;
+    let cfg = ds41_engine::config::Config::from_release_json(&dir.join("config.json"))?;
+    let consts = ds41_engine::config::EngramHashConstants::for_release(&cfg)?;
+    let npy = dir.join(TOKMAP_NPY);
+    let map = match token_map {
+        Some(m) => m,
+        None if npy.is_file() => {
+            let b = std::fs::read(&npy).map_err(|e| ds41_engine::Error::Io {
+                path: npy.clone(),
+                source: e,
+            })?;
+            npy_i32_vector(&npy, &b)?
+        }
+        None => {
+            let tok = ds41_engine::tokenizer::Tokenizer::from_file(dir.join("tokenizer.json"))?;
+            engram_map::compressed_token_map(&tok)?
+        }
+    };
+    let n = engram_map::compressed_vocab_size(&map);
+    if map.len() < cfg.vocab_size || n != cfg.engram_compressed_vocab_size {
+        return Err(ds41_engine::Error::Config {
+            field: "engram_compressed_vocab_size".into(),
+            rule: format!(
+                "the Engram token map has {} entries and {n} compressed ids; the config says \
+                 vocab_size {} and {} compressed ids",
+                map.len(),
+                cfg.vocab_size,
+                cfg.engram_compressed_vocab_size
+            ),
+        });
+    }
+    ds41_engine::model::EngramHasher::new(&consts, map)
+}
+
+/// Engram hash ids (PROTOCOL.md `engram_hash`) with the engine's own hashing function, so an
+/// injected `engram-pad-not-latching` acts here exactly as in a forward pass.
+fn engram_hash(req: &EngramHashRequest, defect: Option<&str>) -> EngineResult<EngramHashes> {
+    use ds41_engine::model::engram::DEAD;
+    use ds41_engine::model::Model;
+    use ds41_engine::trace::TraceFile;
+    let refused = |e: ds41_engine::Error| EngineError::Refused(e.to_string());
+    let defects = forward_defects(defect);
+    let token_map = match &req.engram_token_map {
+        Some(p) => {
+            let f = TraceFile::read(p).map_err(refused)?;
+            let (_, m) = f.i64("engram_token_map").ok_or_else(|| {
+                EngineError::Refused(format!("{}: no I64 `engram_token_map` tensor", p.display()))
+            })?;
+            Some(m.iter().map(|&x| x as i32).collect())
+        }
+        None => None,
+    };
+    let hasher = if has_weights(&req.model) {
+        let model = Model::open_with_token_map(&req.model, token_map).map_err(refused)?;
+        model.engram_hasher().cloned().ok_or_else(|| {
+            EngineError::Refused(format!(
+                "{}: the model has no Engram layers",
+                req.model.display()
+            ))
+        })?
+    } else {
+        weightless_hasher(&req.model, token_map).map_err(refused)?
+    };
+    let n = req.tokens.len();
+    if let Some(&p) = req.dead.iter().find(|&&p| p >= n) {
+        return Err(EngineError::Refused(format!(
+            "dead position {p} is outside the {n} tokens"
+        )));
+    }
+    let history = req
+        .tokens
+        .iter()
+        .enumerate()
+        .map(|(p, &t)| {
+            if req.dead.contains(&p) {
+                Ok(DEAD)
+            } else {
+                hasher.compressed_id(t)
+            }
+        })
+        .collect::<ds41_engine::Result<Vec<i64>>>()
+        .map_err(refused)?;
+    let cols = hasher.columns();
+    Ok((0..n)
+        .map(|p| {
+            (0..hasher.layers.len())
+                .map(|li| {
+                    let mut row = vec![0i64; cols];
+                    hasher.hash(&history, p, li, &defects, &mut row);
+                    row
+                })
+                .collect()
+        })
+        .collect())
 }
 
 /// The `ds41 forward` semantics (issue 4 item 4) for one request.
 fn forward(req: &ForwardRequest, defect: Option<&str>) -> EngineResult<()> {
-    use ds41_engine::model::{Defect, DefectSet, Forcing, Model, Options, Session};
+    use ds41_engine::model::{Forcing, Model, Options, Session};
     use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
     let failed = |e: ds41_engine::Error| EngineError::Failed(e.to_string());
-    let defects = match defect.map(|d| d.parse::<Defect>()) {
-        Some(Ok(d)) => DefectSet::new([d]),
-        _ => DefectSet::none(),
-    };
+    let defects = forward_defects(defect);
     let numerics = req.numerics.as_str().parse().map_err(EngineError::Failed)?;
     let index_k = req.index_k.as_str().parse().map_err(EngineError::Failed)?;
     let golden = match &req.replay {

@@ -216,7 +216,7 @@ while IFS= read -r line; do
   id=$(printf '%s' "$line" | sed -n 's/^{"id":\([0-9]*\).*/\1/p')
   case "$line" in
     *'"op":"hello"'*)
-      caps='["load"]'; [ "$mode" = nocaps ] && caps='[]'
+      caps='["load"]'; [ "$mode" = nocaps ] && caps='[]'; [ "$mode" = engram-garbage ] && caps='["engram_hash"]'
       printf '{"id":%s,"ok":true,"result":{"protocol":"ds41-engine/1","engine":{"name":"fake-%s","version":"0"},"capabilities":%s}}\n' "$id" "$mode" "$caps";;
     *'"op":"shutdown"'*) printf '{"id":%s,"ok":true,"result":{}}\n' "$id"; exit 0;;
     *) case "$mode" in
@@ -225,6 +225,7 @@ while IFS= read -r line; do
          hang) exec sleep 5;;
          garbage) echo 'Loading model... 100%';;
          refuse) printf '{"id":%s,"ok":false,"error":{"kind":"refused","message":"no thanks"}}\n' "$id";;
+         engram-garbage) printf '{"id":%s,"ok":true,"result":{"ids":[[[1,2]]]}}\n' "$id";;
          accept|nocaps) printf '{"id":%s,"ok":true,"result":{}}\n' "$id";;
        esac;;
   esac
@@ -235,9 +236,10 @@ done
 /// accept-everything engine fails the case with the reason, and the run goes on.
 fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>) {
     let find = |n: &str| suite.iter().find(|c| c.name == n).cloned();
-    let (Some(valid), Some(mutant)) = (
+    let (Some(valid), Some(mutant), Some(engram)) = (
         find("loader::synthetic::tiny-release-loads"),
         find("loader::synthetic::mutant-tiny-release.no-attn-sink"),
+        find("engram::synthetic::tiny-release-dead-latches"),
     ) else {
         trials.push(Trial::test("selftest::adapter", || {
             Err("the loader cases the self-tests use are missing".into())
@@ -289,6 +291,19 @@ fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>
                 other => Err(format!("expected NotSupported(load), got {other:?}")),
             }),
         ),
+        (
+            "nocaps-engram",
+            engram.clone(),
+            Box::new(|o: &Outcome| match o {
+                Outcome::NotSupported { capability } if capability == "engram_hash" => Ok(()),
+                other => Err(format!("expected NotSupported(engram_hash), got {other:?}")),
+            }),
+        ),
+        (
+            "engram-garbage",
+            engram.clone(),
+            expect_fail("engine returned ids of shape [1, 1, 2]"),
+        ),
     ];
     let dir = ctx.work_dir.join("fake-engines");
     let _ = std::fs::create_dir_all(&dir);
@@ -298,9 +313,12 @@ fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>
         let (cx, script) = (Arc::clone(ctx), script.clone());
         trials.push(
             Trial::test(format!("selftest::adapter::{mode}"), move || {
-                let mut e =
-                    AdapterEngine::start(&format!("exec sh {} {mode} /dev/null", script.display()))
-                        .map_err(|e| format!("{e:#}"))?;
+                let script_mode = mode.strip_suffix("-engram").unwrap_or(mode);
+                let mut e = AdapterEngine::start(&format!(
+                    "exec sh {} {script_mode} /dev/null",
+                    script.display()
+                ))
+                .map_err(|e| format!("{e:#}"))?;
                 let r = run_case(&case, &mut e, &cx);
                 check(&r.outcome).map_err(Failed::from)
             })

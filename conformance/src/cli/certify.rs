@@ -273,6 +273,7 @@ fn pregenerate(cases: &[ds41_conformance::case::Case], ctx: &Context, err: &mut 
                 .chain(s.other_model.iter())
                 .collect(),
             Spec::Residual(s) => vec![&s.model],
+            Spec::Engram(s) => s.model.iter().collect(),
             _ => vec![],
         };
         models.extend(

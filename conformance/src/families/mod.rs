@@ -2,6 +2,7 @@
 //! the run context, and returns the case's outcome, filling `details` for the report.
 
 pub mod dsml;
+pub mod engram;
 pub mod loader;
 pub mod residual;
 pub mod state;
@@ -19,6 +20,7 @@ pub fn run(case: &Case, engine: &mut dyn Engine, ctx: &Context, details: &mut De
         Spec::Dsml(s) => dsml::run(case, s, engine, ctx, details),
         Spec::State(s) => state::run(case, s, engine, ctx, details),
         Spec::Residual(s) => residual::run(case, s, engine, ctx, details),
+        Spec::Engram(s) => engram::run(case, s, engine, ctx, details),
     };
     r.unwrap_or_else(|o| o)
 }
