@@ -8,8 +8,8 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ds41_engine::model::{IndexK, Model, Numerics, Options, Session};
-use ds41_engine::trace::{Trace, TraceOptions};
+use ds41_engine::model::{IndexK, Model, Numerics};
+use ds41_engine::testing::{options, run_chunks};
 
 const TOKENS: [u32; 12] = [3, 7, 11, 5, 19, 23, 2, 41, 8, 64, 17, 90];
 
@@ -43,25 +43,13 @@ fn fake_waste(root: &Path) -> PathBuf {
     ds41_conformance::synthetic::generate("waste-tiny", "container", 0, &model_dir).unwrap();
     let model = Model::open(&model_dir).unwrap();
     let cfg = model.config().clone();
-    let mut trace = Trace::new(
-        &cfg,
-        TraceOptions {
-            enabled: true,
-            sub_ops: false,
-        },
-    );
-    let mut s = Session::new(
+    // Token at a time, as WASTE runs with WASTE_CHUNK unset.
+    let trace = run_chunks(
         &model,
-        Options {
-            numerics: Numerics::Exact,
-            index_k: IndexK::AsShipped,
-            ..Options::default()
-        },
+        &TOKENS,
+        &[1; TOKENS.len()],
+        &options(Numerics::Exact, IndexK::AsShipped),
     );
-    s.prefill(&TOKENS[..1], &mut trace).unwrap();
-    for &t in &TOKENS[1..] {
-        s.decode(t, &mut trace).unwrap();
-    }
     let (l, cell, k, v) = (
         cfg.n_layers,
         cfg.hc_mult * cfg.dim,

@@ -7,8 +7,9 @@ use model_common as common;
 
 use std::path::Path;
 
-use ds41_engine::model::{IndexK, Model, Numerics, Options, Session};
-use ds41_engine::trace::{Trace, TraceOptions};
+use ds41_engine::model::{IndexK, Model, Numerics};
+use ds41_engine::testing::{options, run_chunks};
+use ds41_engine::trace::Trace;
 
 const IDS: [u32; 12] = [3, 7, 11, 5, 19, 23, 2, 41, 8, 64, 17, 90];
 
@@ -24,25 +25,13 @@ fn read_f32(path: &Path) -> Vec<f32> {
 fn measure(up: &Path, index_k: IndexK, variant: &str) -> (Vec<f64>, Vec<f64>, Trace) {
     let model = Model::open(&up.join("waste_ds41_synth/container")).unwrap();
     let cfg = model.config().clone();
-    let mut trace = Trace::new(
-        &cfg,
-        TraceOptions {
-            enabled: true,
-            sub_ops: false,
-        },
-    );
-    let mut s = Session::new(
+    // Token at a time, as the oracle runs (CONTAINER.md §10.4).
+    let trace = run_chunks(
         &model,
-        Options {
-            numerics: Numerics::Exact,
-            index_k,
-            ..Options::default()
-        },
+        &IDS,
+        &[1; IDS.len()],
+        &options(Numerics::Exact, index_k),
     );
-    s.prefill(&IDS[..1], &mut trace).unwrap();
-    for &t in &IDS[1..] {
-        s.decode(t, &mut trace).unwrap();
-    }
     let oracle_logits = read_f32(&up.join(format!(
         "waste_ds41_synth/oracle/logits_prefix_{variant}.f32"
     )));
