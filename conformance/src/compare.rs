@@ -1171,6 +1171,23 @@ fn index_source_layers(trace: &TraceFile) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The named integer tensor of `t`, to damage in place; panics when it is absent or not
+    /// integer, so a test cannot pass because its damage silently did not happen.
+    fn ints<'a>(t: &'a mut TraceFile, name: &str) -> &'a mut Vec<i64> {
+        match t.tensors.get_mut(name).map(|x| &mut x.data) {
+            Some(TraceData::I64(v)) => v,
+            _ => panic!("test trace has no integer tensor `{name}`"),
+        }
+    }
+
+    /// [`ints`] for float tensors.
+    fn floats<'a>(t: &'a mut TraceFile, name: &str) -> &'a mut Vec<f32> {
+        match t.tensors.get_mut(name).map(|x| &mut x.data) {
+            Some(TraceData::F32(v)) => v,
+            _ => panic!("test trace has no float tensor `{name}`"),
+        }
+    }
     use crate::gates::{GateSet, ProfileName};
     use crate::trace::{TraceData, TraceTensor};
 
@@ -1237,11 +1254,8 @@ mod tests {
     #[test]
     fn residual_drift_is_localised_to_token_and_layer() {
         let mut e = golden();
-        if let Some(TraceTensor {
-            data: TraceData::F32(v),
-            ..
-        }) = e.tensors.get_mut("residual")
         {
+            let v = floats(&mut e, "residual");
             // token 1, layer 1 = cell 3
             for x in &mut v[12..16] {
                 *x *= 1.01;
@@ -1263,11 +1277,8 @@ mod tests {
     fn fragile_flip_is_excused_and_counted_only_where_allowed() {
         let mut e = golden();
         // token 1 layer 0: golden {2,3} margin 0.001 -> engine {1,3}
-        if let Some(TraceTensor {
-            data: TraceData::I64(v),
-            ..
-        }) = e.tensors.get_mut("experts")
         {
+            let v = ints(&mut e, "experts");
             v[4] = 1;
         }
         let up = compare(&golden(), &e, &gates(ProfileName::Upstream));
@@ -1282,11 +1293,8 @@ mod tests {
     fn robust_flip_fails_even_when_fragile_flips_are_excused() {
         let mut e = golden();
         // token 0 layer 1: golden {1,2} margin 0.5 -> engine {1,3}
-        if let Some(TraceTensor {
-            data: TraceData::I64(v),
-            ..
-        }) = e.tensors.get_mut("experts")
         {
+            let v = ints(&mut e, "experts");
             v[3] = 3;
         }
         let r = compare(&golden(), &e, &gates(ProfileName::Upstream));
@@ -1299,22 +1307,16 @@ mod tests {
     #[test]
     fn engram_hash_and_topk_are_exact() {
         let mut e = golden();
-        if let Some(TraceTensor {
-            data: TraceData::I64(v),
-            ..
-        }) = e.tensors.get_mut("engram_hash")
         {
+            let v = ints(&mut e, "engram_hash");
             v[3] = 99;
         }
         let r = compare(&golden(), &e, &gates(ProfileName::Quantized));
         assert!(r.failed());
         assert_eq!(r.first_divergence.clone().unwrap().subop, "engram_hash");
         let mut e = golden();
-        if let Some(TraceTensor {
-            data: TraceData::I64(v),
-            ..
-        }) = e.tensors.get_mut("topk.L1")
         {
+            let v = ints(&mut e, "topk.L1");
             v[4] = 0; // token 2: {1,2} -> {0,2}
         }
         let r = compare(&golden(), &e, &gates(ProfileName::Upstream));
@@ -1324,11 +1326,8 @@ mod tests {
     #[test]
     fn logits_argmax_and_nan_fail() {
         let mut e = golden();
-        if let Some(TraceTensor {
-            data: TraceData::F32(v),
-            ..
-        }) = e.tensors.get_mut("logits")
         {
+            let v = floats(&mut e, "logits");
             v[5] = f32::NAN;
         }
         let r = compare(&golden(), &e, &gates(ProfileName::Quantized));
@@ -1375,12 +1374,10 @@ mod tests {
     }
 
     fn scale_cell(t: &mut TraceFile, name: &str, cell: usize, f: f32) {
-        let x = t.tensors.get_mut(name).unwrap();
+        let x = &t.tensors[name];
         let w = x.row_len() / x.shape[1];
-        if let TraceData::F32(v) = &mut x.data {
-            for y in &mut v[cell * w..(cell + 1) * w] {
-                *y *= f;
-            }
+        for y in &mut floats(t, name)[cell * w..(cell + 1) * w] {
+            *y *= f;
         }
     }
 
@@ -1438,7 +1435,8 @@ mod tests {
         // the cells that routing decision feeds (moe_out, residual of that cell) differ.
         let mut g = replay_golden();
         let mut e = replay_golden();
-        if let TraceData::I64(v) = &mut e.tensors.get_mut("experts").unwrap().data {
+        {
+            let v = ints(&mut e, "experts");
             v[4] = 1;
         }
         scale_cell(&mut e, "moe_out", 2, 1.5);
@@ -1449,7 +1447,8 @@ mod tests {
         let m = r.metrics.iter().find(|m| m.name == "residual").unwrap();
         assert!(m.text.starts_with("5/6 cells compared"), "{}", m.text);
         // the same margin above the floor is robust (the normal-mode drift factor does not apply)
-        if let TraceData::F32(v) = &mut g.tensors.get_mut("margin.experts").unwrap().data {
+        {
+            let v = floats(&mut g, "margin.experts");
             v[2] = 0.01;
         }
         let r = compare_replay(&g, &e, &up);
@@ -1459,11 +1458,13 @@ mod tests {
         assert!(compare_replay(&replay_golden(), &e, &gates(ProfileName::Exact)).failed());
         // a top-k flip below the floor skips the token's cells up to the next index source
         let mut g = replay_golden();
-        if let TraceData::F32(v) = &mut g.tensors.get_mut("margin.topk.L1").unwrap().data {
+        {
+            let v = floats(&mut g, "margin.topk.L1");
             v[2] = 0.0;
         }
         let mut e = replay_golden();
-        if let TraceData::I64(v) = &mut e.tensors.get_mut("topk.L1").unwrap().data {
+        {
+            let v = ints(&mut e, "topk.L1");
             v[4] = 0;
         }
         scale_cell(&mut e, "attn_out", 5, 2.0);
@@ -1476,7 +1477,8 @@ mod tests {
     #[test]
     fn replay_logits_use_the_replay_thresholds_on_every_step() {
         let mut e = replay_golden();
-        if let TraceData::F32(v) = &mut e.tensors.get_mut("logits").unwrap().data {
+        {
+            let v = floats(&mut e, "logits");
             v[7] += 0.01; // far inside the end-to-end limits, outside replay's 1e-3
         }
         let up = gates(ProfileName::Upstream);
