@@ -111,21 +111,16 @@ pub struct EngineIdentity {
     pub driver: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Numerics {
-    Exact,
-    Upstream,
+/// The run-time choices of a forward are the engine's own types (one definition); this
+/// names the capability an engine must declare to be asked for each.
+pub use ds41_engine::model::{IndexK, Numerics};
+
+pub trait RequiredCapability {
+    fn capability(self) -> Capability;
 }
 
-impl Numerics {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Numerics::Exact => "exact",
-            Numerics::Upstream => "upstream",
-        }
-    }
-    pub fn capability(self) -> Capability {
+impl RequiredCapability for Numerics {
+    fn capability(self) -> Capability {
         match self {
             Numerics::Exact => Capability::NumericsExact,
             Numerics::Upstream => Capability::NumericsUpstream,
@@ -133,23 +128,8 @@ impl Numerics {
     }
 }
 
-/// The index-key hand-off behaviour of MODEL.md §8 (`as-shipped` = the official code).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub enum IndexK {
-    #[serde(rename = "as-shipped")]
-    AsShipped,
-    #[serde(rename = "owner")]
-    Owner,
-}
-
-impl IndexK {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            IndexK::AsShipped => "as-shipped",
-            IndexK::Owner => "owner",
-        }
-    }
-    pub fn capability(self) -> Capability {
+impl RequiredCapability for IndexK {
+    fn capability(self) -> Capability {
         match self {
             IndexK::AsShipped => Capability::IndexKAsShipped,
             IndexK::Owner => Capability::IndexKOwner,

@@ -388,8 +388,7 @@ fn forward(req: &ForwardRequest, defect: Option<&str>) -> EngineResult<()> {
     use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
     let failed = |e: ds41_engine::Error| EngineError::Failed(e.to_string());
     let defects = forward_defects(defect);
-    let numerics = req.numerics.as_str().parse().map_err(EngineError::Failed)?;
-    let index_k = req.index_k.as_str().parse().map_err(EngineError::Failed)?;
+    let (numerics, index_k) = (req.numerics, req.index_k);
     let golden = match &req.replay {
         Some(p) => Some(TraceFile::read(p).map_err(failed)?),
         None => None,

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::case::{Case, GoldenSpec, ResidualSpec};
 use crate::compare::{compare, compare_replay};
-use crate::engine_api::{Capability, Engine, ForwardRequest};
+use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
 use crate::gates::ProfileName;
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};

@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::case::{Case, Relation, StateSpec};
 use crate::compare::max_abs;
-use crate::engine_api::{Capability, Engine, EngineError, ForwardRequest};
+use crate::engine_api::{Capability, Engine, EngineError, ForwardRequest, RequiredCapability};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
 use crate::trace::TraceFile;

@@ -11,13 +11,15 @@ use std::str::FromStr;
 use super::pool::PoolVec;
 
 /// Which index-key cache an index-key owner scores against (§8.3).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub enum IndexK {
     /// What `model.py` and WASTE compute: an owner publishes its key cache only in a forward
     /// in which it emitted a latent; otherwise it reads whatever was published last.
     #[default]
+    #[serde(rename = "as-shipped")]
     AsShipped,
     /// The fix: every owner publishes its own cache before scoring.
+    #[serde(rename = "owner")]
     Owner,
 }
 
