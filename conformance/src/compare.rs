@@ -7,7 +7,7 @@
 //! L2 per (token, layer) cell; logits rel L2, max abs and argmax per compared step. Unlike
 //! compare.py a non-finite engine value is always a failure.
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::gates::{ArgmaxRule, Gates};
 use crate::trace::TraceFile;
@@ -36,7 +36,7 @@ pub struct Metric {
 }
 
 /// Where the engine first left the golden, in forward order.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Divergence {
     pub token: usize,
     pub layer: Option<usize>,

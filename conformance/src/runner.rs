@@ -202,16 +202,12 @@ pub struct MetricRecord {
     pub text: String,
 }
 
+/// A comparison's first divergence, with the run (e.g. `prefix 3`) it was found in.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 pub struct DivergenceRecord {
     pub run: String,
-    pub token: usize,
-    pub layer: Option<usize>,
-    pub subop: String,
-    pub metric: String,
-    pub value: f64,
-    pub threshold: f64,
-    pub detail: String,
+    #[serde(flatten)]
+    pub at: Divergence,
 }
 
 impl Details {
@@ -232,28 +228,11 @@ impl Details {
                 text: text.clone(),
             });
         }
-        if let Some(Divergence {
-            token,
-            layer,
-            subop,
-            metric,
-            value,
-            threshold,
-            detail,
-        }) = &r.first_divergence
-        {
-            if self.first_divergence.is_none() {
-                self.first_divergence = Some(DivergenceRecord {
-                    run: run.into(),
-                    token: *token,
-                    layer: *layer,
-                    subop: subop.clone(),
-                    metric: metric.clone(),
-                    value: *value,
-                    threshold: *threshold,
-                    detail: detail.clone(),
-                });
-            }
+        if let (None, Some(d)) = (&self.first_divergence, &r.first_divergence) {
+            self.first_divergence = Some(DivergenceRecord {
+                run: run.into(),
+                at: d.clone(),
+            });
         }
         if !r.per_layer_worst.is_empty() {
             self.per_layer.push((run.into(), r.per_layer_worst.clone()));

@@ -10,7 +10,7 @@ use crate::compare::{compare, compare_replay};
 use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
 use crate::gates::ProfileName;
 use crate::outcome::Outcome;
-use crate::runner::{engine_failure, require, timeout, Context, Details};
+use crate::runner::{engine_failure, require, timeout, Context, Details, DivergenceRecord};
 use crate::trace::TraceFile;
 
 pub fn run(
@@ -198,10 +198,10 @@ fn replay(
 fn verdict(details: &Details, failed: bool) -> Outcome {
     if failed {
         let mut reason = String::new();
-        if let Some(d) = &details.first_divergence {
+        if let Some(DivergenceRecord { run, at: d }) = &details.first_divergence {
             reason += &format!(
                 "[{}] first divergence at token {}{}, sub-op `{}`: {} {:.3e} > {:.3e}",
-                d.run,
+                run,
                 d.token,
                 d.layer.map(|l| format!(" layer {l}")).unwrap_or_default(),
                 d.subop,

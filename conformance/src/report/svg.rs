@@ -118,7 +118,7 @@ pub fn per_layer_plot(r: &CaseResult) -> Option<String> {
             super::junit::escape(name)
         );
     }
-    if let Some(dv) = &r.details.first_divergence {
+    if let Some(dv) = r.details.first_divergence.as_ref().map(|d| &d.at) {
         if let Some(l) = dv.layer {
             s += &format!("<line x1=\"{0:.1}\" y1=\"{mt}\" x2=\"{0:.1}\" y2=\"{1:.1}\" stroke=\"#d62728\" stroke-dasharray=\"2,3\"/><text x=\"{0:.1}\" y=\"{2:.1}\" fill=\"#d62728\" text-anchor=\"middle\">{3}</text>\n", x(l), h - mb, mt - 4.0, super::junit::escape(&format!("first divergence: token {} {}", dv.token, dv.subop)));
         }
