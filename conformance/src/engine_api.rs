@@ -249,6 +249,15 @@ pub type EngineResult<T> = Result<T, EngineError>;
 pub trait Engine: Send {
     fn identity(&self) -> EngineIdentity;
     fn capabilities(&self) -> BTreeSet<Capability>;
+    /// `Unsupported(c)` unless the engine declared `c`: every request checks this before it
+    /// reaches the engine, so a missing capability is NotSupported, never a failure.
+    fn need(&self, c: Capability) -> EngineResult<()> {
+        if self.capabilities().contains(&c) {
+            Ok(())
+        } else {
+            Err(EngineError::Unsupported(c))
+        }
+    }
     fn load(&mut self, req: &LoadRequest, timeout: Duration) -> EngineResult<()>;
     fn tokenize(&mut self, req: &TokenizeRequest, timeout: Duration)
         -> EngineResult<Vec<Vec<u32>>>;

@@ -423,14 +423,6 @@ impl ProfileEngine {
         }
         Ok((argv, env))
     }
-
-    fn need(&self, c: Capability) -> EngineResult<()> {
-        if self.caps.contains(&c) {
-            Ok(())
-        } else {
-            Err(EngineError::Unsupported(c))
-        }
-    }
 }
 
 impl Engine for ProfileEngine {

@@ -269,14 +269,6 @@ impl AdapterEngine {
             }
         }
     }
-
-    fn need(&self, c: Capability) -> EngineResult<()> {
-        if self.capabilities.contains(&c) {
-            Ok(())
-        } else {
-            Err(EngineError::Unsupported(c))
-        }
-    }
 }
 
 impl Drop for AdapterEngine {
