@@ -131,6 +131,38 @@ def make_set(name: str, spec: dict, inference: Path, ds41: str, out_root: Path):
     return written
 
 
+def write_cases(name: str, spec: dict, golden_dir: Path, cases_dir: Path, tolerance=None):
+    """conformance/cases/residual/official_NAME.yaml: for every golden of the set, an end-to-end
+    case and a teacher-forced (`replay: true`) case per hand-off, reading only the repository."""
+    layout_model = f"synthetic:{spec['preset']}/release@{spec['seed']}"
+    n = len(spec["tokens"])
+    lines = ["family: residual", "description: >-",
+             f"  Official model.py goldens of set {name} (goldens/official/{name}/, made by",
+             "  goldens/regen/model/official_sets.py): " + spec["about"] + ". End to end (gates/upstream.yaml)",
+             "  and teacher-forced replay per cell (its `replay` thresholds); both index-k hand-offs.",
+             "cases:"]
+    for prefill in spec["prefills"]:
+        sched = f"p{prefill:02d}_d{n - prefill:02d}"
+        for h in ("as-shipped", "owner"):
+            fname = f"{sched}_{h}.safetensors"
+            if not (golden_dir / fname).exists():
+                fname = f"{sched}.safetensors"
+            if not (golden_dir / fname).exists():
+                raise SystemExit(f"{golden_dir}: no golden for {sched} {h}")
+            for replay in (False, True):
+                case = f"{name.replace('_', '-')}-{sched.replace('_', '-')}-{h}" + ("-replay" if replay else "")
+                require = "[logits, residual, experts, topk, engram_hash" + (", attn_out, moe_out]" if replay else "]")
+                lines += [f"  - name: {case}", f"    model: {layout_model}",
+                          f"    golden: {{file: repo:goldens/official/{name}/{fname}}}",
+                          f"    prefill: {prefill}", "    numerics: upstream", f"    index_k: {h}"]
+                if replay:
+                    lines.append("    replay: true")
+                lines.append(f"    require: {require}")
+                if tolerance and not replay:
+                    lines.append("    tolerance: {" + ", ".join(f"{k}: {v}" for k, v in tolerance.items()) + "}")
+    (cases_dir / f"official_{name}.yaml").write_text("\n".join(lines) + "\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inference", type=Path, required=True)
@@ -138,12 +170,17 @@ def main(argv=None):
     ap.add_argument("--out", type=Path, default=Path("goldens/official"))
     ap.add_argument("--set", action="append", choices=sorted(SETS), help="default: every set")
     ap.add_argument("--list", action="store_true", help="print the sets as JSON and exit")
+    ap.add_argument("--cases", type=Path, help="also (re)write the residual case files into this directory")
+    ap.add_argument("--no-run", action="store_true", help="only write the case files (with --cases)")
     a = ap.parse_args(argv)
     if a.list:
         print(json.dumps(SETS, indent=1))
         return 0
     for name in a.set or sorted(SETS):
-        print(name, make_set(name, SETS[name], a.inference.resolve(), a.ds41, a.out))
+        if not a.no_run:
+            print(name, make_set(name, SETS[name], a.inference.resolve(), a.ds41, a.out))
+        if a.cases:
+            write_cases(name, SETS[name], a.out / name, a.cases)
     return 0
 
 
