@@ -68,8 +68,10 @@ def moved_cells(golden: dict, dump: dict, name: str):
             for t, l in (rel > 0).nonzero().tolist()]
 
 
-def calibrate(name, spec, inference, ds41, tool, golden_dir, only=None):
-    results, worst = {}, {}
+def calibrate(name, spec, inference, ds41, tool, golden_dir, only=None, modes=("e2e", "replay"),
+              standins=tuple(STANDINS), results=None):
+    """Run the stand-ins and add their figures to `results` (keyed STANDIN/GOLDEN/MODE)."""
+    results = dict(results or {})
     tokens = ",".join(map(str, spec["tokens"]))
     with tempfile.TemporaryDirectory() as tmp:
         ckpt = Path(tmp) / "ckpt"
@@ -79,8 +81,9 @@ def calibrate(name, spec, inference, ds41, tool, golden_dir, only=None):
                 continue
             prefill, hand_off = schedule_of(golden)
             g = load_file(str(golden))
-            for standin, extra in STANDINS.items():
-                for replay in (False, True):
+            for standin in standins:
+                extra = STANDINS[standin]
+                for replay in [m == "replay" for m in modes]:
                     dump = Path(tmp) / "dump.safetensors"
                     run_driver(inference, ckpt, tokens, prefill, hand_off, dump,
                                [*extra, *(["--replay", str(golden)] if replay else [])])
@@ -89,16 +92,22 @@ def calibrate(name, spec, inference, ds41, tool, golden_dir, only=None):
                         fig["attn_out_cells_moved"] = moved_cells(g, load_file(str(dump)), "attn_out")
                     mode = "replay" if replay else "e2e"
                     results[f"{standin}/{golden.name}/{mode}"] = fig
-                    bucket = worst.setdefault(mode, {})
-                    for k, v in fig.items():
-                        if isinstance(v, (int, float)):
-                            bucket[k] = max(bucket.get(k, 0), v)
                     print(name, standin, golden.name, mode, {k: v for k, v in fig.items() if k != "attn_out_cells_moved"},
                           flush=True)
+    return summarize(name, results)
+
+
+def summarize(name, results):
+    worst = {"e2e": {}, "replay": {}}
+    for key, fig in results.items():
+        bucket = worst[key.rsplit("/", 1)[1]]
+        for k, v in fig.items():
+            if isinstance(v, (int, float)):
+                bucket[k] = max(bucket.get(k, 0), v)
     recommended = {
         "e2e": {"residual_rel_l2": E2E_FACTOR * worst["e2e"].get("residual", 0),
-                "logits_max_abs": E2E_FACTOR * worst["e2e"]["logits_max_abs"],
-                "logits_rel_l2": E2E_FACTOR * worst["e2e"]["logits_rel_l2"]},
+                "logits_max_abs": E2E_FACTOR * worst["e2e"].get("logits_max_abs", 0),
+                "logits_rel_l2": E2E_FACTOR * worst["e2e"].get("logits_rel_l2", 0)},
         "replay": {k: REPLAY_FACTOR * worst["replay"].get(src, 0) for k, src in
                    (("attn_rel_l2", "attn_out"), ("moe_rel_l2", "moe_out"), ("residual_rel_l2", "residual"),
                     ("engram_rel_l2", "block_input"), ("logits_max_abs", "logits_max_abs"),
@@ -117,11 +126,14 @@ def main(argv=None):
     ap.add_argument("--goldens", type=Path, default=Path("goldens/official"))
     ap.add_argument("--set", action="append", choices=sorted(SETS))
     ap.add_argument("--schedule", action="append", help="only goldens whose name starts with this (repeatable)")
+    ap.add_argument("--mode", action="append", choices=["e2e", "replay"], help="default: both")
+    ap.add_argument("--standin", action="append", choices=sorted(STANDINS), help="default: every stand-in")
     a = ap.parse_args(argv)
     for name in a.set or sorted(SETS):
         out = a.goldens / name / "calibration.json"
+        old = json.loads(out.read_text())["results"] if out.exists() else {}
         report = calibrate(name, SETS[name], a.inference.resolve(), a.ds41, a.compare.resolve(), a.goldens / name,
-                           a.schedule)
+                           a.schedule, a.mode or ("e2e", "replay"), a.standin or tuple(STANDINS), old)
         out.write_text(json.dumps(report, indent=1) + "\n")
         provenance.write_sidecar(
             out.with_name("calibration.json" + provenance.SUFFIX),
@@ -132,8 +144,8 @@ def main(argv=None):
                        "version": provenance.sha256_file(a.inference / "model.py")[:12],
                        "environment": provenance.environment(torch=torch.__version__)},
             command=(f"python3 goldens/regen/model/calibrate.py --inference <release>/inference --ds41 ds41 "
-                     f"--compare <shared>/tools/compare.py --set {name}"
-                     + "".join(f" --schedule {s}" for s in a.schedule or [])),
+                     f"--compare <shared>/tools/compare.py --set {name} (runs merge into calibration.json; "
+                     f"the runs made are its `results` keys: STANDIN/GOLDEN/MODE)"),
             inputs=[{"name": n, "location": "external", "path": f"inference/{n}",
                      "sha256": provenance.sha256_file(a.inference / n)} for n in ("model.py", "kernel_cpu.py")]
             + [{"name": "compare.py", "location": "external", "path": "tools/compare.py",
