@@ -1487,4 +1487,78 @@ mod tests {
         assert!(r.failed());
         assert_eq!(r.first_divergence.unwrap().subop, "logits");
     }
+
+    #[test]
+    fn first_divergence_is_the_earliest_point_in_causal_order() {
+        // token 1: layer 1 block output diverges, and (as a consequence) its logits row.
+        let mut e = golden();
+        scale_cell(&mut e, "residual", 3, 1.5);
+        floats(&mut e, "logits")[5..10].copy_from_slice(&[9.0, 0.0, 0.0, 0.0, 0.0]);
+        // token 2: a wrong Engram hash id, later in causal order than anything at token 1.
+        ints(&mut e, "engram_hash")[4] = 99;
+        let d = compare(&golden(), &e, &gates(ProfileName::Exact))
+            .first_divergence
+            .unwrap();
+        assert_eq!(
+            (d.token, d.layer, d.subop.to_string()),
+            (1, Some(1), "residual".to_string()),
+            "{d:?}"
+        );
+        // Logits come after the last layer of their token, and before the next token.
+        let mut e = golden();
+        floats(&mut e, "logits")[5..10].copy_from_slice(&[9.0, 0.0, 0.0, 0.0, 0.0]);
+        scale_cell(&mut e, "residual", 4, 1.5);
+        let d = compare(&golden(), &e, &gates(ProfileName::Exact))
+            .first_divergence
+            .unwrap();
+        assert_eq!((d.token, d.layer, d.subop.to_string()), (1, None, "logits".to_string()));
+        // Within a cell of a replay: attn_out comes before the block output.
+        let mut e = replay_golden();
+        scale_cell(&mut e, "residual", 1, 1.5);
+        scale_cell(&mut e, "attn_out", 3, 1.5);
+        scale_cell(&mut e, "moe_out", 2, 1.5);
+        let d = compare_replay(&replay_golden(), &e, &gates(ProfileName::Upstream))
+            .first_divergence
+            .unwrap();
+        assert_eq!((d.token, d.layer, d.subop.to_string()), (0, Some(1), "residual".to_string()));
+    }
+
+    #[test]
+    fn exact_tie_is_excused_in_the_exact_profile_and_skips_what_it_feeds() {
+        let mut g = golden();
+        floats(&mut g, "margin.topk.L1")[2] = 0.0;
+        let mut e = golden();
+        ints(&mut e, "topk.L1")[4] = 0; // token 2: {1,2} -> {0,2}, an exact tie in the golden
+        scale_cell(&mut e, "residual", 5, 1.5); // token 2 layer 1: fed by that decision
+        let r = compare(&g, &e, &gates(ProfileName::Exact));
+        assert!(!r.failed(), "{}", r.failure_summary());
+        assert_eq!(r.excused_flips(), 1);
+        let res = r.metrics.iter().find(|m| m.name == "residual").unwrap();
+        assert!(res.text.starts_with("5/6 cells compared"), "{}", res.text);
+        // the same flip at a margin above 0 is still a failure in the exact profile
+        floats(&mut g, "margin.topk.L1")[2] = 1e-6;
+        assert!(compare(&g, &e, &gates(ProfileName::Exact)).failed());
+        // replay: the same rule
+        let mut g = replay_golden();
+        floats(&mut g, "margin.topk.L1")[2] = 0.0;
+        let mut e = replay_golden();
+        ints(&mut e, "topk.L1")[4] = 0;
+        scale_cell(&mut e, "attn_out", 5, 2.0);
+        let r = compare_replay(&g, &e, &gates(ProfileName::Exact));
+        assert!(!r.failed(), "{}", r.failure_summary());
+        assert_eq!(r.excused_flips(), 1);
+    }
+
+    #[test]
+    fn a_check_that_compared_nothing_fails() {
+        // An excused flip at token 0, layer 0 excludes every residual cell and logits row.
+        let mut g = golden();
+        floats(&mut g, "margin.experts")[0] = 0.0;
+        let mut e = golden();
+        ints(&mut e, "experts")[0] = 3; // token 0 layer 0: {0,1} -> {3,1}
+        let r = compare(&g, &e, &gates(ProfileName::Upstream));
+        assert_eq!(r.excused_flips(), 1);
+        assert!(r.failed(), "nothing was compared, yet: {:?}", r.metrics);
+        assert!(r.failure_summary().contains("insufficient coverage"), "{}", r.failure_summary());
+    }
 }
