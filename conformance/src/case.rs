@@ -405,6 +405,11 @@ pub struct ResidualSpec {
     /// cell by the profile's `replay` thresholds. Needs a `{file: ...}` golden carrying them.
     #[serde(default)]
     pub replay: bool,
+    /// The golden and every engine run on this case break exact ties by the canonical rule
+    /// (largest first, equal values -> lower index): decisions at golden margin 0 are then
+    /// compared strictly instead of excused (CONTRACT.md §4).
+    #[serde(default)]
+    pub canonical_ties: bool,
 }
 
 /// A model directory without weights, assembled from data files (Engram hashing needs only the

@@ -75,6 +75,7 @@ fn main() {
         cases_dir,
         gates,
         run_profile: ProfileName::Exact,
+        canonical_ties: false,
         upstream,
         work_dir: work.path().to_path_buf(),
         models: ModelStore::new(work.path().join("models")),
@@ -283,6 +284,12 @@ fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>
             mutant.clone(),
             expect_fail("accepted a broken checkpoint"),
         ),
+        // Refusing everything refuses every mutant, and proves nothing: the base must load.
+        (
+            "refuse-mutant",
+            mutant.clone(),
+            expect_fail("cannot load the unmutated base"),
+        ),
         (
             "nocaps",
             valid.clone(),
@@ -313,7 +320,11 @@ fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>
         let (cx, script) = (Arc::clone(ctx), script.clone());
         trials.push(
             Trial::test(format!("selftest::adapter::{mode}"), move || {
-                let script_mode = mode.strip_suffix("-engram").unwrap_or(mode);
+                // `MODE-engram` / `MODE-mutant`: the script's MODE on another case.
+                let script_mode = ["-engram", "-mutant"]
+                    .iter()
+                    .find_map(|x| mode.strip_suffix(x))
+                    .unwrap_or(mode);
                 let mut e = AdapterEngine::start(&format!(
                     "exec sh {} {script_mode} /dev/null",
                     script.display()

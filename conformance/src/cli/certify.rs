@@ -28,6 +28,13 @@ pub struct Args {
     /// Inject a defect into the built-in reference (negative controls; see --list-defects).
     #[arg(long)]
     pub defect: Option<String>,
+    /// List the defects --defect can inject, and exit.
+    #[arg(long)]
+    pub list_defects: bool,
+    /// The engine breaks exact ties by the canonical rule (largest first, equal values ->
+    /// lower index): decisions at golden margin 0 are compared strictly, not excused.
+    #[arg(long)]
+    pub canonical_ties: bool,
     /// Case directory (default: the repository's conformance/cases).
     #[arg(long)]
     pub cases: Option<PathBuf>,
@@ -104,6 +111,12 @@ fn shell_quote(s: &str) -> String {
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let started = Instant::now();
+    if a.list_defects {
+        for d in ds41_conformance::reference::defects() {
+            println!("{d}");
+        }
+        return Ok(0);
+    }
     let cases_dir = a.cases.clone().unwrap_or_else(runner::default_cases_dir);
     let gates = GateSet::load(&a.gates.clone().unwrap_or_else(runner::default_gates_dir))?;
     let run_profile = ProfileName::parse(&a.profile).ok_or_else(|| {
@@ -146,19 +159,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     let mut engine = make_engine(&a.engine, a.defect.as_deref())?;
     let identity = engine.identity();
-    let xfail = match &a.expected_failures {
-        Some(p) => Some(ExpectedFailures::load(p, &all)?),
-        None => {
-            let p = gates
-                .dir
-                .join("expected-failures")
-                .join(format!("{}.yaml", identity.name));
-            if p.exists() {
-                Some(ExpectedFailures::load(&p, &all)?)
-            } else {
-                None
-            }
-        }
+    let xfail_path = a.expected_failures.clone().or_else(|| {
+        let p = gates
+            .dir
+            .join("expected-failures")
+            .join(format!("{}.yaml", identity.name));
+        p.exists().then_some(p)
+    });
+    let xfail = match &xfail_path {
+        Some(p) => Some((ExpectedFailures::load(p, &all)?, report::sha256_file(p)?)),
+        None => None,
     };
     let mut rerun = format!(
         "cargo run --release -- certify --engine {}",
@@ -173,12 +183,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if run_profile != ProfileName::Exact {
         rerun += &format!(" --profile {run_profile}");
     }
+    if a.canonical_ties {
+        rerun += " --canonical-ties";
+    }
     rerun += " --exact --verbose --filter '{case}'";
     let ctx = Context {
         repo_root: runner::repo_root(),
         cases_dir: cases_dir.clone(),
         gates,
         run_profile,
+        canonical_ties: a.canonical_ties,
         upstream: upstream.clone(),
         work_dir: work_dir.clone(),
         models: ModelStore::new(work_dir.join("models")),
@@ -203,7 +217,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let mut results = Vec::with_capacity(cases.len());
     for (i, case) in cases.iter().enumerate() {
         let mut r = runner::run_case(case, engine.as_mut(), &ctx);
-        if let Some(x) = &xfail {
+        if let Some((x, _)) = &xfail {
             x.apply(&mut r);
         }
         human::progress_line(&mut err, i + 1, cases.len(), &r, a.verbose);
@@ -242,6 +256,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         verdict: summary.verdict().into(),
         summary,
         checkpoints,
+        expected_failures: match (&xfail_path, &xfail) {
+            (Some(p), Some((x, sha256))) => Some(report::ExpectedFailuresRecord {
+                path: p.display().to_string(),
+                sha256: sha256.clone(),
+                engine: x.engine.clone(),
+                entries: x.entries.len(),
+            }),
+            _ => None,
+        },
+        canonical_ties: a.canonical_ties,
         results,
     };
     if let Some(d) = &a.report {

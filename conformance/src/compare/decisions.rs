@@ -124,10 +124,9 @@ impl Track {
             return None;
         }
         Some(Mismatch {
-            margin: self
-                .margins
-                .as_ref()
-                .map_or(f64::INFINITY, |m| m.get(row).copied().unwrap_or(f64::INFINITY)),
+            margin: self.margins.as_ref().map_or(f64::INFINITY, |m| {
+                m.get(row).copied().unwrap_or(f64::INFINITY)
+            }),
             detail: format!(
                 "golden only {:?}, engine only {:?}",
                 g.difference(&e).collect::<Vec<_>>(),

@@ -33,8 +33,8 @@ impl Stream {
         }
         Ok(Some(Stream {
             width: g.len() / (tokens * layers).max(1),
-            golden: g.as_f64().into_owned(),
-            engine: e.as_f64().into_owned(),
+            golden: g.as_f64(),
+            engine: e.as_f64(),
             layers,
         }))
     }
@@ -54,14 +54,6 @@ pub struct CellGrid {
     tokens: usize,
     layers: usize,
     cells: Vec<Option<f64>>,
-}
-
-/// What [`CellGrid::summarise`] found.
-pub struct GridSummary {
-    /// Worst value per layer (None: nothing compared in that layer).
-    pub per_layer: Vec<Option<f64>>,
-    /// The first cell over the threshold, token-major.
-    pub first_over: Option<(usize, usize, f64)>,
 }
 
 impl CellGrid {
@@ -87,14 +79,15 @@ impl CellGrid {
 
     /// Add the stream's metric `name` (Fail when a cell is over `threshold`, insufficient
     /// coverage when nothing was compared) and its first diverging cell as a divergence at
-    /// the sub-op and with the detail `locate` gives for that cell.
+    /// the sub-op and with the detail `locate` gives for that cell. Returns the worst value per
+    /// layer (None: nothing compared in that layer).
     pub fn summarise(
         &self,
         r: &mut CompareReport,
         name: &str,
         threshold: f64,
         locate: impl FnOnce(usize, usize) -> (SubOp, String),
-    ) -> GridSummary {
+    ) -> Vec<Option<f64>> {
         let at = |t: usize, l: usize| self.cells[t * self.layers + l];
         let mut per_layer = vec![None; self.layers];
         let (mut compared, mut worst, mut over) = (0usize, 0.0f64, Vec::new());
@@ -142,9 +135,6 @@ impl CellGrid {
             MetricStatus::Pass
         };
         r.add(name, status, text, Some(worst), Some(threshold));
-        GridSummary {
-            per_layer,
-            first_over,
-        }
+        per_layer
     }
 }

@@ -5,9 +5,7 @@
 use super::decisions::{self, Decision, Margins};
 use super::grid::{CellGrid, Stream};
 use super::logits::compare_logits;
-use super::{
-    compare_engram, CompareReport, ExcuseRule, FlipEvent, FlipKind, SubOp,
-};
+use super::{compare_engram, CompareReport, ExcuseRule, FlipEvent, FlipKind, SubOp};
 use crate::gates::Gates;
 use crate::trace::TraceFile;
 
@@ -118,7 +116,7 @@ pub fn compare(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> Compare
         let s = grid.summarise(&mut r, "residual", threshold, |t, l| {
             localise_subop(golden, engine, t, l, threshold)
         });
-        r.per_layer_worst = s.per_layer;
+        r.per_layer_worst = s;
     }
     compare_logits(&mut r, golden, engine, &gates.logits, t_n, |p| {
         strict || l_n == 0 || excl.get(p).is_none_or(|&x| x >= l_n)

@@ -72,6 +72,12 @@ impl std::fmt::Display for SubOp {
     }
 }
 
+impl PartialEq<&str> for SubOp {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
+}
+
 impl Serialize for SubOp {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(self.as_str())
@@ -128,7 +134,9 @@ impl Divergence {
         let mut s = format!(
             "token {}{} sub-op `{}`: {} {:.3e} > {:.3e}",
             self.token,
-            self.layer.map(|l| format!(" layer {l}")).unwrap_or_default(),
+            self.layer
+                .map(|l| format!(" layer {l}"))
+                .unwrap_or_default(),
             self.subop,
             self.metric,
             self.value,
@@ -181,7 +189,14 @@ mod tests {
 
     #[test]
     fn sub_op_names_round_trip_and_legacy_tensor_names_parse() {
-        for s in ["engram_hash", "topk", "experts", "residual", "logits", "mid"] {
+        for s in [
+            "engram_hash",
+            "topk",
+            "experts",
+            "residual",
+            "logits",
+            "mid",
+        ] {
             assert_eq!(SubOp::parse(s).unwrap().as_str(), s);
         }
         assert_eq!(SubOp::parse("topk.L10"), Some(SubOp::TopK));

@@ -123,7 +123,7 @@ pub fn compare_replay(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> 
             )
         });
         if subop == SubOp::BlockOutput {
-            r.per_layer_worst = s.per_layer;
+            r.per_layer_worst = s;
         }
     }
 

@@ -1,5 +1,7 @@
-//! Container/loader family (CONTRACT.md §1.1): valid checkpoints load; every mutant of
-//! ds41-synthetic is refused — a crash or an acceptance is a failure.
+//! Container/loader family (CONTRACT.md §1): valid checkpoints load; every mutant of
+//! ds41-synthetic is refused — a crash or an acceptance is a failure. A refusal proves
+//! something only from an engine that loads the same checkpoint unmutated, so a mutant case
+//! first loads its base: an engine that refuses everything fails every mutant case.
 
 use crate::case::{Case, LoadExpect, LoaderSpec, ModelRef};
 use crate::engine_api::{Capability, Engine, EngineError, LoadRequest};
@@ -35,6 +37,11 @@ pub fn run(
             .notes
             .push("load with the read-time payload check (verify: true)".into());
     }
+    if s.expect == LoadExpect::Refuse {
+        if let Some(o) = load_base(case, model, s.verify, engine, ctx, details)? {
+            return Ok(o);
+        }
+    }
     let res = engine.load(&req, timeout(case));
     Ok(match (s.expect, res) {
         (LoadExpect::Accept, Ok(())) => Outcome::Pass,
@@ -61,8 +68,47 @@ pub fn run(
         }
         (_, Err(EngineError::Unsupported(c))) => Outcome::not_supported(c.as_str()),
         (_, Err(e)) => Outcome::fail(format!(
-            "loading {model}: {e} (a clean refusal or acceptance was due)"
+            "loading {model}: {e} (a typed refusal or acceptance was due; a crash, a signal or \
+             an undeclared exit status is not a refusal)"
         )),
+    })
+}
+
+/// For a mutant: load the unmutated checkpoint it was made from (same preset, layout and
+/// seed). `Some(outcome)` ends the case: the engine cannot load the base, so its refusal of
+/// the mutant would prove nothing.
+fn load_base(
+    case: &Case,
+    model: &ModelRef,
+    verify: bool,
+    engine: &mut dyn Engine,
+    ctx: &Context,
+    details: &mut Details,
+) -> Result<Option<Outcome>, Outcome> {
+    let ModelRef::Mutant { preset, layout, .. } = model else {
+        return Ok(None);
+    };
+    let base = ModelRef::Synthetic {
+        preset: preset.clone(),
+        layout: layout.clone(),
+        seed: crate::synthetic::MUTANT_BASE_SEED,
+    };
+    let dir = ctx.model(&base)?;
+    details
+        .models
+        .push((base.to_string(), dir.display().to_string()));
+    let req = LoadRequest { model: dir, verify };
+    Ok(match engine.load(&req, timeout(case)) {
+        Ok(()) => {
+            details
+                .notes
+                .push(format!("the unmutated base {base} loads"));
+            None
+        }
+        Err(EngineError::Unsupported(c)) => Some(Outcome::not_supported(c.as_str())),
+        Err(e) => Some(Outcome::fail(format!(
+            "cannot load the unmutated base {base} ({e}): a refusal of the mutant proves nothing"
+        ))),
     })
 }
 

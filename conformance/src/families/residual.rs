@@ -6,9 +6,9 @@
 use std::path::Path;
 
 use crate::case::{Case, GoldenSpec, ResidualSpec};
-use crate::compare::{compare, compare_replay};
+use crate::compare::{compare, compare_replay, MetricStatus};
 use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
-use crate::gates::ProfileName;
+use crate::gates::{Gates, ProfileName};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details, DivergenceRecord};
 use crate::trace::TraceFile;
@@ -61,7 +61,7 @@ pub fn run(
     if prefill > 1 && !engine.capabilities().contains(&Capability::Prefill) {
         return Ok(Outcome::not_supported(Capability::Prefill.as_str()));
     }
-    let gates = ctx.gates_for(case);
+    let gates = gates_for(case, s, ctx);
     let golden_tokens = golden
         .get("residual")
         .map(|r| r.shape[0])
@@ -134,13 +134,8 @@ pub fn run(
             details.absorb(&format!("prefix {n}"), &r);
         }
     }
-    if details.fragile_flips > 0 {
-        details.notes.push(format!(
-            "{} fragile decision flips excused (profile {})",
-            details.fragile_flips, gates.profile
-        ));
-    }
-    Ok(verdict(details, failed))
+    note_flips(details, &gates);
+    Ok(verdict(details, failed, s))
 }
 
 /// Teacher-forced replay: one run recomputing every block from the golden's own inputs,
@@ -182,44 +177,67 @@ fn replay(
     let trace = TraceFile::read(&req.out)
         .map_err(|e| Outcome::fail(format!("forward (replay): unreadable trace: {e:#}")))?;
     check_required(&trace, s)?;
-    let gates = ctx.gates_for(case);
+    let gates = gates_for(case, s, ctx);
     let r = compare_replay(golden, &trace, &gates);
     details.absorb(&format!("replay of {n} tokens"), &r);
-    if details.fragile_flips > 0 {
-        details.notes.push(format!(
-            "{} decision flips excused by the replay fragile floor (profile {})",
-            details.fragile_flips, gates.profile
-        ));
-    }
-    Ok(verdict(details, r.failed()))
+    note_flips(details, &gates);
+    Ok(verdict(details, r.failed(), s))
 }
 
 /// The case verdict: Pass, or Fail naming the first divergence and every failing metric.
-fn verdict(details: &Details, failed: bool) -> Outcome {
+/// A required tensor that no comparison judged is never a pass.
+fn verdict(details: &Details, failed: bool, s: &ResidualSpec) -> Outcome {
+    let mut reason = String::new();
     if failed {
-        let mut reason = String::new();
-        if let Some(DivergenceRecord { run, at: d }) = &details.first_divergence {
-            reason += &format!(
-                "[{}] first divergence at token {}{}, sub-op `{}`: {} {:.3e} > {:.3e}",
-                run,
-                d.token,
-                d.layer.map(|l| format!(" layer {l}")).unwrap_or_default(),
-                d.subop,
-                d.metric,
-                d.value,
-                d.threshold
-            );
-            if !d.detail.is_empty() {
-                reason += &format!(" ({})", d.detail);
-            }
+        if let Some(DivergenceRecord { run, at }) = &details.first_divergence {
+            reason += &format!("[{run}] first divergence at {}", at.headline());
         }
-        for m in details.metrics.iter().filter(|m| m.status == "fail") {
+        for m in details.metrics.iter().filter(|m| m.status.fails()) {
             reason += &format!("\n[{}] {}: {}", m.run, m.name, m.text);
         }
-        Outcome::fail(reason.trim().to_string())
-    } else {
-        Outcome::Pass
     }
+    for r in &s.require {
+        let judged = details.metrics.iter().any(|m| {
+            let named = m.name == *r || (r == "topk" && m.name.starts_with("topk.L"));
+            named && m.status != MetricStatus::NotChecked
+        });
+        if !judged {
+            reason += &format!(
+                "\ninsufficient coverage: the case requires `{r}`, and no comparison judged it \
+                 (the golden has none to compare)"
+            );
+        }
+    }
+    if reason.is_empty() {
+        Outcome::Pass
+    } else {
+        Outcome::fail(reason.trim().to_string())
+    }
+}
+
+/// Note the excused flips of every run, exact ties apart.
+fn note_flips(details: &mut Details, gates: &Gates) {
+    if details.fragile_flips > 0 {
+        details.notes.push(format!(
+            "{} decision flips excused (profile {}), {} of them exact ties (golden margin 0){}",
+            details.fragile_flips,
+            gates.profile,
+            details.exact_ties,
+            if gates.decisions.strict_ties {
+                ""
+            } else {
+                "; the cells they feed are skipped"
+            }
+        ));
+    }
+}
+
+/// The case's gates; exact ties are strict when the run or the case says the engine follows
+/// the canonical tie rule.
+fn gates_for(case: &Case, s: &ResidualSpec, ctx: &Context) -> Gates {
+    let mut g = ctx.gates_for(case);
+    g.decisions.strict_ties |= ctx.canonical_ties || s.canonical_ties;
+    g
 }
 
 /// A last-token-only trace may still carry per-token tensors (e.g. a route dump appended at

@@ -144,7 +144,14 @@ mod tests {
 
     #[test]
     fn non_finite_values_are_strings_and_read_back() {
-        for v in [f64::INFINITY, f64::NEG_INFINITY, f64::NAN, -0.0, 1e-310, f64::MAX] {
+        for v in [
+            f64::INFINITY,
+            f64::NEG_INFINITY,
+            f64::NAN,
+            -0.0,
+            1e-310,
+            f64::MAX,
+        ] {
             let p = Probe { x: v, o: Some(v) };
             let j = serde_json::to_string(&p).unwrap();
             assert!(!j.contains("null"), "{j}");
