@@ -219,7 +219,7 @@ while IFS= read -r line; do
     *'"op":"hello"'*)
       caps='["load"]'; [ "$mode" = nocaps ] && caps='[]'; [ "$mode" = engram-garbage ] && caps='["engram_hash"]'
       printf '{"id":%s,"ok":true,"result":{"protocol":"ds41-engine/1","engine":{"name":"fake-%s","version":"0"},"capabilities":%s}}\n' "$id" "$mode" "$caps";;
-    *'"op":"shutdown"'*) printf '{"id":%s,"ok":true,"result":{}}\n' "$id"; exit 0;;
+    *'"op":"shutdown"'*) [ "$mode" = accept ] && printf 'shutdown %s\n' "$id" >> "$marker"; printf '{"id":%s,"ok":true,"result":{}}\n' "$id"; exit 0;;
     *) case "$mode" in
          crash) echo "fake engine: imitating a segfault" >&2; exit 139;;
          crash-once) if [ -e "$marker" ]; then printf '{"id":%s,"ok":true,"result":{}}\n' "$id"; else : > "$marker"; echo "fake engine: first call dies" >&2; exit 1; fi;;
@@ -336,6 +336,34 @@ fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>
             .with_kind("selftest"),
         );
     }
+    // `shutdown` carries the next id, like every request.
+    let (cx, sc, ids) = (Arc::clone(ctx), script.clone(), dir.join("shutdown-id.log"));
+    let case = valid.clone();
+    trials.push(
+        Trial::test("selftest::adapter::shutdown-id", move || {
+            let _ = std::fs::remove_file(&ids);
+            let mut e = AdapterEngine::start(&format!(
+                "exec sh {} accept {}",
+                sc.display(),
+                ids.display()
+            ))
+            .map_err(|e| format!("{e:#}"))?;
+            // hello (id 1), load (id 2), then shutdown when the driver is dropped
+            let r = run_case(&case, &mut e, &cx);
+            drop(e);
+            let log = std::fs::read_to_string(&ids).unwrap_or_default();
+            if r.outcome == Outcome::Pass && log.trim() == "shutdown 3" {
+                Ok(())
+            } else {
+                Err(format!(
+                    "expected Pass and `shutdown 3`, got {:?} and {log:?}",
+                    r.outcome
+                )
+                .into())
+            }
+        })
+        .with_kind("selftest"),
+    );
     // A crash fails that case only: the next case gets a fresh engine process.
     let (cx, script, marker) = (Arc::clone(ctx), script, dir.join("crash-once.marker"));
     trials.push(

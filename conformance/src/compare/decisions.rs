@@ -290,7 +290,7 @@ pub fn summarise(tracks: &[Track], r: &mut CompareReport) {
         let status = if !k.robust.is_empty() {
             MetricStatus::Fail
         } else if k.compared == 0 {
-            text += "; insufficient coverage: nothing compared";
+            text += "; nothing compared";
             MetricStatus::Vacuous
         } else {
             MetricStatus::Pass

@@ -129,7 +129,7 @@ impl CellGrid {
         let status = if first_over.is_some() {
             MetricStatus::Fail
         } else if compared == 0 {
-            text += "; insufficient coverage: nothing compared";
+            text += "; nothing compared";
             MetricStatus::Vacuous
         } else {
             MetricStatus::Pass

@@ -36,16 +36,24 @@ pub enum MetricStatus {
     Info,
     /// The engine trace lacks this tensor.
     NotChecked,
-    /// Present in both traces, but nothing was left to compare after exclusions: a failure
-    /// (insufficient coverage), never a pass.
+    /// Present in both traces, but nothing was left to compare after exclusions. Never a
+    /// pass: a case that requires the tensor fails (insufficient coverage).
     Vacuous,
 }
 
 impl MetricStatus {
-    /// Does this status make its case fail?
+    /// Does this status make its case fail? (Vacuous fails a case only where the case
+    /// requires that tensor: see [`CompareReport::uncovered`].)
     pub fn fails(self) -> bool {
-        matches!(self, MetricStatus::Fail | MetricStatus::Vacuous)
+        self == MetricStatus::Fail
     }
+}
+
+/// Is metric `name` one of the tensors a case requires (`topk` = every `topk.L{l}`)?
+pub fn is_required(name: &str, require: &[String]) -> bool {
+    require
+        .iter()
+        .any(|r| r == name || (r == "topk" && name.starts_with("topk.L")))
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -110,6 +118,12 @@ pub struct CompareReport {
 impl CompareReport {
     pub fn failed(&self) -> bool {
         self.metrics.iter().any(|m| m.status.fails())
+    }
+    /// The metrics of required tensors that compared nothing (insufficient coverage).
+    pub fn uncovered<'a>(&'a self, require: &'a [String]) -> impl Iterator<Item = &'a Metric> {
+        self.metrics
+            .iter()
+            .filter(|m| m.status == MetricStatus::Vacuous && is_required(&m.name, require))
     }
     pub fn excused_flips(&self) -> usize {
         self.flips.iter().filter(|f| f.excused).count()

@@ -393,12 +393,15 @@ fn a_check_that_compared_nothing_fails() {
     ints(&mut e, "experts")[0] = 3; // token 0 layer 0: {0,1} -> {3,1}
     let r = compare(&g, &e, &gates(ProfileName::Upstream));
     assert_eq!(r.excused_flips(), 1);
-    assert!(r.failed(), "nothing was compared, yet: {:?}", r.metrics);
-    assert!(
-        r.failure_summary().contains("insufficient coverage"),
-        "{}",
-        r.failure_summary()
+    let require: Vec<String> = ["logits", "residual", "topk"].map(String::from).into();
+    let uncovered: Vec<&str> = r.uncovered(&require).map(|m| m.name.as_str()).collect();
+    assert_eq!(
+        uncovered,
+        ["topk.L1", "residual", "logits"],
+        "{:?}",
+        r.metrics
     );
+    assert_eq!(r.uncovered(&["experts".to_string()]).count(), 0);
 }
 
 #[test]

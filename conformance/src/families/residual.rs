@@ -6,7 +6,7 @@
 use std::path::Path;
 
 use crate::case::{Case, GoldenSpec, ResidualSpec};
-use crate::compare::{compare, compare_replay, MetricStatus};
+use crate::compare::{compare, compare_replay, is_required, MetricStatus};
 use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
 use crate::gates::{Gates, ProfileName};
 use crate::outcome::Outcome;
@@ -184,8 +184,8 @@ fn replay(
     Ok(verdict(details, r.failed(), s))
 }
 
-/// The case verdict: Pass, or Fail naming the first divergence and every failing metric.
-/// A required tensor that no comparison judged is never a pass.
+/// The case verdict: Pass, or Fail naming the first divergence, every failing metric and
+/// every required tensor that compared nothing (insufficient coverage: never a pass).
 fn verdict(details: &Details, failed: bool, s: &ResidualSpec) -> Outcome {
     let mut reason = String::new();
     if failed {
@@ -196,10 +196,20 @@ fn verdict(details: &Details, failed: bool, s: &ResidualSpec) -> Outcome {
             reason += &format!("\n[{}] {}: {}", m.run, m.name, m.text);
         }
     }
+    let required = |name: &str| is_required(name, &s.require);
+    for m in details
+        .metrics
+        .iter()
+        .filter(|m| m.status == MetricStatus::Vacuous && required(&m.name))
+    {
+        reason += &format!(
+            "\n[{}] insufficient coverage: the case requires `{}`, and nothing of it was compared ({})",
+            m.run, m.name, m.text
+        );
+    }
     for r in &s.require {
         let judged = details.metrics.iter().any(|m| {
-            let named = m.name == *r || (r == "topk" && m.name.starts_with("topk.L"));
-            named && m.status != MetricStatus::NotChecked
+            is_required(&m.name, std::slice::from_ref(r)) && m.status != MetricStatus::NotChecked
         });
         if !judged {
             reason += &format!(
