@@ -58,16 +58,19 @@ pub fn compare(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> Compare
             if l >= frontier {
                 break;
             }
-            let mut tripped = false;
+            // A flip excludes what it feeds when it is excused, and in profiles with the
+            // fragile rule always (compare.py); a ROBUST flip in a profile without it leaves
+            // everything else compared, so the report shows all that differs.
+            let mut excludes = false;
             for k in tracks.iter_mut().filter(|k| k.decision.made_at(l)) {
                 if let Some(m) = k.check(t, l) {
                     let lim = limit(k.decision, l, &grid);
-                    k.flip(&mut r, t, l, m, lim, "above the excuse limit");
-                    tripped = true;
+                    let excused = k.flip(&mut r, t, l, m, lim, "above the excuse limit");
+                    excludes = excused || rule.fragile;
                     break;
                 }
             }
-            if tripped && !strict {
+            if excludes {
                 frontier = frontier.min(l);
                 *excl_t = (*excl_t).min(l);
                 break;
