@@ -323,6 +323,59 @@ pub fn run_case(case: &Case, engine: &mut dyn Engine, ctx: &Context) -> CaseResu
     }
 }
 
+/// Run one case and apply the expected-failure list: the result as reported.
+pub fn judge_case(
+    case: &Case,
+    engine: &mut dyn Engine,
+    ctx: &Context,
+    xfail: Option<&ExpectedFailures>,
+) -> CaseResult {
+    let mut r = run_case(case, engine, ctx);
+    if let Some(x) = xfail {
+        x.apply(&mut r);
+    }
+    r
+}
+
+/// The case loop of a run: every case in order on one engine, each judged result handed to
+/// `each` (its 0-based index, the result) as it completes.
+pub fn run_cases(
+    cases: &[Case],
+    engine: &mut dyn Engine,
+    ctx: &Context,
+    xfail: Option<&ExpectedFailures>,
+    mut each: impl FnMut(usize, &CaseResult),
+) -> Vec<CaseResult> {
+    let mut results = Vec::with_capacity(cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let r = judge_case(case, engine, ctx, xfail);
+        each(i, &r);
+        results.push(r);
+    }
+    results
+}
+
+/// Generate the synthetic checkpoints the cases use, up front, with a line each for `log`
+/// (a model that cannot be generated is reported by the cases that use it).
+pub fn pregenerate(cases: &[Case], ctx: &Context, mut log: impl FnMut(String)) {
+    let models: std::collections::BTreeSet<ModelRef> = cases
+        .iter()
+        .flat_map(|c| c.spec.family().models())
+        .filter(|m| matches!(m, ModelRef::Synthetic { .. }))
+        .collect();
+    for m in models {
+        let t = Instant::now();
+        log(match ctx.models.resolve(&m) {
+            Ok(dir) => format!(
+                "generated {m} in {:.2}s -> {}",
+                t.elapsed().as_secs_f64(),
+                dir.display()
+            ),
+            Err(e) => format!("cannot generate {m}: {e:#} (its cases will report the error)"),
+        });
+    }
+}
+
 // ----------------------------------------------------------------- expected-failure lists
 
 /// Per-engine expected failures (CONTRACT.md §6), e.g. `gates/expected-failures/NAME.yaml`.

@@ -17,7 +17,7 @@ use ds41_conformance::gates::{GateSet, ProfileName};
 use ds41_conformance::outcome::Outcome;
 use ds41_conformance::protocol::AdapterEngine;
 use ds41_conformance::reference::{self, ReferenceEngine};
-use ds41_conformance::runner::{self, run_case, Context, ExpectedFailures, ModelStore};
+use ds41_conformance::runner::{self, judge_case, run_case, Context, ExpectedFailures, ModelStore};
 use ds41_conformance::selftest::{self, ControlVerdict};
 
 fn verdict(o: &Outcome, rerun: &str, notes: &[String]) -> Result<Completion, Failed> {
@@ -89,8 +89,7 @@ fn main() {
         trials.push(
             Trial::ignorable_test(case.name.clone(), move || {
                 let mut engine = ReferenceEngine::new();
-                let mut r = run_case(&c, &mut engine, &cx);
-                x.apply(&mut r);
+                let r = judge_case(&c, &mut engine, &cx, Some(&x));
                 verdict(&r.outcome, &r.rerun, &r.details.notes)
             })
             .with_kind(case.family.as_str())
@@ -102,8 +101,7 @@ fn main() {
             Trial::ignorable_test(format!("protocol::{}", case.name), move || {
                 let mut engine = AdapterEngine::start(&format!("{} serve-adapter", ds41_bin()))
                     .map_err(|e| format!("{e:#}"))?;
-                let mut r = run_case(&c, &mut engine, &cx);
-                x.apply(&mut r);
+                let r = judge_case(&c, &mut engine, &cx, Some(&x));
                 let rerun = format!(
                     "cargo test -p ds41-conformance --test suite -- 'protocol::{}' --exact",
                     c.name

@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail};
 
-use ds41_conformance::case::ModelRef;
 use ds41_conformance::engine_api::Engine;
 use ds41_conformance::gates::{GateSet, ProfileName};
 use ds41_conformance::reference::ReferenceEngine;
@@ -213,16 +212,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "not set (upstream cases are skipped)".into())
     );
-    pregenerate(&cases, &ctx, &mut err);
-    let mut results = Vec::with_capacity(cases.len());
-    for (i, case) in cases.iter().enumerate() {
-        let mut r = runner::run_case(case, engine.as_mut(), &ctx);
-        if let Some((x, _)) = &xfail {
-            x.apply(&mut r);
-        }
-        human::progress_line(&mut err, i + 1, cases.len(), &r, a.verbose);
-        results.push(r);
-    }
+    runner::pregenerate(&cases, &ctx, |line| {
+        let _ = writeln!(err, "{line}");
+    });
+    let results = runner::run_cases(
+        &cases,
+        engine.as_mut(),
+        &ctx,
+        xfail.as_ref().map(|x| &x.0),
+        |i, r| human::progress_line(&mut err, i + 1, cases.len(), r, a.verbose),
+    );
     let summary = Summary::of(&results);
     let mut checkpoints = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -284,45 +283,4 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     drop(engine);
     Ok(rep.summary.exit_code())
-}
-
-/// Generate the synthetic checkpoints the selected cases use, up front, with a line each.
-fn pregenerate(cases: &[ds41_conformance::case::Case], ctx: &Context, err: &mut impl Write) {
-    use ds41_conformance::case::Spec;
-    let mut models = std::collections::BTreeSet::new();
-    for c in cases {
-        let m: Vec<&ModelRef> = match &c.spec {
-            Spec::Loader(s) => s.model.iter().collect(),
-            Spec::State(s) => std::iter::once(&s.model)
-                .chain(s.other_model.iter())
-                .collect(),
-            Spec::Residual(s) => vec![&s.model],
-            Spec::Engram(s) => s.model.iter().collect(),
-            _ => vec![],
-        };
-        models.extend(
-            m.into_iter()
-                .filter(|m| matches!(m, ModelRef::Synthetic { .. }))
-                .cloned(),
-        );
-    }
-    for m in models {
-        let t = Instant::now();
-        match ctx.models.resolve(&m) {
-            Ok(dir) => {
-                let _ = writeln!(
-                    err,
-                    "generated {m} in {:.2}s -> {}",
-                    t.elapsed().as_secs_f64(),
-                    dir.display()
-                );
-            }
-            Err(e) => {
-                let _ = writeln!(
-                    err,
-                    "cannot generate {m}: {e:#} (its cases will report the error)"
-                );
-            }
-        }
-    }
 }

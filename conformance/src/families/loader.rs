@@ -3,6 +3,7 @@
 //! something only from an engine that loads the same checkpoint unmutated, so a mutant case
 //! first loads its base: an engine that refuses everything fails every mutant case.
 
+use crate::case::DataRef;
 use crate::case::{Case, LoadExpect, LoaderSpec, ModelRef};
 use crate::engine_api::{Capability, Engine, EngineError, LoadRequest};
 use crate::outcome::Outcome;
@@ -72,6 +73,56 @@ pub fn run(
              an undeclared exit status is not a refusal)"
         )),
     })
+}
+
+impl super::CheckFamily for LoaderSpec {
+    fn models(&self) -> Vec<ModelRef> {
+        let mut out: Vec<ModelRef> = self.model.iter().cloned().collect();
+        // A mutant case loads its unmutated base first.
+        if let Some(ModelRef::Mutant { preset, layout, .. }) = &self.model {
+            out.push(ModelRef::Synthetic {
+                preset: preset.clone(),
+                layout: layout.clone(),
+                seed: crate::synthetic::MUTANT_BASE_SEED,
+            });
+        }
+        out
+    }
+
+    fn data(&self) -> Vec<&DataRef> {
+        Vec::new()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = self;
+        if s.model.is_some() == s.all_mutants_of.is_some() {
+            return Err("give exactly one of `model` and `all_mutants_of`".into());
+        }
+        if let Some(m) = &s.all_mutants_of {
+            let ok = m
+                .split_once('/')
+                .is_some_and(|(p, l)| !p.is_empty() && matches!(l, "release" | "container"));
+            if !ok {
+                return Err(format!(
+                    "field `all_mutants_of`: `{m}` is not PRESET/LAYOUT"
+                ));
+            }
+            if s.expect != LoadExpect::Refuse {
+                return Err("field `expect`: mutants must be refused".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        case: &Case,
+        engine: &mut dyn Engine,
+        ctx: &Context,
+        details: &mut Details,
+    ) -> Result<Outcome, Outcome> {
+        run(case, self, engine, ctx, details)
+    }
 }
 
 /// For a mutant: load the unmutated checkpoint it was made from (same preset, layout and

@@ -6,7 +6,9 @@
 use std::path::Path;
 
 use crate::case::{Case, GoldenSpec, ResidualSpec};
+use crate::case::{DataRef, ModelRef};
 use crate::compare::{compare, compare_replay, is_required, MetricStatus};
+use crate::engine_api::Numerics;
 use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
 use crate::gates::{Gates, ProfileName};
 use crate::outcome::Outcome;
@@ -136,6 +138,91 @@ pub fn run(
     }
     note_flips(details, &gates);
     Ok(verdict(details, failed, s))
+}
+
+impl super::CheckFamily for ResidualSpec {
+    fn models(&self) -> Vec<ModelRef> {
+        vec![self.model.clone()]
+    }
+
+    fn data(&self) -> Vec<&DataRef> {
+        let golden = match &self.golden {
+            GoldenSpec::Reference => None,
+            GoldenSpec::File(d) => Some(d),
+            GoldenSpec::WasteOracle { dir, .. } => Some(dir),
+        };
+        golden.into_iter().chain(&self.engram_token_map).collect()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = self;
+        if let Some(t) = &s.tokens {
+            if t.is_empty() {
+                return Err("field `tokens`: empty".into());
+            }
+            if let Some(p) = s.prefill {
+                if p == 0 || p > t.len() {
+                    return Err(format!(
+                        "field `prefill`: {p} is not inside 1..={}",
+                        t.len()
+                    ));
+                }
+            }
+            if let Some(&bad) = s.prefix_lengths.iter().find(|&&k| k == 0 || k > t.len()) {
+                return Err(format!(
+                    "field `prefix_lengths`: {bad} is not inside 1..={}",
+                    t.len()
+                ));
+            }
+        } else if matches!(s.golden, GoldenSpec::Reference) {
+            return Err("field `tokens`: required when the golden is the live reference".into());
+        }
+        if s.replay {
+            if !matches!(s.golden, GoldenSpec::File(_)) {
+                return Err(
+                    "field `replay`: needs a `{file: ...}` golden with block_input and pre_mix"
+                        .into(),
+                );
+            }
+            if s.tokens.is_some() || !s.prefix_lengths.is_empty() {
+                return Err("field `replay`: the tokens are the golden's `input_ids`; give neither `tokens` nor `prefix_lengths`".into());
+            }
+        }
+        const KNOWN: [&str; 8] = [
+            "logits",
+            "residual",
+            "experts",
+            "engram_hash",
+            "topk",
+            "attn_out",
+            "moe_out",
+            "expert_weights",
+        ];
+        if let Some(bad) = s.require.iter().find(|r| !KNOWN.contains(&r.as_str())) {
+            return Err(format!(
+                "field `require`: unknown dump tensor `{bad}` (known: {})",
+                KNOWN.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    fn default_profile(&self) -> ProfileName {
+        match self.numerics {
+            Numerics::Exact => ProfileName::Exact,
+            Numerics::Upstream => ProfileName::Upstream,
+        }
+    }
+
+    fn run(
+        &self,
+        case: &Case,
+        engine: &mut dyn Engine,
+        ctx: &Context,
+        details: &mut Details,
+    ) -> Result<Outcome, Outcome> {
+        run(case, self, engine, ctx, details)
+    }
 }
 
 /// Teacher-forced replay: one run recomputing every block from the golden's own inputs,
