@@ -16,8 +16,6 @@ struct Expected {
     tokens: Vec<u32>,
     dead: Vec<usize>,
     ids: EngramHashes,
-    /// The golden's own token map (trace goldens carry `engram_token_map`).
-    token_map: Option<PathBuf>,
 }
 
 pub fn run(
@@ -68,8 +66,7 @@ pub fn run(
     match (&s.golden, s.relation) {
         (Some(g), _) => {
             let want = read_golden(g, ctx)?;
-            let map = token_map.or(want.token_map.clone());
-            let got = hash(&want.tokens, &want.dead, map)?;
+            let got = hash(&want.tokens, &want.dead, token_map)?;
             details.notes.push(format!(
                 "{} tokens, DEAD positions {:?}",
                 want.tokens.len(),
@@ -357,7 +354,6 @@ fn read_golden(g: &EngramGolden, ctx: &Context) -> Result<Expected, Outcome> {
                 tokens,
                 dead,
                 ids,
-                token_map: None,
             })
         }
         None => {
@@ -387,7 +383,6 @@ fn read_golden(g: &EngramGolden, ctx: &Context) -> Result<Expected, Outcome> {
                 tokens: input.iter().map(|&x| x as u32).collect(),
                 dead: vec![],
                 ids,
-                token_map: f.i64("engram_token_map").map(|_| path.clone()),
             })
         }
     }
