@@ -82,6 +82,12 @@ pub struct DecisionGates {
     /// Fail when more flips than this are excused (None: no limit, but always reported).
     #[serde(default)]
     pub max_fragile: Option<usize>,
+    /// Compare exact ties (golden margin 0) strictly too. By default a flip at an exact tie is
+    /// excused in every profile (counted, and what it feeds skipped): two correct engines may
+    /// break ties differently. Set for an engine that claims the canonical tie rule
+    /// (`ds41 certify --canonical-ties`, or a residual case's `canonical_ties: true`).
+    #[serde(default)]
+    pub strict_ties: bool,
 }
 
 /// Teacher-forced replay thresholds (compare.py `--replay`).
