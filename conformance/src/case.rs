@@ -394,8 +394,9 @@ pub struct ResidualSpec {
     /// For engines that dump the last token only: run once per prefix length.
     #[serde(default)]
     pub prefix_lengths: Vec<usize>,
-    /// A safetensors file with an `engram_token_map` tensor to use instead of the map the
-    /// checkpoint's tokenizer implies (official_a's stub tokenizer).
+    /// A file with the Engram token map to use instead of the checkpoint's own (int32 `.npy`,
+    /// or a safetensors file with an `engram_token_map` tensor): a map from elsewhere, e.g.
+    /// another tokenizer's.
     #[serde(default)]
     pub engram_token_map: Option<DataRef>,
     /// Dump tensors the engine must provide (a missing one is NotSupported, never Pass).

@@ -131,6 +131,9 @@ pub struct GateOverrides {
     pub logits_rel_l2: Option<f64>,
     pub logits_max_abs: Option<f64>,
     pub residual_rel_l2: Option<f64>,
+    /// For a golden set whose calibration shows correct engines (noise stand-ins) changing the
+    /// top-1 of a near-tied logits row.
+    pub argmax: Option<ArgmaxRule>,
 }
 
 impl Gates {
@@ -144,6 +147,9 @@ impl Gates {
         }
         if let Some(v) = o.residual_rel_l2 {
             g.residual.rel_l2 = v;
+        }
+        if let Some(v) = o.argmax {
+            g.logits.argmax = v;
         }
         g
     }

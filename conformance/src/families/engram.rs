@@ -15,8 +15,6 @@ struct Expected {
     tokens: Vec<u32>,
     dead: Vec<usize>,
     ids: EngramHashes,
-    /// The golden's own token map (trace goldens carry `engram_token_map`).
-    token_map: Option<PathBuf>,
 }
 
 impl super::CheckFamily for EngramSpec {
@@ -115,8 +113,7 @@ impl super::CheckFamily for EngramSpec {
         match (&s.golden, s.relation) {
             (Some(g), _) => {
                 let want = read_golden(g, ctx)?;
-                let map = token_map.or(want.token_map.clone());
-                let got = hash(&want.tokens, &want.dead, map)?;
+                let got = hash(&want.tokens, &want.dead, token_map)?;
                 details.notes.push(format!(
                     "{} tokens, DEAD positions {:?}",
                     want.tokens.len(),
@@ -344,7 +341,6 @@ fn read_golden(g: &EngramGolden, ctx: &Context) -> Result<Expected, Outcome> {
                 tokens,
                 dead,
                 ids,
-                token_map: None,
             })
         }
         None => {
@@ -374,7 +370,6 @@ fn read_golden(g: &EngramGolden, ctx: &Context) -> Result<Expected, Outcome> {
                 tokens: input.iter().map(|&x| x as u32).collect(),
                 dead: vec![],
                 ids,
-                token_map: f.i64("engram_token_map").map(|_| path.clone()),
             })
         }
     }
