@@ -4,7 +4,7 @@
 use crate::case::{Case, LoadExpect, LoaderSpec, ModelRef};
 use crate::engine_api::{Capability, Engine, EngineError, LoadRequest};
 use crate::outcome::Outcome;
-use crate::runner::{require, timeout, Context, Details};
+use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
 
 pub fn run(
     case: &Case,
@@ -13,7 +13,11 @@ pub fn run(
     ctx: &Context,
     details: &mut Details,
 ) -> Result<Outcome, Outcome> {
-    if let Some(o) = require(engine, &[Capability::Load]) {
+    let mut caps = vec![Capability::Load];
+    if s.verify {
+        caps.push(Capability::LoadVerify);
+    }
+    if let Some(o) = require(engine, &caps) {
         return Ok(o);
     }
     let Some(model) = &s.model else {
@@ -22,6 +26,9 @@ pub fn run(
             s.all_mutants_of.as_deref().unwrap_or("")
         )));
     };
+    if let Some(o) = require_layout(engine, ctx, model)? {
+        return Ok(o);
+    }
     let dir = ctx.model(model)?;
     details
         .models
@@ -59,7 +66,7 @@ pub fn run(
                 Outcome::Pass
             }
         }
-        (_, Err(EngineError::Unsupported(c))) => Outcome::not_supported(c.as_str()),
+        (_, Err(e @ EngineError::Unsupported(..))) => engine_failure("load", e),
         (_, Err(e)) => Outcome::fail(format!(
             "loading {model}: {e} (a clean refusal or acceptance was due)"
         )),

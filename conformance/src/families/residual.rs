@@ -10,7 +10,9 @@ use crate::compare::{compare, compare_replay};
 use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
 use crate::gates::ProfileName;
 use crate::outcome::Outcome;
-use crate::runner::{engine_failure, require, timeout, Context, Details, DivergenceRecord};
+use crate::runner::{
+    engine_failure, require, require_layout, timeout, Context, Details, DivergenceRecord,
+};
 use crate::trace::TraceFile;
 
 pub fn run(
@@ -26,13 +28,14 @@ pub fn run(
         caps.push(s.numerics.capability());
     }
     caps.push(s.index_k.capability());
-    if s.require.iter().any(|r| r != "logits") || s.replay {
-        caps.push(Capability::Trace);
-    }
+    caps.extend(trace_capabilities(s));
     if s.replay {
         caps.push(Capability::Replay);
     }
     if let Some(o) = require(engine, &caps) {
+        return Ok(o);
+    }
+    if let Some(o) = require_layout(engine, ctx, &s.model)? {
         return Ok(o);
     }
     let model = ctx.model(&s.model)?;
@@ -232,6 +235,19 @@ fn last_token_view(t: &TraceFile, n: usize) -> TraceFile {
         }
     }
     out
+}
+
+/// The trace capabilities a case needs: one per tensor it requires (docs/TRACE.md), so an
+/// engine that dumps only some tensors is NotSupported on the cases needing the others.
+pub fn trace_capabilities(s: &ResidualSpec) -> Vec<Capability> {
+    let mut caps: Vec<Capability> = s
+        .require
+        .iter()
+        .filter_map(|r| Capability::for_trace_tensor(r))
+        .collect();
+    caps.sort();
+    caps.dedup();
+    caps
 }
 
 fn check_required(t: &TraceFile, s: &ResidualSpec) -> Result<(), Outcome> {
