@@ -849,20 +849,11 @@ fn validate_spec(spec: &Spec) -> Result<(), String> {
                     return Err("field `replay`: the tokens are the golden's `input_ids`; give neither `tokens` nor `prefix_lengths`".into());
                 }
             }
-            const KNOWN: [&str; 8] = [
-                "logits",
-                "residual",
-                "experts",
-                "engram_hash",
-                "topk",
-                "attn_out",
-                "moe_out",
-                "expert_weights",
-            ];
-            if let Some(bad) = s.require.iter().find(|r| !KNOWN.contains(&r.as_str())) {
+            let known = crate::engine_api::TRACE_TENSORS.map(|(n, _)| n);
+            if let Some(bad) = s.require.iter().find(|r| !known.contains(&r.as_str())) {
                 return Err(format!(
                     "field `require`: unknown dump tensor `{bad}` (known: {})",
-                    KNOWN.join(", ")
+                    known.join(", ")
                 ));
             }
         }

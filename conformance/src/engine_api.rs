@@ -146,21 +146,15 @@ impl Capability {
         Self::ALL.into_iter().find(|c| c.as_str() == s)
     }
 
-    /// The trace capability a dump tensor named in a case's `require` list needs
-    /// (docs/TRACE.md); None for a name that is not a dump tensor.
+    /// The trace capability a dump tensor needs (docs/TRACE.md, PROTOCOL.md `forward`):
+    /// `topk.L{l}` and `candidates.L{c}` by their family name; None for a name that is not a
+    /// dump tensor an engine can be asked for.
     pub fn for_trace_tensor(name: &str) -> Option<Capability> {
-        Some(match name {
-            "logits" | "logits_positions" => Capability::TraceLogits,
-            "residual" => Capability::TraceResidual,
-            "experts" | "expert_weights" => Capability::TraceExperts,
-            "engram_hash" => Capability::TraceEngramHash,
-            n if n == "topk" || n.starts_with("topk.L") => Capability::TraceTopk,
-            "block_input" | "pre_mix" | "mid" | "attn_out" | "moe_out" | "engram_gate" => {
-                Capability::TraceSubOps
-            }
-            n if n.starts_with("candidates.L") => Capability::TraceSubOps,
-            _ => return None,
-        })
+        let family = name.split_once(".L").map_or(name, |(f, _)| f);
+        TRACE_TENSORS
+            .iter()
+            .find(|(n, _)| *n == family)
+            .map(|&(_, c)| c)
     }
 
     /// The capability an engine needs to read a checkpoint of `layout`.
@@ -171,6 +165,26 @@ impl Capability {
         }
     }
 }
+
+/// Every dump tensor a case may `require` and the capability that promises it (docs/TRACE.md;
+/// `topk` and `candidates` stand for their per-layer `.L{l}` tensors). The documentation
+/// tables are checked against this list (tests/capabilities.rs).
+pub const TRACE_TENSORS: [(&str, Capability); 14] = [
+    ("logits", Capability::TraceLogits),
+    ("logits_positions", Capability::TraceLogits),
+    ("residual", Capability::TraceResidual),
+    ("experts", Capability::TraceExperts),
+    ("expert_weights", Capability::TraceExperts),
+    ("topk", Capability::TraceTopk),
+    ("engram_hash", Capability::TraceEngramHash),
+    ("block_input", Capability::TraceSubOps),
+    ("pre_mix", Capability::TraceSubOps),
+    ("mid", Capability::TraceSubOps),
+    ("attn_out", Capability::TraceSubOps),
+    ("moe_out", Capability::TraceSubOps),
+    ("engram_gate", Capability::TraceSubOps),
+    ("candidates", Capability::TraceSubOps),
+];
 
 /// The capabilities an engine declared (hello / profile), by name, and what they imply
 /// (PROTOCOL.md "Capabilities"): `trace` stands for every `trace.*`; `forward` without any

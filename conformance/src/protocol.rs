@@ -292,7 +292,7 @@ impl Drop for AdapterEngine {
     fn drop(&mut self) {
         if let Some(mut r) = self.running.take() {
             let line = serde_json::to_string(&Envelope {
-                id: 0,
+                id: self.next_id,
                 request: Request::Shutdown,
             })
             .unwrap_or_default();

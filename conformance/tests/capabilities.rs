@@ -255,3 +255,80 @@ fn declared_capabilities_expand_the_shorthands() {
         assert_eq!(Capability::parse(c.as_str()), Some(c));
     }
 }
+
+/// Rows `| `name` | ... | `capability` | ...` of the Markdown tables in `doc` whose header has
+/// a `capability` column: (tensor family, capability name). `topk.L{l}` → `topk`.
+fn doc_tensor_table(doc: &str) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(runner::repo_root().join(doc)).expect("doc");
+    let mut out = Vec::new();
+    let mut column = None;
+    for line in text.lines() {
+        let cells: Vec<&str> = line
+            .trim()
+            .trim_matches('|')
+            .split('|')
+            .map(str::trim)
+            .collect();
+        if !line.trim_start().starts_with('|') {
+            column = None;
+            continue;
+        }
+        if let Some(i) = cells.iter().position(|c| *c == "capability") {
+            if cells.first().is_some_and(|c| *c == "name" || *c == "tensor") {
+                column = Some(i);
+                continue;
+            }
+        }
+        let (Some(i), Some(name)) = (column, cells.first()) else {
+            continue;
+        };
+        let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) else {
+            continue;
+        };
+        let family = name.split_once(".L").map_or(name, |(f, _)| f).to_string();
+        out.push((family, cells[i].trim_matches('`').to_string()));
+    }
+    out
+}
+
+#[test]
+fn the_trace_tables_of_the_docs_agree_with_the_code() {
+    let code: Vec<(String, String)> = TRACE_TENSORS
+        .iter()
+        .map(|(n, c)| (n.to_string(), c.as_str().to_string()))
+        .collect();
+    for doc in ["docs/TRACE.md", "conformance/PROTOCOL.md"] {
+        let mut table = doc_tensor_table(doc);
+        // `input_ids` is written but never required (capability "—").
+        table.retain(|(n, c)| !(n == "input_ids" && c == "—"));
+        let mut want = code.clone();
+        want.sort();
+        table.sort();
+        assert_eq!(
+            table, want,
+            "{doc}: the tensor/capability tables differ from TRACE_TENSORS"
+        );
+    }
+    // And every capability of the PROTOCOL.md capability table is one the harness knows.
+    let text = std::fs::read_to_string(runner::repo_root().join("conformance/PROTOCOL.md"))
+        .expect("PROTOCOL.md");
+    let start = text.find("| capability | promise |").expect("capability table");
+    let mut documented = BTreeSet::new();
+    for line in text[start..].lines().skip(2) {
+        if !line.starts_with('|') {
+            break;
+        }
+        let first = line.trim_matches('|').split('|').next().unwrap_or("");
+        for name in first.split(',') {
+            let name = name.trim().trim_matches('`');
+            let c = Capability::parse(name)
+                .unwrap_or_else(|| panic!("PROTOCOL.md documents unknown capability `{name}`"));
+            documented.insert(c);
+        }
+    }
+    let all: BTreeSet<Capability> = Capability::ALL.into_iter().collect();
+    assert_eq!(
+        documented, all,
+        "PROTOCOL.md's capability table and Capability::ALL differ"
+    );
+}

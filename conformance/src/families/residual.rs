@@ -252,8 +252,9 @@ pub fn trace_capabilities(s: &ResidualSpec) -> Vec<Capability> {
 
 fn check_required(t: &TraceFile, s: &ResidualSpec) -> Result<(), Outcome> {
     for r in &s.require {
-        let present = if r == "topk" {
-            t.tensors.keys().any(|k| k.starts_with("topk.L"))
+        let present = if r == "topk" || r == "candidates" {
+            let prefix = format!("{r}.L");
+            t.tensors.keys().any(|k| k.starts_with(&prefix))
         } else {
             t.get(r).is_some()
         };

@@ -1,0 +1,504 @@
+#!/usr/bin/env python3
+"""The official DS41 inference code as a ds41 engine (conformance/PROTOCOL.md, JSON lines on
+stdin/stdout), so `ds41 certify` can judge it like any other engine:
+
+    ds41 certify --engine 'python3 adapters/official/adapter.py --inference /path/to/release/inference'
+
+It loads a release-layout checkpoint the way a release user does -- the release `convert.py`
+(model parallel 1, FP4 experts), then `model.py` in bf16 on CPU with the six CUDA kernels
+replaced by a torch CPU port -- and records the trace with forward hooks: logits, block
+outputs, routed experts, indexer selections, Engram hash ids, the sub-op tensors
+(`block_input`, `pre_mix`, `attn_out`, `moe_out`) and the selection margin of every top-k
+decision. It supports prefill + decode schedules, both index-key hand-offs, teacher-forced
+replay from a golden, session state save/restore and Engram hashing without weights.
+
+The upstream code is never part of this repository: `--inference DIR` (or the environment
+variable DS41_OFFICIAL_INFERENCE) names a release `inference/` directory holding `model.py`,
+`engram.py`, `convert.py` (sha256-pinned, MODEL.md §0; `--allow-unpinned` to run others).
+This driver reuses the project's own goldens/regen/model/run_official.py (conversion, model
+import, hooks) and ds41_kernels.py (the kernel port); `--kernels inference` uses a
+`kernel_cpu.py` found in DIR instead (the port official_a's goldens were made with).
+
+Ties (`--ties`): `torch` runs top-k as shipped (torch.topk: the order among exactly equal
+scores is whatever torch returns); `canonical` uses the goldens' rule (larger first, equal
+values -> lower index; MODEL.md §5.10).
+
+`--inject BUG` makes a deliberately broken copy of the engine, by patching at run time (the
+upstream files are never edited), to show the harness catches it: `no-sink` (the attention
+sink is dropped), `no-yarn` (YaRN off on compressed layers), `owner-in-as-shipped` (the owner
+hand-off is used when the as-shipped one is asked for), `gate-ties-reversed` (exact ties in
+the MoE router go to the higher expert id).
+"""
+import argparse
+import contextlib
+import hashlib
+import importlib.util
+import json
+import os
+import sys
+import tempfile
+import types
+from pathlib import Path
+
+import torch
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(REPO / "goldens" / "regen" / "model"))
+import protocol  # noqa: E402
+from protocol import Refused, Unsupported, log  # noqa: E402
+import ds41_kernels  # noqa: E402
+import run_official  # noqa: E402
+
+BUGS = ("no-sink", "no-yarn", "owner-in-as-shipped", "gate-ties-reversed")
+CAPABILITIES = [
+    "load", "layout.release", "forward", "trace.logits", "trace.residual", "trace.experts",
+    "trace.topk", "trace.engram_hash", "trace.sub_ops", "prefill", "state", "replay",
+    "numerics.upstream", "index_k.as_shipped", "index_k.owner", "engram_hash",
+]
+STATE_FORMAT = "ds41-official-adapter-state/1"
+# How a release user converts a checkpoint (the release convert.py's own arguments).
+CONVERT_ARGS = "--hf-ckpt-path {ckpt} --save-path {out} --model-parallel 1 --expert-dtype fp4"
+
+
+class HfTokenizer:
+    """The two things engram.py's `build_compressed_token_map` asks of a transformers tokenizer
+    (`len()` and `backend_tokenizer`), from `tokenizers` alone."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer
+        self.backend_tokenizer = Tokenizer.from_file(str(path))
+
+    def __len__(self):
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
+
+
+def read_token_map(path: Path):
+    from safetensors.torch import load_file
+    tensors = load_file(str(path))
+    if "engram_token_map" not in tensors:
+        raise Refused(f"{path}: no `engram_token_map` tensor")
+    return [int(x) for x in tensors["engram_token_map"].reshape(-1).tolist()]
+
+
+@contextlib.contextmanager
+def token_map_override(engram_module, token_map):
+    """Replace the map engram.py builds from the tokenizer (PROTOCOL.md `engram_token_map`)."""
+    if token_map is None:
+        yield
+        return
+    saved = engram_module.build_compressed_token_map
+    engram_module.build_compressed_token_map = lambda tokenizer: (list(token_map), max(token_map) + 1)
+    try:
+        yield
+    finally:
+        engram_module.build_compressed_token_map = saved
+
+
+def checkpoint_fingerprint(model_dir: Path) -> str:
+    """Identifies a checkpoint for state files without reading all of it: config and, per
+    safetensors file, its size, header and first and last MiB (different weights differ there)."""
+    h = hashlib.sha256()
+    for name in ("config.json", "inference/config.json"):
+        p = model_dir / name
+        if p.is_file():
+            h.update(p.read_bytes())
+    for p in sorted(model_dir.glob("*.safetensors")):
+        size = p.stat().st_size
+        h.update(f"{p.name}:{size}".encode())
+        with open(p, "rb") as f:
+            h.update(f.read(1 << 20))
+            if size > 2 << 20:
+                f.seek(-(1 << 20), os.SEEK_END)
+                h.update(f.read())
+    return h.hexdigest()
+
+
+class Tracer(run_official.Recorder):
+    """run_official's Recorder with model.py's Block signature `(x, start_pos, pre_mix,
+    image_mask)` and, in replay, the forced block inputs."""
+
+    def __init__(self, model, args, forcing=None):
+        self.forcing = forcing
+        self.rows_now = None  # golden rows of the forward in progress (replay)
+        super().__init__(model, args)
+
+    def _block_pre(self, l):
+        def hook(module, args, kwargs):
+            self.layer = l
+            x, pre = args[0], args[2]
+            if self.forcing is None:
+                self.put(f"block_input.L{l}", x[0])
+                self.put(f"pre_mix.L{l}", pre.reshape(-1, pre.shape[-1]).expand(x.shape[1], -1))
+                return None
+            # Replay: this engine's Engram on the golden previous block output (the incoming x,
+            # see Replay.engram_input), then the block runs on the golden's own inputs.
+            self.put(f"block_input.L{l}", x[0])
+            rows = self.rows_now
+            forced_x = self.forcing["block_input"][rows, l].to(x.dtype).unsqueeze(0)
+            forced_pre = self.forcing["pre_mix"][rows, l].to(pre.dtype).unsqueeze(0)
+            self.put(f"pre_mix.L{l}", forced_pre[0])
+            return (forced_x, args[1], forced_pre, *args[3:]), kwargs
+        return hook
+
+
+class Official(protocol.Engine):
+    name = "official inference/model.py (CPU)"
+
+    def __init__(self, a):
+        self.inference = a.inference.resolve()
+        self.ties = a.ties
+        self.bugs = set(a.inject or [])
+        self.threads = a.threads
+        self.pins = run_official.verify_pins(self.inference, a.allow_unpinned)
+        self.version = self.pins["model.py"][:12]
+        if self.bugs:
+            self.name += " with injected " + ",".join(sorted(self.bugs))
+        self.kernels = self._kernels(a.kernels)
+        self.module = self._import_model()
+        self.engram = sys.modules["engram"]
+        self.converted = {}  # checkpoint dir -> (fingerprint, state dict)
+        torch.set_num_threads(self.threads)
+        torch.set_default_dtype(torch.bfloat16)  # as the release's generate.py does, for the whole run
+
+    def capabilities(self):
+        return CAPABILITIES
+
+    # -------------------------------------------------------------------------- setup
+
+    def _kernels(self, which):
+        if which == "ds41":
+            return ds41_kernels
+        path = self.inference / "kernel_cpu.py"
+        if not path.is_file():
+            raise SystemExit(f"--kernels inference: {path} does not exist")
+        spec = importlib.util.spec_from_file_location("ds41_adapter_kernel_cpu", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def _import_model(self):
+        saved = run_official.ds41_kernels
+        run_official.ds41_kernels = self.kernels  # import_model installs it as `kernel`
+        try:
+            module = run_official.import_model(self.inference)
+        finally:
+            run_official.ds41_kernels = saved
+        if "no-yarn" in self.bugs:
+            real = module.precompute_freqs_cis
+            module.precompute_freqs_cis = lambda dim, seqlen, original_seq_len, *rest: real(dim, seqlen, 0, *rest)
+        return module
+
+    def _convert(self, model_dir: Path):
+        """convert.py output for a checkpoint, cached per directory and fingerprint."""
+        model_dir = model_dir.resolve()
+        fp = checkpoint_fingerprint(model_dir)
+        hit = self.converted.get(model_dir)
+        if hit and hit[0] == fp:
+            return hit[1], fp
+        cfg_path = model_dir / "inference" / "config.json"
+        if not cfg_path.is_file():
+            raise Refused(f"{cfg_path}: missing (the official code reads ModelArgs from inference/config.json)")
+        from safetensors.torch import load_file
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                converted = run_official.convert_checkpoint(self.inference, model_dir, Path(tmp), CONVERT_ARGS)
+            except run_official.DriverError as e:
+                raise Refused(str(e)) from None
+            state = load_file(str(converted))
+        self.converted = {model_dir: (fp, state)}  # one checkpoint at a time: bounded memory
+        return state, fp
+
+    def _model(self, model_dir: Path, n_tokens: int, token_map=None):
+        """A fresh Transformer with the checkpoint's weights (caches empty)."""
+        state, fp = self._convert(model_dir)
+        try:
+            cfg = json.loads((model_dir / "inference" / "config.json").read_text())
+            args, _ = run_official.build_args(self.module, cfg, max(n_tokens, 64))
+        except (ValueError, TypeError) as e:
+            raise Refused(f"{model_dir / 'inference' / 'config.json'}: {e}") from None
+        tokenizer = HfTokenizer(model_dir / "tokenizer.json")
+        torch.manual_seed(0)
+        self._reset_shared()
+        try:
+            with torch.device("cpu"), token_map_override(self.engram, token_map):
+                model = self.module.Transformer(args, tokenizer)
+            missing, unexpected = model.load_state_dict(state, strict=False)
+        except (AssertionError, RuntimeError, ValueError, KeyError, IndexError) as e:
+            raise Refused(f"{model_dir}: the official model does not accept this checkpoint: "
+                          f"{type(e).__name__}: {e}") from None
+        params = {n for n, _ in model.named_parameters()}
+        missing = [m for m in missing if m in params]
+        if missing:
+            raise Refused(f"{model_dir}: converted checkpoint lacks parameters {missing[:8]}")
+        bad = [u for u in unexpected if not u.endswith("bias_vl")]
+        if bad:
+            raise Refused(f"{model_dir}: converted checkpoint has tensors model.py does not: {bad[:8]}")
+        model.eval()
+        return model, args, fp
+
+    def _reset_shared(self):
+        _, shared = run_official.find_shared_slot(self.module)
+        for slot in ("compress_kv", "index_k", "topk_idxs", "candidates"):
+            if hasattr(shared, slot):
+                setattr(shared, slot, None)
+        return shared
+
+    # -------------------------------------------------------------------------- ops
+
+    def load(self, req):
+        model_dir = Path(req["model"])
+        if req.get("verify"):
+            raise Unsupported("load.verify", "release checkpoints carry no payload checksums to verify")
+        if (model_dir / "manifest.json").is_file():
+            raise Unsupported("layout.container", "the official code reads release checkpoints only")
+        if not (model_dir / "config.json").is_file():
+            raise Refused(f"{model_dir}: no config.json (not a release checkpoint)")
+        self._model(model_dir, 1)
+        return {}
+
+    def forward(self, req):
+        model_dir = Path(req["model"])
+        if req.get("numerics") != "upstream":
+            raise Unsupported(f"numerics.{req.get('numerics')}", "the official code runs bf16 (upstream) only")
+        tokens = [int(t) for t in req["tokens"]]
+        index_k = req.get("index_k", "as-shipped")
+        token_map = read_token_map(Path(req["engram_token_map"])) if req.get("engram_token_map") else None
+        forcing = self._forcing(Path(req["replay"]), tokens) if req.get("replay") else None
+        if forcing is not None and req.get("load_state"):
+            raise RuntimeError("replay cannot be combined with load_state")
+        start = 0
+        model, args, fp = self._model(model_dir, len(tokens) + 64, token_map)
+        if req.get("load_state"):
+            start = self._restore(model, Path(req["load_state"]), fp, index_k)
+            model_max = args.max_seq_len
+            if start + len(tokens) > model_max:
+                raise Refused(f"state at position {start} + {len(tokens)} tokens exceeds max_seq_len {model_max}")
+        prefill = req.get("prefill")
+        if prefill is None:
+            prefill = 0 if req.get("load_state") else len(tokens)
+        if not 0 <= prefill <= len(tokens):
+            raise RuntimeError(f"prefill {prefill} outside 0..{len(tokens)}")
+        tensors, positions = self._run(model, args, tokens, start, prefill, index_k, forcing)
+        meta = self._metadata(model_dir, index_k, prefill, len(tokens), "replay" if forcing else "forward")
+        from safetensors.torch import save_file
+        out = Path(req["out"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=meta)
+        if req.get("save_state"):
+            self._save(model, Path(req["save_state"]), fp, index_k, start + len(tokens))
+        return {"trace": str(out)}
+
+    def engram_hash(self, req):
+        model_dir = Path(req["model"])
+        tokens = [int(t) for t in req["tokens"]]
+        dead = sorted(set(int(d) for d in req.get("dead", [])))
+        if any(d < 0 or d >= len(tokens) for d in dead):
+            raise Refused(f"dead positions {dead} outside the {len(tokens)} tokens")
+        args = self._engram_args(model_dir, len(tokens))
+        layout = self.engram.EngramLayout.from_args(args)
+        if layout is None:
+            raise Refused(f"{model_dir}: the model has no Engram layers")
+        token_map = read_token_map(Path(req["engram_token_map"])) if req.get("engram_token_map") else None
+        with token_map_override(self.engram, token_map):
+            state = self.engram.NgramHashState(args, layout, HfTokenizer(model_dir / "tokenizer.json"))
+        ids = torch.tensor([tokens], dtype=torch.long)
+        mask = torch.ones_like(ids, dtype=torch.bool)
+        for d in dead:
+            mask[0, d] = False
+        hashes = state(ids, 0, mask if dead else None)
+        return {"ids": hashes[0].tolist()}
+
+    # -------------------------------------------------------------------------- engram args
+
+    def _engram_args(self, model_dir: Path, n_tokens: int):
+        """ModelArgs' Engram fields: from inference/config.json of a checkpoint, or translated
+        from the HF config.json of a weightless model directory."""
+        inference_cfg = model_dir / "inference" / "config.json"
+        if inference_cfg.is_file():
+            cfg = json.loads(inference_cfg.read_text())
+        else:
+            hf = json.loads((model_dir / "config.json").read_text())
+            hf = hf.get("text_config", hf)
+            cfg = {k: v for k, v in hf.items() if k.startswith("engram_")}
+            if "engram_pad_token_id" in cfg:
+                cfg["engram_pad_id"] = cfg.pop("engram_pad_token_id")
+        cfg.setdefault("engram_layer_ids", [])
+        return types.SimpleNamespace(**cfg, max_batch_size=1, max_seq_len=max(n_tokens, 1))
+
+    # -------------------------------------------------------------------------- running
+
+    def _forcing(self, golden: Path, tokens):
+        from safetensors.torch import load_file
+        g = load_file(str(golden))
+        need = ("block_input", "pre_mix", "residual", "final_pre")
+        missing = [n for n in need if n not in g]
+        if missing:
+            raise RuntimeError(f"{golden}: a replay golden needs {list(need)}; missing {missing}")
+        if g["residual"].shape[0] < len(tokens):
+            raise RuntimeError(f"{golden}: covers {g['residual'].shape[0]} tokens, the request has {len(tokens)}")
+        return {n: g[n].to(torch.float32) for n in need}
+
+    @contextlib.contextmanager
+    def _patched(self, tracer, shared):
+        """Install the top-k (tie rule + margins) and sparse_attn wrappers for one run."""
+        saved = (torch.topk, torch.Tensor.topk, self.module.sparse_attn)
+        torch_topk = torch.topk
+        reverse_gate_ties = "gate-ties-reversed" in self.bugs
+        no_sink = "no-sink" in self.bugs
+
+        def topk(input, k, dim=-1, largest=True, sorted=True, *, out=None):
+            if largest:
+                tracer.on_topk(input, k)
+            if reverse_gate_ties and largest and tracer.context and tracer.context[-1] == "gate":
+                n = input.shape[dim]
+                values, idx = torch.sort(input.flip(dim), dim=dim, descending=True, stable=True)
+                return ds41_kernels._TopK(values.narrow(dim, 0, k), (n - 1 - idx).narrow(dim, 0, k))
+            if self.ties == "canonical":
+                return ds41_kernels.stable_topk(input, k, dim, largest, sorted)
+            return torch_topk(input, k, dim, largest, sorted)
+
+        real_attn = saved[2]
+
+        def traced_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
+            tracer.on_sparse_attn(topk_idxs)
+            if no_sink:
+                attn_sink = torch.full_like(attn_sink, float("-inf"))
+            return real_attn(q, kv, attn_sink, topk_idxs, softmax_scale)
+
+        torch.topk = topk
+        torch.Tensor.topk = lambda self_, *a, **k: topk(self_, *a, **k)
+        self.module.sparse_attn = traced_attn
+        try:
+            yield
+        finally:
+            torch.topk, torch.Tensor.topk, self.module.sparse_attn = saved
+
+    def _run(self, model, args, tokens, start, prefill, index_k, forcing):
+        shared = self._reset_shared() if start == 0 else run_official.find_shared_slot(self.module)[1]
+        tracer = Tracer(model, args, forcing)
+        owner = index_k == "owner" or "owner-in-as-shipped" in self.bugs
+        if owner:
+            for _, indexer in run_official.owner_indexers(model, args):
+                indexer.register_forward_pre_hook(lambda m, a, s=shared: setattr(s, "index_k", m.k_cache) and None)
+        if forcing is not None:
+            self._replay_hooks(model, args, tracer, forcing)
+        schedule = ([(0, prefill)] if prefill else []) + [(p, p + 1) for p in range(prefill, len(tokens))]
+        positions = []
+        ids = torch.tensor([tokens], dtype=torch.long)
+        with self._patched(tracer, shared), torch.inference_mode():
+            for lo, hi in schedule:
+                tracer.forward_kind = ("prefill", hi - lo) if start + lo == 0 else ("decode", hi - lo)
+                if start + lo != 0 and hi - lo != 1:
+                    raise RuntimeError("model.py prefills only at position 0")
+                tracer.rows_now = slice(start + lo, start + hi)
+                _, logits, _ = model.forward(ids[:, lo:hi], start + lo)
+                tracer.end_forward(logits)
+                positions.append(start + hi - 1)
+        return tracer.tensors(tokens, positions), positions
+
+    def _replay_hooks(self, model, args, tracer, forcing):
+        """Engram runs on the golden's previous block output; the head on the golden's final
+        stream (PROTOCOL.md `forward`, replay)."""
+        n_layers = len(model.layers)
+        for l, block in enumerate(model.layers):
+            if l > 0 and block.engram is not None:
+                def engram_pre(module, a, l=l):
+                    forced = forcing["residual"][tracer.rows_now, l - 1].to(a[0].dtype).unsqueeze(0)
+                    return (forced, *a[1:])
+                block.engram.register_forward_pre_hook(engram_pre)
+            if l > 0 and block.engram is None:
+                # No Engram: the block's own input is the golden previous output (recorded as such).
+                def plain_pre(module, a, kw, l=l):
+                    forced = forcing["residual"][tracer.rows_now, l - 1].to(a[0].dtype).unsqueeze(0)
+                    return (forced, *a[1:]), kw
+                block.register_forward_pre_hook(plain_pre, with_kwargs=True, prepend=True)
+
+        def final(module, a, output):
+            rows = tracer.rows_now
+            stream = forcing["residual"][rows, n_layers - 1].to(output[0].dtype).unsqueeze(0)
+            pre = forcing["final_pre"][rows].to(output[1].dtype).unsqueeze(0)
+            return stream, pre
+        model.layers[n_layers - 1].register_forward_hook(final)
+
+    def _metadata(self, model_dir, index_k, prefill, n, mode):
+        return {
+            "engine": self.name, "version": self.version, "layout": "release", "numerics": "upstream",
+            "index-k": index_k,
+            "tie_rule": "largest first; equal values -> lower index" if self.ties == "canonical"
+            else "torch.topk as shipped",
+            "topk_convention": "compressed positions (no window offset), ascending, -1 = none",
+            "logits_rows": "row 0 = prefill (last position), row i = decode step i",
+            "prefill": str(prefill), "decode_steps": str(n - prefill), "mode": mode,
+            "model_py_sha256": self.pins["model.py"], "kernels": getattr(self.kernels, "__name__", "?"),
+            "torch": torch.__version__, "threads": str(self.threads),
+            **({"defects": ",".join(sorted(self.bugs))} if self.bugs else {}),
+        }
+
+    # -------------------------------------------------------------------------- state
+
+    def _buffers(self, model):
+        return {n: b for n, b in model.named_buffers() if not n.endswith("freqs_cis")}
+
+    def _save(self, model, path: Path, fp, index_k, position):
+        buffers = self._buffers(model)
+        _, shared = run_official.find_shared_slot(self.module)
+        slots = {}
+        for slot in ("compress_kv", "index_k", "topk_idxs", "candidates"):
+            value = getattr(shared, slot, None)
+            if value is None:
+                continue
+            alias = next((n for n, b in buffers.items() if b is value), None)
+            slots[slot] = {"alias": alias} if alias else {"value": value.clone()}
+        torch.save({"format": STATE_FORMAT, "fingerprint": fp, "position": position, "index_k": index_k,
+                    "buffers": {n: b.clone() for n, b in buffers.items()}, "shared": slots}, str(path))
+
+    def _restore(self, model, path: Path, fp, index_k):
+        try:
+            st = torch.load(str(path), weights_only=True)
+        except Exception as e:  # noqa: BLE001 -- an unreadable state is refused with its reason
+            raise Refused(f"{path}: not a state this adapter wrote: {e}") from None
+        if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
+            raise Refused(f"{path}: not a {STATE_FORMAT} file")
+        if st["fingerprint"] != fp:
+            raise Refused(f"{path}: the state belongs to another checkpoint (fingerprint "
+                          f"{st['fingerprint'][:12]}, this one {fp[:12]})")
+        if st["index_k"] != index_k:
+            raise Refused(f"{path}: saved with index_k {st['index_k']}, continued with {index_k}")
+        buffers = self._buffers(model)
+        if set(buffers) != set(st["buffers"]):
+            raise Refused(f"{path}: the state's buffers do not match this model")
+        for n, b in buffers.items():
+            b.copy_(st["buffers"][n])
+        shared = self._reset_shared()
+        for slot, v in st["shared"].items():
+            setattr(shared, slot, buffers[v["alias"]] if "alias" in v else v["value"])
+        return int(st["position"])
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--inference", type=Path, default=os.environ.get("DS41_OFFICIAL_INFERENCE"),
+                    help="the release inference/ directory (default: $DS41_OFFICIAL_INFERENCE)")
+    ap.add_argument("--ties", choices=["torch", "canonical"], default="torch",
+                    help="top-k tie order: torch.topk as shipped (default) or the canonical lower-index rule")
+    ap.add_argument("--kernels", choices=["ds41", "inference"], default="ds41",
+                    help="kernel port: this project's ds41_kernels.py (default) or DIR/kernel_cpu.py")
+    ap.add_argument("--inject", action="append", choices=BUGS, help="run a deliberately broken copy (repeatable)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--allow-unpinned", action="store_true", help="run model.py files other than the release pins")
+    a = ap.parse_args(argv)
+    if a.inference is None:
+        ap.error("name the release inference/ directory: --inference DIR or DS41_OFFICIAL_INFERENCE")
+    try:
+        engine = Official(a)
+    except run_official.DriverError as e:
+        print(f"official adapter: {e}", file=sys.stderr)
+        return 2
+    protocol.serve(engine)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
