@@ -144,7 +144,7 @@ class Tracer(run_official.Recorder):
 
 
 class Official(protocol.Engine):
-    name = "official inference/model.py (CPU)"
+    name = "official-inference"
 
     def __init__(self, a):
         self.inference = a.inference.resolve()

@@ -90,7 +90,7 @@ class Recording:
 
 
 class WasteOracle(protocol.Engine):
-    name = "WASTE tools/ds41_ref.py (f32 oracle)"
+    name = "waste-oracle"
 
     def __init__(self, a):
         self.waste = a.waste.resolve()
