@@ -59,6 +59,8 @@ CAPABILITIES = [
 ]
 STATE_FORMAT = "ds41-official-adapter-state/1"
 # How a release user converts a checkpoint (the release convert.py's own arguments).
+# Cache length of every model built (positions a session can reach; a state keeps its own).
+MIN_SEQ_LEN = 512
 CONVERT_ARGS = "--hf-ckpt-path {ckpt} --save-path {out} --model-parallel 1 --expert-dtype fp4"
 
 
@@ -215,7 +217,7 @@ class Official(protocol.Engine):
         state, fp = self._convert(model_dir)
         try:
             cfg = json.loads((model_dir / "inference" / "config.json").read_text())
-            args, _ = run_official.build_args(self.module, cfg, max(n_tokens, 64))
+            args, _ = run_official.build_args(self.module, cfg, n_tokens)
         except (ValueError, TypeError) as e:
             raise Refused(f"{model_dir / 'inference' / 'config.json'}: {e}") from None
         tokenizer = HfTokenizer(model_dir / "tokenizer.json")
@@ -255,7 +257,7 @@ class Official(protocol.Engine):
             raise Unsupported("layout.container", "the official code reads release checkpoints only")
         if not (model_dir / "config.json").is_file():
             raise Refused(f"{model_dir}: no config.json (not a release checkpoint)")
-        self._model(model_dir, 1)
+        self._model(model_dir, MIN_SEQ_LEN)
         return {}
 
     def forward(self, req):
@@ -268,13 +270,17 @@ class Official(protocol.Engine):
         forcing = self._forcing(Path(req["replay"]), tokens) if req.get("replay") else None
         if forcing is not None and req.get("load_state"):
             raise RuntimeError("replay cannot be combined with load_state")
-        start = 0
-        model, args, fp = self._model(model_dir, len(tokens) + 64, token_map)
+        start, state = 0, None
+        seq_len = max(MIN_SEQ_LEN, len(tokens))
         if req.get("load_state"):
-            start = self._restore(model, Path(req["load_state"]), fp, index_k)
-            model_max = args.max_seq_len
-            if start + len(tokens) > model_max:
-                raise Refused(f"state at position {start} + {len(tokens)} tokens exceeds max_seq_len {model_max}")
+            state = self._read_state(Path(req["load_state"]))
+            seq_len = int(state["max_seq_len"])  # the caches' sizes must match the saved ones
+            if int(state["position"]) + len(tokens) > seq_len:
+                raise RuntimeError(f"state at position {state['position']} + {len(tokens)} tokens exceeds "
+                                   f"the max_seq_len {seq_len} it was saved with")
+        model, args, fp = self._model(model_dir, seq_len, token_map)
+        if state is not None:
+            start = self._restore(model, state, Path(req["load_state"]), fp, index_k)
         prefill = req.get("prefill")
         if prefill is None:
             prefill = 0 if req.get("load_state") else len(tokens)
@@ -287,7 +293,7 @@ class Official(protocol.Engine):
         out.parent.mkdir(parents=True, exist_ok=True)
         save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=meta)
         if req.get("save_state"):
-            self._save(model, Path(req["save_state"]), fp, index_k, start + len(tokens))
+            self._save(model, args, Path(req["save_state"]), fp, index_k, start + len(tokens))
         return {"trace": str(out)}
 
     def engram_hash(self, req):
@@ -441,7 +447,7 @@ class Official(protocol.Engine):
     def _buffers(self, model):
         return {n: b for n, b in model.named_buffers() if not n.endswith("freqs_cis")}
 
-    def _save(self, model, path: Path, fp, index_k, position):
+    def _save(self, model, args, path: Path, fp, index_k, position):
         buffers = self._buffers(model)
         _, shared = run_official.find_shared_slot(self.module)
         slots = {}
@@ -452,22 +458,26 @@ class Official(protocol.Engine):
             alias = next((n for n, b in buffers.items() if b is value), None)
             slots[slot] = {"alias": alias} if alias else {"value": value.clone()}
         torch.save({"format": STATE_FORMAT, "fingerprint": fp, "position": position, "index_k": index_k,
+                    "max_seq_len": args.max_seq_len,
                     "buffers": {n: b.clone() for n, b in buffers.items()}, "shared": slots}, str(path))
 
-    def _restore(self, model, path: Path, fp, index_k):
+    def _read_state(self, path: Path):
         try:
             st = torch.load(str(path), weights_only=True)
         except Exception as e:  # noqa: BLE001 -- an unreadable state is refused with its reason
             raise Refused(f"{path}: not a state this adapter wrote: {e}") from None
         if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
             raise Refused(f"{path}: not a {STATE_FORMAT} file")
+        return st
+
+    def _restore(self, model, st, path: Path, fp, index_k):
         if st["fingerprint"] != fp:
             raise Refused(f"{path}: the state belongs to another checkpoint (fingerprint "
                           f"{st['fingerprint'][:12]}, this one {fp[:12]})")
         if st["index_k"] != index_k:
             raise Refused(f"{path}: saved with index_k {st['index_k']}, continued with {index_k}")
         buffers = self._buffers(model)
-        if set(buffers) != set(st["buffers"]):
+        if set(buffers) != set(st["buffers"]) or any(b.shape != st["buffers"][n].shape for n, b in buffers.items()):
             raise Refused(f"{path}: the state's buffers do not match this model")
         for n, b in buffers.items():
             b.copy_(st["buffers"][n])
