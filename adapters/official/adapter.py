@@ -27,7 +27,8 @@ values -> lower index; MODEL.md §5.10).
 upstream files are never edited), to show the harness catches it: `no-sink` (the attention
 sink is dropped), `no-yarn` (YaRN off on compressed layers), `owner-in-as-shipped` (the owner
 hand-off is used when the as-shipped one is asked for), `gate-ties-reversed` (exact ties in
-the MoE router go to the higher expert id).
+the MoE router go to the higher expert id), `ties-reversed` (the same for every top-k: router,
+indexer, candidate blocks).
 """
 import argparse
 import contextlib
@@ -51,7 +52,7 @@ from protocol import Refused, Unsupported, log  # noqa: E402
 import ds41_kernels  # noqa: E402
 import run_official  # noqa: E402
 
-BUGS = ("no-sink", "no-yarn", "owner-in-as-shipped", "gate-ties-reversed")
+BUGS = ("no-sink", "no-yarn", "owner-in-as-shipped", "gate-ties-reversed", "ties-reversed")
 CAPABILITIES = [
     "load", "layout.release", "forward", "trace.logits", "trace.residual", "trace.experts",
     "trace.topk", "trace.engram_hash", "trace.sub_ops", "prefill", "state", "replay",
@@ -352,12 +353,14 @@ class Official(protocol.Engine):
         saved = (torch.topk, torch.Tensor.topk, self.module.sparse_attn)
         torch_topk = torch.topk
         reverse_gate_ties = "gate-ties-reversed" in self.bugs
+        reverse_all_ties = "ties-reversed" in self.bugs
         no_sink = "no-sink" in self.bugs
 
         def topk(input, k, dim=-1, largest=True, sorted=True, *, out=None):
             if largest:
                 tracer.on_topk(input, k)
-            if reverse_gate_ties and largest and tracer.context and tracer.context[-1] == "gate":
+            in_gate = bool(tracer.context) and tracer.context[-1] == "gate"
+            if largest and (reverse_all_ties or (reverse_gate_ties and in_gate)):
                 n = input.shape[dim]
                 values, idx = torch.sort(input.flip(dim), dim=dim, descending=True, stable=True)
                 return ds41_kernels._TopK(values.narrow(dim, 0, k), (n - 1 - idx).narrow(dim, 0, k))

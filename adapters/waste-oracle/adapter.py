@@ -113,7 +113,7 @@ class WasteOracle(protocol.Engine):
     def _ref(self, container: Path):
         container = container.resolve()
         if not (container / "manifest.json").is_file():
-            raise Unsupported("layout.release", f"{container} is not a WASTE container; the oracle reads containers only")
+            raise Unsupported("layout.release", "not a WASTE container (a release or weightless model directory); the oracle reads containers only")
         fp = fingerprint(container)
         if self.cached and self.cached[0] == container and self.cached[1] == fp:
             ref = self.cached[2]

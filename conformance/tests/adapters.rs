@@ -47,6 +47,9 @@ struct Adapter {
 
 fn adapters() -> Vec<Adapter> {
     use Expect::*;
+    // The configuration that reproduces official_a (made by the same code with these kernels
+    // and the goldens' tie rule) bit for bit.
+    const AS_GOLDENS: &str = "--ties canonical --kernels inference";
     vec![
         Adapter {
             name: "official",
@@ -54,21 +57,37 @@ fn adapters() -> Vec<Adapter> {
             flag: "--inference",
             trials: vec![
                 ("loader::synthetic::tiny-release-loads", "", Pass),
+                ("loader::synthetic::mutant-tiny-release.no-attn-sink", "", Pass),
                 ("loader::synthetic::tiny-container-loads", "", NotSupported("layout.container")),
-                ("residual::goldens::tiny-release-p09-d15-upstream-as-shipped", "--ties canonical", Pass),
-                ("residual::goldens::tiny-release-p01-d23-upstream-owner", "--ties canonical", Pass),
                 ("residual::goldens::tiny-release-p01-d23-exact-as-shipped", "", NotSupported("numerics.exact")),
                 ("engram::synthetic::tiny-release-dead-latches", "", Pass),
                 ("state::synthetic::tiny-release-snapshot-restore-upstream-as-shipped", "", Pass),
+                // Reference goldens: bit-identical up to token 10, then one bf16 rounding is
+                // amplified by a decision flip whose margin these goldens do not record yet.
+                ("residual::goldens::tiny-release-p09-d15-upstream-as-shipped", "--ties canonical", Pass),
+                // official_a (needs DS41_UPSTREAM): bit for bit, forward and replay.
+                ("residual::official_a::p37-d11-as-shipped", AS_GOLDENS, Pass),
+                ("residual::official_a::p37-d11-owner-replay", AS_GOLDENS, Pass),
                 (
-                    "residual::goldens::tiny-release-p09-d15-upstream-as-shipped",
-                    "--ties canonical --inject no-sink",
+                    "residual::official_a::p37-d11-as-shipped",
+                    "--ties canonical --kernels inference --inject no-sink",
                     FailAt("token 0 layer 0, sub-op `attn_out`"),
                 ),
                 (
+                    "residual::official_a::p37-d11-as-shipped-replay",
+                    "--ties canonical --kernels inference --inject no-yarn",
+                    FailAt("sub-op `attn_out`"),
+                ),
+                (
+                    "residual::official_a::p01-d47-as-shipped",
+                    "--ties canonical --kernels inference --inject owner-in-as-shipped",
+                    FailAt("token 18 layer 2, sub-op `topk.L2`"),
+                ),
+                // The synthetic goldens carry no sub-op tensors: the block output is named.
+                (
                     "residual::goldens::tiny-release-p09-d15-upstream-as-shipped",
-                    "--ties canonical --inject owner-in-as-shipped",
-                    FailAt("sub-op `topk"),
+                    "--ties canonical --inject no-sink",
+                    FailAt("token 0 layer 0,"),
                 ),
             ],
         },
@@ -78,6 +97,7 @@ fn adapters() -> Vec<Adapter> {
             flag: "--waste",
             trials: vec![
                 ("residual::goldens::tiny-container-p01-d23-exact-as-shipped", "", Pass),
+                ("residual::waste_oracle::as-shipped", "", Pass),
                 ("residual::goldens::tiny-container-p09-d15-exact-as-shipped", "", NotSupported("prefill")),
                 ("residual::goldens::tiny-container-p01-d23-upstream-owner", "", NotSupported("numerics.upstream")),
                 ("loader::synthetic::tiny-container-loads", "", NotSupported("load")),
@@ -86,12 +106,15 @@ fn adapters() -> Vec<Adapter> {
                 (
                     "residual::goldens::tiny-container-p01-d23-exact-as-shipped",
                     "--inject no-sink",
-                    FailAt("token 0 layer 0, sub-op `attn_out`"),
+                    FailAt("token 0 layer 0,"),
                 ),
+                // YaRN changes the compressed layers' rotation from the first token on: the
+                // first diverging cell is token 1, layer 1 (the first compressed layer), which
+                // the headline must name rather than that token's logits.
                 (
                     "residual::goldens::tiny-container-p01-d23-exact-as-shipped",
                     "--inject no-yarn",
-                    FailAt("sub-op `attn_out`"),
+                    FailAt("token 1 layer 1,"),
                 ),
             ],
         },
@@ -206,6 +229,9 @@ fn main() {
                 );
                 let mut engine = AdapterEngine::start(&cmd).map_err(|e| format!("{e:#}"))?;
                 let r = run_case(&case, &mut engine, &cx);
+                if let Outcome::Skipped { reason } = &r.outcome {
+                    return Ok(Completion::ignored_with(format!("SKIPPED: {reason}")));
+                }
                 check(&r.outcome, &expect)
                     .map(|_| Completion::Completed)
                     .map_err(Failed::from)
