@@ -211,8 +211,7 @@ pub fn declared_capabilities<'a>(
     {
         caps.insert(Capability::TraceLogits);
     }
-    if !caps.contains(&Capability::LayoutRelease) && !caps.contains(&Capability::LayoutContainer)
-    {
+    if !caps.contains(&Capability::LayoutRelease) && !caps.contains(&Capability::LayoutContainer) {
         caps.insert(Capability::LayoutRelease);
         caps.insert(Capability::LayoutContainer);
     }

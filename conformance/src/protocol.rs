@@ -266,8 +266,9 @@ impl AdapterEngine {
         match exchange(r, id, &req, timeout) {
             Ok(v) => Ok(v),
             Err(
-                e
-                @ (EngineError::Refused(_) | EngineError::Unsupported(..) | EngineError::Failed(_)),
+                e @ (EngineError::Refused(_)
+                | EngineError::Unsupported(..)
+                | EngineError::Failed(_)),
             ) => Err(e),
             Err(e) => {
                 // Crash, hang or garbage: the process is in an unknown state; replace it.

@@ -57,17 +57,41 @@ fn adapters() -> Vec<Adapter> {
             flag: "--inference",
             trials: vec![
                 ("loader::synthetic::tiny-release-loads", "", Pass),
-                ("loader::synthetic::mutant-tiny-release.no-attn-sink", "", Pass),
-                ("loader::synthetic::tiny-container-loads", "", NotSupported("layout.container")),
-                ("residual::goldens::tiny-release-p01-d23-exact-as-shipped", "", NotSupported("numerics.exact")),
+                (
+                    "loader::synthetic::mutant-tiny-release.no-attn-sink",
+                    "",
+                    Pass,
+                ),
+                (
+                    "loader::synthetic::tiny-container-loads",
+                    "",
+                    NotSupported("layout.container"),
+                ),
+                (
+                    "residual::goldens::tiny-release-p01-d23-exact-as-shipped",
+                    "",
+                    NotSupported("numerics.exact"),
+                ),
                 ("engram::synthetic::tiny-release-dead-latches", "", Pass),
-                ("state::synthetic::tiny-release-snapshot-restore-upstream-as-shipped", "", Pass),
+                (
+                    "state::synthetic::tiny-release-snapshot-restore-upstream-as-shipped",
+                    "",
+                    Pass,
+                ),
                 // Reference goldens: bit-identical up to token 10, then one bf16 rounding is
                 // amplified by a decision flip whose margin these goldens do not record yet.
-                ("residual::goldens::tiny-release-p09-d15-upstream-as-shipped", "--ties canonical", Pass),
+                (
+                    "residual::goldens::tiny-release-p09-d15-upstream-as-shipped",
+                    "--ties canonical",
+                    Pass,
+                ),
                 // official_a (needs DS41_UPSTREAM): bit for bit, forward and replay.
                 ("residual::official_a::p37-d11-as-shipped", AS_GOLDENS, Pass),
-                ("residual::official_a::p37-d11-owner-replay", AS_GOLDENS, Pass),
+                (
+                    "residual::official_a::p37-d11-owner-replay",
+                    AS_GOLDENS,
+                    Pass,
+                ),
                 (
                     "residual::official_a::p37-d11-as-shipped",
                     "--ties canonical --kernels inference --inject no-sink",
@@ -96,13 +120,33 @@ fn adapters() -> Vec<Adapter> {
             env: "DS41_WASTE",
             flag: "--waste",
             trials: vec![
-                ("residual::goldens::tiny-container-p01-d23-exact-as-shipped", "", Pass),
+                (
+                    "residual::goldens::tiny-container-p01-d23-exact-as-shipped",
+                    "",
+                    Pass,
+                ),
                 ("residual::waste_oracle::as-shipped", "", Pass),
-                ("residual::goldens::tiny-container-p09-d15-exact-as-shipped", "", NotSupported("prefill")),
-                ("residual::goldens::tiny-container-p01-d23-upstream-owner", "", NotSupported("numerics.upstream")),
-                ("loader::synthetic::tiny-container-loads", "", NotSupported("load")),
+                (
+                    "residual::goldens::tiny-container-p09-d15-exact-as-shipped",
+                    "",
+                    NotSupported("prefill"),
+                ),
+                (
+                    "residual::goldens::tiny-container-p01-d23-upstream-owner",
+                    "",
+                    NotSupported("numerics.upstream"),
+                ),
+                (
+                    "loader::synthetic::tiny-container-loads",
+                    "",
+                    NotSupported("load"),
+                ),
                 ("engram::synthetic::tiny-container-dead-latches", "", Pass),
-                ("state::synthetic::tiny-container-snapshot-restore", "", NotSupported("index_k.owner")),
+                (
+                    "state::synthetic::tiny-container-snapshot-restore",
+                    "",
+                    NotSupported("index_k.owner"),
+                ),
                 (
                     "residual::goldens::tiny-container-p01-d23-exact-as-shipped",
                     "--inject no-sink",
@@ -200,10 +244,18 @@ fn main() {
             let label = if extra.is_empty() {
                 format!("adapters::{}::{case_name}", a.name)
             } else {
-                format!("adapters::{}::{case_name}::{}#{i}", a.name, extra.replace(' ', "_"))
+                format!(
+                    "adapters::{}::{case_name}::{}#{i}",
+                    a.name,
+                    extra.replace(' ', "_")
+                )
             };
-            let (cx, python, code, script) =
-                (Arc::clone(&ctx), python.clone(), code.clone(), script.clone());
+            let (cx, python, code, script) = (
+                Arc::clone(&ctx),
+                python.clone(),
+                code.clone(),
+                script.clone(),
+            );
             trials.push(Trial::ignorable_test(label, move || {
                 let py = match python? {
                     Some(p) => p,

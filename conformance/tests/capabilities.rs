@@ -150,7 +150,10 @@ fn sub_op_cases_need_trace_sub_ops_and_replay_needs_replay() {
         vec![Capability::TraceLogits, Capability::TraceSubOps]
     );
     assert_eq!(
-        c("logits, residual, experts, topk, engram_hash, expert_weights", true),
+        c(
+            "logits, residual, experts, topk, engram_hash, expert_weights",
+            true
+        ),
         vec![
             Capability::TraceLogits,
             Capability::TraceResidual,
@@ -216,8 +219,8 @@ fn unsupported_answers_may_carry_a_reason() {
     std::fs::write(&script, UNSUPPORTED).unwrap();
     let c = case("loader::synthetic::tiny-release-loads");
     let run = |form: &str| {
-        let mut e = AdapterEngine::start(&format!("exec sh {} {form}", script.display()))
-            .expect("hello");
+        let mut e =
+            AdapterEngine::start(&format!("exec sh {} {form}", script.display())).expect("hello");
         run_case(&c, &mut e, &ctx).outcome
     };
     assert_eq!(
@@ -274,7 +277,10 @@ fn doc_tensor_table(doc: &str) -> Vec<(String, String)> {
             continue;
         }
         if let Some(i) = cells.iter().position(|c| *c == "capability") {
-            if cells.first().is_some_and(|c| *c == "name" || *c == "tensor") {
+            if cells
+                .first()
+                .is_some_and(|c| *c == "name" || *c == "tensor")
+            {
                 column = Some(i);
                 continue;
             }
@@ -312,7 +318,9 @@ fn the_trace_tables_of_the_docs_agree_with_the_code() {
     // And every capability of the PROTOCOL.md capability table is one the harness knows.
     let text = std::fs::read_to_string(runner::repo_root().join("conformance/PROTOCOL.md"))
         .expect("PROTOCOL.md");
-    let start = text.find("| capability | promise |").expect("capability table");
+    let start = text
+        .find("| capability | promise |")
+        .expect("capability table");
     let mut documented = BTreeSet::new();
     for line in text[start..].lines().skip(2) {
         if !line.starts_with('|') {
