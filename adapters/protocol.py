@@ -8,7 +8,9 @@ raises `Refused` (the input is rejected: a broken checkpoint, a foreign state), 
 (a capability is missing, with a reason) or any other exception (a failure: the reply carries
 the exception and the traceback goes to stderr).
 """
+import hashlib
 import json
+import os
 import sys
 import traceback
 
@@ -42,6 +44,37 @@ class Engine:
         return {"protocol": PROTOCOL,
                 "engine": {"name": self.name, "version": self.version, "commit": self.commit},
                 "capabilities": self.capabilities()}
+
+
+def fingerprint(files) -> str:
+    """Identifies a checkpoint for state files without reading all of it: per file its name,
+    size, first and last MiB (different weights differ there)."""
+    h = hashlib.sha256()
+    for p in files:
+        size = p.stat().st_size
+        h.update(f"{p.name}:{size}".encode())
+        with open(p, "rb") as f:
+            h.update(f.read(1 << 20))
+            if size > 2 << 20:
+                f.seek(-(1 << 20), os.SEEK_END)
+                h.update(f.read())
+    return h.hexdigest()
+
+
+def read_state(path, fmt: str, fp: str) -> dict:
+    """A state file an adapter wrote with `torch.save({"format": fmt, "fingerprint": ...})`;
+    anything else, or a state of another checkpoint, is refused (PROTOCOL.md `load_state`)."""
+    import torch
+    try:
+        st = torch.load(str(path), weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- an unreadable state is refused with its reason
+        raise Refused(f"{path}: not a state this adapter wrote: {e}") from None
+    if not isinstance(st, dict) or st.get("format") != fmt:
+        raise Refused(f"{path}: not a {fmt} file")
+    if st.get("fingerprint") != fp:
+        raise Refused(f"{path}: the state belongs to another checkpoint (fingerprint "
+                      f"{str(st.get('fingerprint'))[:12]}, this one {fp[:12]})")
+    return st
 
 
 def log(*args):

@@ -32,7 +32,6 @@ indexer, candidate blocks).
 """
 import argparse
 import contextlib
-import hashlib
 import importlib.util
 import json
 import os
@@ -100,22 +99,8 @@ def token_map_override(engram_module, token_map):
 
 
 def checkpoint_fingerprint(model_dir: Path) -> str:
-    """Identifies a checkpoint for state files without reading all of it: config and, per
-    safetensors file, its size, header and first and last MiB (different weights differ there)."""
-    h = hashlib.sha256()
-    for name in ("config.json", "inference/config.json"):
-        p = model_dir / name
-        if p.is_file():
-            h.update(p.read_bytes())
-    for p in sorted(model_dir.glob("*.safetensors")):
-        size = p.stat().st_size
-        h.update(f"{p.name}:{size}".encode())
-        with open(p, "rb") as f:
-            h.update(f.read(1 << 20))
-            if size > 2 << 20:
-                f.seek(-(1 << 20), os.SEEK_END)
-                h.update(f.read())
-    return h.hexdigest()
+    configs = [p for p in (model_dir / "config.json", model_dir / "inference" / "config.json") if p.is_file()]
+    return protocol.fingerprint(configs + sorted(model_dir.glob("*.safetensors")))
 
 
 class Tracer(run_official.Recorder):
@@ -274,14 +259,14 @@ class Official(protocol.Engine):
         start, state = 0, None
         seq_len = max(MIN_SEQ_LEN, len(tokens))
         if req.get("load_state"):
-            state = self._read_state(Path(req["load_state"]))
+            state = protocol.read_state(Path(req["load_state"]), STATE_FORMAT, checkpoint_fingerprint(model_dir))
             seq_len = int(state["max_seq_len"])  # the caches' sizes must match the saved ones
             if int(state["position"]) + len(tokens) > seq_len:
                 raise RuntimeError(f"state at position {state['position']} + {len(tokens)} tokens exceeds "
                                    f"the max_seq_len {seq_len} it was saved with")
         model, args, fp = self._model(model_dir, seq_len, token_map)
         if state is not None:
-            start = self._restore(model, state, Path(req["load_state"]), fp, index_k)
+            start = self._restore(model, state, Path(req["load_state"]), index_k)
         prefill = req.get("prefill")
         if prefill is None:
             prefill = 0 if req.get("load_state") else len(tokens)
@@ -464,19 +449,7 @@ class Official(protocol.Engine):
                     "max_seq_len": args.max_seq_len,
                     "buffers": {n: b.clone() for n, b in buffers.items()}, "shared": slots}, str(path))
 
-    def _read_state(self, path: Path):
-        try:
-            st = torch.load(str(path), weights_only=True)
-        except Exception as e:  # noqa: BLE001 -- an unreadable state is refused with its reason
-            raise Refused(f"{path}: not a state this adapter wrote: {e}") from None
-        if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
-            raise Refused(f"{path}: not a {STATE_FORMAT} file")
-        return st
-
-    def _restore(self, model, st, path: Path, fp, index_k):
-        if st["fingerprint"] != fp:
-            raise Refused(f"{path}: the state belongs to another checkpoint (fingerprint "
-                          f"{st['fingerprint'][:12]}, this one {fp[:12]})")
+    def _restore(self, model, st, path: Path, index_k):
         if st["index_k"] != index_k:
             raise Refused(f"{path}: saved with index_k {st['index_k']}, continued with {index_k}")
         buffers = self._buffers(model)

@@ -49,17 +49,6 @@ STATE_FORMAT = "ds41-waste-oracle-adapter-state/1"
 STATE_FIELDS = ("winkv", "ckv", "ikey", "cpool", "hist", "shared")
 
 
-def fingerprint(container: Path) -> str:
-    """Identifies a container for state files: its manifest and, per file, size and first MiB."""
-    h = hashlib.sha256()
-    for p in sorted(container.iterdir()):
-        if p.is_file():
-            h.update(f"{p.name}:{p.stat().st_size}".encode())
-            with open(p, "rb") as f:
-                h.update(f.read(1 << 20))
-    return h.hexdigest()
-
-
 def reversed_ties_topk(input, k, dim=-1, largest=True, sorted=True):
     """torch.topk with exact ties going to the higher index (the injected router bug)."""
     n = input.shape[dim]
@@ -114,7 +103,7 @@ class WasteOracle(protocol.Engine):
         container = container.resolve()
         if not (container / "manifest.json").is_file():
             raise Unsupported("layout.release", "not a WASTE container (a release or weightless model directory); the oracle reads containers only")
-        fp = fingerprint(container)
+        fp = protocol.fingerprint(sorted(p for p in container.iterdir() if p.is_file()))
         if self.cached and self.cached[0] == container and self.cached[1] == fp:
             ref = self.cached[2]
             ref.reset()
@@ -288,15 +277,7 @@ class WasteOracle(protocol.Engine):
                     "fields": {f: getattr(ref, f) for f in STATE_FIELDS}}, str(path))
 
     def _restore(self, ref, path: Path, fp):
-        try:
-            st = torch.load(str(path), weights_only=True)
-        except Exception as e:  # noqa: BLE001 -- an unreadable state is refused with its reason
-            raise Refused(f"{path}: not a state this adapter wrote: {e}") from None
-        if not isinstance(st, dict) or st.get("format") != STATE_FORMAT:
-            raise Refused(f"{path}: not a {STATE_FORMAT} file")
-        if st["fingerprint"] != fp:
-            raise Refused(f"{path}: the state belongs to another container (fingerprint "
-                          f"{st['fingerprint'][:12]}, this one {fp[:12]})")
+        st = protocol.read_state(path, STATE_FORMAT, fp)
         for f in STATE_FIELDS:
             setattr(ref, f, st["fields"][f])
         return int(st["position"])
