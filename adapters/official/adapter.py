@@ -16,7 +16,7 @@ The upstream code is never part of this repository: `--inference DIR` (or the en
 variable DS41_OFFICIAL_INFERENCE) names a release `inference/` directory holding `model.py`,
 `engram.py`, `convert.py` (sha256-pinned, MODEL.md §0; `--allow-unpinned` to run others).
 This driver reuses the project's own goldens/regen/model/run_official.py (conversion, model
-import, hooks) and ds41_kernels.py (the kernel port); `--kernels inference` uses a
+import, hooks) and ds41_kernels.py (the kernel port); `--kernels tt-metal` uses the
 `kernel_cpu.py` found in DIR instead (the port official_a's goldens were made with).
 
 Ties (`--ties`): `torch` runs top-k as shipped (torch.topk: the order among exactly equal
@@ -32,7 +32,6 @@ indexer, candidate blocks).
 """
 import argparse
 import contextlib
-import importlib.util
 import json
 import os
 import sys
@@ -47,7 +46,7 @@ REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(REPO / "goldens" / "regen" / "model"))
 import protocol  # noqa: E402
-from protocol import Refused, Unsupported, log  # noqa: E402
+from protocol import Refused, Unsupported  # noqa: E402
 import ds41_kernels  # noqa: E402
 import run_official  # noqa: E402
 
@@ -62,18 +61,6 @@ STATE_FORMAT = "ds41-official-adapter-state/1"
 # Cache length of every model built (positions a session can reach; a state keeps its own).
 MIN_SEQ_LEN = 512
 CONVERT_ARGS = "--hf-ckpt-path {ckpt} --save-path {out} --model-parallel 1 --expert-dtype fp4"
-
-
-class HfTokenizer:
-    """The two things engram.py's `build_compressed_token_map` asks of a transformers tokenizer
-    (`len()` and `backend_tokenizer`), from `tokenizers` alone."""
-
-    def __init__(self, path: Path):
-        from tokenizers import Tokenizer
-        self.backend_tokenizer = Tokenizer.from_file(str(path))
-
-    def __len__(self):
-        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
 
 def read_token_map(path: Path):
@@ -103,34 +90,6 @@ def checkpoint_fingerprint(model_dir: Path) -> str:
     return protocol.fingerprint(configs + sorted(model_dir.glob("*.safetensors")))
 
 
-class Tracer(run_official.Recorder):
-    """run_official's Recorder with model.py's Block signature `(x, start_pos, pre_mix,
-    image_mask)` and, in replay, the forced block inputs."""
-
-    def __init__(self, model, args, forcing=None):
-        self.forcing = forcing
-        self.rows_now = None  # golden rows of the forward in progress (replay)
-        super().__init__(model, args)
-
-    def _block_pre(self, l):
-        def hook(module, args, kwargs):
-            self.layer = l
-            x, pre = args[0], args[2]
-            if self.forcing is None:
-                self.put(f"block_input.L{l}", x[0])
-                self.put(f"pre_mix.L{l}", pre.reshape(-1, pre.shape[-1]).expand(x.shape[1], -1))
-                return None
-            # Replay: this engine's Engram on the golden previous block output (the incoming x,
-            # see Replay.engram_input), then the block runs on the golden's own inputs.
-            self.put(f"block_input.L{l}", x[0])
-            rows = self.rows_now
-            forced_x = self.forcing["block_input"][rows, l].to(x.dtype).unsqueeze(0)
-            forced_pre = self.forcing["pre_mix"][rows, l].to(pre.dtype).unsqueeze(0)
-            self.put(f"pre_mix.L{l}", forced_pre[0])
-            return (forced_x, args[1], forced_pre, *args[3:]), kwargs
-        return hook
-
-
 class Official(protocol.Engine):
     name = "official-inference"
 
@@ -143,7 +102,7 @@ class Official(protocol.Engine):
         self.version = self.pins["model.py"][:12]
         if self.bugs:
             self.name += " with injected " + ",".join(sorted(self.bugs))
-        self.kernels = self._kernels(a.kernels)
+        self.kernels, _ = run_official.kernel_module(self.inference, a.kernels)
         self.module = self._import_model()
         self.engram = sys.modules["engram"]
         self.converted = {}  # checkpoint dir -> (fingerprint, state dict)
@@ -155,24 +114,8 @@ class Official(protocol.Engine):
 
     # -------------------------------------------------------------------------- setup
 
-    def _kernels(self, which):
-        if which == "ds41":
-            return ds41_kernels
-        path = self.inference / "kernel_cpu.py"
-        if not path.is_file():
-            raise SystemExit(f"--kernels inference: {path} does not exist")
-        spec = importlib.util.spec_from_file_location("ds41_adapter_kernel_cpu", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
     def _import_model(self):
-        saved = run_official.ds41_kernels
-        run_official.ds41_kernels = self.kernels  # import_model installs it as `kernel`
-        try:
-            module = run_official.import_model(self.inference)
-        finally:
-            run_official.ds41_kernels = saved
+        module = run_official.import_model(self.inference, self.kernels)
         if "no-yarn" in self.bugs:
             real = module.precompute_freqs_cis
             module.precompute_freqs_cis = lambda dim, seqlen, original_seq_len, *rest: real(dim, seqlen, 0, *rest)
@@ -206,24 +149,16 @@ class Official(protocol.Engine):
             args, _ = run_official.build_args(self.module, cfg, n_tokens)
         except (ValueError, TypeError) as e:
             raise Refused(f"{model_dir / 'inference' / 'config.json'}: {e}") from None
-        tokenizer = HfTokenizer(model_dir / "tokenizer.json")
-        torch.manual_seed(0)
+        tokenizer = run_official.FastTokenizer(model_dir / "tokenizer.json")
         self._reset_shared()
         try:
-            with torch.device("cpu"), token_map_override(self.engram, token_map):
-                model = self.module.Transformer(args, tokenizer)
-            missing, unexpected = model.load_state_dict(state, strict=False)
+            with token_map_override(self.engram, token_map):
+                model = run_official.load_model(self.module, args, state, tokenizer, self.threads)
+        except run_official.DriverError as e:
+            raise Refused(f"{model_dir}: {e}") from None
         except (AssertionError, RuntimeError, ValueError, KeyError, IndexError) as e:
             raise Refused(f"{model_dir}: the official model does not accept this checkpoint: "
                           f"{type(e).__name__}: {e}") from None
-        params = {n for n, _ in model.named_parameters()}
-        missing = [m for m in missing if m in params]
-        if missing:
-            raise Refused(f"{model_dir}: converted checkpoint lacks parameters {missing[:8]}")
-        bad = [u for u in unexpected if not u.endswith("bias_vl")]
-        if bad:
-            raise Refused(f"{model_dir}: converted checkpoint has tensors model.py does not: {bad[:8]}")
-        model.eval()
         return model, args, fp
 
     def _reset_shared(self):
@@ -294,7 +229,7 @@ class Official(protocol.Engine):
             raise Refused(f"{model_dir}: the model has no Engram layers")
         token_map = read_token_map(Path(req["engram_token_map"])) if req.get("engram_token_map") else None
         with token_map_override(self.engram, token_map):
-            state = self.engram.NgramHashState(args, layout, HfTokenizer(model_dir / "tokenizer.json"))
+            state = self.engram.NgramHashState(args, layout, run_official.FastTokenizer(model_dir / "tokenizer.json"))
         ids = torch.tensor([tokens], dtype=torch.long)
         mask = torch.ones_like(ids, dtype=torch.bool)
         for d in dead:
@@ -333,9 +268,11 @@ class Official(protocol.Engine):
         return {n: g[n].to(torch.float32) for n in need}
 
     @contextlib.contextmanager
-    def _patched(self, tracer, shared):
-        """Install the top-k (tie rule + margins) and sparse_attn wrappers for one run."""
-        saved = (torch.topk, torch.Tensor.topk, self.module.sparse_attn)
+    def _patched(self, recorder):
+        """Install the top-k (tie rule, margins), candidate-selection and sparse_attn wrappers
+        for one run, as run_official.run does, plus the injected bugs."""
+        module = self.module
+        saved = (torch.topk, torch.Tensor.topk, module.sparse_attn, getattr(module, "select_candidate_blocks", None))
         torch_topk = torch.topk
         reverse_gate_ties = "gate-ties-reversed" in self.bugs
         reverse_all_ties = "ties-reversed" in self.bugs
@@ -343,8 +280,8 @@ class Official(protocol.Engine):
 
         def topk(input, k, dim=-1, largest=True, sorted=True, *, out=None):
             if largest:
-                tracer.on_topk(input, k)
-            in_gate = bool(tracer.context) and tracer.context[-1] == "gate"
+                recorder.on_topk(input, k)
+            in_gate = bool(recorder.context) and recorder.context[-1] == "gate"
             if largest and (reverse_all_ties or (reverse_gate_ties and in_gate)):
                 n = input.shape[dim]
                 values, idx = torch.sort(input.flip(dim), dim=dim, descending=True, stable=True)
@@ -353,68 +290,52 @@ class Official(protocol.Engine):
                 return ds41_kernels.stable_topk(input, k, dim, largest, sorted)
             return torch_topk(input, k, dim, largest, sorted)
 
-        real_attn = saved[2]
+        real_attn, real_select = saved[2], saved[3]
 
         def traced_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
-            tracer.on_sparse_attn(topk_idxs)
+            recorder.on_sparse_attn(topk_idxs)
             if no_sink:
                 attn_sink = torch.full_like(attn_sink, float("-inf"))
             return real_attn(q, kv, attn_sink, topk_idxs, softmax_scale)
 
+        def traced_select(*a, **kw):
+            recorder.context.append("candidates")
+            try:
+                return real_select(*a, **kw)
+            finally:
+                recorder.context.pop()
+
         torch.topk = topk
         torch.Tensor.topk = lambda self_, *a, **k: topk(self_, *a, **k)
-        self.module.sparse_attn = traced_attn
+        module.sparse_attn = traced_attn
+        if real_select is not None:
+            module.select_candidate_blocks = traced_select
         try:
             yield
         finally:
-            torch.topk, torch.Tensor.topk, self.module.sparse_attn = saved
+            torch.topk, torch.Tensor.topk, module.sparse_attn = saved[:3]
+            if real_select is not None:
+                module.select_candidate_blocks = real_select
 
     def _run(self, model, args, tokens, start, prefill, index_k, forcing):
         shared = self._reset_shared() if start == 0 else run_official.find_shared_slot(self.module)[1]
-        tracer = Tracer(model, args, forcing)
-        owner = index_k == "owner" or "owner-in-as-shipped" in self.bugs
-        if owner:
+        recorder = run_official.Recorder(model, args)
+        recorder.forcing = forcing
+        if index_k == "owner" or "owner-in-as-shipped" in self.bugs:
             for _, indexer in run_official.owner_indexers(model, args):
-                indexer.register_forward_pre_hook(lambda m, a, s=shared: setattr(s, "index_k", m.k_cache) and None)
-        if forcing is not None:
-            self._replay_hooks(model, args, tracer, forcing)
+                indexer.register_forward_pre_hook(lambda m, a, s=shared: setattr(s, "index_k", m.k_cache))
         schedule = ([(0, prefill)] if prefill else []) + [(p, p + 1) for p in range(prefill, len(tokens))]
         positions = []
         ids = torch.tensor([tokens], dtype=torch.long)
-        with self._patched(tracer, shared), torch.inference_mode():
+        with self._patched(recorder), torch.inference_mode():
             for lo, hi in schedule:
-                tracer.forward_kind = ("prefill", hi - lo) if start + lo == 0 else ("decode", hi - lo)
                 if start + lo != 0 and hi - lo != 1:
                     raise RuntimeError("model.py prefills only at position 0")
-                tracer.rows_now = slice(start + lo, start + hi)
+                recorder.begin_forward("prefill" if start + lo == 0 else "decode", hi - lo, start + lo)
                 _, logits, _ = model.forward(ids[:, lo:hi], start + lo)
-                tracer.end_forward(logits)
+                recorder.end_forward(logits)
                 positions.append(start + hi - 1)
-        return tracer.tensors(tokens, positions), positions
-
-    def _replay_hooks(self, model, args, tracer, forcing):
-        """Engram runs on the golden's previous block output; the head on the golden's final
-        stream (PROTOCOL.md `forward`, replay)."""
-        n_layers = len(model.layers)
-        for l, block in enumerate(model.layers):
-            if l > 0 and block.engram is not None:
-                def engram_pre(module, a, l=l):
-                    forced = forcing["residual"][tracer.rows_now, l - 1].to(a[0].dtype).unsqueeze(0)
-                    return (forced, *a[1:])
-                block.engram.register_forward_pre_hook(engram_pre)
-            if l > 0 and block.engram is None:
-                # No Engram: the block's own input is the golden previous output (recorded as such).
-                def plain_pre(module, a, kw, l=l):
-                    forced = forcing["residual"][tracer.rows_now, l - 1].to(a[0].dtype).unsqueeze(0)
-                    return (forced, *a[1:]), kw
-                block.register_forward_pre_hook(plain_pre, with_kwargs=True, prepend=True)
-
-        def final(module, a, output):
-            rows = tracer.rows_now
-            stream = forcing["residual"][rows, n_layers - 1].to(output[0].dtype).unsqueeze(0)
-            pre = forcing["final_pre"][rows].to(output[1].dtype).unsqueeze(0)
-            return stream, pre
-        model.layers[n_layers - 1].register_forward_hook(final)
+        return recorder.tensors(tokens, positions), positions
 
     def _metadata(self, model_dir, index_k, prefill, n, mode):
         return {
@@ -469,8 +390,8 @@ def main(argv=None):
                     help="the release inference/ directory (default: $DS41_OFFICIAL_INFERENCE)")
     ap.add_argument("--ties", choices=["torch", "canonical"], default="torch",
                     help="top-k tie order: torch.topk as shipped (default) or the canonical lower-index rule")
-    ap.add_argument("--kernels", choices=["ds41", "inference"], default="ds41",
-                    help="kernel port: this project's ds41_kernels.py (default) or DIR/kernel_cpu.py")
+    ap.add_argument("--kernels", choices=["ds41", "tt-metal"], default="ds41",
+                    help="kernel port: this project's ds41_kernels.py (default) or DIR/kernel_cpu.py (tt-metal's)")
     ap.add_argument("--inject", action="append", choices=BUGS, help="run a deliberately broken copy (repeatable)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--allow-unpinned", action="store_true", help="run model.py files other than the release pins")

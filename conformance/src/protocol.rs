@@ -292,6 +292,7 @@ impl AdapterEngine {
 impl Drop for AdapterEngine {
     fn drop(&mut self) {
         if let Some(mut r) = self.running.take() {
+            // Like every request, `shutdown` carries the next id (PROTOCOL.md).
             let line = serde_json::to_string(&Envelope {
                 id: self.next_id,
                 request: Request::Shutdown,

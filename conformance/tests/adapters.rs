@@ -49,7 +49,7 @@ fn adapters() -> Vec<Adapter> {
     use Expect::*;
     // The configuration that reproduces official_a (made by the same code with these kernels
     // and the goldens' tie rule) bit for bit.
-    const AS_GOLDENS: &str = "--ties canonical --kernels inference";
+    const AS_GOLDENS: &str = "--ties canonical --kernels tt-metal";
     vec![
         Adapter {
             name: "official",
@@ -94,17 +94,17 @@ fn adapters() -> Vec<Adapter> {
                 ),
                 (
                     "residual::official_a::p37-d11-as-shipped",
-                    "--ties canonical --kernels inference --inject no-sink",
+                    "--ties canonical --kernels tt-metal --inject no-sink",
                     FailAt("token 0 layer 0, sub-op `attn_out`"),
                 ),
                 (
                     "residual::official_a::p37-d11-as-shipped-replay",
-                    "--ties canonical --kernels inference --inject no-yarn",
+                    "--ties canonical --kernels tt-metal --inject no-yarn",
                     FailAt("sub-op `attn_out`"),
                 ),
                 (
                     "residual::official_a::p01-d47-as-shipped",
-                    "--ties canonical --kernels inference --inject owner-in-as-shipped",
+                    "--ties canonical --kernels tt-metal --inject owner-in-as-shipped",
                     FailAt("token 18 layer 2, sub-op `topk.L2`"),
                 ),
                 // The synthetic goldens carry no sub-op tensors: the block output is named.
@@ -225,6 +225,7 @@ fn main() {
         gates: GateSet::load(&runner::default_gates_dir())
             .unwrap_or_else(|e| panic!("loading gates: {e:#}")),
         run_profile: ProfileName::Exact,
+        canonical_ties: false,
         upstream: std::env::var_os("DS41_UPSTREAM").map(PathBuf::from),
         work_dir: work.path().to_path_buf(),
         models: ModelStore::new(work.path().join("models")),
