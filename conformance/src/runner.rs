@@ -90,6 +90,15 @@ impl Context {
             .map_err(|e| Outcome::error(format!("{m}: {e:#}")))
     }
 
+    /// Resolve a checkpoint a case runs on, recording it for the certificate.
+    pub fn checkpoint(&self, m: &ModelRef, details: &mut Details) -> Result<PathBuf, Outcome> {
+        let dir = self.model(m)?;
+        details
+            .models
+            .push((m.to_string(), dir.display().to_string()));
+        Ok(dir)
+    }
+
     pub fn rerun_command(&self, case: &str) -> String {
         self.rerun_template.replace("{case}", case)
     }
@@ -451,6 +460,36 @@ impl ExpectedFailures {
     }
 }
 
+/// Select cases by substring filters (any matches; `exact`: whole-name equality), dropping the
+/// long tier unless asked for.
+pub fn select(cases: Vec<Case>, filters: &[String], exact: bool, long: bool) -> Vec<Case> {
+    cases
+        .into_iter()
+        .filter(|c| long || !c.long)
+        .filter(|c| {
+            filters.is_empty()
+                || filters.iter().any(|f| {
+                    if exact {
+                        &c.name == f
+                    } else {
+                        c.name.contains(f.as_str())
+                    }
+                })
+        })
+        .collect()
+}
+
+/// Default locations inside the source tree (the `ds41` binary is run from the repository).
+pub fn default_cases_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cases")
+}
+pub fn default_gates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gates")
+}
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -488,34 +527,4 @@ mod tests {
         x.apply(&mut r);
         assert!(matches!(r.outcome, Outcome::NotSupported { .. }));
     }
-}
-
-/// Select cases by substring filters (any matches; `exact`: whole-name equality), dropping the
-/// long tier unless asked for.
-pub fn select(cases: Vec<Case>, filters: &[String], exact: bool, long: bool) -> Vec<Case> {
-    cases
-        .into_iter()
-        .filter(|c| long || !c.long)
-        .filter(|c| {
-            filters.is_empty()
-                || filters.iter().any(|f| {
-                    if exact {
-                        &c.name == f
-                    } else {
-                        c.name.contains(f.as_str())
-                    }
-                })
-        })
-        .collect()
-}
-
-/// Default locations inside the source tree (the `ds41` binary is run from the repository).
-pub fn default_cases_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("cases")
-}
-pub fn default_gates_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gates")
-}
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

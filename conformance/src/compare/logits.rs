@@ -31,10 +31,8 @@ pub fn compare_logits(
         gp.iter().map(|p| ep.iter().position(|x| x == p)).collect()
     } else if el.shape.first() == Some(&steps) {
         Some((0..steps).collect())
-    } else if let Some(gp) = gpos.as_ref().filter(|_| el.shape.first() == Some(&tokens)) {
-        Some(gp.clone())
     } else {
-        None
+        gpos.clone().filter(|_| el.shape.first() == Some(&tokens))
     };
     let vocab = gl.row_len();
     let Some(rows) = rows.filter(|_| el.shape.len() == 2 && el.row_len() == vocab) else {
