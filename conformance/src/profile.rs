@@ -313,11 +313,7 @@ pub struct ProfileEngine {
 impl ProfileEngine {
     pub fn new(path: &Path) -> anyhow::Result<ProfileEngine> {
         let profile = Profile::load(path)?;
-        let caps = profile
-            .capabilities
-            .iter()
-            .filter_map(|c| Capability::parse(c))
-            .collect();
+        let (caps, _) = declared_capabilities(profile.capabilities.iter().map(String::as_str));
         let scratch = tempfile::tempdir()?;
         Ok(ProfileEngine {
             profile,

@@ -282,7 +282,10 @@ pub struct CaseResult {
 /// Map an engine error to an outcome (a refusal where an answer was due is a failure).
 pub fn engine_failure(what: &str, e: EngineError) -> Outcome {
     match e {
-        EngineError::Unsupported(c) => Outcome::not_supported(c.as_str()),
+        EngineError::Unsupported(c, why) => Outcome::not_supported(match why {
+            Some(why) => format!("{c}: {why}"),
+            None => c.to_string(),
+        }),
         other => Outcome::fail(format!("{what}: {other}")),
     }
 }
@@ -293,6 +296,22 @@ pub fn require(engine: &dyn Engine, caps: &[Capability]) -> Option<Outcome> {
     caps.iter()
         .find(|c| !have.contains(c))
         .map(|c| Outcome::not_supported(c.as_str()))
+}
+
+/// `Some(NotSupported)` when the engine cannot read the layout of model `m` (capability
+/// `layout.release` / `layout.container`): synthetic and mutant models name their layout, an
+/// upstream directory is recognised by its files (one that is neither needs no layout
+/// capability; the engine's answer judges it).
+pub fn require_layout(
+    engine: &dyn Engine,
+    ctx: &Context,
+    m: &ModelRef,
+) -> Result<Option<Outcome>, Outcome> {
+    let layout = match m.layout() {
+        Some(l) => Some(l),
+        None => ds41_engine::checkpoint::detect_layout(&ctx.model(m)?).ok(),
+    };
+    Ok(layout.and_then(|l| require(engine, &[Capability::for_layout(l)])))
 }
 
 pub fn timeout(case: &Case) -> Duration {

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use crate::case::{Case, DataRef, EngramGolden, EngramRelation, EngramSpec, ModelRef};
 use crate::engine_api::{Capability, Engine, EngramHashRequest, EngramHashes};
 use crate::outcome::Outcome;
-use crate::runner::{engine_failure, require, timeout, Context, Details};
+use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
 
 /// Ids `[tokens][layers][cols]` with the positions marked DEAD that produced them.
 struct Expected {
@@ -80,6 +80,9 @@ impl super::CheckFamily for EngramSpec {
         }
         let model = match (&s.model, &s.weightless) {
             (Some(m), _) => {
+                if let Some(o) = require_layout(engine, ctx, m)? {
+                    return Ok(o);
+                }
                 let dir = ctx.checkpoint(m, details)?;
                 dir
             }

@@ -6,7 +6,7 @@
 use crate::case::{Case, DataRef, LoadExpect, LoaderSpec, ModelRef};
 use crate::engine_api::{Capability, Engine, EngineError, LoadRequest};
 use crate::outcome::Outcome;
-use crate::runner::{require, timeout, Context, Details};
+use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
 
 impl super::CheckFamily for LoaderSpec {
     fn models(&self) -> Vec<ModelRef> {
@@ -55,7 +55,11 @@ impl super::CheckFamily for LoaderSpec {
         details: &mut Details,
     ) -> Result<Outcome, Outcome> {
         let s = self;
-        if let Some(o) = require(engine, &[Capability::Load]) {
+        let mut caps = vec![Capability::Load];
+        if s.verify {
+            caps.push(Capability::LoadVerify);
+        }
+        if let Some(o) = require(engine, &caps) {
             return Ok(o);
         }
         let Some(model) = &s.model else {
@@ -64,6 +68,9 @@ impl super::CheckFamily for LoaderSpec {
                 s.all_mutants_of.as_deref().unwrap_or("")
             )));
         };
+        if let Some(o) = require_layout(engine, ctx, model)? {
+            return Ok(o);
+        }
         let dir = ctx.checkpoint(model, details)?;
         let req = LoadRequest {
             model: dir.clone(),
@@ -103,7 +110,7 @@ impl super::CheckFamily for LoaderSpec {
                     Outcome::Pass
                 }
             }
-            (_, Err(EngineError::Unsupported(c))) => Outcome::not_supported(c.as_str()),
+            (_, Err(e @ EngineError::Unsupported(..))) => engine_failure("load", e),
             (_, Err(e)) => Outcome::fail(format!(
                 "loading {model}: {e} (a typed refusal or acceptance was due; a crash, a signal or \
                  an undeclared exit status is not a refusal)"
@@ -140,7 +147,9 @@ fn load_base(
                 .push(format!("the unmutated base {base} loads"));
             None
         }
-        Err(EngineError::Unsupported(c)) => Some(Outcome::not_supported(c.as_str())),
+        Err(e @ EngineError::Unsupported(..)) => {
+            Some(engine_failure("load (the unmutated base)", e))
+        }
         Err(e) => Some(Outcome::fail(format!(
             "cannot load the unmutated base {base} ({e}): a refusal of the mutant proves nothing"
         ))),

@@ -10,7 +10,9 @@ use crate::compare::{compare, compare_replay, is_required, MetricStatus};
 use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
 use crate::gates::{Gates, ProfileName};
 use crate::outcome::Outcome;
-use crate::runner::{engine_failure, require, timeout, Context, Details, DivergenceRecord};
+use crate::runner::{
+    engine_failure, require, require_layout, timeout, Context, Details, DivergenceRecord,
+};
 use crate::trace::TraceFile;
 
 impl super::CheckFamily for ResidualSpec {
@@ -61,20 +63,11 @@ impl super::CheckFamily for ResidualSpec {
                 return Err("field `replay`: the tokens are the golden's `input_ids`; give neither `tokens` nor `prefix_lengths`".into());
             }
         }
-        const KNOWN: [&str; 8] = [
-            "logits",
-            "residual",
-            "experts",
-            "engram_hash",
-            "topk",
-            "attn_out",
-            "moe_out",
-            "expert_weights",
-        ];
-        if let Some(bad) = s.require.iter().find(|r| !KNOWN.contains(&r.as_str())) {
+        let known = crate::engine_api::TRACE_TENSORS.map(|(n, _)| n);
+        if let Some(bad) = s.require.iter().find(|r| !known.contains(&r.as_str())) {
             return Err(format!(
                 "field `require`: unknown dump tensor `{bad}` (known: {})",
-                KNOWN.join(", ")
+                known.join(", ")
             ));
         }
         Ok(())
@@ -98,13 +91,14 @@ impl super::CheckFamily for ResidualSpec {
             caps.push(s.numerics.capability());
         }
         caps.push(s.index_k.capability());
-        if s.require.iter().any(|r| r != "logits") || s.replay {
-            caps.push(Capability::Trace);
-        }
+        caps.extend(trace_capabilities(s));
         if s.replay {
             caps.push(Capability::Replay);
         }
         if let Some(o) = require(engine, &caps) {
+            return Ok(o);
+        }
+        if let Some(o) = require_layout(engine, ctx, &s.model)? {
             return Ok(o);
         }
         let model = ctx.checkpoint(&s.model, details)?;
@@ -332,10 +326,24 @@ fn last_token_view(t: &TraceFile, n: usize) -> TraceFile {
     out
 }
 
+/// The trace capabilities a case needs: one per tensor it requires (docs/TRACE.md), so an
+/// engine that dumps only some tensors is NotSupported on the cases needing the others.
+pub fn trace_capabilities(s: &ResidualSpec) -> Vec<Capability> {
+    let mut caps: Vec<Capability> = s
+        .require
+        .iter()
+        .filter_map(|r| Capability::for_trace_tensor(r))
+        .collect();
+    caps.sort();
+    caps.dedup();
+    caps
+}
+
 fn check_required(t: &TraceFile, s: &ResidualSpec) -> Result<(), Outcome> {
     for r in &s.require {
-        let present = if r == "topk" {
-            t.tensors.keys().any(|k| k.starts_with("topk.L"))
+        let present = if r == "topk" || r == "candidates" {
+            let prefix = format!("{r}.L");
+            t.tensors.keys().any(|k| k.starts_with(&prefix))
         } else {
             t.get(r).is_some()
         };

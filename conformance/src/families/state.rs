@@ -10,7 +10,7 @@ use crate::compare::max_abs;
 use crate::engine_api::{Capability, Engine, EngineError, ForwardRequest, RequiredCapability};
 use crate::gates::ProfileName;
 use crate::outcome::Outcome;
-use crate::runner::{engine_failure, require, timeout, Context, Details};
+use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
 use crate::trace::TraceFile;
 
 impl super::CheckFamily for StateSpec {
@@ -68,8 +68,14 @@ impl super::CheckFamily for StateSpec {
         if s.splits.iter().any(|&k| k > 1) && !caps.contains(&Capability::Prefill) {
             caps.push(Capability::Prefill);
         }
+        caps.push(Capability::TraceLogits);
         if let Some(o) = require(engine, &caps) {
             return Ok(o);
+        }
+        for m in std::iter::once(&s.model).chain(&s.other_model) {
+            if let Some(o) = require_layout(engine, ctx, m)? {
+                return Ok(o);
+            }
         }
         let model = ctx.checkpoint(&s.model, details)?;
         let dir = ctx.scratch(case)?;
