@@ -136,11 +136,14 @@ impl<'de> Deserialize<'de> for ModelRef {
     }
 }
 
-/// A data file: `upstream:REL` (under DS41_UPSTREAM) or `repo:REL` (under the repository root).
+/// A data file (crate::locations resolves it): `repo:REL` (the repository's data),
+/// `release:REL` (a pinned file of the release snapshot) or `upstream:REL` (the external
+/// upstream set, under DS41_UPSTREAM).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum DataRef {
     Upstream(String),
     Repo(String),
+    Release(String),
 }
 
 fn check_rel(whole: &str, rel: &str) -> Result<(), String> {
@@ -161,9 +164,21 @@ impl std::str::FromStr for DataRef {
         } else if let Some(rel) = s.strip_prefix("repo:") {
             check_rel(s, rel)?;
             Ok(DataRef::Repo(rel.into()))
+        } else if let Some(rel) = s.strip_prefix("release:") {
+            if crate::locations::release_pin(rel).is_none() {
+                let known: Vec<&str> = crate::locations::RELEASE_FILES
+                    .iter()
+                    .map(|(p, _)| *p)
+                    .collect();
+                return Err(format!(
+                    "`{s}`: not a pinned release file (known: {})",
+                    known.join(", ")
+                ));
+            }
+            Ok(DataRef::Release(rel.into()))
         } else {
             Err(format!(
-                "`{s}`: a data file is `upstream:PATH` or `repo:PATH`"
+                "`{s}`: a data file is `repo:PATH`, `release:PATH` or `upstream:PATH`"
             ))
         }
     }
@@ -181,6 +196,7 @@ impl std::fmt::Display for DataRef {
         match self {
             DataRef::Upstream(r) => write!(f, "upstream:{r}"),
             DataRef::Repo(r) => write!(f, "repo:{r}"),
+            DataRef::Release(r) => write!(f, "release:{r}"),
         }
     }
 }
@@ -232,15 +248,30 @@ pub enum TokenizerCheck {
 pub struct TokenizerSpec {
     /// `tokenizer.json` (or a checkpoint directory).
     pub tokenizer: DataRef,
-    /// JSON lines with `text` and `ids`.
+    /// JSON lines with `text` and `ids` (or only `text`, with `expected_ids`).
     #[serde(default)]
     pub corpus: Option<DataRef>,
+    /// The expected ids of `corpus` from another JSON-lines file, line for line: `key` names
+    /// the id list of each line (goldens/tokenizer/curated_ids.jsonl: `markup`, `text`).
+    #[serde(default)]
+    pub expected_ids: Option<ExpectedIds>,
+    /// A wide-corpus digest (goldens/tokenizer/wide_*.digest.json): the corpus is regenerated
+    /// from its seed and size (TOKENIZER.md §9) and the ids are judged per chunk by sha256.
+    #[serde(default)]
+    pub wide_digest: Option<DataRef>,
     #[serde(default)]
     pub texts: Vec<String>,
     #[serde(default)]
     pub ids: Vec<Vec<u32>>,
     pub markup: bool,
     pub check: TokenizerCheck,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedIds {
+    pub file: DataRef,
+    pub key: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -501,41 +532,74 @@ pub struct Case {
 }
 
 impl Case {
-    /// Upstream data this case reads (it is Skipped when DS41_UPSTREAM is unset).
-    pub fn needs_upstream(&self) -> bool {
-        let up_model = |m: &ModelRef| matches!(m, ModelRef::Upstream(_));
-        let up_data = |d: &DataRef| matches!(d, DataRef::Upstream(_));
+    /// Every data file this case names.
+    pub fn data_refs(&self) -> Vec<&DataRef> {
         match &self.spec {
-            Spec::Loader(s) => s.model.as_ref().is_some_and(up_model),
-            Spec::Tokenizer(s) => up_data(&s.tokenizer) || s.corpus.as_ref().is_some_and(up_data),
+            Spec::Loader(_) | Spec::State(_) => vec![],
+            Spec::Tokenizer(s) => std::iter::once(&s.tokenizer)
+                .chain(&s.corpus)
+                .chain(s.expected_ids.as_ref().map(|e| &e.file))
+                .chain(&s.wide_digest)
+                .collect(),
             Spec::Dsml(s) => {
-                s.render.as_ref().is_some_and(|r| {
-                    up_data(&r.conversation) || r.expected.as_ref().is_some_and(up_data)
-                }) || s.render_dir.as_ref().is_some_and(up_data)
-                    || s.probes
-                        .as_ref()
-                        .is_some_and(|p| up_data(&p.inputs) || up_data(&p.results))
+                let mut v: Vec<&DataRef> = s.render_dir.iter().collect();
+                if let Some(r) = &s.render {
+                    v.push(&r.conversation);
+                    v.extend(&r.expected);
+                }
+                if let Some(p) = &s.probes {
+                    v.extend([&p.inputs, &p.results]);
+                }
+                v
             }
-            Spec::State(s) => up_model(&s.model) || s.other_model.as_ref().is_some_and(up_model),
             Spec::Residual(s) => {
-                up_model(&s.model)
-                    || match &s.golden {
-                        GoldenSpec::Reference => false,
-                        GoldenSpec::File(d) => up_data(d),
-                        GoldenSpec::WasteOracle { dir, .. } => up_data(dir),
-                    }
+                let mut v: Vec<&DataRef> = s.engram_token_map.iter().collect();
+                match &s.golden {
+                    GoldenSpec::Reference => {}
+                    GoldenSpec::File(d) => v.push(d),
+                    GoldenSpec::WasteOracle { dir, .. } => v.push(dir),
+                }
+                v
             }
             Spec::Engram(s) => {
-                s.model.as_ref().is_some_and(up_model)
-                    || s.weightless.as_ref().is_some_and(|w| {
-                        up_data(&w.config)
-                            || up_data(&w.tokenizer)
-                            || w.token_map.as_ref().is_some_and(up_data)
-                    })
-                    || s.golden.as_ref().is_some_and(|g| up_data(&g.file))
-                    || s.engram_token_map.as_ref().is_some_and(up_data)
+                let mut v: Vec<&DataRef> = s.engram_token_map.iter().collect();
+                if let Some(w) = &s.weightless {
+                    v.extend([&w.config, &w.tokenizer]);
+                    v.extend(&w.token_map);
+                }
+                v.extend(s.golden.as_ref().map(|g| &g.file));
+                v
             }
         }
+    }
+
+    /// Every model this case runs on.
+    pub fn models(&self) -> Vec<&ModelRef> {
+        match &self.spec {
+            Spec::Loader(s) => s.model.iter().collect(),
+            Spec::State(s) => std::iter::once(&s.model).chain(&s.other_model).collect(),
+            Spec::Residual(s) => vec![&s.model],
+            Spec::Engram(s) => s.model.iter().collect(),
+            Spec::Tokenizer(_) | Spec::Dsml(_) => vec![],
+        }
+    }
+
+    /// Upstream data this case reads (it is Skipped when DS41_UPSTREAM is unset).
+    pub fn needs_upstream(&self) -> bool {
+        self.models()
+            .iter()
+            .any(|m| matches!(m, ModelRef::Upstream(_)))
+            || self
+                .data_refs()
+                .iter()
+                .any(|d| matches!(d, DataRef::Upstream(_)))
+    }
+
+    /// Release files this case reads (it is Skipped without a release snapshot).
+    pub fn needs_release(&self) -> bool {
+        self.data_refs()
+            .iter()
+            .any(|d| matches!(d, DataRef::Release(_)))
     }
 }
 
@@ -738,8 +802,17 @@ fn validate_spec(spec: &Spec) -> Result<(), String> {
         }
         Spec::Tokenizer(s) => {
             let have_texts = !s.texts.is_empty();
-            if s.corpus.is_some() == have_texts {
-                return Err("give exactly one of `corpus` and `texts`".into());
+            let sources = usize::from(s.corpus.is_some())
+                + usize::from(have_texts)
+                + usize::from(s.wide_digest.is_some());
+            if sources != 1 {
+                return Err("give exactly one of `corpus`, `texts` and `wide_digest`".into());
+            }
+            if s.expected_ids.is_some() && s.corpus.is_none() {
+                return Err("field `expected_ids`: only with `corpus`".into());
+            }
+            if s.wide_digest.is_some() && s.check != TokenizerCheck::Ids {
+                return Err("field `check`: a wide digest is judged by ids".into());
             }
             if s.check == TokenizerCheck::Ids && have_texts && s.ids.len() != s.texts.len() {
                 return Err(format!(

@@ -14,9 +14,11 @@ pub const CONTRACT_VERSION: &str = "1.1.0";
 
 pub mod case;
 pub mod compare;
+pub mod embedded;
 pub mod engine_api;
 pub mod families;
 pub mod gates;
+pub mod locations;
 pub mod goldens;
 pub mod outcome;
 pub mod profile;
@@ -27,6 +29,7 @@ pub mod runner;
 pub mod selftest;
 pub mod synthetic;
 pub mod trace;
+pub mod wide_digest;
 
 #[cfg(test)]
 mod tests {

@@ -9,16 +9,7 @@ use ds41_engine::tokenizer::engram_map::{compressed_token_map, compressed_vocab_
 use ds41_engine::tokenizer::Tokenizer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-
-fn upstream() -> Option<PathBuf> {
-    match std::env::var_os("DS41_UPSTREAM") {
-        Some(dir) => Some(PathBuf::from(dir)),
-        None => {
-            eprintln!("SKIPPED: DS41_UPSTREAM not set");
-            None
-        }
-    }
-}
+use ds41_engine::testing::{upstream, release};
 
 /// Reads a 1-D little-endian int32 `.npy` (format 1.0/2.0/3.0), checking the header.
 fn read_npy_i32(path: &Path) -> Result<Vec<i32>, String> {
@@ -112,9 +103,10 @@ fn npy_reader_rejects_bad_input() {
 }
 
 #[test]
+#[cfg_attr(not(all(ds41_upstream, ds41_release)), ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)")]
 fn engram_map_release() {
-    let Some(up) = upstream() else { return };
-    let tok = Tokenizer::from_file(up.join("tokenizer/tokenizer.json")).unwrap();
+    let up = upstream();
+    let tok = Tokenizer::from_file(release().join("tokenizer.json")).unwrap();
     let t0 = Instant::now();
     let map = compressed_token_map(&tok).unwrap();
     eprintln!("compressed_token_map: {:?}", t0.elapsed());
@@ -164,8 +156,9 @@ fn is_prime(n: u64) -> bool {
 /// first; within a layer n = 2, 3, 4 and heads 0..7); sums equal `engram_num_embeddings`;
 /// offsets are their exclusive prefix sums; multipliers are odd and below 2 * bound + 1.
 #[test]
+#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn engram_hash_constants_release() {
-    let Some(up) = upstream() else { return };
+    let up = upstream();
     let c = json(&up.join("engram/engram_hash_constants.json"));
     let vocab = c["engram_vocab_size"].as_u64().unwrap();
     assert_eq!(vocab, 16_000_000);
@@ -279,9 +272,10 @@ fn hash_ids(map: &[i32], c: &Value, input_ids: &[i64], dead: &[usize]) -> Vec<[[
 
 /// Tokenizer → token map → hash ids reproduces `engram_hash_golden_real.json`.
 #[test]
+#[cfg_attr(not(all(ds41_upstream, ds41_release)), ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)")]
 fn engram_hash_golden_real_from_engine_map() {
-    let Some(up) = upstream() else { return };
-    let tok = Tokenizer::from_file(up.join("tokenizer/tokenizer.json")).unwrap();
+    let up = upstream();
+    let tok = Tokenizer::from_file(release().join("tokenizer.json")).unwrap();
     let map = compressed_token_map(&tok).unwrap();
     let c = json(&up.join("engram/engram_hash_constants.json"));
     let g = json(&up.join("engram/engram_hash_golden_real.json"));
@@ -347,9 +341,9 @@ fn hf_normalize(n: &tokenizers::normalizers::Sequence, text: &str) -> String {
 /// normalisation tables) on every decoded token of the release tokenizer and on every string
 /// of the wide corpus, which is full of code points assigned after Unicode 9.0.
 #[test]
+#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
 fn normalizer_equals_hf() {
-    let Some(up) = upstream() else { return };
-    let tok = Tokenizer::from_file(up.join("tokenizer/tokenizer.json")).unwrap();
+    let tok = Tokenizer::from_file(release().join("tokenizer.json")).unwrap();
     let hf = hf_normalizer();
     let mut equal = 0;
     for id in 0..tok.vocab_size() as u32 {

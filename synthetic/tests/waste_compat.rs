@@ -3,20 +3,12 @@
 
 use ds41_synthetic::{generate, hash_files, Layout};
 use std::path::PathBuf;
-
-fn upstream() -> Option<PathBuf> {
-    match std::env::var_os("DS41_UPSTREAM") {
-        Some(d) => Some(PathBuf::from(d)),
-        None => {
-            eprintln!("SKIPPED: DS41_UPSTREAM not set");
-            None
-        }
-    }
-}
+use ds41_engine::testing::upstream;
 
 #[test]
+#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn waste_tiny_container_seed0_equals_upstream_files() {
-    let Some(up) = upstream() else { return };
+    let up = upstream();
     let reference = up.join("waste_ds41_synth/container");
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("c");

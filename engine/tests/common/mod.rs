@@ -8,16 +8,7 @@ use std::path::{Path, PathBuf};
 
 pub mod container;
 
-/// `DS41_UPSTREAM` or a printed skip.
-pub fn upstream() -> Option<PathBuf> {
-    match std::env::var_os("DS41_UPSTREAM") {
-        Some(p) => Some(PathBuf::from(p)),
-        None => {
-            eprintln!("SKIPPED: DS41_UPSTREAM not set");
-            None
-        }
-    }
-}
+pub use ds41_engine::testing::upstream;
 
 /// A deterministic byte stream (64-bit LCG, top byte).
 pub struct Bytes(u64);
