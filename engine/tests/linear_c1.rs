@@ -4,7 +4,6 @@
 //! (`Checkpoint::quant_view`): integer block sums, rounded once to f32, times both scales,
 //! accumulated in f32, rounded to bf16. Needs `DS41_UPSTREAM`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use ds41_engine::checkpoint::{self, Checkpoint, QuantKind, QuantView, Storage};

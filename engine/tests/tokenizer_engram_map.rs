@@ -2,7 +2,7 @@
 //! `engram/engram_token_map_int32.npy` (MODEL.md §6.6.1), and the hash constants and the
 //! full-size hash golden agree with it. Needs `DS41_UPSTREAM`.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Instant;
 
 use ds41_engine::tokenizer::engram_map::{compressed_token_map, compressed_vocab_size, normalize};

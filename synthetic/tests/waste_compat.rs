@@ -2,7 +2,6 @@
 //! (CONTAINER.md §10, §15 step 1): compared file by file with `upstream/waste_ds41_synth/`.
 
 use ds41_synthetic::{generate, hash_files, Layout};
-use std::path::PathBuf;
 use ds41_engine::testing::upstream;
 
 #[test]

@@ -156,6 +156,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             cases_dir.display()
         );
     }
+    // Before anything runs: a --release / DS41_RELEASE that is not a directory is an error.
+    let release = ReleaseSnapshot::locate(a.release.as_deref())?;
     if a.list {
         for c in &cases {
             println!("{}", c.name);
@@ -167,7 +169,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .filter(|v| !v.is_empty())
             .map(PathBuf::from)
     });
-    let release = ReleaseSnapshot::locate(a.release.as_deref())?;
     let mut engine = make_engine(&a.engine, a.defect.as_deref())?;
     let identity = engine.identity();
     let xfail = match &a.expected_failures {

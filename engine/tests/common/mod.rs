@@ -4,10 +4,11 @@
 use ds41_engine::checkpoint::names::{expected_tensors, TensorClass};
 use ds41_engine::config::Config;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub mod container;
 
+#[allow(unused_imports)] // not every test binary reads upstream data
 pub use ds41_engine::testing::upstream;
 
 /// A deterministic byte stream (64-bit LCG, top byte).

@@ -5,7 +5,7 @@
 
 pub mod compare;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ds41_engine::model::Model;
 use ds41_engine::trace::TraceFile;
