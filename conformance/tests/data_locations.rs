@@ -208,3 +208,49 @@ fn installed_from_a_deleted_checkout_certifies() {
     assert_eq!(code, 0, "{out}\n{err}");
     assert!(out.contains("VERDICT: CONFORMANT"), "{out}");
 }
+
+/// The wide-digest check fails, naming the chunk, when one chunk's ids differ (here: the
+/// committed digest with one chunk's hash altered, given as an external set).
+#[test]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
+fn a_wrong_chunk_of_the_wide_digest_fails_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let mut digest: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(repo.join("goldens/tokenizer/wide_seed11_n20000.digest.json")).unwrap(),
+    )
+    .unwrap();
+    digest["chunks"][7]["ids_sha256"] = "0".repeat(64).into();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(data.join("digest.json"), digest.to_string()).unwrap();
+    let cases = tmp.path().join("cases");
+    std::fs::create_dir_all(&cases).unwrap();
+    std::fs::write(
+        cases.join("wide.yaml"),
+        "family: tokenizer\ncases:\n  - name: doctored\n    tokenizer: release:tokenizer.json\n    wide_digest: upstream:digest.json\n    markup: true\n    check: ids\n",
+    )
+    .unwrap();
+    let release = ds41_engine::testing::release();
+    let (code, out, err) = run(
+        Path::new(env!("CARGO_BIN_EXE_ds41")),
+        tmp.path(),
+        &[
+            "certify",
+            "--cases",
+            cases.to_str().unwrap(),
+            "--release",
+            release.to_str().unwrap(),
+            "--upstream",
+            data.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(code, 1, "{out}\n{err}");
+    assert!(
+        err.contains("ids differ in 1 of 24 chunks of 1000 strings (starting at [7000])"),
+        "{err}"
+    );
+}
