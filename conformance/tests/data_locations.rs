@@ -152,8 +152,6 @@ fn with_the_release_snapshot_the_release_cases_pass() {
             "tokenizer::release::",
             "--filter",
             "dsml::official::",
-            "--filter",
-            "engram::release::",
         ],
     );
     assert_eq!(code, 0, "{out}\n{err}");
