@@ -54,7 +54,12 @@ fn main() {
     );
     for f in &files {
         let abs = root.join(f).canonicalize().expect("canonical path");
-        writeln!(src, "    ({f:?}, include_bytes!({:?})),", abs.display().to_string()).unwrap();
+        writeln!(
+            src,
+            "    ({f:?}, include_bytes!({:?})),",
+            abs.display().to_string()
+        )
+        .unwrap();
     }
     src.push_str("];\n");
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("embedded_files.rs");

@@ -74,10 +74,16 @@ mod tests {
         }
         in_tree.sort();
         let embedded: Vec<String> = files().iter().map(|(p, _)| p.to_string()).collect();
-        assert_eq!(embedded, in_tree, "embedded file list differs from the tree");
+        assert_eq!(
+            embedded, in_tree,
+            "embedded file list differs from the tree"
+        );
         for (rel, bytes) in files() {
             let on_disk = std::fs::read(root.join(rel)).unwrap();
-            assert!(on_disk == *bytes, "{rel}: embedded bytes differ from the tree");
+            assert!(
+                on_disk == *bytes,
+                "{rel}: embedded bytes differ from the tree"
+            );
         }
         assert!(embedded.iter().any(|p| p.starts_with("conformance/cases/")));
         assert!(embedded.iter().any(|p| p.starts_with("gates/")));

@@ -247,7 +247,10 @@ impl ReleaseSnapshot {
 
     fn verify(&self, rel: &str) -> Result<PathBuf, String> {
         let pin = release_pin(rel).ok_or_else(|| {
-            format!("release:{rel}: not a release file this harness knows (it pins {})", known())
+            format!(
+                "release:{rel}: not a release file this harness knows (it pins {})",
+                known()
+            )
         })?;
         let path = self.dir.join(rel);
         let bytes = std::fs::read(&path).map_err(|e| {
@@ -362,8 +365,10 @@ mod tests {
     use super::*;
 
     fn env_of(pairs: &[(&str, String)]) -> impl Fn(&str) -> Option<String> {
-        let m: BTreeMap<String, String> =
-            pairs.iter().map(|(k, v)| (k.to_string(), v.clone())).collect();
+        let m: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
         move |k: &str| m.get(k).cloned()
     }
 
@@ -383,13 +388,18 @@ mod tests {
         std::fs::create_dir_all(&a).unwrap();
         std::fs::create_dir_all(&b).unwrap();
         let env = env_of(&[("DS41_RELEASE", b.display().to_string())]);
-        let s = ReleaseSnapshot::locate_with(Some(&a), &env).unwrap().unwrap();
+        let s = ReleaseSnapshot::locate_with(Some(&a), &env)
+            .unwrap()
+            .unwrap();
         assert_eq!((s.dir.as_path(), &s.found), (a.as_path(), &Found::Flag));
         let s = ReleaseSnapshot::locate_with(None, &env).unwrap().unwrap();
         assert_eq!((s.dir.as_path(), &s.found), (b.as_path(), &Found::Env));
         let missing = d.path().join("nope");
         let e = ReleaseSnapshot::locate_with(Some(&missing), &env).unwrap_err();
-        assert!(e.to_string().contains("--release") && e.to_string().contains("nope"), "{e}");
+        assert!(
+            e.to_string().contains("--release") && e.to_string().contains("nope"),
+            "{e}"
+        );
 
         // hub cache: HF_HOME/hub/models--deepseek-ai--DeepSeek-V4.1-Flash/snapshots/REV
         let home = d.path().join("hf");
@@ -398,7 +408,10 @@ mod tests {
         assert!(ReleaseSnapshot::locate_with(None, &env).unwrap().is_none());
         std::fs::create_dir_all(snaps.join("1111")).unwrap();
         let s = ReleaseSnapshot::locate_with(None, &env).unwrap().unwrap();
-        assert_eq!((s.dir.clone(), s.found), (snaps.join("1111"), Found::HubCache));
+        assert_eq!(
+            (s.dir.clone(), s.found),
+            (snaps.join("1111"), Found::HubCache)
+        );
         std::fs::create_dir_all(snaps.join("2222")).unwrap();
         let e = ReleaseSnapshot::locate_with(None, &env).unwrap_err();
         assert!(e.to_string().contains("several snapshots"), "{e}");
@@ -412,13 +425,18 @@ mod tests {
         // HOME alone: ~/.cache/huggingface/hub
         let env = env_of(&[("HOME", d.path().display().to_string())]);
         let p = hub_snapshots(&env).unwrap();
-        assert!(p.ends_with(".cache/huggingface/hub/models--deepseek-ai--DeepSeek-V4.1-Flash/snapshots"));
+        assert!(p.ends_with(
+            ".cache/huggingface/hub/models--deepseek-ai--DeepSeek-V4.1-Flash/snapshots"
+        ));
     }
 
     #[test]
     fn release_files_are_verified_against_their_pins() {
         let d = tempfile::tempdir().unwrap();
-        snapshot(d.path(), &[("tokenizer_config.json", b"{\"forged\": true}\n")]);
+        snapshot(
+            d.path(),
+            &[("tokenizer_config.json", b"{\"forged\": true}\n")],
+        );
         let s = ReleaseSnapshot::new(d.path().to_path_buf(), Found::Flag);
         let e = s.file("tokenizer_config.json").unwrap_err();
         assert!(
@@ -428,7 +446,10 @@ mod tests {
             "{e}"
         );
         let e = s.file("config.json").unwrap_err();
-        assert!(e.contains("lacks it") && e.contains("huggingface-cli download"), "{e}");
+        assert!(
+            e.contains("lacks it") && e.contains("huggingface-cli download"),
+            "{e}"
+        );
         let e = s.file("model.py").unwrap_err();
         assert!(e.contains("not a release file"), "{e}");
     }
@@ -437,10 +458,16 @@ mod tests {
     fn json_content_pins_ignore_the_serialisation_only() {
         let pin = Pin::JsonContent("");
         let compact = pinned_digest(pin, br#"{"b":[1,2.5],"a":"\u00e9t\u00e9"}"#).unwrap();
-        let pretty = pinned_digest(pin, "{\n    \"b\": [1, 2.5],\n    \"a\": \"été\"\n}\n".as_bytes());
+        let pretty = pinned_digest(
+            pin,
+            "{\n    \"b\": [1, 2.5],\n    \"a\": \"été\"\n}\n".as_bytes(),
+        );
         assert_eq!(pretty.unwrap(), compact);
         let reordered = pinned_digest(pin, br#"{"a":"\u00e9t\u00e9","b":[1,2.5]}"#).unwrap();
-        assert_ne!(reordered, compact, "key order is content (schemas are rendered in order)");
+        assert_ne!(
+            reordered, compact,
+            "key order is content (schemas are rendered in order)"
+        );
         assert!(pinned_digest(pin, b"{").is_err());
     }
 
@@ -502,8 +529,11 @@ mod tests {
             serde_json::from_slice(&std::fs::read(release.join(rel)).unwrap()).unwrap();
         let mut pretty = Vec::new();
         let fmt = serde_json::ser::PrettyFormatter::with_indent(b"    ");
-        serde::Serialize::serialize(&v, &mut serde_json::Serializer::with_formatter(&mut pretty, fmt))
-            .unwrap();
+        serde::Serialize::serialize(
+            &v,
+            &mut serde_json::Serializer::with_formatter(&mut pretty, fmt),
+        )
+        .unwrap();
         let d = tempfile::tempdir().unwrap();
         snapshot(d.path(), &[(rel, &pretty)]);
         ReleaseSnapshot::new(d.path().to_path_buf(), Found::Flag)

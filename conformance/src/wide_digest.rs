@@ -64,8 +64,7 @@ pub fn ids_record(ids: &[u32]) -> Vec<u8> {
 
 impl WideDigest {
     pub fn load(path: &Path) -> Result<WideDigest, String> {
-        let text =
-            std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let d: WideDigest = serde_json::from_str(&text)
             .map_err(|e| format!("{}: not a wide-corpus digest: {e}", path.display()))?;
         let expected_chunks = d.strings.div_ceil(d.chunk_size.max(1));

@@ -37,7 +37,10 @@ fn run(args: &[&str], stdin: &str) -> (i32, String, String) {
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn tokenize_batch_single_and_decode() {
     let tok = tokenizer();
     let tok = tok.to_str().unwrap();

@@ -55,7 +55,10 @@ fn a_copied_binary_certifies_from_another_directory() {
         ],
     );
     assert_eq!(code, 0, "{out}\n{err}");
-    assert!(out.contains("CONFORMANT") && !out.contains("NON-CONFORMANT"), "{out}");
+    assert!(
+        out.contains("CONFORMANT") && !out.contains("NON-CONFORMANT"),
+        "{out}"
+    );
     // The listing comes from the built-in cases too.
     let (code, list, err) = run(&bin, &elsewhere, &["certify", "--list"]);
     assert_eq!(code, 0, "{err}");
@@ -129,7 +132,10 @@ fn a_snapshot_with_a_wrong_file_is_an_error_naming_the_file_and_the_pins() {
         &["certify", "--release", "/nonexistent/snapshot", "--list"],
     );
     assert_eq!(code, 2);
-    assert!(err.contains("--release /nonexistent/snapshot: not a directory"), "{err}");
+    assert!(
+        err.contains("--release /nonexistent/snapshot: not a directory"),
+        "{err}"
+    );
 }
 
 /// With the release snapshot (CI: ../shared/release), the release cases run and pass.
@@ -171,7 +177,13 @@ fn installed_from_a_deleted_checkout_certifies() {
     let checkout = tmp.path().join("checkout");
     // The tracked files plus the working tree's changes: what a clone at this state holds.
     let listed = Command::new("git")
-        .args(["ls-files", "-z", "--cached", "--others", "--exclude-standard"])
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
         .current_dir(&repo)
         .output()
         .expect("git ls-files");

@@ -48,7 +48,10 @@ fn render_prints_exactly_the_golden_prompt() {
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn render_official_cases_of_the_release() {
     let dir = ds41_engine::testing::release().join("encoding/tests");
     for n in 1..=5 {

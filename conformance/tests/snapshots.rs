@@ -59,7 +59,10 @@ fn redact_path(text: String) -> String {
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn inspect_release_config() {
     let config = ds41_engine::testing::release().join("config.json");
     let text = ds41(&["inspect", config.to_str().expect("utf-8 path")]);

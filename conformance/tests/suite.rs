@@ -12,9 +12,9 @@ use std::sync::{Arc, Mutex};
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
-use ds41_conformance::locations::ReleaseSnapshot;
 use ds41_conformance::case::Case;
 use ds41_conformance::gates::{GateSet, ProfileName};
+use ds41_conformance::locations::ReleaseSnapshot;
 use ds41_conformance::outcome::Outcome;
 use ds41_conformance::protocol::AdapterEngine;
 use ds41_conformance::reference::{self, ReferenceEngine};
@@ -74,7 +74,10 @@ fn main() {
     }
     let release = ReleaseSnapshot::locate(None).unwrap_or_else(|e| panic!("{e:#}"));
     if release.is_none() {
-        eprintln!("SKIPPED: {}", ds41_conformance::locations::no_release_reason());
+        eprintln!(
+            "SKIPPED: {}",
+            ds41_conformance::locations::no_release_reason()
+        );
     }
     let long = std::env::var("DS41_LONG").is_ok_and(|v| v == "1");
     let ctx = Arc::new(Context {

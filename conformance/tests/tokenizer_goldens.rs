@@ -32,7 +32,10 @@ fn ids(v: &serde_json::Value) -> Vec<u32> {
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn curated_ids_agree_with_the_rust_tokenizers_crate() {
     let path = ds41_engine::testing::release().join("tokenizer.json");
     assert_eq!(
@@ -83,7 +86,10 @@ fn digest() -> WideDigest {
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn engine_tokenizer_matches_the_wide_digest_and_curated_goldens() {
     let path = ds41_engine::testing::release().join("tokenizer.json");
     assert_eq!(sha256_file(&path).unwrap(), TOKENIZER_SHA256);

@@ -5,16 +5,19 @@ mod common;
 
 use common::*;
 use ds41_engine::config::{Config, EngramHashConstants, EngramPad};
+use ds41_engine::testing::release;
 use ds41_engine::Error;
 use serde_json::json;
-use ds41_engine::testing::release;
 
 fn release_config() -> Config {
     Config::from_release_json(&release().join("config.json")).unwrap()
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn release_config_parses_with_inference_names() {
     let c = release_config();
     assert_eq!(
@@ -96,7 +99,10 @@ fn release_config_parses_with_inference_names() {
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn inference_config_agrees_with_release_config() {
     let hf = Config::from_release_json(&release().join("config.json")).unwrap();
     let mut inf = Config::from_inference_json(&release().join("inference/config.json")).unwrap();
@@ -107,7 +113,10 @@ fn inference_config_agrees_with_release_config() {
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn release_layer_roles_match_model_md_section_3() {
     let c = release_config();
     for l in 0..43 {
@@ -139,7 +148,10 @@ fn release_layer_roles_match_model_md_section_3() {
 }
 
 #[test]
-#[cfg_attr(not(all(ds41_upstream, ds41_release)), ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)")]
+#[cfg_attr(
+    not(all(ds41_upstream, ds41_release)),
+    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+)]
 fn release_engram_constants_reproduce_model_md() {
     let c = release_config();
     let k = EngramHashConstants::for_release(&c).unwrap();
@@ -244,7 +256,10 @@ fn container_config_synthetic_flat_form() {
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn container_config_converted_form_with_outer() {
     let root: serde_json::Value =
         serde_json::from_slice(&std::fs::read(release().join("config.json")).unwrap()).unwrap();

@@ -2,17 +2,20 @@
 //! (the V4.1 tokenizer.json and the official cases); skipped with a printed reason otherwise.
 
 use ds41_engine::dsml::{self, Control, Segment, ThinkingMode};
+use ds41_engine::testing::{release, upstream};
 use ds41_engine::tokenizer::Tokenizer;
 use serde_json::Value;
 use std::path::PathBuf;
-use ds41_engine::testing::{upstream, release};
 
 fn tokenizer() -> Tokenizer {
     Tokenizer::from_file(release().join("tokenizer.json")).expect("load tokenizer.json")
 }
 
 #[test]
-#[cfg_attr(not(all(ds41_upstream, ds41_release)), ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)")]
+#[cfg_attr(
+    not(all(ds41_upstream, ds41_release)),
+    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+)]
 fn official_prompts_tokenize_to_the_hf_ids() {
     let dir = upstream();
     let tok = tokenizer();
@@ -22,7 +25,9 @@ fn official_prompts_tokenize_to_the_hf_ids() {
     )
     .unwrap();
     for n in 1..=5 {
-        let input = std::fs::read_to_string(release().join(format!("encoding/tests/test_input_{n}.json"))).unwrap();
+        let input =
+            std::fs::read_to_string(release().join(format!("encoding/tests/test_input_{n}.json")))
+                .unwrap();
         let case = dsml::load_case(&input).unwrap();
         let prompt =
             dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None)).unwrap();
@@ -43,7 +48,10 @@ fn official_prompts_tokenize_to_the_hf_ids() {
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn control_ids_match_the_tokenizer() {
     let tok = tokenizer();
     for c in Control::ALL {
@@ -59,7 +67,10 @@ fn control_ids_match_the_tokenizer() {
 /// The security boundary: markers typed into user data stay text with the segment encoding;
 /// HF's whole-string encoding turns exactly those into control ids.
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn user_markers_stay_text_only_on_the_segment_path() {
     let tok = tokenizer();
     let golden = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -106,7 +117,10 @@ fn user_markers_stay_text_only_on_the_segment_path() {
 /// Over every project golden: the segment encoding equals HF's whole-string encoding exactly
 /// when no text segment spells an added token, so segment boundaries never change BPE.
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn segment_and_whole_string_encodings_agree_unless_user_text_spells_a_token() {
     let tok = tokenizer();
     let golden_dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../goldens/dsml");

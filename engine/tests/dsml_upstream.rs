@@ -4,16 +4,19 @@
 //! `DS41_UPSTREAM` is unset.
 
 use ds41_engine::dsml::{self, case, json_py, ParseMode, RenderOptions, ThinkingMode};
+use ds41_engine::testing::{release, upstream};
 use serde_json::Value;
 use std::path::PathBuf;
-use ds41_engine::testing::{upstream, release};
 
 fn read(path: PathBuf) -> String {
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn official_cases_render_byte_for_byte() {
     for n in 1..=5 {
         let input = read(release().join(format!("encoding/tests/test_input_{n}.json")));

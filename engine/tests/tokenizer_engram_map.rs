@@ -5,11 +5,11 @@
 use std::path::Path;
 use std::time::Instant;
 
+use ds41_engine::testing::{release, upstream};
 use ds41_engine::tokenizer::engram_map::{compressed_token_map, compressed_vocab_size, normalize};
 use ds41_engine::tokenizer::Tokenizer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use ds41_engine::testing::{upstream, release};
 
 /// Reads a 1-D little-endian int32 `.npy` (format 1.0/2.0/3.0), checking the header.
 fn read_npy_i32(path: &Path) -> Result<Vec<i32>, String> {
@@ -103,7 +103,10 @@ fn npy_reader_rejects_bad_input() {
 }
 
 #[test]
-#[cfg_attr(not(all(ds41_upstream, ds41_release)), ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)")]
+#[cfg_attr(
+    not(all(ds41_upstream, ds41_release)),
+    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+)]
 fn engram_map_release() {
     let up = upstream();
     let tok = Tokenizer::from_file(release().join("tokenizer.json")).unwrap();
@@ -272,7 +275,10 @@ fn hash_ids(map: &[i32], c: &Value, input_ids: &[i64], dead: &[usize]) -> Vec<[[
 
 /// Tokenizer → token map → hash ids reproduces `engram_hash_golden_real.json`.
 #[test]
-#[cfg_attr(not(all(ds41_upstream, ds41_release)), ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)")]
+#[cfg_attr(
+    not(all(ds41_upstream, ds41_release)),
+    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+)]
 fn engram_hash_golden_real_from_engine_map() {
     let up = upstream();
     let tok = Tokenizer::from_file(release().join("tokenizer.json")).unwrap();
@@ -341,7 +347,10 @@ fn hf_normalize(n: &tokenizers::normalizers::Sequence, text: &str) -> String {
 /// normalisation tables) on every decoded token of the release tokenizer and on every string
 /// of the wide corpus, which is full of code points assigned after Unicode 9.0.
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn normalizer_equals_hf() {
     let tok = Tokenizer::from_file(release().join("tokenizer.json")).unwrap();
     let hf = hf_normalizer();

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Instant;
 
+use ds41_engine::testing::{release, upstream};
 use ds41_engine::tokenizer::Tokenizer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
-use ds41_engine::testing::{upstream, release};
 
 const V41_SHA256: &str = "c90dfa01249db1be4245780a052ede752e1361c612ac6d08e2bdada7d599476b";
 
@@ -100,7 +100,10 @@ fn codepoints(s: &str) -> String {
 }
 
 #[test]
-#[cfg_attr(not(all(ds41_upstream, ds41_release)), ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)")]
+#[cfg_attr(
+    not(all(ds41_upstream, ds41_release)),
+    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+)]
 fn wide_corpus_matches_stored_hf_ids_and_live_oracle() {
     let up = upstream();
     let tok = engine();
@@ -177,7 +180,10 @@ fn generated_corpus_equals_golden_texts() {
 
 /// The extra curated strings agree with the HF oracle under both policies.
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn extra_corpus_matches_oracle() {
     let tok = engine();
     let extra = ds41_engine::tokenizer::corpus::extra();
@@ -206,7 +212,10 @@ fn ids(v: &[u32]) -> Vec<u32> {
 
 /// TOKENIZER.md §7 (the first two rows are the published upstream vectors).
 #[test]
-#[cfg_attr(not(ds41_release), ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)")]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn spec_vectors() {
     let tok = engine();
     let cases: &[(&str, &[u32])] = &[
@@ -259,7 +268,10 @@ fn spec_vectors() {
 
 /// The five official DSML prompts encode to the stored HF ids and decode back exactly.
 #[test]
-#[cfg_attr(not(all(ds41_upstream, ds41_release)), ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)")]
+#[cfg_attr(
+    not(all(ds41_upstream, ds41_release)),
+    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+)]
 fn dsml_golden_prompts() {
     let up = upstream();
     let tok = engine();
@@ -268,7 +280,9 @@ fn dsml_golden_prompts() {
     let golden: Value = serde_json::from_slice(&golden).unwrap();
     let mut checked = 0;
     for (n, want_len) in [(1, 548), (2, 40), (3, 579), (4, 101), (5, 74)] {
-        let prompt = std::fs::read_to_string(release().join(format!("encoding/tests/test_output_{n}.txt"))).unwrap();
+        let prompt =
+            std::fs::read_to_string(release().join(format!("encoding/tests/test_output_{n}.txt")))
+                .unwrap();
         let want: Vec<u32> = golden[n.to_string()]["ids"]
             .as_array()
             .unwrap()
@@ -285,7 +299,10 @@ fn dsml_golden_prompts() {
 
 /// TOKENIZER.md §8 and the `encode_text` security boundary.
 #[test]
-#[cfg_attr(not(all(ds41_upstream, ds41_release)), ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)")]
+#[cfg_attr(
+    not(all(ds41_upstream, ds41_release)),
+    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+)]
 fn round_trips_and_control_token_boundary() {
     let up = upstream();
     let tok = engine();

@@ -1,8 +1,8 @@
 //! The `waste-tiny` container is WASTE's `make_test_container.py --ds41` output byte for byte
 //! (CONTAINER.md §10, §15 step 1): compared file by file with `upstream/waste_ds41_synth/`.
 
-use ds41_synthetic::{generate, hash_files, Layout};
 use ds41_engine::testing::upstream;
+use ds41_synthetic::{generate, hash_files, Layout};
 
 #[test]
 #[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]

@@ -130,9 +130,8 @@ fn read_corpus(
     expected: Option<(PathBuf, &str)>,
 ) -> Result<(Vec<String>, Vec<Vec<u32>>), Outcome> {
     let field = |file: &Path, n: usize, v: &serde_json::Value, key: &str| {
-        serde_json::from_value::<Vec<u32>>(v[key].clone()).map_err(|e| {
-            Outcome::error(format!("{} line {n}: field `{key}`: {e}", file.display()))
-        })
+        serde_json::from_value::<Vec<u32>>(v[key].clone())
+            .map_err(|e| Outcome::error(format!("{} line {n}: field `{key}`: {e}", file.display())))
     };
     let lines = json_lines(path)?;
     let mut texts = Vec::new();
