@@ -34,21 +34,10 @@ pub fn run(
         }
         None => (s.texts.clone(), s.ids.clone()),
     };
-    let req = TokenizeRequest {
-        tokenizer: tokenizer.clone(),
-        texts: texts.clone(),
-        markup: s.markup,
+    let got = match tokenize(case, s, &tokenizer, &texts, engine)? {
+        Ok(ids) => ids,
+        Err(fail) => return Ok(fail),
     };
-    let got = engine
-        .tokenize(&req, timeout(case))
-        .map_err(|e| engine_failure("tokenize", e))?;
-    if got.len() != texts.len() {
-        return Ok(Outcome::fail(format!(
-            "engine returned {} id lists for {} texts",
-            got.len(),
-            texts.len()
-        )));
-    }
     match s.check {
         TokenizerCheck::Ids => {
             let bad: Vec<usize> = (0..texts.len())
@@ -106,6 +95,32 @@ pub fn run(
             })
         }
     }
+}
+
+/// The engine's ids for `texts`: Ok(Err(Fail)) when it answers with the wrong number of lists.
+fn tokenize(
+    case: &Case,
+    s: &TokenizerSpec,
+    tokenizer: &Path,
+    texts: &[String],
+    engine: &mut dyn Engine,
+) -> Result<Result<Vec<Vec<u32>>, Outcome>, Outcome> {
+    let req = TokenizeRequest {
+        tokenizer: tokenizer.to_path_buf(),
+        texts: texts.to_vec(),
+        markup: s.markup,
+    };
+    let got = engine
+        .tokenize(&req, timeout(case))
+        .map_err(|e| engine_failure("tokenize", e))?;
+    if got.len() != texts.len() {
+        return Ok(Err(Outcome::fail(format!(
+            "engine returned {} id lists for {} texts",
+            got.len(),
+            texts.len()
+        ))));
+    }
+    Ok(Ok(got))
 }
 
 /// The non-empty lines of a JSON-lines file, parsed, with their line numbers.
@@ -193,21 +208,10 @@ fn run_wide_digest(
             generated.differing_chunks
         )));
     }
-    let req = TokenizeRequest {
-        tokenizer: tokenizer.to_path_buf(),
-        texts: texts.clone(),
-        markup: s.markup,
+    let got = match tokenize(case, s, tokenizer, &texts, engine)? {
+        Ok(ids) => ids,
+        Err(fail) => return Ok(fail),
     };
-    let got = engine
-        .tokenize(&req, timeout(case))
-        .map_err(|e| engine_failure("tokenize", e))?;
-    if got.len() != texts.len() {
-        return Ok(Outcome::fail(format!(
-            "engine returned {} id lists for {} texts",
-            got.len(),
-            texts.len()
-        )));
-    }
     let ids = d.compare(
         Stream::Ids,
         &got.iter().map(|i| ids_record(i)).collect::<Vec<_>>(),
