@@ -5,6 +5,7 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use crate::case::{Case, TokenizerCheck, TokenizerSpec};
+use crate::case::{DataRef, ModelRef};
 use crate::engine_api::{Capability, Engine, TokenizeRequest};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
@@ -94,6 +95,60 @@ pub fn run(
                 )),
             })
         }
+    }
+}
+
+impl super::CheckFamily for TokenizerSpec {
+    fn models(&self) -> Vec<ModelRef> {
+        Vec::new()
+    }
+
+    fn data(&self) -> Vec<&DataRef> {
+        std::iter::once(&self.tokenizer)
+            .chain(&self.corpus)
+            .chain(self.expected_ids.as_ref().map(|e| &e.file))
+            .chain(&self.wide_digest)
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = self;
+        let have_texts = !s.texts.is_empty();
+        let sources = usize::from(s.corpus.is_some())
+            + usize::from(have_texts)
+            + usize::from(s.wide_digest.is_some());
+        if sources != 1 {
+            return Err("give exactly one of `corpus`, `texts` and `wide_digest`".into());
+        }
+        if s.expected_ids.is_some() && s.corpus.is_none() {
+            return Err("field `expected_ids`: only with `corpus`".into());
+        }
+        if s.wide_digest.is_some() && s.check != TokenizerCheck::Ids {
+            return Err("field `check`: a wide digest is judged by ids".into());
+        }
+        if s.check == TokenizerCheck::Ids && have_texts && s.ids.len() != s.texts.len() {
+            return Err(format!(
+                "field `ids`: {} lists for {} texts",
+                s.ids.len(),
+                s.texts.len()
+            ));
+        }
+        if s.check == TokenizerCheck::NoControlIds && s.markup {
+            return Err(
+                "field `check`: no_control_ids applies to the text path (markup: false)".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        case: &Case,
+        engine: &mut dyn Engine,
+        ctx: &Context,
+        details: &mut Details,
+    ) -> Result<Outcome, Outcome> {
+        run(case, self, engine, ctx, details)
     }
 }
 
