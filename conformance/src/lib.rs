@@ -14,10 +14,12 @@ pub const CONTRACT_VERSION: &str = "1.2.0";
 
 pub mod case;
 pub mod compare;
+pub mod embedded;
 pub mod engine_api;
 pub mod families;
 pub mod gates;
 pub mod goldens;
+pub mod locations;
 pub mod outcome;
 pub mod profile;
 pub mod protocol;
@@ -27,6 +29,7 @@ pub mod runner;
 pub mod selftest;
 pub mod synthetic;
 pub mod trace;
+pub mod wide_digest;
 
 #[cfg(test)]
 mod tests {
