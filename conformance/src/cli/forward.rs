@@ -237,6 +237,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             (session.position() - tokens.len()).to_string(),
         );
     }
+    // Weights overwritten in place while the forward ran would change the results silently.
+    model
+        .checkpoint()
+        .verify_unchanged()
+        .context("the checkpoint changed while the forward ran; no trace or state written")?;
     if let Some(p) = &args.save_state {
         ds41_engine::state::save(&model, &session, p)
             .with_context(|| format!("saving state {}", p.display()))?;

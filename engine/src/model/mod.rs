@@ -352,6 +352,7 @@ impl<'m> Session<'m> {
                 a.window.len() == b.window.len() && a.compressed.is_some() == b.compressed.is_some()
             })
             && state.engram_history.len() == state.position;
+        self.model.cfg.check_positions(state.position)?;
         if !ok {
             return Err(Error::Model(
                 "session state does not match the model's shapes".into(),
@@ -431,6 +432,7 @@ impl<'m> Session<'m> {
             rows: tokens.len(),
         };
         let rows = chunk.rows;
+        cfg.check_positions(chunk.start.saturating_add(rows))?;
         for &t in tokens {
             if t as usize >= cfg.vocab_size {
                 return Err(Error::Model(format!(
