@@ -42,7 +42,10 @@ fn forward_changing(dir: &Path, model: &Path, change: impl FnOnce()) -> (Output,
         .unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     while !flag.exists() {
-        assert!(Instant::now() < deadline, "ds41 forward never reached the pause");
+        assert!(
+            Instant::now() < deadline,
+            "ds41 forward never reached the pause"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
     change();
@@ -90,7 +93,10 @@ fn container_trunk_and_bank_truncated_during_forward_are_one_line_naming_them() 
     for file in ["trunk.bin", "experts-L1.bin"] {
         let (dir, model) = generate(Layout::Container);
         let path = model.join(file);
-        assert!(path.is_file(), "{file} missing from the synthetic container");
+        assert!(
+            path.is_file(),
+            "{file} missing from the synthetic container"
+        );
         let (out, trace) = forward_changing(dir.path(), &model, || truncate(&path, 0));
         assert_one_line_truncation_error(&out, &path);
         assert!(!trace.exists());
@@ -129,8 +135,7 @@ fn bytes_overwritten_in_place_during_forward_refuse_the_trace() {
 fn release_with_huge_token_id() -> (tempfile::TempDir, PathBuf) {
     let (dir, model) = generate(Layout::Release);
     let path = model.join("tokenizer.json");
-    let mut v: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let vocab = v["model"]["vocab"].as_object_mut().unwrap();
     let key = vocab.keys().last().unwrap().clone();
     vocab.insert(key, serde_json::json!(u32::MAX));
@@ -167,7 +172,15 @@ fn a_huge_token_id_is_refused_by_tokenize_forward_and_serve_adapter() {
     assert_refused_naming(&ds41(&["tokenize", "--tokenizer", tok], b"hello"), &words);
     let m = model.to_str().unwrap();
     let out = ds41(
-        &["forward", "--model", m, "--tokens", "5,9", "--out", "/dev/null"],
+        &[
+            "forward",
+            "--model",
+            m,
+            "--tokens",
+            "5,9",
+            "--out",
+            "/dev/null",
+        ],
         b"",
     );
     assert_refused_naming(&out, &words);
@@ -186,15 +199,25 @@ fn a_huge_token_id_is_refused_by_tokenize_forward_and_serve_adapter() {
     assert_eq!(replies.len(), 3, "{stdout}");
     assert_eq!(replies[1]["ok"], false, "{stdout}");
     let message = replies[1]["error"]["message"].as_str().unwrap();
-    assert!(message.contains("model.vocab") && message.contains("4294967295"), "{message}");
-    assert_eq!(replies[2]["ok"], true, "the session did not go on: {stdout}");
+    assert!(
+        message.contains("model.vocab") && message.contains("4294967295"),
+        "{message}"
+    );
+    assert_eq!(
+        replies[2]["ok"], true,
+        "the session did not go on: {stdout}"
+    );
 }
 
 #[test]
 fn a_fifo_tokenizer_is_refused_at_once() {
     let dir = tempfile::tempdir().unwrap();
     let fifo = dir.path().join("tokenizer.json");
-    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    assert!(Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
     let out = ds41(&["tokenize", "--tokenizer", fifo.to_str().unwrap()], b"hi");
     assert_refused_naming(&out, &["tokenizer.json", "is a FIFO, not a regular file"]);
 }

@@ -318,7 +318,8 @@ mod sigbus {
                 .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
                 .is_ok()
             {
-                slot.message.store(msg.as_ptr() as *mut u8, Ordering::Relaxed);
+                slot.message
+                    .store(msg.as_ptr() as *mut u8, Ordering::Relaxed);
                 slot.message_len.store(msg.len(), Ordering::Relaxed);
                 slot.end.store(start + len, Ordering::Relaxed);
                 slot.start.store(start, Ordering::Release);
@@ -429,7 +430,8 @@ mod tests {
         let err = map_file(&link).err().unwrap();
         assert_eq!(err.kind(), "NotRegularFile");
         assert!(
-            err.to_string().contains("model.safetensors: is a character device"),
+            err.to_string()
+                .contains("model.safetensors: is a character device"),
             "{err}"
         );
     }

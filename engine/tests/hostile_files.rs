@@ -4,7 +4,6 @@
 //! save. Each is refused with a typed error naming the file, never a hang, an abort or a
 //! silent success.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -140,9 +139,7 @@ fn restored_states_beyond_the_maximum_position_are_refused() {
     let (_d, wide) = tiny_with_max_position(16);
     let model = Model::open(&wide).unwrap();
     let mut session = Session::new(&model, Options::default());
-    session
-        .prefill(&[7; 12], &mut Trace::disabled())
-        .unwrap();
+    session.prefill(&[7; 12], &mut Trace::disabled()).unwrap();
     let saved = wide.join("at-12.state");
     state::save(&model, &session, &saved).unwrap();
 
@@ -166,9 +163,10 @@ fn stale_temporaries_of_a_killed_save_are_removed_on_the_next_save() {
     // A PID that cannot be alive (above the kernel's pid_max limit of 2^22), one that is
     // (this process's parent), and names that are not ours.
     let dead = dir.path().join(".s.state.tmp-4194305");
-    let live = dir
-        .path()
-        .join(format!(".s.state.tmp-{}", std::os::unix::process::parent_id()));
+    let live = dir.path().join(format!(
+        ".s.state.tmp-{}",
+        std::os::unix::process::parent_id()
+    ));
     let other = [
         dir.path().join(".s.state.tmp-12x"),
         dir.path().join(".t.state.tmp-4194305"),

@@ -241,7 +241,10 @@ fn a_huge_id_is_refused_before_allocation() {
     v["model"]["vocab"]["Ġt"] = json!(u32::MAX);
     let (field, reason) = field_error(&v);
     assert_eq!(field, "model.vocab");
-    assert!(reason.contains("4294967295") && reason.contains("\"Ġt\""), "{reason}");
+    assert!(
+        reason.contains("4294967295") && reason.contains("\"Ġt\""),
+        "{reason}"
+    );
 
     let mut v = base.clone();
     v["added_tokens"][5]["id"] = json!(u32::MAX);

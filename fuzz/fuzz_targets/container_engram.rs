@@ -5,7 +5,9 @@ use ds41_engine::checkpoint::{Checkpoint, ContainerCheckpoint};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
-    let Some((&pick, data)) = data.split_first() else { return };
+    let Some((&pick, data)) = data.split_first() else {
+        return;
+    };
     let fx = ds41_fuzz::container();
     let mut files = vec!["engram.json".to_string(), "engram-tokmap.bin".to_string()];
     files.extend(fx.files(|n| n.starts_with("engram-L") && n.ends_with(".bin")));

@@ -16,5 +16,6 @@ fn config() -> &'static Config {
 }
 
 fuzz_target!(|data: &[u8]| {
-    let _ = ds41_engine::state::decode(data, Path::new("fuzz.state"), config(), &Options::default());
+    let _ =
+        ds41_engine::state::decode(data, Path::new("fuzz.state"), config(), &Options::default());
 });

@@ -21,8 +21,8 @@ use crate::config::{
     parse_json_bytes, read_json, Config, EngramHashConstants, EngramLayerHash, EngramPad,
 };
 use crate::dtype::f16_to_f32;
-use crate::{Error, Result};
 use crate::io::{map_file, present, read_file, MappedFile};
+use crate::{Error, Result};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -168,7 +168,6 @@ pub struct ContainerCheckpoint {
     specials: Vec<Special>,
 }
 
-
 fn fmt_err(file: &Path, offset: u64, reason: impl Into<String>) -> Error {
     Error::Format {
         file: file.to_path_buf(),
@@ -176,7 +175,6 @@ fn fmt_err(file: &Path, offset: u64, reason: impl Into<String>) -> Error {
         reason: reason.into(),
     }
 }
-
 
 /// `name` must be a plain file name inside the container.
 fn plain_file(manifest: &Path, field: &str, name: &str) -> Result<()> {

@@ -57,7 +57,6 @@ pub struct ReleaseCheckpoint {
     engram_sidecar: Option<EngramHashConstants>,
 }
 
-
 fn fmt_err(file: &Path, offset: u64, reason: impl Into<String>) -> Error {
     Error::Format {
         file: file.to_path_buf(),
@@ -70,7 +69,6 @@ fn fmt_err(file: &Path, offset: u64, reason: impl Into<String>) -> Error {
 fn scale_name(weight: &str) -> Option<String> {
     weight.strip_suffix(".weight").map(|s| format!("{s}.scale"))
 }
-
 
 impl ReleaseCheckpoint {
     /// Open `dir` (config.json + model.safetensors or the index and its shards).

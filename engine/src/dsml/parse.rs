@@ -158,7 +158,11 @@ pub(crate) fn read_until<'t>(
     match find_earliest(&text[index..], stops) {
         Some((pos, which)) => {
             let stop = stops[which];
-            (index + pos + stop.len(), &text[index..index + pos], Some(stop))
+            (
+                index + pos + stop.len(),
+                &text[index..index + pos],
+                Some(stop),
+            )
         }
         None => (text.len(), &text[index..], None),
     }
@@ -484,7 +488,9 @@ mod tests {
         let strict = parse(&text, ParseMode::strict(ThinkingMode::Chat)).unwrap();
         let tolerant = parse(&text, ParseMode::tolerant(ThinkingMode::Chat)).unwrap();
         assert_eq!(strict, tolerant);
-        assert!(strict.tool_calls[0].arguments.ends_with(", \"p39999\": 39999}"));
+        assert!(strict.tool_calls[0]
+            .arguments
+            .ends_with(", \"p39999\": 39999}"));
     }
 
     /// An error quotes at most [`QUOTE_LIMIT`] bytes of a multi-megabyte completion.
@@ -494,7 +500,9 @@ mod tests {
         for text in [
             format!("\n\n<｜DSML｜ calls>{tail}"),
             format!("\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke{tail}"),
-            format!("\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter{tail}"),
+            format!(
+                "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter{tail}"
+            ),
         ] {
             let e = parse(&text, ParseMode::strict(ThinkingMode::Chat)).unwrap_err();
             let message = e.to_string();
