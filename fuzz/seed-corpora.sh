@@ -105,7 +105,9 @@ for line in \
 done
 
 # YAML: cases, gates (first byte picks the file), profiles, expected failures.
-find "$root/conformance/cases" -name '*.yaml' | while read -r f; do seed_file yaml_case "$f"; done
+find "$root/conformance/cases" -name '*.yaml' | while read -r f; do
+    seed yaml_case "$(basename "$(dirname "$f")")-$(basename "$f")" < "$f"
+done
 seed_file yaml_gates "$root/gates/exact.yaml" 000
 seed_file yaml_gates "$root/gates/upstream.yaml" 001
 seed_file yaml_gates "$root/gates/quantized.yaml" 002

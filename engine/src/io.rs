@@ -23,9 +23,9 @@
 //! allocation, no lock, no formatting. A fault elsewhere is passed on to the handler that was
 //! installed before (Rust's own stack-overflow handler, or the default action).
 //!
-//! Messages are leaked rather than freed when a mapping is dropped, so the handler can never
-//! read freed memory even if it races with a drop on another thread (a few hundred bytes per
-//! mapped file, per process). With more than [`REGISTRY_SLOTS`] mappings alive at once the
+//! Messages are never freed (one per distinct path, reused when the same file is mapped
+//! again), so the handler can never read freed memory even if it races with a drop on another
+//! thread. With more than [`REGISTRY_SLOTS`] mappings alive at once the
 //! extra ones are unregistered and a truncation of one of them ends the process the default
 //! way.
 
@@ -257,9 +257,10 @@ impl Drop for MappedFile {
 
 /// The table of mapped ranges and the `SIGBUS` handler (module docs).
 mod sigbus {
-    use std::path::Path;
+    use std::collections::BTreeMap;
+    use std::path::{Path, PathBuf};
     use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
-    use std::sync::Once;
+    use std::sync::{Mutex, Once};
 
     use super::EXIT_MAPPED_FILE_CHANGED;
 
@@ -291,7 +292,14 @@ mod sigbus {
     /// At most this many bytes of a path appear in the message.
     const PATH_SHOWN: usize = 512;
 
+    /// The message naming `path`, formatted once per distinct path and never freed (the
+    /// handler may read it at any time), so reopening the same files does not grow memory.
     fn message(path: &Path) -> &'static [u8] {
+        static MESSAGES: Mutex<BTreeMap<PathBuf, &'static [u8]>> = Mutex::new(BTreeMap::new());
+        let mut messages = MESSAGES.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(m) = messages.get(path) {
+            return m;
+        }
         let shown = path.display().to_string();
         let shown = match shown.char_indices().nth(PATH_SHOWN) {
             Some((cut, _)) => format!("{}…", &shown[..cut]),
@@ -301,7 +309,9 @@ mod sigbus {
             "ds41: {shown}: the file shrank while memory-mapped (truncated by another process); \
              its bytes can no longer be read (exit {EXIT_MAPPED_FILE_CHANGED})\n"
         );
-        Box::leak(text.into_bytes().into_boxed_slice())
+        let leaked: &'static [u8] = Box::leak(text.into_bytes().into_boxed_slice());
+        messages.insert(path.to_path_buf(), leaked);
+        leaked
     }
 
     /// Publish `[start, start + len)` with the message naming `path`; `None` when the table
