@@ -274,8 +274,9 @@ impl AdapterEngine {
 impl Drop for AdapterEngine {
     fn drop(&mut self) {
         if let Some(mut r) = self.running.take() {
+            // Like every request, `shutdown` carries the next id (PROTOCOL.md).
             let line = serde_json::to_string(&Envelope {
-                id: 0,
+                id: self.next_id,
                 request: Request::Shutdown,
             })
             .unwrap_or_default();
