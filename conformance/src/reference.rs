@@ -333,15 +333,13 @@ fn engram_hash(req: &EngramHashRequest, defect: Option<&str>) -> EngineResult<En
 /// The Engram token map a request names: the file, else the model's own.
 fn token_map_source(file: &Option<std::path::PathBuf>) -> ds41_engine::model::TokenMap {
     use ds41_engine::model::TokenMap;
-    file.clone().map_or(TokenMap::FromCheckpoint, TokenMap::File)
+    file.clone()
+        .map_or(TokenMap::FromCheckpoint, TokenMap::File)
 }
 
 /// One forward request, run as `ds41 forward` runs it (the engine's `ForwardJob`), sub-ops
 /// recorded.
-pub fn forward_job(
-    req: &ForwardRequest,
-    defect: Option<&str>,
-) -> ds41_engine::model::ForwardJob {
+pub fn forward_job(req: &ForwardRequest, defect: Option<&str>) -> ds41_engine::model::ForwardJob {
     use ds41_engine::model::{ForwardJob, Options};
     ForwardJob {
         model: req.model.clone(),

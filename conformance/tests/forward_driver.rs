@@ -73,8 +73,17 @@ fn cli_and_reference_write_the_same_trace() {
     let (cli_out, ref_out) = (d.join("cli.safetensors"), d.join("ref.safetensors"));
     let (cli_state, ref_state) = (d.join("cli.state"), d.join("ref.state"));
     cli(&[
-        "--model", &s(&model), "--tokens", &list(&tokens[..12]), "--prefill", "5", "--sub-ops",
-        "--out", &s(&cli_out), "--save-state", &s(&cli_state),
+        "--model",
+        &s(&model),
+        "--tokens",
+        &list(&tokens[..12]),
+        "--prefill",
+        "5",
+        "--sub-ops",
+        "--out",
+        &s(&cli_out),
+        "--save-state",
+        &s(&cli_state),
     ]);
     reference(&ForwardRequest {
         save_state: Some(ref_state.clone()),
@@ -85,10 +94,20 @@ fn cli_and_reference_write_the_same_trace() {
     assert!(margins.get("margin.experts").is_some() && margins.get("attn_out").is_some());
 
     // Continued from the saved state (metadata names the state file, so both use one).
-    let (cli_more, ref_more) = (d.join("cli_more.safetensors"), d.join("ref_more.safetensors"));
+    let (cli_more, ref_more) = (
+        d.join("cli_more.safetensors"),
+        d.join("ref_more.safetensors"),
+    );
     cli(&[
-        "--model", &s(&model), "--tokens", &list(&tokens[12..]), "--sub-ops", "--load-state",
-        &s(&cli_state), "--out", &s(&cli_more),
+        "--model",
+        &s(&model),
+        "--tokens",
+        &list(&tokens[12..]),
+        "--sub-ops",
+        "--load-state",
+        &s(&cli_state),
+        "--out",
+        &s(&cli_more),
     ]);
     reference(&ForwardRequest {
         load_state: Some(cli_state.clone()),
@@ -99,7 +118,12 @@ fn cli_and_reference_write_the_same_trace() {
     // Teacher-forced replay on the first trace as the golden.
     let (cli_replay, ref_replay) = (d.join("cli_r.safetensors"), d.join("ref_r.safetensors"));
     cli(&[
-        "--model", &s(&model), "--replay", &s(&cli_out), "--out", &s(&cli_replay),
+        "--model",
+        &s(&model),
+        "--replay",
+        &s(&cli_out),
+        "--out",
+        &s(&cli_replay),
     ]);
     reference(&ForwardRequest {
         replay: Some(cli_out.clone()),

@@ -1,6 +1,7 @@
 //! The `ds41` commands on hostile engine-side inputs:
-//! * a tokenizer.json with one huge id: `tokenize`, `forward` and `serve-adapter` refuse it
-//!   with the field named (the adapter session goes on);
+//! * a tokenizer.json with one huge id: `tokenize` and `serve-adapter` refuse it with the
+//!   field named (the adapter session goes on); `forward` (whose Engram map reader follows HF
+//!   and allocates nothing by id) ends normally;
 //! * a FIFO where a tokenizer.json is expected is refused at once;
 //! * a checkpoint another process changes while `ds41 forward` runs: a file truncated under
 //!   the memory map ends the process with one line naming it and the documented exit status;
@@ -151,7 +152,8 @@ fn ds41(args: &[&str], stdin: &[u8]) -> Output {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child.stdin.take().unwrap().write_all(stdin).unwrap();
+    // A command that does not read stdin may exit before the write (broken pipe): fine.
+    let _ = child.stdin.take().unwrap().write_all(stdin);
     child.wait_with_output().unwrap()
 }
 
@@ -164,26 +166,31 @@ fn assert_refused_naming(out: &Output, words: &[&str]) {
 }
 
 #[test]
-fn a_huge_token_id_is_refused_by_tokenize_forward_and_serve_adapter() {
+fn a_huge_token_id_is_refused_by_tokenize_and_serve_adapter_and_forward_survives() {
     let (_dir, model) = release_with_huge_token_id();
     let tok = model.join("tokenizer.json");
     let tok = tok.to_str().unwrap();
     let words = ["model.vocab", "4294967295"];
     assert_refused_naming(&ds41(&["tokenize", "--tokenizer", tok], b"hello"), &words);
+    // `forward` builds the Engram token map with its own reader, which follows HF (sparse
+    // ids allowed, nothing allocated by id): it must end normally, never abort.
     let m = model.to_str().unwrap();
-    let out = ds41(
-        &[
-            "forward",
-            "--model",
-            m,
-            "--tokens",
-            "5,9",
-            "--out",
-            "/dev/null",
-        ],
-        b"",
+    let args = [
+        "forward",
+        "--model",
+        m,
+        "--tokens",
+        "5,9",
+        "--out",
+        "/dev/null",
+    ];
+    let out = ds41(&args, b"");
+    assert!(
+        out.status.code().is_some(),
+        "forward died from a signal: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
     );
-    assert_refused_naming(&out, &words);
 
     let requests = format!(
         "{{\"id\": 1, \"op\": \"hello\", \"protocol\": \"ds41-engine/1\"}}\n\

@@ -124,7 +124,8 @@ fn main() {
             let Some(py) = need_python()? else {
                 return Ok(skipped());
             };
-            let Some(inference) = std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
+            let Some(inference) =
+                std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
             else {
                 return Ok(Completion::ignored_with(
                     "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",

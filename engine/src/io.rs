@@ -288,6 +288,8 @@ mod sigbus {
     /// The `SIGBUS` action installed before ours (leaked, set once before ours is installed).
     static PREVIOUS: AtomicPtr<libc::sigaction> = AtomicPtr::new(std::ptr::null_mut());
     static INSTALL: Once = Once::new();
+    /// Set by the first thread that reports a truncated mapping.
+    static REPORTING: AtomicBool = AtomicBool::new(false);
 
     /// At most this many bytes of a path appear in the message.
     const PATH_SHOWN: usize = 512;
@@ -375,6 +377,14 @@ mod sigbus {
         for slot in TABLE.iter() {
             let start = slot.start.load(Ordering::Acquire);
             if start != 0 && addr >= start && addr < slot.end.load(Ordering::Relaxed) {
+                // Several threads may fault at once (rayon workers reading the same file):
+                // the first one reports, the others wait for its _exit.
+                if REPORTING.swap(true, Ordering::AcqRel) {
+                    loop {
+                        // SAFETY: pause(2) is async-signal-safe.
+                        unsafe { libc::pause() };
+                    }
+                }
                 let msg = slot.message.load(Ordering::Relaxed);
                 let len = slot.message_len.load(Ordering::Relaxed);
                 // SAFETY: the message is leaked, never freed; write and _exit are

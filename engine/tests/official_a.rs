@@ -160,13 +160,16 @@ fn official_a_replay_margins_equal_the_goldens() {
         return;
     };
     let model = common::official_a_model(&up);
-    let trace_file = |t: &Trace| {
-        TraceFile::from_bytes(&t.to_bytes().unwrap(), Path::new("replay")).unwrap()
-    };
+    let trace_file =
+        |t: &Trace| TraceFile::from_bytes(&t.to_bytes().unwrap(), Path::new("replay")).unwrap();
     for (name, prefill, index_k) in GOLDENS {
         let g = TraceFile::read(&up.join(format!("official_a/{name}.safetensors"))).unwrap();
         let tr = trace_file(&run(&model, &g, prefill, index_k, true));
-        let names: Vec<&String> = g.tensors.keys().filter(|k| k.starts_with("margin.")).collect();
+        let names: Vec<&String> = g
+            .tensors
+            .keys()
+            .filter(|k| k.starts_with("margin."))
+            .collect();
         assert_eq!(names.len(), 5, "{name}");
         for key in names {
             let want = g.f32(key).unwrap();

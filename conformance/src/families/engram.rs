@@ -350,11 +350,7 @@ fn read_golden(g: &EngramGolden, ctx: &Context) -> Result<Expected, Outcome> {
                     tokens.len()
                 )));
             }
-            Ok(Expected {
-                tokens,
-                dead,
-                ids,
-            })
+            Ok(Expected { tokens, dead, ids })
         }
         None => {
             let f = ds41_engine::trace::TraceFile::read(&path).map_err(|e| err(e.to_string()))?;
