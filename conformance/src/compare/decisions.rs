@@ -144,9 +144,10 @@ impl Track {
         l: usize,
         m: Mismatch,
         limit: f64,
+        rule: super::ExcuseRule,
         why_not: &str,
     ) -> bool {
-        let excused = m.margin <= limit;
+        let excused = rule.excuses(m.margin, limit);
         r.flips.push(FlipEvent {
             kind: FlipKind::Decision(self.decision),
             token: t,

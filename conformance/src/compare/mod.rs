@@ -221,6 +221,13 @@ impl ExcuseRule {
             -1.0
         }
     }
+    /// Whether a flip at golden `margin` is excused under `limit`. An engine that claims the
+    /// canonical tie rule answers for every exact tie (margin 0), in every profile: the fragile
+    /// rule still excuses near ties, never exact ones (a reversed tie order is then caught in
+    /// bf16 runs too).
+    fn excuses(self, margin: f64, limit: f64) -> bool {
+        margin <= limit && (self.ties || margin != 0.0)
+    }
 }
 
 /// The `fragile_flips` line: how many flips were excused and why; Fail past `max`.

@@ -65,7 +65,7 @@ pub fn compare(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> Compare
             for k in tracks.iter_mut().filter(|k| k.decision.made_at(l)) {
                 if let Some(m) = k.check(t, l) {
                     let lim = limit(k.decision, l, &grid);
-                    let excused = k.flip(&mut r, t, l, m, lim, "above the excuse limit");
+                    let excused = k.flip(&mut r, t, l, m, lim, rule, "above the excuse limit");
                     excludes = excused || rule.fragile;
                     break;
                 }

@@ -425,6 +425,25 @@ fn canonical_ties_keep_exact_ties_strict() {
 }
 
 #[test]
+fn canonical_ties_are_strict_in_the_bf16_profile_too() {
+    let mut g = golden();
+    floats(&mut g, "margin.topk.L1")[2] = 0.0;
+    let mut e = golden();
+    ints(&mut e, "topk.L1")[4] = 0;
+    let mut up = gates(ProfileName::Upstream);
+    assert!(!compare(&g, &e, &up).failed(), "an exact tie is fragile by default");
+    up.decisions.strict_ties = true;
+    let r = compare(&g, &e, &up);
+    assert!(r.failed(), "{}", r.failure_summary());
+    assert_eq!(r.first_divergence.unwrap().subop, SubOp::TopK);
+    let mut g = replay_golden();
+    floats(&mut g, "margin.topk.L1")[2] = 0.0;
+    let mut e = replay_golden();
+    ints(&mut e, "topk.L1")[4] = 0;
+    assert!(compare_replay(&g, &e, &up).failed());
+}
+
+#[test]
 fn compare_report_numbers_survive_json() {
     let mut e = golden();
     ints(&mut e, "experts")[3] = 3; // robust flip, golden margin 0.5
