@@ -1064,13 +1064,24 @@ fn compare_logits(
         .get("logits_positions")
         .map(|p| p.as_i64().iter().map(|&x| x as usize).collect());
     let steps = gl.shape[0];
-    let rows: Option<Vec<usize>> = if let (Some(ep), Some(gp)) = (&epos, &gpos) {
-        gp.iter().map(|p| ep.iter().position(|x| x == p)).collect()
+    // (golden row, engine row) pairs. With positions on both sides, every row the engine
+    // gives is matched to the golden row of the same position (an engine may print the last
+    // token's logits only next to a per-token dump); at least one must match.
+    let rows: Option<Vec<(usize, usize)>> = if let (Some(ep), Some(gp)) = (&epos, &gpos) {
+        let pairs: Vec<(usize, usize)> = gp
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let row = ep.iter().position(|x| x == p)?;
+                el.shape.first().is_some_and(|&n| row < n).then_some((i, row))
+            })
+            .collect();
+        Some(pairs).filter(|p| !p.is_empty())
     } else if el.shape.first() == Some(&steps) {
-        Some((0..steps).collect())
+        Some((0..steps).map(|i| (i, i)).collect())
     } else if let Some(gp) = &gpos {
         if el.shape.first() == Some(&excl.len()) {
-            Some(gp.clone())
+            Some(gp.iter().copied().enumerate().collect())
         } else {
             None
         }
@@ -1095,7 +1106,7 @@ fn compare_logits(
     let lg = &gates.logits;
     let (mut ncmp, mut worst_rl, mut worst_ma, mut am_eq) = (0, 0.0f64, 0.0f64, 0);
     let mut first_bad: Option<String> = None;
-    for (i, &row) in rows.iter().enumerate() {
+    for &(i, row) in &rows {
         let p = gpos.as_ref().map(|g| g[i]).unwrap_or(i);
         let compared = strict || l_n == 0 || excl.get(p).is_none_or(|&x| x >= l_n);
         if !compared {
@@ -1139,7 +1150,7 @@ fn compare_logits(
     }
     let mut text = format!(
         "{ncmp}/{} steps compared; worst rel L2 {worst_rl:.3e} (limit {:.1e}), worst max|d| {worst_ma:.3e} (limit {:.1e}); argmax equal {am_eq}/{ncmp}",
-        rows.len(),
+        steps,
         lg.rel_l2,
         lg.max_abs
     );

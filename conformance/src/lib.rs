@@ -15,6 +15,7 @@ pub const CONTRACT_VERSION: &str = "1.1.0";
 pub mod case;
 pub mod compare;
 pub mod engine_api;
+pub mod engine_process;
 pub mod families;
 pub mod gates;
 pub mod goldens;

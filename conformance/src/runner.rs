@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::case::{Case, DataRef, ModelRef};
+use crate::case::{resolve_inside, Case, DataRef, ModelRef};
 use crate::compare::{CompareReport, Divergence, Metric};
 use crate::engine_api::{Capability, Engine, EngineError};
 use crate::gates::{GateSet, Gates, ProfileName};
@@ -58,29 +58,17 @@ impl Context {
     }
 
     pub fn data(&self, d: &DataRef) -> Result<PathBuf, Outcome> {
-        let p = match d {
-            DataRef::Upstream(rel) => self.upstream_dir()?.join(rel),
-            DataRef::Repo(rel) => self.repo_root.join(rel),
+        let (root, rel) = match d {
+            DataRef::Upstream(rel) => (self.upstream_dir()?, rel),
+            DataRef::Repo(rel) => (self.repo_root.as_path(), rel),
         };
-        if !p.exists() {
-            return Err(Outcome::error(format!(
-                "{d}: {} does not exist",
-                p.display()
-            )));
-        }
-        Ok(p)
+        resolve_inside(root, rel).map_err(|e| Outcome::error(format!("{d}: {e}")))
     }
 
     pub fn model(&self, m: &ModelRef) -> Result<PathBuf, Outcome> {
         if let ModelRef::Upstream(rel) = m {
-            let p = self.upstream_dir()?.join(rel);
-            if !p.exists() {
-                return Err(Outcome::error(format!(
-                    "{m}: {} does not exist",
-                    p.display()
-                )));
-            }
-            return Ok(p);
+            return resolve_inside(self.upstream_dir()?, rel)
+                .map_err(|e| Outcome::error(format!("{m}: {e}")));
         }
         self.models
             .resolve(m)
