@@ -709,7 +709,7 @@ pub fn load_case_file(path: &Path) -> anyhow::Result<Vec<Case>> {
         let timeout_s = c.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
         if !(timeout_s > 0.0 && timeout_s <= MAX_TIMEOUT_S) {
             bail!(
-                "{at}: field `timeout_s` must be a number of seconds in (0, {MAX_TIMEOUT_S}], got {timeout_s}"
+                "{at}: field `timeout_s` must be a number of seconds in (0, {MAX_TIMEOUT_S}], got {timeout_s:?}"
             );
         }
         c.tolerance.validate().map_err(|e| anyhow!("{at}: {e}"))?;
