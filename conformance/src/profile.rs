@@ -14,7 +14,7 @@ use serde::Deserialize;
 
 use crate::engine_api::*;
 use crate::engine_process::{describe_status, utf8_problem, EngineProcess, RunError};
-use crate::trace::{read_raw_f32, read_raw_f32_rows, TraceFile, TraceTensor};
+use crate::trace::{read_raw_f32, read_raw_f32_rows, regular_file_len, TraceFile, TraceTensor};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -642,6 +642,7 @@ impl Engine for ProfileEngine {
             let garbage = |e: anyhow::Error| EngineError::Garbage(format!("{e:#}"));
             match o.layout {
                 Layout::Trace => {
+                    regular_file_len(&file).map_err(garbage)?;
                     let t = TraceFile::read(&file).map_err(|e| garbage(e.into()))?;
                     trace.tensors.extend(t.tensors);
                     trace.metadata.extend(t.metadata);
@@ -700,6 +701,12 @@ impl Engine for ProfileEngine {
 /// WASTE_DUMP_ROUTE lines `pos layer id*K w*K lookahead*K` -> experts [tokens, layers, K]
 /// (a missing (pos, layer) is -1, i.e. "no decision").
 fn parse_waste_route(path: &Path, tokens: usize, layers: usize) -> anyhow::Result<TraceTensor> {
+    // A line per (token, layer) of at most a few hundred bytes.
+    let cap = (tokens * layers) as u64 * 4096 + 4096;
+    let len = regular_file_len(path)?;
+    if len > cap {
+        bail!("{}: {len} bytes, more than a route dump of {tokens} tokens can take", path.display());
+    }
     let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let mut rows: Vec<(usize, usize, Vec<i64>)> = Vec::new();
     for (i, line) in text

@@ -333,6 +333,8 @@ impl Engine for AdapterEngine {
                 req.out.display()
             )));
         }
+        crate::trace::regular_file_len(&req.out)
+            .map_err(|e| EngineError::Garbage(format!("forward trace: {e:#}")))?;
         Ok(())
     }
     fn engram_hash(

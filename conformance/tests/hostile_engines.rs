@@ -303,6 +303,53 @@ fn profile_failures_are_named() {
     );
 }
 
+/// Output files that are not files: a FIFO nobody writes (reading it would block) and a
+/// link to `/dev/zero` (reading it would never end) are garbage, at once.
+#[test]
+fn forward_outputs_that_are_not_regular_files_are_garbage() {
+    let d = tempfile::tempdir().unwrap();
+    let model = d.path().join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    std::fs::write(
+        model.join("config.json"),
+        r#"{"vocab_size": 8, "num_hidden_layers": 1, "hc_mult": 1, "hidden_size": 4}"#,
+    )
+    .unwrap();
+    for (make, words) in [
+        ("mkfifo {out_dir}/logits.f32", "not a regular file"),
+        ("ln -s /dev/zero {out_dir}/logits.f32", "not a regular file"),
+        ("head -c 40 /dev/zero > {out_dir}/logits.f32", "40 bytes, expected 32"),
+    ] {
+        let mut e = profile(
+            d.path(),
+            &format!(
+                "capabilities: [forward, numerics.exact, index_k.owner]\nforward:\n  command: [sh, -c, '{make}']\n  outputs:\n    logits: {{file: '{{out_dir}}/logits.f32', layout: last_token_f32}}\n"
+            ),
+        );
+        let started = Instant::now();
+        let r = e.forward(
+            &ForwardRequest {
+                model: model.clone(),
+                tokens: vec![1, 2],
+                prefill: None,
+                numerics: Numerics::Exact,
+                index_k: IndexK::Owner,
+                out: d.path().join("trace.safetensors"),
+                save_state: None,
+                load_state: None,
+                replay: None,
+                engram_token_map: None,
+            },
+            Duration::from_secs(10),
+        );
+        assert!(
+            matches!(&r, Err(EngineError::Garbage(m)) if m.contains(words)),
+            "{make}: {r:?}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(5), "{make}");
+    }
+}
+
 // ------------------------------------------------------------------------ `ds41 certify`
 
 /// Three DSML parse cases with a one-second deadline: nothing to generate, quick to run.
