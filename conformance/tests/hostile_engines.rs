@@ -423,6 +423,39 @@ fn no_engine_process_survives_certify() {
     }
 }
 
+/// Engines in their own process groups miss the terminal's Ctrl-C: a harness ended by
+/// SIGINT or SIGTERM ends them first.
+#[test]
+fn a_harness_ended_by_a_signal_takes_its_engines_along() {
+    let fake = Fake::new();
+    let cases = parse_cases(fake.dir.path());
+    for (signal, mode) in [("INT", "hang"), ("TERM", "deaf")] {
+        let mut certify = Command::new(env!("CARGO_BIN_EXE_ds41"))
+            .args(["certify", "--engine", &fake.command(mode), "--cases"])
+            .arg(&cases)
+            .env_remove("DS41_UPSTREAM")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Wait until the engine and its grandchild are up.
+        let until = Instant::now() + Duration::from_secs(10);
+        while fake.pids(mode).len() < 2 && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+        let status = Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(certify.id().to_string())
+            .status()
+            .unwrap();
+        assert!(status.success());
+        let ended = certify.wait().unwrap();
+        assert!(!ended.success(), "{signal}: {ended:?}");
+        assert_all_gone(&format!("SIG{signal}"), &fake.pids(mode));
+    }
+}
+
 /// A data file that is a symbolic link out of its root is refused, and nothing of the file
 /// it points to reaches the report.
 #[test]
