@@ -997,9 +997,18 @@ mod tests {
             ("    timeout_s: .inf\n", "timeout_s"),
             ("    timeout_s: .nan\n", "timeout_s"),
             ("    timeout_s: 0\n", "timeout_s"),
-            ("    tolerance: {residual_rel_l2: .nan}\n", "tolerance.residual_rel_l2"),
-            ("    tolerance: {logits_rel_l2: .inf}\n", "tolerance.logits_rel_l2"),
-            ("    tolerance: {logits_max_abs: -0.5}\n", "tolerance.logits_max_abs"),
+            (
+                "    tolerance: {residual_rel_l2: .nan}\n",
+                "tolerance.residual_rel_l2",
+            ),
+            (
+                "    tolerance: {logits_rel_l2: .inf}\n",
+                "tolerance.logits_rel_l2",
+            ),
+            (
+                "    tolerance: {logits_max_abs: -0.5}\n",
+                "tolerance.logits_max_abs",
+            ),
         ] {
             let p = write(d.path(), "t.yaml", &case(extra));
             let e = load_case_file(&p).unwrap_err().to_string();
@@ -1024,8 +1033,14 @@ mod tests {
         std::os::unix::fs::symlink("../outside.txt", root.join("outer-link")).unwrap();
         std::os::unix::fs::symlink("..", root.join("sub/up")).unwrap();
         let real = |p: &str| root.join(p).canonicalize().unwrap();
-        assert_eq!(resolve_inside(&root, "sub/a.json").unwrap(), real("sub/a.json"));
-        assert_eq!(resolve_inside(&root, "inner-link").unwrap(), real("sub/a.json"));
+        assert_eq!(
+            resolve_inside(&root, "sub/a.json").unwrap(),
+            real("sub/a.json")
+        );
+        assert_eq!(
+            resolve_inside(&root, "inner-link").unwrap(),
+            real("sub/a.json")
+        );
         assert_eq!(resolve_inside(&root, "sub/up/sub").unwrap(), real("sub"));
         let e = resolve_inside(&root, "outer-link").unwrap_err();
         assert!(e.contains("outside") && !e.contains("secret"), "{e}");

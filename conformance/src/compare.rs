@@ -1073,7 +1073,10 @@ fn compare_logits(
             .enumerate()
             .filter_map(|(i, p)| {
                 let row = ep.iter().position(|x| x == p)?;
-                el.shape.first().is_some_and(|&n| row < n).then_some((i, row))
+                el.shape
+                    .first()
+                    .is_some_and(|&n| row < n)
+                    .then_some((i, row))
             })
             .collect();
         Some(pairs).filter(|p| !p.is_empty())

@@ -189,7 +189,10 @@ impl EngineProcess {
             let line = self.start..self.start + len;
             self.start += len + 1;
             seen = 0;
-            if !self.pending[line.clone()].iter().all(u8::is_ascii_whitespace) {
+            if !self.pending[line.clone()]
+                .iter()
+                .all(u8::is_ascii_whitespace)
+            {
                 return Ok(self.pending[line].to_vec());
             }
         }
@@ -322,10 +325,7 @@ impl EngineProcess {
 
     /// The last lines of stderr, or "" when it said nothing.
     pub fn stderr_tail(&self) -> String {
-        self.stderr
-            .lock()
-            .map(|t| t.render())
-            .unwrap_or_default()
+        self.stderr.lock().map(|t| t.render()).unwrap_or_default()
     }
 
     /// End the whole process group (SIGKILL) and reap the engine; what it wrote to stderr
@@ -610,11 +610,18 @@ mod tests {
 
     #[test]
     fn stderr_is_a_bounded_tail() {
-        let mut p = sh("head -c 3000000 /dev/zero | tr '\\0' x >&2; echo; echo last words >&2", false);
+        let mut p = sh(
+            "head -c 3000000 /dev/zero | tr '\\0' x >&2; echo; echo last words >&2",
+            false,
+        );
         let f = p.run_to_completion(soon(10_000)).unwrap();
         assert!(f.status.success());
         let tail = p.stderr_tail();
-        assert!(tail.contains("last words") && tail.len() < 2 * STDERR_TAIL_BYTES, "{}", tail.len());
+        assert!(
+            tail.contains("last words") && tail.len() < 2 * STDERR_TAIL_BYTES,
+            "{}",
+            tail.len()
+        );
         assert!(tail.contains("earlier bytes not shown"), "{tail}");
     }
 
@@ -643,7 +650,10 @@ mod tests {
     fn signals_are_described_by_name() {
         let mut p = sh("kill -SEGV $$", false);
         let f = p.run_to_completion(soon(5000)).unwrap();
-        assert_eq!(describe_status(f.status), "was killed by signal 11 (SIGSEGV)");
+        assert_eq!(
+            describe_status(f.status),
+            "was killed by signal 11 (SIGSEGV)"
+        );
         assert_eq!(
             utf8_problem(b"ok\xff").as_deref(),
             Some("not UTF-8 (invalid byte 0xff at offset 2 of 3)")

@@ -268,7 +268,10 @@ impl Profile {
     /// Every template of the profile (commands, environment values, output files).
     fn templates(&self) -> Vec<&String> {
         let mut all: Vec<&String> = self.env.values().collect();
-        for o in [&self.load, &self.render, &self.parse].into_iter().flatten() {
+        for o in [&self.load, &self.render, &self.parse]
+            .into_iter()
+            .flatten()
+        {
             all.extend(o.command.iter().chain(o.env.values()));
         }
         if let Some(t) = &self.tokenize {
@@ -435,7 +438,9 @@ impl ProfileEngine {
         match done.status.code() {
             Some(0) => String::from_utf8(done.stdout).map_err(|e| {
                 let problem = utf8_problem(e.as_bytes()).unwrap_or_default();
-                EngineError::Garbage(format!("`{shown}` exited with status 0 but its stdout is {problem}"))
+                EngineError::Garbage(format!(
+                    "`{shown}` exited with status 0 but its stdout is {problem}"
+                ))
             }),
             Some(c) if self.profile.refusal_exit_codes.contains(&c) => Err(EngineError::Refused(
                 format!("`{shown}` exited with status {c} (a declared refusal){tail}"),
@@ -705,7 +710,10 @@ fn parse_waste_route(path: &Path, tokens: usize, layers: usize) -> anyhow::Resul
     let cap = (tokens * layers) as u64 * 4096 + 4096;
     let len = regular_file_len(path)?;
     if len > cap {
-        bail!("{}: {len} bytes, more than a route dump of {tokens} tokens can take", path.display());
+        bail!(
+            "{}: {len} bytes, more than a route dump of {tokens} tokens can take",
+            path.display()
+        );
     }
     let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let mut rows: Vec<(usize, usize, Vec<i64>)> = Vec::new();
@@ -715,7 +723,7 @@ fn parse_waste_route(path: &Path, tokens: usize, layers: usize) -> anyhow::Resul
         .filter(|(_, l)| !l.trim().is_empty())
     {
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 5 || (f.len() - 2) % 3 != 0 {
+        if f.len() < 5 || !(f.len() - 2).is_multiple_of(3) {
             bail!(
                 "{} line {}: expected `pos layer id*K w*K lookahead*K`",
                 path.display(),

@@ -115,7 +115,9 @@ impl AdapterEngine {
 
     fn spawn(&mut self) -> Result<Running, EngineError> {
         let process = EngineProcess::spawn(Command::new("sh").arg("-c").arg(&self.command), true)
-            .map_err(|e| EngineError::Crashed(format!("cannot start `{}`: {e}", self.command)))?;
+            .map_err(|e| {
+            EngineError::Crashed(format!("cannot start `{}`: {e}", self.command))
+        })?;
         let mut running = Running {
             process,
             hello: Hello {
@@ -205,7 +207,9 @@ fn explain(e: EngineError, p: &mut EngineProcess) -> EngineError {
     let tail = p.stderr_tail();
     match e {
         EngineError::Crashed(m) => {
-            let status = p.try_status().map(|s| format!(" (it {})", describe_status(s)));
+            let status = p
+                .try_status()
+                .map(|s| format!(" (it {})", describe_status(s)));
             EngineError::Crashed(m + &status.unwrap_or_default() + &tail)
         }
         EngineError::Garbage(m) => EngineError::Garbage(m + &tail),
@@ -266,7 +270,9 @@ fn exchange(
     };
     let reply: Reply = serde_json::from_slice(&line).map_err(|e| {
         let shown: String = String::from_utf8_lossy(&line).chars().take(200).collect();
-        let utf8 = utf8_problem(&line).map(|m| format!("; {m}")).unwrap_or_default();
+        let utf8 = utf8_problem(&line)
+            .map(|m| format!("; {m}"))
+            .unwrap_or_default();
         EngineError::Garbage(format!("not a protocol reply ({e}{utf8}): {shown:?}"))
     })?;
     if reply.id != id {
@@ -371,7 +377,10 @@ pub fn serve(
                 write_reply(
                     &mut output,
                     0,
-                    Err(("failed", format!("malformed request: the line is {problem}"))),
+                    Err((
+                        "failed",
+                        format!("malformed request: the line is {problem}"),
+                    )),
                 )?;
                 continue;
             }
@@ -379,10 +388,10 @@ pub fn serve(
         if line.trim().is_empty() {
             continue;
         }
-        let env: Envelope = match serde_json::from_str(&line) {
+        let env: Envelope = match serde_json::from_str(line) {
             Ok(e) => e,
             Err(e) => {
-                let id = serde_json::from_str::<serde_json::Value>(&line)
+                let id = serde_json::from_str::<serde_json::Value>(line)
                     .ok()
                     .and_then(|v| v["id"].as_u64())
                     .unwrap_or(0);
@@ -482,7 +491,9 @@ mod tests {
     fn serve_answers_a_non_utf8_line_and_goes_on() {
         let mut engine = crate::reference::ReferenceEngine::new();
         let mut input = b"\xff\xfe{\"id\": 1}\n".to_vec();
-        input.extend_from_slice(b"{\"id\": 2, \"op\": \"hello\", \"protocol\": \"ds41-engine/1\"}\n");
+        input.extend_from_slice(
+            b"{\"id\": 2, \"op\": \"hello\", \"protocol\": \"ds41-engine/1\"}\n",
+        );
         let mut out = Vec::new();
         serve(&mut engine, &input[..], &mut out).unwrap();
         let replies: Vec<Reply> = out
@@ -492,7 +503,10 @@ mod tests {
             .collect();
         assert_eq!(replies.len(), 2, "{}", String::from_utf8_lossy(&out));
         let err = replies[0].error.as_ref().unwrap();
-        assert!(!replies[0].ok && err.message.contains("not UTF-8"), "{err:?}");
+        assert!(
+            !replies[0].ok && err.message.contains("not UTF-8"),
+            "{err:?}"
+        );
         assert!(replies[1].ok && replies[1].id == 2);
     }
 }

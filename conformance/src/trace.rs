@@ -14,7 +14,11 @@ pub use ds41_engine::trace::{TraceData, TraceFile, TraceTensor};
 pub fn regular_file_len(path: &Path) -> anyhow::Result<u64> {
     let m = std::fs::metadata(path).with_context(|| format!("{}: cannot read", path.display()))?;
     if !m.is_file() {
-        bail!("{}: not a regular file ({:?})", path.display(), m.file_type());
+        bail!(
+            "{}: not a regular file ({:?})",
+            path.display(),
+            m.file_type()
+        );
     }
     Ok(m.len())
 }

@@ -66,12 +66,17 @@ impl Fake {
         )
     }
     fn pids(&self, mode: &str) -> Vec<u32> {
-        std::fs::read_to_string(self.path(&format!("pids-{mode}")))
-            .unwrap_or_default()
-            .split_whitespace()
-            .map(|p| p.parse().unwrap())
-            .collect()
+        read_pids(&self.path(&format!("pids-{mode}")))
     }
+}
+
+/// The pids a fake engine recorded (one per line).
+fn read_pids(p: &Path) -> Vec<u32> {
+    std::fs::read_to_string(p)
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(|x| x.parse().unwrap())
+        .collect()
 }
 
 /// Alive and not a zombie waiting for its (new) parent to reap it.
@@ -96,7 +101,10 @@ fn assert_all_gone(what: &str, pids: &[u32]) {
     for &p in &left {
         let _ = Command::new("kill").arg("-9").arg(p.to_string()).status();
     }
-    assert!(left.is_empty(), "{what}: engine processes {left:?} survived");
+    assert!(
+        left.is_empty(),
+        "{what}: engine processes {left:?} survived"
+    );
 }
 
 fn parse_req(completion: String) -> ParseRequest {
@@ -124,14 +132,20 @@ fn protocol_call(mode: &str, completion: String, timeout: Duration) -> (EngineEr
 #[test]
 fn endless_blank_lines_fail_within_the_deadline() {
     let (e, took) = protocol_call("blank-lines", "x".into(), Duration::from_secs(5));
-    assert!(matches!(&e, EngineError::Garbage(m) if m.contains("bytes on stdout without a complete reply")), "{e}");
+    assert!(
+        matches!(&e, EngineError::Garbage(m) if m.contains("bytes on stdout without a complete reply")),
+        "{e}"
+    );
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
 
 #[test]
 fn an_endless_line_is_garbage_not_an_allocation() {
     let (e, _) = protocol_call("endless-line", "x".into(), Duration::from_secs(20));
-    assert!(matches!(&e, EngineError::Garbage(m) if m.contains("bytes on stdout")), "{e}");
+    assert!(
+        matches!(&e, EngineError::Garbage(m) if m.contains("bytes on stdout")),
+        "{e}"
+    );
 }
 
 fn rss_kib() -> u64 {
@@ -182,7 +196,9 @@ fn protocol_failures_are_named() {
 #[test]
 fn an_engine_that_never_says_hello_leaves_nothing_behind() {
     let fake = Fake::new();
-    let e = AdapterEngine::start(&fake.command("no-hello")).err().unwrap();
+    let e = AdapterEngine::start(&fake.command("no-hello"))
+        .err()
+        .unwrap();
     assert!(format!("{e:#}").contains("not a protocol reply"), "{e:#}");
     assert_all_gone("no-hello", &fake.pids("no-hello"));
 }
@@ -231,14 +247,21 @@ fn render_with(dir: &Path, script: &str, timeout: Duration) -> (EngineResult<Str
     (r, started.elapsed())
 }
 
+/// A script that records its pid, starts a `sleep` in the background (pid recorded too),
+/// then runs `then`; and the file of pids.
+fn with_grandchild(dir: &Path, then: &str) -> (String, PathBuf) {
+    let pids = dir.join("pids");
+    let p = pids.display();
+    (
+        format!("echo $$ >> {p}; sleep 30 & echo $! >> {p}; {then}\n"),
+        pids,
+    )
+}
+
 #[test]
 fn a_profile_command_whose_child_holds_stdout_does_not_hang() {
     let d = tempfile::tempdir().unwrap();
-    let pids = d.path().join("pids");
-    let script = format!(
-        "echo $$ >> {p}; sleep 30 & echo $! >> {p}; echo '<prompt>'; exit 0\n",
-        p = pids.display()
-    );
+    let (script, pids) = with_grandchild(d.path(), "echo '<prompt>'; exit 0");
     let (r, took) = render_with(d.path(), &script, Duration::from_secs(20));
     let e = r.unwrap_err();
     assert!(
@@ -250,22 +273,10 @@ fn a_profile_command_whose_child_holds_stdout_does_not_hang() {
     assert_all_gone("background child", &read_pids(&pids));
 }
 
-fn read_pids(p: &Path) -> Vec<u32> {
-    std::fs::read_to_string(p)
-        .unwrap_or_default()
-        .split_whitespace()
-        .map(|x| x.parse().unwrap())
-        .collect()
-}
-
 #[test]
 fn a_profile_timeout_ends_the_grandchildren() {
     let d = tempfile::tempdir().unwrap();
-    let pids = d.path().join("pids");
-    let script = format!(
-        "echo $$ >> {p}; sleep 300 & echo $! >> {p}; sleep 300\n",
-        p = pids.display()
-    );
+    let (script, pids) = with_grandchild(d.path(), "sleep 300");
     let (r, took) = render_with(d.path(), &script, Duration::from_millis(500));
     assert!(matches!(r, Err(EngineError::Timeout(_))), "{r:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
@@ -278,7 +289,10 @@ fn profile_failures_are_named() {
     let t = Duration::from_secs(20);
     let cases: [(&str, &str); 5] = [
         ("exec yes", "bytes on stdout (killed)"),
-        ("printf 'ok\\377'", "its stdout is not UTF-8 (invalid byte 0xff at offset 2 of 3)"),
+        (
+            "printf 'ok\\377'",
+            "its stdout is not UTF-8 (invalid byte 0xff at offset 2 of 3)",
+        ),
         ("kill -SEGV $$", "was killed by signal 11 (SIGSEGV)"),
         ("echo 'no such container' >&2; exit 3", "engine refused:"),
         (
@@ -318,7 +332,10 @@ fn forward_outputs_that_are_not_regular_files_are_garbage() {
     for (make, words) in [
         ("mkfifo {out_dir}/logits.f32", "not a regular file"),
         ("ln -s /dev/zero {out_dir}/logits.f32", "not a regular file"),
-        ("head -c 40 /dev/zero > {out_dir}/logits.f32", "40 bytes, expected 32"),
+        (
+            "head -c 40 /dev/zero > {out_dir}/logits.f32",
+            "40 bytes, expected 32",
+        ),
     ] {
         let mut e = profile(
             d.path(),

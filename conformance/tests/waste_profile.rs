@@ -226,7 +226,10 @@ fn last_token_logits_next_to_a_per_token_dump_are_matched_by_position() {
         out.contains("PASS          residual::waste_profile::waste-tiny-last-token"),
         "{out}"
     );
-    assert!(!out.contains("prefix lengths"), "one run, not one per prefix: {out}");
+    assert!(
+        !out.contains("prefix lengths"),
+        "one run, not one per prefix: {out}"
+    );
 }
 
 /// A profile reading `{env.WASTE_BIN}` without WASTE_BIN set is a configuration error
@@ -246,5 +249,8 @@ fn an_unset_waste_bin_is_a_configuration_error() {
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{err}");
-    assert!(err.contains("WASTE_BIN") && err.contains("not set"), "{err}");
+    assert!(
+        err.contains("WASTE_BIN") && err.contains("not set"),
+        "{err}"
+    );
 }
