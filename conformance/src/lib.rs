@@ -5,6 +5,7 @@
 //! * [`gates`] — tolerance profiles read from `gates/`;
 //! * [`outcome`] — the result vocabulary;
 //! * [`engine_api`] — the engine-under-test abstraction and capability list;
+//! * [`engine_process`] — engine subprocesses: process groups, deadlines, bounded reads;
 //! * [`goldens`] — golden provenance, check/bless and the errata register;
 //! * [`trace`], [`compare`] — trace files and the comparison metrics (fragile flips included);
 

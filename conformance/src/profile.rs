@@ -420,7 +420,8 @@ impl ProfileEngine {
             Err(RunError::Timeout) => return Err(EngineError::Timeout(timeout)),
             Err(RunError::StdoutOverBudget(n)) => {
                 return Err(EngineError::Garbage(format!(
-                    "`{shown}` wrote more than {n} bytes on stdout (killed){tail}"
+                    "`{shown}` wrote more than {} MiB on stdout (killed){tail}",
+                    n >> 20
                 )))
             }
             Err(RunError::LeftoverHoldsStdout(how)) => {

@@ -264,7 +264,8 @@ fn exchange(
         }
         Err(ReadError::OverBudget) => {
             return Err(EngineError::Garbage(format!(
-                "more than {MAX_REPLY_BYTES} bytes on stdout without a complete reply line"
+                "more than {} MiB on stdout without a complete reply line",
+                MAX_REPLY_BYTES >> 20
             )))
         }
     };

@@ -133,7 +133,7 @@ fn protocol_call(mode: &str, completion: String, timeout: Duration) -> (EngineEr
 fn endless_blank_lines_fail_within_the_deadline() {
     let (e, took) = protocol_call("blank-lines", "x".into(), Duration::from_secs(5));
     assert!(
-        matches!(&e, EngineError::Garbage(m) if m.contains("bytes on stdout without a complete reply")),
+        matches!(&e, EngineError::Garbage(m) if m.contains("more than 64 MiB on stdout without a complete reply")),
         "{e}"
     );
     assert!(took < Duration::from_secs(5), "{took:?}");
@@ -143,7 +143,7 @@ fn endless_blank_lines_fail_within_the_deadline() {
 fn an_endless_line_is_garbage_not_an_allocation() {
     let (e, _) = protocol_call("endless-line", "x".into(), Duration::from_secs(20));
     assert!(
-        matches!(&e, EngineError::Garbage(m) if m.contains("bytes on stdout")),
+        matches!(&e, EngineError::Garbage(m) if m.contains("MiB on stdout")),
         "{e}"
     );
 }
@@ -288,7 +288,7 @@ fn profile_failures_are_named() {
     let d = tempfile::tempdir().unwrap();
     let t = Duration::from_secs(20);
     let cases: [(&str, &str); 5] = [
-        ("exec yes", "bytes on stdout (killed)"),
+        ("exec yes", "wrote more than 64 MiB on stdout (killed)"),
         (
             "printf 'ok\\377'",
             "its stdout is not UTF-8 (invalid byte 0xff at offset 2 of 3)",
