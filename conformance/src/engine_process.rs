@@ -17,7 +17,7 @@
 use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -80,7 +80,6 @@ pub struct EngineProcess {
     child: Child,
     group: i32,
     input: Option<Sender<Vec<u8>>>,
-    written: Arc<AtomicU64>,
     output: Receiver<Chunk>,
     /// Bytes read from stdout not yet returned: `pending[start..]`.
     pending: Vec<u8>,
@@ -118,18 +117,15 @@ impl EngineProcess {
             pump_stderr(stderr, t);
             let _ = ended.send(());
         });
-        let written = Arc::new(AtomicU64::new(0));
         let input = child.stdin.take().map(|stdin| {
             let (tx, rx) = mpsc::channel::<Vec<u8>>();
-            let w = Arc::clone(&written);
-            std::thread::spawn(move || feed_stdin(stdin, rx, w));
+            std::thread::spawn(move || feed_stdin(stdin, rx));
             tx
         });
         Ok(EngineProcess {
             child,
             group,
             input,
-            written,
             output,
             pending: Vec::new(),
             start: 0,
@@ -140,12 +136,8 @@ impl EngineProcess {
         })
     }
 
-    pub fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
-    /// Queue bytes for the engine's stdin; never blocks. Whether the engine reads them shows
-    /// in its answer (or its silence until the deadline) and in [`EngineProcess::bytes_written`].
+    /// Queue bytes for the engine's stdin; never blocks (a writer thread feeds the pipe), so
+    /// an engine that stops reading shows as silence until the deadline.
     pub fn send(&mut self, bytes: Vec<u8>) {
         if let Some(tx) = &self.input {
             let _ = tx.send(bytes);
@@ -155,11 +147,6 @@ impl EngineProcess {
     /// Close the engine's stdin once everything queued is written (end of input).
     pub fn close_stdin(&mut self) {
         self.input = None;
-    }
-
-    /// Bytes the engine has taken from its stdin so far.
-    pub fn bytes_written(&self) -> u64 {
-        self.written.load(Ordering::Relaxed)
     }
 
     /// The next stdout line that is not blank (without its `\n`), waiting at most until
@@ -434,15 +421,10 @@ fn pump_stderr(mut from: impl Read, tail: Arc<Mutex<Tail>>) {
     }
 }
 
-fn feed_stdin(mut to: impl Write, from: Receiver<Vec<u8>>, written: Arc<AtomicU64>) {
+fn feed_stdin(mut to: impl Write, from: Receiver<Vec<u8>>) {
+    // Ends when the engine stops taking input (its group was killed) or the sender is gone.
     for bytes in from {
-        for piece in bytes.chunks(CHUNK_BYTES) {
-            if to.write_all(piece).is_err() {
-                return;
-            }
-            written.fetch_add(piece.len() as u64, Ordering::Relaxed);
-        }
-        if to.flush().is_err() {
+        if to.write_all(&bytes).and_then(|_| to.flush()).is_err() {
             return;
         }
     }
@@ -642,7 +624,6 @@ mod tests {
         let mut p = sh("sleep 30", true);
         p.send(vec![b'x'; 2 << 20]);
         assert_eq!(p.read_line(soon(300), 100), Err(ReadError::Timeout));
-        assert!(p.bytes_written() < 2 << 20);
         p.kill();
     }
 

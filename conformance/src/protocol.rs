@@ -108,11 +108,6 @@ impl AdapterEngine {
         Ok(e)
     }
 
-    /// The process id of the running engine (`sh -c`), if one runs.
-    pub fn pid(&self) -> Option<u32> {
-        self.running.as_ref().map(|r| r.process.pid())
-    }
-
     fn spawn(&mut self) -> Result<Running, EngineError> {
         let process = EngineProcess::spawn(Command::new("sh").arg("-c").arg(&self.command), true)
             .map_err(|e| {
