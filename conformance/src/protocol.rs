@@ -103,12 +103,13 @@ impl AdapterEngine {
             capabilities: BTreeSet::new(),
             unknown_capabilities: Vec::new(),
         };
-        e.ensure_running()
+        e.ensure_running(Instant::now() + HELLO_TIMEOUT, HELLO_TIMEOUT)
             .map_err(|err| anyhow::anyhow!("engine `{command}`: {err}"))?;
         Ok(e)
     }
 
-    fn spawn(&mut self) -> Result<Running, EngineError> {
+    /// Start the engine and say hello, before `deadline` (`timeout` names it in a report).
+    fn spawn(&mut self, deadline: Instant, timeout: Duration) -> Result<Running, EngineError> {
         let process = EngineProcess::spawn(Command::new("sh").arg("-c").arg(&self.command), true)
             .map_err(|e| {
             EngineError::Crashed(format!("cannot start `{}`: {e}", self.command))
@@ -129,7 +130,8 @@ impl AdapterEngine {
             &Request::Hello {
                 protocol: PROTOCOL_VERSION.into(),
             },
-            HELLO_TIMEOUT,
+            deadline,
+            timeout,
         )
         .and_then(|v| {
             serde_json::from_value::<Hello>(v)
@@ -152,9 +154,9 @@ impl AdapterEngine {
         Ok(running)
     }
 
-    fn ensure_running(&mut self) -> Result<(), EngineError> {
+    fn ensure_running(&mut self, deadline: Instant, timeout: Duration) -> Result<(), EngineError> {
         if self.running.is_none() {
-            let r = self.spawn()?;
+            let r = self.spawn(deadline, timeout)?;
             self.identity = EngineIdentity {
                 driver: format!("adapter: {}", self.command),
                 ..r.hello.engine.clone()
@@ -174,12 +176,15 @@ impl AdapterEngine {
         Ok(())
     }
 
+    /// One request under the case's `timeout`, which covers restarting the engine (and its
+    /// hello) when the previous one was discarded.
     fn call(&mut self, req: Request, timeout: Duration) -> EngineResult<serde_json::Value> {
-        self.ensure_running()?;
+        let deadline = Instant::now() + timeout;
+        self.ensure_running(deadline.min(Instant::now() + HELLO_TIMEOUT), timeout)?;
         let id = self.next_id;
         self.next_id += 1;
         let r = self.running.as_mut().expect("running");
-        match exchange(&mut r.process, id, &req, timeout) {
+        match exchange(&mut r.process, id, &req, deadline, timeout) {
             Ok(v) => Ok(v),
             Err(
                 e
@@ -230,15 +235,16 @@ impl Drop for AdapterEngine {
     }
 }
 
-/// Send one request and wait, under `timeout`, for the reply with the same id. Everything the
-/// engine writes meanwhile counts against [`MAX_REPLY_BYTES`].
+/// Send one request and wait, until `deadline`, for the reply with the same id (`timeout`
+/// names the deadline in a report). Everything the engine writes meanwhile counts against
+/// [`MAX_REPLY_BYTES`].
 fn exchange(
     p: &mut EngineProcess,
     id: u64,
     req: &Request,
+    deadline: Instant,
     timeout: Duration,
 ) -> EngineResult<serde_json::Value> {
-    let deadline = Instant::now() + timeout;
     let mut line = serde_json::to_vec(&Envelope {
         id,
         request: req.clone(),

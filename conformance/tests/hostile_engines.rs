@@ -24,6 +24,9 @@ idof() { printf '%s' "$1" | sed -n 's/.*"id":\([0-9][0-9]*\).*/\1/p'; }
 IFS= read -r line || exit 0
 id=$(idof "$line")
 [ "$MODE" = no-hello ] && { echo 'Loading weights... 12%'; sleep 300; }
+# answers the first hello only: every restarted engine stays silent
+[ "$MODE" = hello-once ] && [ -e "$PIDS.started" ] && sleep 300
+[ "$MODE" = hello-once ] && { : > "$PIDS.started"; MODE=segv; }
 printf '{"id":%s,"ok":true,"result":{"protocol":"ds41-engine/1","engine":{"name":"hostile","version":"0"},"capabilities":["parse"]}}\n' "$id"
 [ "$MODE" = deaf ] && sleep 300
 while IFS= read -r line; do
@@ -191,6 +194,27 @@ fn protocol_failures_are_named() {
     // A half line is no reply: the deadline ends the wait.
     let (e, _) = protocol_call("half-line", "x".into(), Duration::from_millis(500));
     assert!(matches!(e, EngineError::Timeout(_)), "{e}");
+}
+
+/// Restarting a discarded engine is part of the next request: a restarted engine that
+/// never says hello fails that request at its deadline.
+#[test]
+fn a_restarted_engine_that_never_says_hello_times_out_with_the_case() {
+    let fake = Fake::new();
+    let mut engine = AdapterEngine::start(&fake.command("hello-once")).unwrap();
+    let t = Duration::from_millis(500);
+    let r = engine.parse(&parse_req("x".into()), t);
+    assert!(matches!(r, Err(EngineError::Crashed(_))), "{r:?}");
+    let started = Instant::now();
+    let r = engine.parse(&parse_req("x".into()), t);
+    assert!(matches!(r, Err(EngineError::Timeout(_))), "{r:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(engine);
+    assert_all_gone("hello-once", &fake.pids("hello-once"));
 }
 
 #[test]
