@@ -465,10 +465,10 @@ impl Tail {
         if shown.is_empty() {
             return String::new();
         }
-        let cut = if self.dropped > 0 || start > 0 {
-            format!(", {} earlier bytes not shown", self.dropped)
-        } else {
-            String::new()
+        let cut = match (self.dropped, start) {
+            (0, 0) => String::new(),
+            (0, lines) => format!(", {lines} earlier lines not shown"),
+            (bytes, _) => format!(", more than {bytes} earlier bytes not shown"),
         };
         format!(
             "\n--- engine stderr (last {} lines{cut}) ---\n{}",
