@@ -168,7 +168,8 @@ fn a_stderr_flood_is_kept_as_a_bounded_tail() {
     assert!(matches!(e, EngineError::Timeout(_)), "{e}");
     let grown = rss_kib().saturating_sub(before);
     // 300 MB went through stderr; the harness keeps a few KiB of it.
-    assert!(grown < 100 << 10, "the harness grew by {grown} KiB");
+    // (Other tests of this binary run alongside: one may hold a 64 MiB reply buffer.)
+    assert!(grown < 200 << 10, "the harness grew by {grown} KiB");
 }
 
 #[test]
