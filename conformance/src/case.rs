@@ -9,6 +9,7 @@ use anyhow::{anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::engine_api::{IndexK, Numerics};
+use crate::families::CheckFamily;
 use crate::gates::{GateOverrides, ProfileName};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -416,8 +417,9 @@ pub struct ResidualSpec {
     /// For engines that dump the last token only: run once per prefix length.
     #[serde(default)]
     pub prefix_lengths: Vec<usize>,
-    /// A safetensors file with an `engram_token_map` tensor to use instead of the map the
-    /// checkpoint's tokenizer implies (official_a's stub tokenizer).
+    /// A file with the Engram token map to use instead of the checkpoint's own (int32 `.npy`,
+    /// or a safetensors file with an `engram_token_map` tensor): a map from elsewhere, e.g.
+    /// another tokenizer's.
     #[serde(default)]
     pub engram_token_map: Option<DataRef>,
     /// Dump tensors the engine must provide (a missing one is NotSupported, never Pass).
@@ -428,6 +430,11 @@ pub struct ResidualSpec {
     /// cell by the profile's `replay` thresholds. Needs a `{file: ...}` golden carrying them.
     #[serde(default)]
     pub replay: bool,
+    /// The golden and every engine run on this case break exact ties by the canonical rule
+    /// (largest first, equal values -> lower index): decisions at golden margin 0 are then
+    /// compared strictly instead of excused (CONTRACT.md §4).
+    #[serde(default)]
+    pub canonical_ties: bool,
 }
 
 /// A model directory without weights, assembled from data files (Engram hashing needs only the
@@ -506,6 +513,20 @@ pub enum Spec {
     Engram(EngramSpec),
 }
 
+impl Spec {
+    /// The family that declares and runs this spec (families/*.rs).
+    pub fn family(&self) -> &dyn CheckFamily {
+        match self {
+            Spec::Loader(s) => s,
+            Spec::Tokenizer(s) => s,
+            Spec::Dsml(s) => s,
+            Spec::State(s) => s,
+            Spec::Residual(s) => s,
+            Spec::Engram(s) => s,
+        }
+    }
+}
+
 /// One runnable case.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Case {
@@ -526,39 +547,15 @@ pub struct Case {
 impl Case {
     /// Upstream data this case reads (it is Skipped when DS41_UPSTREAM is unset).
     pub fn needs_upstream(&self) -> bool {
-        let up_model = |m: &ModelRef| matches!(m, ModelRef::Upstream(_));
-        let up_data = |d: &DataRef| matches!(d, DataRef::Upstream(_));
-        match &self.spec {
-            Spec::Loader(s) => s.model.as_ref().is_some_and(up_model),
-            Spec::Tokenizer(s) => up_data(&s.tokenizer) || s.corpus.as_ref().is_some_and(up_data),
-            Spec::Dsml(s) => {
-                s.render.as_ref().is_some_and(|r| {
-                    up_data(&r.conversation) || r.expected.as_ref().is_some_and(up_data)
-                }) || s.render_dir.as_ref().is_some_and(up_data)
-                    || s.probes
-                        .as_ref()
-                        .is_some_and(|p| up_data(&p.inputs) || up_data(&p.results))
-            }
-            Spec::State(s) => up_model(&s.model) || s.other_model.as_ref().is_some_and(up_model),
-            Spec::Residual(s) => {
-                up_model(&s.model)
-                    || match &s.golden {
-                        GoldenSpec::Reference => false,
-                        GoldenSpec::File(d) => up_data(d),
-                        GoldenSpec::WasteOracle { dir, .. } => up_data(dir),
-                    }
-            }
-            Spec::Engram(s) => {
-                s.model.as_ref().is_some_and(up_model)
-                    || s.weightless.as_ref().is_some_and(|w| {
-                        up_data(&w.config)
-                            || up_data(&w.tokenizer)
-                            || w.token_map.as_ref().is_some_and(up_data)
-                    })
-                    || s.golden.as_ref().is_some_and(|g| up_data(&g.file))
-                    || s.engram_token_map.as_ref().is_some_and(up_data)
-            }
-        }
+        let family = self.spec.family();
+        family
+            .models()
+            .iter()
+            .any(|m| matches!(m, ModelRef::Upstream(_)))
+            || family
+                .data()
+                .iter()
+                .any(|d| matches!(d, DataRef::Upstream(_)))
     }
 }
 
@@ -713,8 +710,8 @@ pub fn load_case_file(path: &Path) -> anyhow::Result<Vec<Case>> {
             );
         }
         c.tolerance.validate().map_err(|e| anyhow!("{at}: {e}"))?;
-        validate_spec(&spec).map_err(|e| anyhow!("{at}: {e}"))?;
-        let profile = c.profile.unwrap_or(default_profile(&spec));
+        spec.family().validate().map_err(|e| anyhow!("{at}: {e}"))?;
+        let profile = c.profile.unwrap_or(spec.family().default_profile());
         out.push(Case {
             name: format!("{}::{stem}::{}", family.as_str(), c.name),
             family,
@@ -728,187 +725,6 @@ pub fn load_case_file(path: &Path) -> anyhow::Result<Vec<Case>> {
         });
     }
     Ok(out)
-}
-
-fn default_profile(spec: &Spec) -> ProfileName {
-    match spec {
-        Spec::Residual(s) => match s.numerics {
-            Numerics::Exact => ProfileName::Exact,
-            Numerics::Upstream => ProfileName::Upstream,
-        },
-        Spec::State(s) => match s.numerics {
-            Numerics::Exact => ProfileName::Exact,
-            Numerics::Upstream => ProfileName::Upstream,
-        },
-        _ => ProfileName::Exact,
-    }
-}
-
-fn validate_spec(spec: &Spec) -> Result<(), String> {
-    match spec {
-        Spec::Loader(s) => {
-            if s.model.is_some() == s.all_mutants_of.is_some() {
-                return Err("give exactly one of `model` and `all_mutants_of`".into());
-            }
-            if let Some(m) = &s.all_mutants_of {
-                let ok = m
-                    .split_once('/')
-                    .is_some_and(|(p, l)| !p.is_empty() && matches!(l, "release" | "container"));
-                if !ok {
-                    return Err(format!(
-                        "field `all_mutants_of`: `{m}` is not PRESET/LAYOUT"
-                    ));
-                }
-                if s.expect != LoadExpect::Refuse {
-                    return Err("field `expect`: mutants must be refused".into());
-                }
-            }
-        }
-        Spec::Tokenizer(s) => {
-            let have_texts = !s.texts.is_empty();
-            if s.corpus.is_some() == have_texts {
-                return Err("give exactly one of `corpus` and `texts`".into());
-            }
-            if s.check == TokenizerCheck::Ids && have_texts && s.ids.len() != s.texts.len() {
-                return Err(format!(
-                    "field `ids`: {} lists for {} texts",
-                    s.ids.len(),
-                    s.texts.len()
-                ));
-            }
-            if s.check == TokenizerCheck::NoControlIds && s.markup {
-                return Err(
-                    "field `check`: no_control_ids applies to the text path (markup: false)".into(),
-                );
-            }
-        }
-        Spec::Dsml(s) => {
-            let n = usize::from(s.render.is_some())
-                + usize::from(s.parse.is_some())
-                + usize::from(s.render_dir.is_some())
-                + usize::from(s.probes.is_some());
-            if n != 1 {
-                return Err(
-                    "give exactly one of `render`, `parse`, `render_dir` and `probes`".into(),
-                );
-            }
-            if let Some(r) = &s.render {
-                if r.expected.is_some() == r.expect_error.is_some() {
-                    return Err(
-                        "field `render`: give exactly one of `expected` and `expect_error`".into(),
-                    );
-                }
-            }
-            if let Some(p) = &s.parse {
-                if p.expected.is_some() == p.expect_error.is_some() {
-                    return Err(
-                        "field `parse`: give exactly one of `expected` and `expect_error`".into(),
-                    );
-                }
-            }
-        }
-        Spec::State(s) => {
-            if s.splits.is_empty() {
-                return Err("field `splits`: at least one split point".into());
-            }
-            if let Some(&bad) = s.splits.iter().find(|&&k| k == 0 || k >= s.tokens.len()) {
-                return Err(format!(
-                    "field `splits`: {bad} is not inside 1..{}",
-                    s.tokens.len()
-                ));
-            }
-            if (s.relation == Relation::MismatchRefused) != s.other_model.is_some() {
-                return Err(
-                    "field `other_model`: required by (and only by) relation mismatch_refused"
-                        .into(),
-                );
-            }
-        }
-        Spec::Residual(s) => {
-            if let Some(t) = &s.tokens {
-                if t.is_empty() {
-                    return Err("field `tokens`: empty".into());
-                }
-                if let Some(p) = s.prefill {
-                    if p == 0 || p > t.len() {
-                        return Err(format!(
-                            "field `prefill`: {p} is not inside 1..={}",
-                            t.len()
-                        ));
-                    }
-                }
-                if let Some(&bad) = s.prefix_lengths.iter().find(|&&k| k == 0 || k > t.len()) {
-                    return Err(format!(
-                        "field `prefix_lengths`: {bad} is not inside 1..={}",
-                        t.len()
-                    ));
-                }
-            } else if matches!(s.golden, GoldenSpec::Reference) {
-                return Err(
-                    "field `tokens`: required when the golden is the live reference".into(),
-                );
-            }
-            if s.replay {
-                if !matches!(s.golden, GoldenSpec::File(_)) {
-                    return Err(
-                        "field `replay`: needs a `{file: ...}` golden with block_input and pre_mix"
-                            .into(),
-                    );
-                }
-                if s.tokens.is_some() || !s.prefix_lengths.is_empty() {
-                    return Err("field `replay`: the tokens are the golden's `input_ids`; give neither `tokens` nor `prefix_lengths`".into());
-                }
-            }
-            const KNOWN: [&str; 8] = [
-                "logits",
-                "residual",
-                "experts",
-                "engram_hash",
-                "topk",
-                "attn_out",
-                "moe_out",
-                "expert_weights",
-            ];
-            if let Some(bad) = s.require.iter().find(|r| !KNOWN.contains(&r.as_str())) {
-                return Err(format!(
-                    "field `require`: unknown dump tensor `{bad}` (known: {})",
-                    KNOWN.join(", ")
-                ));
-            }
-        }
-        Spec::Engram(s) => {
-            if s.model.is_some() == s.weightless.is_some() {
-                return Err("give exactly one of `model` and `weightless`".into());
-            }
-            if s.golden.is_some() == s.relation.is_some() {
-                return Err("give exactly one of `golden` and `relation`".into());
-            }
-            if let Some(g) = &s.golden {
-                if s.tokens.is_some() || !s.dead.is_empty() || s.pad_token.is_some() {
-                    return Err("field `golden`: tokens and dead positions come from the golden; give none of `tokens`, `dead`, `pad_token`".into());
-                }
-                if g.ids.is_none() && g.dead.is_some() {
-                    return Err("field `golden.dead`: only for JSON goldens (with `ids`)".into());
-                }
-            }
-            if s.relation.is_some() {
-                let n = s.tokens.as_ref().map_or(0, Vec::len);
-                if n == 0 {
-                    return Err("field `tokens`: required (non-empty) by a relation".into());
-                }
-                if s.dead.is_empty() {
-                    return Err("field `dead`: a latching relation needs DEAD positions".into());
-                }
-                if let Some(&bad) = s.dead.iter().find(|&&p| p >= n) {
-                    return Err(format!("field `dead`: {bad} is not inside 0..{n}"));
-                }
-                if s.pad_token.is_none() {
-                    return Err("field `pad_token`: required by a relation".into());
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -190,8 +190,8 @@ pub struct ForwardRequest {
     /// Teacher-forced replay from this golden's block inputs.
     #[serde(default)]
     pub replay: Option<PathBuf>,
-    /// A safetensors file whose `engram_token_map` tensor replaces the map derived from the
-    /// checkpoint's tokenizer (test checkpoints whose stub tokenizer is not DS41-shaped).
+    /// A file whose Engram token map replaces the checkpoint's own (int32 `.npy`, or a
+    /// safetensors file with an `engram_token_map` tensor).
     #[serde(default)]
     pub engram_token_map: Option<PathBuf>,
 }

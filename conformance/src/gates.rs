@@ -82,6 +82,12 @@ pub struct DecisionGates {
     /// Fail when more flips than this are excused (None: no limit, but always reported).
     #[serde(default)]
     pub max_fragile: Option<usize>,
+    /// Compare exact ties (golden margin 0) strictly too. By default a flip at an exact tie is
+    /// excused in every profile (counted, and what it feeds skipped): two correct engines may
+    /// break ties differently. Set for an engine that claims the canonical tie rule
+    /// (`ds41 certify --canonical-ties`, or a residual case's `canonical_ties: true`).
+    #[serde(default)]
+    pub strict_ties: bool,
 }
 
 /// Teacher-forced replay thresholds (compare.py `--replay`).
@@ -125,6 +131,9 @@ pub struct GateOverrides {
     pub logits_rel_l2: Option<f64>,
     pub logits_max_abs: Option<f64>,
     pub residual_rel_l2: Option<f64>,
+    /// For a golden set whose calibration shows correct engines (noise stand-ins) changing the
+    /// top-1 of a near-tied logits row.
+    pub argmax: Option<ArgmaxRule>,
 }
 
 /// Every threshold, in a profile or a case's override, is a finite number >= 0: NaN would
@@ -164,6 +173,9 @@ impl Gates {
         }
         if let Some(v) = o.residual_rel_l2 {
             g.residual.rel_l2 = v;
+        }
+        if let Some(v) = o.argmax {
+            g.logits.argmax = v;
         }
         g
     }

@@ -220,6 +220,7 @@ fn explain(e: EngineError, p: &mut EngineProcess) -> EngineError {
 impl Drop for AdapterEngine {
     fn drop(&mut self) {
         if let Some(mut r) = self.running.take() {
+            // Like every request, `shutdown` carries the next id (PROTOCOL.md).
             let line = serde_json::to_string(&Envelope {
                 id: self.next_id,
                 request: Request::Shutdown,

@@ -278,66 +278,14 @@ fn has_weights(dir: &std::path::Path) -> bool {
     .any(|f| dir.join(f).is_file())
 }
 
-/// The hasher of a weightless release directory: the release recipe applied to its
-/// `config.json`, the map from `engram_token_map_int32.npy` when present, else built from
-/// `tokenizer.json` (MODEL.md §6.6.1).
-fn weightless_hasher(
-    dir: &std::path::Path,
-    token_map: Option<Vec<i32>>,
-) -> ds41_engine::Result<ds41_engine::model::EngramHasher> {
-    use ds41_engine::checkpoint::release::{npy_i32_vector, TOKMAP_NPY};
-    use ds41_engine::tokenizer::engram_map;
-    let cfg = ds41_engine::config::Config::from_release_json(&dir.join("config.json"))?;
-    let consts = ds41_engine::config::EngramHashConstants::for_release(&cfg)?;
-    let npy = dir.join(TOKMAP_NPY);
-    let map = match token_map {
-        Some(m) => m,
-        None if npy.is_file() => {
-            let b = std::fs::read(&npy).map_err(|e| ds41_engine::Error::Io {
-                path: npy.clone(),
-                source: e,
-            })?;
-            npy_i32_vector(&npy, &b)?
-        }
-        None => {
-            let tok = ds41_engine::tokenizer::Tokenizer::from_file(dir.join("tokenizer.json"))?;
-            engram_map::compressed_token_map(&tok)?
-        }
-    };
-    let n = engram_map::compressed_vocab_size(&map);
-    if map.len() < cfg.vocab_size || n != cfg.engram_compressed_vocab_size {
-        return Err(ds41_engine::Error::Config {
-            field: "engram_compressed_vocab_size".into(),
-            rule: format!(
-                "the Engram token map has {} entries and {n} compressed ids; the config says \
-                 vocab_size {} and {} compressed ids",
-                map.len(),
-                cfg.vocab_size,
-                cfg.engram_compressed_vocab_size
-            ),
-        });
-    }
-    ds41_engine::model::EngramHasher::new(&consts, map)
-}
-
 /// Engram hash ids (PROTOCOL.md `engram_hash`) with the engine's own hashing function, so an
 /// injected `engram-pad-not-latching` acts here exactly as in a forward pass.
 fn engram_hash(req: &EngramHashRequest, defect: Option<&str>) -> EngineResult<EngramHashes> {
     use ds41_engine::model::engram::DEAD;
-    use ds41_engine::model::Model;
-    use ds41_engine::trace::TraceFile;
+    use ds41_engine::model::{EngramHasher, Model};
     let refused = |e: ds41_engine::Error| EngineError::Refused(e.to_string());
     let defects = forward_defects(defect);
-    let token_map = match &req.engram_token_map {
-        Some(p) => {
-            let f = TraceFile::read(p).map_err(refused)?;
-            let (_, m) = f.i64("engram_token_map").ok_or_else(|| {
-                EngineError::Refused(format!("{}: no I64 `engram_token_map` tensor", p.display()))
-            })?;
-            Some(m.iter().map(|&x| x as i32).collect())
-        }
-        None => None,
-    };
+    let token_map = token_map_source(&req.engram_token_map);
     let hasher = if has_weights(&req.model) {
         let model = Model::open_with_token_map(&req.model, token_map).map_err(refused)?;
         model.engram_hasher().cloned().ok_or_else(|| {
@@ -347,7 +295,7 @@ fn engram_hash(req: &EngramHashRequest, defect: Option<&str>) -> EngineResult<En
             ))
         })?
     } else {
-        weightless_hasher(&req.model, token_map).map_err(refused)?
+        EngramHasher::for_weightless_release(&req.model, &token_map).map_err(refused)?
     };
     let n = req.tokens.len();
     if let Some(&p) = req.dead.iter().find(|&&p| p >= n) {
@@ -382,95 +330,41 @@ fn engram_hash(req: &EngramHashRequest, defect: Option<&str>) -> EngineResult<En
         .collect())
 }
 
-/// The `ds41 forward` semantics (issue 4 item 4) for one request.
+/// The Engram token map a request names: the file, else the model's own.
+fn token_map_source(file: &Option<std::path::PathBuf>) -> ds41_engine::model::TokenMap {
+    use ds41_engine::model::TokenMap;
+    file.clone()
+        .map_or(TokenMap::FromCheckpoint, TokenMap::File)
+}
+
+/// One forward request, run as `ds41 forward` runs it (the engine's `ForwardJob`), sub-ops
+/// recorded.
+pub fn forward_job(req: &ForwardRequest, defect: Option<&str>) -> ds41_engine::model::ForwardJob {
+    use ds41_engine::model::{ForwardJob, Options};
+    ForwardJob {
+        model: req.model.clone(),
+        tokens: req.tokens.clone(),
+        prefill: req.prefill,
+        options: Options {
+            numerics: req.numerics,
+            index_k: req.index_k,
+            defects: forward_defects(defect),
+        },
+        token_map: token_map_source(&req.engram_token_map),
+        replay: req.replay.clone(),
+        load_state: req.load_state.clone(),
+        save_state: req.save_state.clone(),
+        sub_ops: true,
+    }
+}
+
 fn forward(req: &ForwardRequest, defect: Option<&str>) -> EngineResult<()> {
-    use ds41_engine::model::{Forcing, Model, Options, Session};
-    use ds41_engine::trace::{Trace, TraceFile, TraceOptions};
-    let failed = |e: ds41_engine::Error| EngineError::Failed(e.to_string());
-    let defects = forward_defects(defect);
-    let (numerics, index_k) = (req.numerics, req.index_k);
-    let golden = match &req.replay {
-        Some(p) => Some(TraceFile::read(p).map_err(failed)?),
-        None => None,
-    };
-    let map_file = match &req.engram_token_map {
-        Some(p) => Some(TraceFile::read(p).map_err(failed)?),
-        None => None,
-    };
-    let token_map = map_file.as_ref().or(golden.as_ref()).and_then(|g| {
-        g.i64("engram_token_map")
-            .map(|(_, m)| m.iter().map(|&x| x as i32).collect())
-    });
-    let model = Model::open_with_token_map(&req.model, token_map)
-        .map_err(|e| EngineError::Refused(e.to_string()))?;
-    let n = req.tokens.len();
-    let restoring = req.load_state.is_some();
-    // After a restore every given token is a decode step unless a first chunk is asked for.
-    let prefill = req.prefill.unwrap_or(if restoring { 0 } else { n });
-    if n == 0 || prefill > n || (prefill == 0 && !restoring) {
-        return Err(EngineError::Refused(format!(
-            "prefill {prefill} must be between 1 and the number of tokens ({n})"
-        )));
-    }
-    if restoring && golden.is_some() {
-        return Err(EngineError::Refused(
-            "load_state cannot be combined with replay".into(),
-        ));
-    }
-    let mut trace = Trace::new(
-        model.config(),
-        TraceOptions {
-            enabled: true,
-            sub_ops: true,
-        },
-    );
-    let mut session = Session::new(
-        &model,
-        Options {
-            numerics,
-            index_k,
-            defects: defects.clone(),
-        },
-    );
-    if let Some(p) = &req.load_state {
-        // A state from another checkpoint or run configuration is refused, naming the field.
-        ds41_engine::state::restore(&model, &mut session, p)
-            .map_err(|e| EngineError::Refused(e.to_string()))?;
-    }
-    match &golden {
-        Some(g) => {
-            let forcing = Forcing::from_golden(g, model.config()).map_err(failed)?;
-            session
-                .replay(&req.tokens[..prefill], &forcing, &mut trace)
-                .map_err(failed)?;
-            for i in prefill..n {
-                session
-                    .replay(&req.tokens[i..i + 1], &forcing, &mut trace)
-                    .map_err(failed)?;
-            }
-        }
-        None => {
-            if prefill > 0 {
-                session
-                    .prefill(&req.tokens[..prefill], &mut trace)
-                    .map_err(failed)?;
-            }
-            for &t in &req.tokens[prefill..] {
-                session.decode(t, &mut trace).map_err(failed)?;
-            }
-        }
-    }
-    let m = &mut trace.metadata;
-    m.insert("engine".into(), ds41_engine::ENGINE_NAME.into());
-    m.insert("version".into(), ds41_engine::ENGINE_VERSION.into());
-    m.insert("numerics".into(), req.numerics.as_str().into());
-    m.insert("index-k".into(), req.index_k.as_str().into());
-    m.insert("prefill".into(), prefill.to_string());
-    if !defects.is_empty() {
-        m.insert("defects".into(), defects.to_string());
-    }
-    if let Some(p) = &req.save_state {
-        ds41_engine::state::save(&model, &session, p).map_err(failed)?;
-    }
-    trace.write(&req.out).map_err(failed)
+    use ds41_engine::model::JobError;
+    let out = forward_job(req, defect).run().map_err(|e| match e {
+        JobError::Refused(e) => EngineError::Refused(e.to_string()),
+        JobError::Failed(e) => EngineError::Failed(e.to_string()),
+    })?;
+    out.trace
+        .write(&req.out)
+        .map_err(|e| EngineError::Failed(e.to_string()))
 }

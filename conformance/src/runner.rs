@@ -11,7 +11,7 @@ use anyhow::{anyhow, bail};
 use serde::{Deserialize, Serialize};
 
 use crate::case::{resolve_inside, Case, DataRef, ModelRef};
-use crate::compare::{CompareReport, Divergence, Metric};
+use crate::compare::{CompareReport, Divergence, Metric, MetricStatus};
 use crate::engine_api::{Capability, Engine, EngineError};
 use crate::gates::{GateSet, Gates, ProfileName};
 use crate::outcome::Outcome;
@@ -35,6 +35,9 @@ pub struct Context {
     pub gates: GateSet,
     /// The run's profile: a case is judged by the looser of its own profile and this one.
     pub run_profile: ProfileName,
+    /// The engine claims the canonical tie rule: exact ties are compared strictly
+    /// (`ds41 certify --canonical-ties`; CONTRACT.md §4).
+    pub canonical_ties: bool,
     pub upstream: Option<PathBuf>,
     /// Scratch space for generated models and engine outputs (a temp dir).
     pub work_dir: PathBuf,
@@ -169,12 +172,24 @@ pub struct Details {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub first_divergence: Option<DivergenceRecord>,
     /// Per-layer worst residual rel L2 per compared run (name, values), for the SVG plot.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[serde(
+        default,
+        skip_serializing_if = "Vec::is_empty",
+        with = "crate::report::float::named_series"
+    )]
     pub per_layer: Vec<(String, Vec<Option<f64>>)>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::report::float::option"
+    )]
     pub residual_threshold: Option<f64>,
+    /// Decision flips excused (fragile flips and exact ties).
     #[serde(default)]
     pub fragile_flips: usize,
+    /// Of those, flips at an exact tie (golden margin 0).
+    #[serde(default)]
+    pub exact_ties: usize,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
     /// Checkpoints the case ran on: (model ref, directory).
@@ -186,7 +201,7 @@ pub struct Details {
 pub struct MetricRecord {
     pub run: String,
     pub name: String,
-    pub status: String,
+    pub status: MetricStatus,
     pub text: String,
 }
 
@@ -199,20 +214,17 @@ pub struct DivergenceRecord {
 }
 
 impl Details {
-    /// Record one comparison (named `run`, e.g. `prefix 3`).
+    /// Record one comparison (named `run`, e.g. `prefix 3`). The first divergence kept is
+    /// the first run's (runs are independent forwards, not points of one forward).
     pub fn absorb(&mut self, run: &str, r: &CompareReport) {
         for Metric {
             name, status, text, ..
         } in &r.metrics
         {
-            let status = serde_json::to_value(status)
-                .ok()
-                .and_then(|v| v.as_str().map(String::from))
-                .unwrap_or_default();
             self.metrics.push(MetricRecord {
                 run: run.into(),
                 name: name.clone(),
-                status,
+                status: *status,
                 text: text.clone(),
             });
         }
@@ -227,6 +239,7 @@ impl Details {
             self.residual_threshold = Some(r.residual_threshold);
         }
         self.fragile_flips += r.excused_flips();
+        self.exact_ties += r.exact_ties();
     }
 }
 
@@ -238,6 +251,7 @@ pub struct CaseResult {
     pub profile: String,
     #[serde(flatten)]
     pub outcome: Outcome,
+    #[serde(with = "crate::report::float")]
     pub seconds: f64,
     pub rerun: String,
     #[serde(default)]
@@ -294,6 +308,59 @@ pub fn run_case(case: &Case, engine: &mut dyn Engine, ctx: &Context) -> CaseResu
         seconds: start.elapsed().as_secs_f64(),
         rerun: ctx.rerun_command(&case.name),
         details,
+    }
+}
+
+/// Run one case and apply the expected-failure list: the result as reported.
+pub fn judge_case(
+    case: &Case,
+    engine: &mut dyn Engine,
+    ctx: &Context,
+    xfail: Option<&ExpectedFailures>,
+) -> CaseResult {
+    let mut r = run_case(case, engine, ctx);
+    if let Some(x) = xfail {
+        x.apply(&mut r);
+    }
+    r
+}
+
+/// The case loop of a run: every case in order on one engine, each judged result handed to
+/// `each` (its 0-based index, the result) as it completes.
+pub fn run_cases(
+    cases: &[Case],
+    engine: &mut dyn Engine,
+    ctx: &Context,
+    xfail: Option<&ExpectedFailures>,
+    mut each: impl FnMut(usize, &CaseResult),
+) -> Vec<CaseResult> {
+    let mut results = Vec::with_capacity(cases.len());
+    for (i, case) in cases.iter().enumerate() {
+        let r = judge_case(case, engine, ctx, xfail);
+        each(i, &r);
+        results.push(r);
+    }
+    results
+}
+
+/// Generate the synthetic checkpoints the cases use, up front, with a line each for `log`
+/// (a model that cannot be generated is reported by the cases that use it).
+pub fn pregenerate(cases: &[Case], ctx: &Context, mut log: impl FnMut(String)) {
+    let models: std::collections::BTreeSet<ModelRef> = cases
+        .iter()
+        .flat_map(|c| c.spec.family().models())
+        .filter(|m| matches!(m, ModelRef::Synthetic { .. }))
+        .collect();
+    for m in models {
+        let t = Instant::now();
+        log(match ctx.models.resolve(&m) {
+            Ok(dir) => format!(
+                "generated {m} in {:.2}s -> {}",
+                t.elapsed().as_secs_f64(),
+                dir.display()
+            ),
+            Err(e) => format!("cannot generate {m}: {e:#} (its cases will report the error)"),
+        });
     }
 }
 

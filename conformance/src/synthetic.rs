@@ -26,6 +26,9 @@ pub fn generate(preset: &str, layout_name: &str, seed: u64, dir: &Path) -> anyho
     Ok(())
 }
 
+/// The seed every mutant is generated from: its unmutated base is `PRESET/LAYOUT@0`.
+pub const MUTANT_BASE_SEED: u64 = 0;
+
 pub fn generate_mutant(
     preset: &str,
     layout_name: &str,
@@ -35,7 +38,7 @@ pub fn generate_mutant(
     ds41_synthetic::generate_with(&ds41_synthetic::Options {
         preset: preset.into(),
         layout: layout(layout_name)?,
-        seed: 0,
+        seed: MUTANT_BASE_SEED,
         out_dir: dir.to_path_buf(),
         mutant: Some(mutant.into()),
         force: false,

@@ -326,3 +326,119 @@ fn forward_traces_are_byte_deterministic() {
     assert!(a.len() > 1000);
     assert!(a == b, "two runs wrote different bytes");
 }
+
+/// The digest is not a signature: an edited capability list with a recomputed digest is
+/// caught against report.json, naming what differs.
+#[test]
+fn an_edited_capability_list_is_refused() {
+    let edit = |c: &mut Certificate| c.capabilities.push("trace.everything".into());
+    assert_refused(
+        &tampered("capabilities", true, edit),
+        &[(
+            "report header",
+            "capabilities (report only [], certificate only [\"trace.everything\"])",
+        )],
+    );
+}
+
+#[test]
+fn an_edited_summary_names_the_counts_that_differ() {
+    let edit = |c: &mut Certificate| {
+        c.summary.pass += 1;
+        c.summary.total += 1;
+    };
+    assert_refused(
+        &tampered("summary", true, edit),
+        &[
+            ("summary", "pass: results 2, summary 3"),
+            ("report header", "pass: report 2, certificate 3"),
+        ],
+    );
+}
+
+/// A field the digest does not cover is refused, not ignored.
+#[test]
+fn an_unknown_field_is_refused() {
+    let src = certified();
+    let dir = src.with_file_name("tampered-unknown-field");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::copy(src.join("report.json"), dir.join("report.json")).unwrap();
+    let mut v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(src.join("certificate.json")).unwrap()).unwrap();
+    v["reviewed_by"] = "someone".into();
+    let path = dir.join("certificate.json");
+    std::fs::write(&path, serde_json::to_vec_pretty(&v).unwrap()).unwrap();
+    assert_refused(&path, &[("fields", "reviewed_by")]);
+}
+
+/// Without its report.json a certificate is not VALID, unless asked to be checked alone.
+#[test]
+fn a_certificate_without_its_report_needs_an_explicit_flag() {
+    let src = certified();
+    let dir = src.with_file_name("alone");
+    std::fs::create_dir_all(&dir).unwrap();
+    let cert = dir.join("certificate.json");
+    std::fs::copy(src.join("certificate.json"), &cert).unwrap();
+    assert_refused(&cert, &[("report", "--no-report")]);
+    let (code, out, err) = ds41(&["verify-certificate", cert.to_str().unwrap(), "--no-report"]);
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("VALID") && out.contains("not checked"),
+        "{out}"
+    );
+}
+
+/// The expected-failure list a run applied is pinned in report and certificate by sha256.
+#[test]
+fn the_expected_failure_list_used_is_recorded_with_its_sha256() {
+    let tmp = tempfile::tempdir().unwrap();
+    let failing = "residual::synthetic::tiny-release-exact-owner-prefill";
+    let list = xfail_list(tmp.path(), failing);
+    let report = tmp.path().join("report");
+    let (code, out, err) = ds41(&[
+        "certify",
+        "--exact",
+        "--filter",
+        failing,
+        "--filter",
+        "loader::synthetic::tiny-release-loads",
+        "--defect",
+        "no-attention-sink",
+        "--expected-failures",
+        list.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let cert: Certificate =
+        serde_json::from_slice(&std::fs::read(report.join("certificate.json")).unwrap()).unwrap();
+    let x = cert.expected_failures.expect("the list is recorded");
+    let sha = ds41_conformance::report::sha256_file(&list).unwrap();
+    assert_eq!((x.sha256.as_str(), x.entries), (sha.as_str(), 1));
+    let (code, out, _) = ds41(&[
+        "verify-certificate",
+        report.join("certificate.json").to_str().unwrap(),
+    ]);
+    assert_eq!(code, 0, "{out}");
+}
+
+/// `certify --help` names only flags that exist.
+#[test]
+fn certify_help_names_only_existing_flags() {
+    let (code, help, _) = ds41(&["certify", "--help"]);
+    assert_eq!(code, 0);
+    for flag in help
+        .split(|c: char| c.is_whitespace() || "(),;`'".contains(c))
+        .filter(|w| w.starts_with("--") && w.len() > 2)
+    {
+        let flag = flag.trim_end_matches(['.', ':']);
+        let (code, _, err) = ds41(&["certify", flag, "--help"]);
+        assert!(
+            !err.contains("unexpected argument"),
+            "`certify --help` names {flag}, which does not exist (exit {code}): {err}"
+        );
+    }
+    let (code, out, err) = ds41(&["certify", "--list-defects"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.lines().any(|l| l == "no-attention-sink"), "{out}");
+}

@@ -6,7 +6,10 @@
 //! * `regen_python::scripts` — goldens/regen/test_regen*.py: the DSML, tokenizer and WASTE
 //!   drivers on toys and forged inputs;
 //! * `regen_python::torch-kernels-vs-engine` — the torch kernels against this engine's upstream
-//!   profile, bit for bit, on official_a weights (regen_python/torch_kernels.rs).
+//!   profile, bit for bit, on official_a weights (regen_python/torch_kernels.rs);
+//! * `regen_python::engram-map-vs-official` — the engine's Engram token map against the
+//!   official engram.py on every tokenizer we have (regen_python/engram_map.rs); needs
+//!   `DS41_OFFICIAL_INFERENCE`, the release `inference/` directory.
 //!
 //! `DS41_PYTHON` names a Python with goldens/regen/requirements.txt installed, e.g.
 //! `DS41_PYTHON=/tmp/ds41-venv/bin/python DS41_UPSTREAM=/work/shared/upstream cargo test -p
@@ -14,6 +17,8 @@
 //! failure. `DS41_UPSTREAM` and `DS41_TOKENIZER_WHEEL` are passed through (the Python tests that
 //! need them say `SKIPPED` when unset).
 
+#[path = "regen_python/engram_map.rs"]
+mod engram_map;
 #[path = "regen_python/torch_kernels.rs"]
 mod torch_kernels;
 
@@ -113,6 +118,25 @@ fn main() {
                 return Ok(Completion::ignored_with("SKIPPED: DS41_UPSTREAM not set"));
             };
             torch_kernels::torch_kernels_equal_the_engine_bit_for_bit(&py, Path::new(&up));
+            Ok(Completion::Completed)
+        }),
+        Trial::ignorable_test("regen_python::engram-map-vs-official", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let Some(inference) =
+                std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
+            else {
+                return Ok(Completion::ignored_with(
+                    "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
+                ));
+            };
+            let up = std::env::var_os("DS41_UPSTREAM").filter(|v| !v.is_empty());
+            engram_map::engram_map_equals_official(
+                &py,
+                Path::new(&inference),
+                up.as_deref().map(Path::new),
+            );
             Ok(Completion::Completed)
         }),
     ];

@@ -17,7 +17,7 @@ use ds41_conformance::gates::{GateSet, ProfileName};
 use ds41_conformance::outcome::Outcome;
 use ds41_conformance::protocol::AdapterEngine;
 use ds41_conformance::reference::{self, ReferenceEngine};
-use ds41_conformance::runner::{self, run_case, Context, ExpectedFailures, ModelStore};
+use ds41_conformance::runner::{self, judge_case, run_case, Context, ExpectedFailures, ModelStore};
 use ds41_conformance::selftest::{self, ControlVerdict};
 
 fn verdict(o: &Outcome, rerun: &str, notes: &[String]) -> Result<Completion, Failed> {
@@ -75,6 +75,7 @@ fn main() {
         cases_dir,
         gates,
         run_profile: ProfileName::Exact,
+        canonical_ties: false,
         upstream,
         work_dir: work.path().to_path_buf(),
         models: ModelStore::new(work.path().join("models")),
@@ -88,8 +89,7 @@ fn main() {
         trials.push(
             Trial::ignorable_test(case.name.clone(), move || {
                 let mut engine = ReferenceEngine::new();
-                let mut r = run_case(&c, &mut engine, &cx);
-                x.apply(&mut r);
+                let r = judge_case(&c, &mut engine, &cx, Some(&x));
                 verdict(&r.outcome, &r.rerun, &r.details.notes)
             })
             .with_kind(case.family.as_str())
@@ -101,8 +101,7 @@ fn main() {
             Trial::ignorable_test(format!("protocol::{}", case.name), move || {
                 let mut engine = AdapterEngine::start(&format!("{} serve-adapter", ds41_bin()))
                     .map_err(|e| format!("{e:#}"))?;
-                let mut r = run_case(&c, &mut engine, &cx);
-                x.apply(&mut r);
+                let r = judge_case(&c, &mut engine, &cx, Some(&x));
                 let rerun = format!(
                     "cargo test -p ds41-conformance --test suite -- 'protocol::{}' --exact",
                     c.name
@@ -218,7 +217,7 @@ while IFS= read -r line; do
     *'"op":"hello"'*)
       caps='["load"]'; [ "$mode" = nocaps ] && caps='[]'; [ "$mode" = engram-garbage ] && caps='["engram_hash"]'
       printf '{"id":%s,"ok":true,"result":{"protocol":"ds41-engine/1","engine":{"name":"fake-%s","version":"0"},"capabilities":%s}}\n' "$id" "$mode" "$caps";;
-    *'"op":"shutdown"'*) printf '{"id":%s,"ok":true,"result":{}}\n' "$id"; exit 0;;
+    *'"op":"shutdown"'*) [ "$mode" = accept ] && printf 'shutdown %s\n' "$id" >> "$marker"; printf '{"id":%s,"ok":true,"result":{}}\n' "$id"; exit 0;;
     *) case "$mode" in
          crash) echo "fake engine: imitating a segfault" >&2; exit 139;;
          crash-once) if [ -e "$marker" ]; then printf '{"id":%s,"ok":true,"result":{}}\n' "$id"; else : > "$marker"; echo "fake engine: first call dies" >&2; exit 1; fi;;
@@ -283,6 +282,12 @@ fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>
             mutant.clone(),
             expect_fail("accepted a broken checkpoint"),
         ),
+        // Refusing everything refuses every mutant, and proves nothing: the base must load.
+        (
+            "refuse-mutant",
+            mutant.clone(),
+            expect_fail("cannot load the unmutated base"),
+        ),
         (
             "nocaps",
             valid.clone(),
@@ -313,7 +318,11 @@ fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>
         let (cx, script) = (Arc::clone(ctx), script.clone());
         trials.push(
             Trial::test(format!("selftest::adapter::{mode}"), move || {
-                let script_mode = mode.strip_suffix("-engram").unwrap_or(mode);
+                // `MODE-engram` / `MODE-mutant`: the script's MODE on another case.
+                let script_mode = ["-engram", "-mutant"]
+                    .iter()
+                    .find_map(|x| mode.strip_suffix(x))
+                    .unwrap_or(mode);
                 let mut e = AdapterEngine::start(&format!(
                     "exec sh {} {script_mode} /dev/null",
                     script.display()
@@ -325,6 +334,34 @@ fn adapter_selftests(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>
             .with_kind("selftest"),
         );
     }
+    // `shutdown` carries the next id, like every request.
+    let (cx, sc, ids) = (Arc::clone(ctx), script.clone(), dir.join("shutdown-id.log"));
+    let case = valid.clone();
+    trials.push(
+        Trial::test("selftest::adapter::shutdown-id", move || {
+            let _ = std::fs::remove_file(&ids);
+            let mut e = AdapterEngine::start(&format!(
+                "exec sh {} accept {}",
+                sc.display(),
+                ids.display()
+            ))
+            .map_err(|e| format!("{e:#}"))?;
+            // hello (id 1), load (id 2), then shutdown when the driver is dropped
+            let r = run_case(&case, &mut e, &cx);
+            drop(e);
+            let log = std::fs::read_to_string(&ids).unwrap_or_default();
+            if r.outcome == Outcome::Pass && log.trim() == "shutdown 3" {
+                Ok(())
+            } else {
+                Err(format!(
+                    "expected Pass and `shutdown 3`, got {:?} and {log:?}",
+                    r.outcome
+                )
+                .into())
+            }
+        })
+        .with_kind("selftest"),
+    );
     // A crash fails that case only: the next case gets a fresh engine process.
     let (cx, script, marker) = (Arc::clone(ctx), script, dir.join("crash-once.marker"));
     trials.push(

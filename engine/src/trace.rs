@@ -21,8 +21,8 @@ use crate::{Error, Result};
 pub struct TraceOptions {
     /// Record per-token data at all (off: only the last logits are kept by the session).
     pub enabled: bool,
-    /// Also record `attn_out`, `moe_out`, `mid`, `block_input`, `pre_mix`, `engram_gate` and
-    /// `candidates.L{c}`.
+    /// Also record `attn_out`, `moe_out`, `mid`, `block_input`, `pre_mix`, `engram_gate`,
+    /// `final_pre` and `candidates.L{c}`.
     pub sub_ops: bool,
 }
 
@@ -41,8 +41,11 @@ pub struct Trace {
     pub engram_cols: usize,
     pub candidate_layer: Option<usize>,
     pub candidate_keep: usize,
+    pub candidate_block: usize,
     /// Tokens recorded so far.
     pub tokens: usize,
+    /// The first row of the chunk being recorded.
+    pub chunk_row: usize,
     pub input_ids: Vec<i64>,
     /// [steps, vocab]: one row per forward (its last position).
     pub logits: Vec<f32>,
@@ -56,6 +59,13 @@ pub struct Trace {
     pub topk: BTreeMap<usize, Vec<i32>>,
     /// [tokens, engram_layers, cols]
     pub engram_hash: Vec<i64>,
+    /// Selection margins of every decision (`model::topk::Selection::margin`): the routing of
+    /// each [token, layer], each index source's top-k per token (a candidate consumer's is
+    /// the lower of its own and the candidate source's), the candidate blocks per token.
+    /// ∞ where no decision was made.
+    pub margin_experts: Vec<f32>,
+    pub margin_topk: BTreeMap<usize, Vec<f32>>,
+    pub margin_candidates: Vec<f32>,
     /// Sub-ops (only with `options.sub_ops`).
     pub attn_out: Vec<f32>,
     pub moe_out: Vec<f32>,
@@ -63,6 +73,8 @@ pub struct Trace {
     pub block_input: Vec<f32>,
     pub pre_mix: Vec<f32>,
     pub engram_gate: Vec<f32>,
+    /// [tokens, hc]: the `pre` of the final collapse (the last block's FFN pre).
+    pub final_pre: Vec<f32>,
     /// [tokens, candidate_keep]: kept candidate blocks, ascending, −1 padded.
     pub candidates: Vec<i32>,
     /// Free-form metadata written into `__metadata__` (engine, numerics, index-k, ...).
@@ -90,6 +102,7 @@ impl Trace {
             engram_cols: cfg.engram_max_ngram_size.saturating_sub(1) * cfg.engram_n_heads,
             candidate_layer: cfg.candidate_source_layer,
             candidate_keep: cfg.candidate_topk_blocks,
+            candidate_block: cfg.candidate_block_size,
             ..Trace::default()
         }
     }
@@ -112,11 +125,19 @@ impl Trace {
             .resize((first + rows) * l * self.topk_experts, -1);
         self.expert_weights
             .resize((first + rows) * l * self.topk_experts, 0.0);
+        self.margin_experts.resize((first + rows) * l, f32::INFINITY);
         for &li in &self.index_layers {
             self.topk
                 .entry(li)
                 .or_default()
                 .resize((first + rows) * self.index_topk, -1);
+            self.margin_topk
+                .entry(li)
+                .or_default()
+                .resize(first + rows, f32::INFINITY);
+        }
+        if self.candidate_layer.is_some() {
+            self.margin_candidates.resize(first + rows, f32::INFINITY);
         }
         self.engram_hash
             .resize((first + rows) * self.engram_layers * self.engram_cols, 0);
@@ -128,6 +149,7 @@ impl Trace {
             self.pre_mix.resize((first + rows) * l * hc, 0.0);
             self.engram_gate
                 .resize((first + rows) * self.engram_layers * hc, 0.0);
+            self.final_pre.resize((first + rows) * hc, 0.0);
             if self.candidate_layer.is_some() {
                 self.candidates
                     .resize((first + rows) * self.candidate_keep, -1);
@@ -208,6 +230,28 @@ impl Trace {
                 le_bytes(v),
             ));
         }
+        tensors.push((
+            "margin.experts".into(),
+            Dtype::F32,
+            vec![t, l],
+            le_bytes(&self.margin_experts),
+        ));
+        for (li, v) in &self.margin_topk {
+            tensors.push((
+                format!("margin.topk.L{li}"),
+                Dtype::F32,
+                vec![t],
+                le_bytes(v),
+            ));
+        }
+        if let Some(c) = self.candidate_layer {
+            tensors.push((
+                format!("margin.candidates.L{c}"),
+                Dtype::F32,
+                vec![t],
+                le_bytes(&self.margin_candidates),
+            ));
+        }
         if self.options.sub_ops {
             tensors.push((
                 "attn_out".into(),
@@ -244,6 +288,12 @@ impl Trace {
                 Dtype::F32,
                 vec![t, self.engram_layers, hc],
                 le_bytes(&self.engram_gate),
+            ));
+            tensors.push((
+                "final_pre".into(),
+                Dtype::F32,
+                vec![t, hc],
+                le_bytes(&self.final_pre),
             ));
             if let Some(c) = self.candidate_layer {
                 tensors.push((

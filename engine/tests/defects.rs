@@ -132,8 +132,8 @@ fn candidate_pin_missing_is_visible_on_constructed_scores() {
         f32::NEG_INFINITY,
         f32::NEG_INFINITY,
     ];
-    let good = candidate_mask(&scores, 10, 4, 2, &DefectSet::none()).unwrap();
-    let bad = candidate_mask(
+    let (good, _) = candidate_mask(&scores, 10, 4, 2, &DefectSet::none()).unwrap();
+    let (bad, _) = candidate_mask(
         &scores,
         10,
         4,
@@ -150,12 +150,14 @@ fn reversed_tie_rule_is_visible_on_constructed_scores() {
     let scores = [0.0, 1.0, 0.0, 0.0, -1.0];
     assert_eq!(topk(&scores, 2, false, "t").unwrap(), vec![1, 0]);
     assert_eq!(topk(&scores, 2, true, "t").unwrap(), vec![1, 3]);
+    // The tie decides membership: the selection margin says so (0).
+    let (list, margin) = select(&scores, 2, 5, &DefectSet::none()).unwrap();
+    assert_eq!((list.to_vec(), margin), (vec![0, 1], 0.0));
     assert_eq!(
-        select(&scores, 2, 5, &DefectSet::none()).unwrap(),
-        vec![0, 1]
-    );
-    assert_eq!(
-        select(&scores, 2, 5, &DefectSet::new([Defect::TopkTiesReversed])).unwrap(),
+        select(&scores, 2, 5, &DefectSet::new([Defect::TopkTiesReversed]))
+            .unwrap()
+            .0
+            .to_vec(),
         vec![1, 3]
     );
 }

@@ -148,3 +148,39 @@ fn official_a_replay_catches_a_wrong_index_k_behaviour() {
     let rep = compare_replay(&g, &run(&model, &g, 1, IndexK::Owner, true), &lim);
     assert!(!rep.failures.is_empty());
 }
+
+/// The margins the reference records are the official goldens' `margin.*` (same definition,
+/// names and layout): replayed from the golden's own block inputs, the indexer sees the
+/// golden's bf16 scores, so its top-k and candidate-block margins are bit-identical in every
+/// cell (∞ where nothing competes, 0 on exact ties); the router's f32 scores differ in the
+/// last bits, so its margins agree on every ∞ and 0 and to 1e-3 elsewhere.
+#[test]
+fn official_a_replay_margins_equal_the_goldens() {
+    let Some(up) = common::upstream("official_a_replay_margins_equal_the_goldens") else {
+        return;
+    };
+    let model = common::official_a_model(&up);
+    let trace_file = |t: &Trace| {
+        TraceFile::from_bytes(&t.to_bytes().unwrap(), Path::new("replay")).unwrap()
+    };
+    for (name, prefill, index_k) in GOLDENS {
+        let g = TraceFile::read(&up.join(format!("official_a/{name}.safetensors"))).unwrap();
+        let tr = trace_file(&run(&model, &g, prefill, index_k, true));
+        let names: Vec<&String> = g.tensors.keys().filter(|k| k.starts_with("margin.")).collect();
+        assert_eq!(names.len(), 5, "{name}");
+        for key in names {
+            let want = g.f32(key).unwrap();
+            let got = tr.f32(key).unwrap_or_else(|| panic!("{name}: no {key}"));
+            assert_eq!(want.0, got.0, "{name} {key} shape");
+            for (i, (&w, &o)) in want.1.iter().zip(got.1).enumerate() {
+                let same_kind = (w == 0.0) == (o == 0.0) && w.is_infinite() == o.is_infinite();
+                let ok = if key == "margin.experts" {
+                    same_kind && (w.is_infinite() || (w - o).abs() <= 1e-3)
+                } else {
+                    w.to_bits() == o.to_bits()
+                };
+                assert!(ok, "{name} {key}[{i}]: golden {w}, reference {o}");
+            }
+        }
+    }
+}

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use ds41_engine::tokenizer::engram_map::{compressed_token_map, compressed_vocab_size, normalize};
+use ds41_engine::tokenizer::engram_map::{compressed_vocab_size, normalize, token_map_from_file};
 use ds41_engine::tokenizer::Tokenizer;
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -116,8 +116,8 @@ fn engram_map_release() {
     let Some(up) = upstream() else { return };
     let tok = Tokenizer::from_file(up.join("tokenizer/tokenizer.json")).unwrap();
     let t0 = Instant::now();
-    let map = compressed_token_map(&tok).unwrap();
-    eprintln!("compressed_token_map: {:?}", t0.elapsed());
+    let map = token_map_from_file(&up.join("tokenizer/tokenizer.json")).unwrap();
+    eprintln!("token_map_from_file: {:?}", t0.elapsed());
     let want = read_npy_i32(&up.join("engram/engram_token_map_int32.npy")).unwrap();
     assert_eq!(want.len(), 129_280);
     let raw: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -282,7 +282,7 @@ fn hash_ids(map: &[i32], c: &Value, input_ids: &[i64], dead: &[usize]) -> Vec<[[
 fn engram_hash_golden_real_from_engine_map() {
     let Some(up) = upstream() else { return };
     let tok = Tokenizer::from_file(up.join("tokenizer/tokenizer.json")).unwrap();
-    let map = compressed_token_map(&tok).unwrap();
+    let map = token_map_from_file(&up.join("tokenizer/tokenizer.json")).unwrap();
     let c = json(&up.join("engram/engram_hash_constants.json"));
     let g = json(&up.join("engram/engram_hash_golden_real.json"));
     let input_ids = i64s(&g["input_ids"][0]);

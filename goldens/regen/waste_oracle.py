@@ -115,6 +115,9 @@ def main(argv=None):
     ap.add_argument("--from-oracle-files", type=Path, help="convert existing oracle outputs instead")
     ap.add_argument("--variant", default="as_shipped", help="with --from-oracle-files: as_shipped or owner")
     ap.add_argument("--provenance", action="store_true")
+    ap.add_argument("--synth-command", help="the `ds41 synth ... --layout container --out {out}` command that "
+                    "rebuilds --container byte for byte (recorded: the container is then a generated input)")
+    ap.add_argument("--synth-preset"), ap.add_argument("--synth-seed", type=int)
     a = ap.parse_args(argv)
     from safetensors.numpy import load_file, save_file
 
@@ -142,7 +145,11 @@ def main(argv=None):
         a.out, {k: torch.from_numpy(v) for k, v in old.items()} if old else None,
         {k: torch.from_numpy(v) for k, v in tensors.items()}))
     if a.provenance:
-        inputs = [provenance.describe_input("container", a.container), provenance.describe_input("script", Path(__file__))]
+        container = provenance.describe_input("container", a.container)
+        if a.synth_command:
+            container = {"name": "container", "location": "generated", "path": a.container.name,
+                         "sha256": container["sha256"], "command": a.synth_command}
+        inputs = [container, provenance.describe_input("script", Path(__file__))]
         if a.waste:
             inputs.append({"name": "ds41_ref.py", "location": "external", "path": "tools/ds41_ref.py",
                            "sha256": provenance.sha256_file(a.waste / "tools" / "ds41_ref.py")})
@@ -157,6 +164,7 @@ def main(argv=None):
             generator={"kind": "oracle-code", "name": "WASTE tools/ds41_ref.py", "version": "8d5405d8",
                        "revision": WASTE_REVISION, "environment": provenance.environment()},
             command=command, inputs=inputs, outputs=[a.out.name],
+            synthetic={"preset": a.synth_preset, "seed": a.synth_seed} if a.synth_preset else None,
             errata={"index_k_handoff": index_k, "waste_schedule": "token-at-a-time",
                     "waste_moe_summation": "topk-order-weight-after-down", "waste_rope_tables": "f64-then-f32"})
     return 0

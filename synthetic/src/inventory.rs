@@ -104,7 +104,9 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
     let (hc, d) = (g.hc_mult, g.dim);
     let (heads_dim, index_dim) = (g.n_heads * g.head_dim, g.index_n_heads * g.index_head_dim);
     let rows = engram_rows(g);
-    for l in 0..g.n_layers {
+    // Backbone blocks `layers.{l}.`, then the DSpark stages `mtp.{s}.` (layer id n_layers + s:
+    // window-only blocks with the stage extras of MODEL.md §4.4).
+    for l in 0..g.n_layers + g.n_mtp_layers {
         // (name below `layers.{l}.`, shape, storage, values), in release order.
         let mut layer: Vec<(String, Vec<usize>, Kind, Init)> = Vec::new();
         let mut add = |entries: Vec<(&str, Vec<usize>, Kind, Init)>| {
@@ -267,8 +269,16 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
                 add(vec![(&name, shape.clone(), Fp4, Linear(EXPERT_GAIN))]);
             }
         }
+        if l >= g.n_layers {
+            layer.extend(dspark_extras(g, l - g.n_layers));
+        }
+        let prefix = if l < g.n_layers {
+            format!("layers.{l}.")
+        } else {
+            format!("mtp.{}.", l - g.n_layers)
+        };
         v.extend(layer.into_iter().map(|(name, shape, kind, init)| Logical {
-            name: format!("layers.{l}.{name}"),
+            name: format!("{prefix}{name}"),
             shape,
             kind,
             init,
@@ -278,6 +288,31 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
     v.push(top("norm.weight", vec![d], Bf16, Norm));
     v.push(top("head.weight", vec![g.vocab_size, d], Bf16, Linear(2.0)));
     v
+}
+
+/// The tensors only DSpark stage `stage` has (MODEL.md §4.4; `DSparkBlock` of model.py): the
+/// first projects the target layers' streams (`main_proj`, `main_norm`), the last carries the
+/// final norm, the Markov head and the confidence head.
+fn dspark_extras(g: &Geometry, stage: usize) -> Vec<(String, Vec<usize>, Kind, Init)> {
+    let dspark = g
+        .dspark
+        .as_ref()
+        .expect("a geometry with MTP stages has DSpark arguments");
+    let (d, rank) = (g.dim, dspark.markov_rank);
+    let mut out = Vec::new();
+    let mut add = |n: &str, shape: Vec<usize>, kind, init| out.push((n.to_string(), shape, kind, init));
+    if stage == 0 {
+        let targets = dspark.target_layer_ids.len();
+        add("main_proj.weight", vec![d, d * targets], Kind::Fp8, Init::Linear(1.0));
+        add("main_norm.weight", vec![d], Kind::Bf16, Init::Norm);
+    }
+    if stage + 1 == g.n_mtp_layers {
+        add("norm.weight", vec![d], Kind::Bf16, Init::Norm);
+        add("markov_head.embed.weight", vec![g.vocab_size, rank], Kind::Bf16, Init::Uniform(-1.0, 1.0));
+        add("markov_head.head.weight", vec![g.vocab_size, rank], Kind::Bf16, Init::Linear(1.0));
+        add("confidence_head.proj.weight", vec![1, d + rank], Kind::Bf16, Init::Linear(1.0));
+    }
+    out
 }
 
 #[cfg(test)]

@@ -18,6 +18,19 @@ pub struct Geometry {
     pub args: Config,
     /// `pad_token_id` of the tokenizer files (not a `ModelArgs` field).
     pub pad_token_id: u32,
+    /// The DSpark (MTP) stages' own arguments when `n_mtp_layers > 0` (MODEL.md §2.1, §10.1).
+    pub dspark: Option<Dspark>,
+}
+
+/// The `dspark_*` model arguments of a geometry with MTP stages (`mtp.{s}.*` tensors). The
+/// stages use the backbone's expert count (`dspark_n_routed_experts` 0 = inherit).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Dspark {
+    pub block_size: usize,
+    pub noise_token_id: u32,
+    /// Layers whose input stream feeds `mtp.0.main_proj` (one `dim` slice each).
+    pub target_layer_ids: Vec<usize>,
+    pub markov_rank: usize,
 }
 
 impl std::ops::Deref for Geometry {
@@ -43,7 +56,19 @@ impl Geometry {
             .collect();
         let map = Vocab::build(tokenizer, args.vocab_size).compressed_token_map();
         args.engram_compressed_vocab_size = map.iter().collect::<BTreeSet<_>>().len();
-        Geometry { args, pad_token_id }
+        Geometry {
+            args,
+            pad_token_id,
+            dspark: None,
+        }
+    }
+
+    /// The same geometry with `n_mtp` DSpark stages appended (window-only, ratio 0).
+    fn with_dspark(mut self, n_mtp: usize, dspark: Dspark) -> Geometry {
+        self.args.n_mtp_layers = n_mtp;
+        self.args.compress_ratios.extend(std::iter::repeat_n(0, n_mtp));
+        self.dspark = Some(dspark);
+        self
     }
 
     /// Width of one Engram lookup: (max_ngram − 1) · n_heads rows of head_dim.
@@ -68,6 +93,9 @@ pub enum Sharding {
     /// `model.safetensors.index.json` + shards like the release's: embed; one per layer;
     /// head + norm; Engram tables (MODEL.md §4.1).
     ReleaseLike,
+    /// `model.safetensors.index.json` + this many shards of consecutive layers (embed in the
+    /// first, head + norm in the last, MTP stages after the backbone).
+    Files(usize),
 }
 
 /// One named preset.
@@ -89,13 +117,22 @@ pub struct Preset {
 }
 
 /// Names of every preset, in listing order.
-pub const PRESET_NAMES: [&str; 4] = ["tiny", "tiny-sharded", "waste-tiny", "wide"];
+pub const PRESET_NAMES: [&str; 6] = [
+    "tiny",
+    "tiny-sharded",
+    "grouped",
+    "window-mtp",
+    "waste-tiny",
+    "wide",
+];
 
 impl Preset {
     pub fn by_name(name: &str) -> Option<Preset> {
         Some(match name {
             "tiny" => tiny(Sharding::Single, "tiny"),
             "tiny-sharded" => tiny(Sharding::ReleaseLike, "tiny-sharded"),
+            "grouped" => grouped(),
+            "window-mtp" => window_mtp(),
             "waste-tiny" => waste_tiny(),
             "wide" => wide(),
             _ => return None,
@@ -193,6 +230,98 @@ fn tiny(sharding: Sharding, name: &'static str) -> Preset {
         large: false,
         no_release: None,
         reach: TINY_REACH,
+    }
+}
+
+fn grouped() -> Preset {
+    let g = Geometry::new(
+        Config {
+            dim: 256,
+            n_layers: 8,
+            n_heads: 8,
+            n_routed_experts: 8,
+            n_activated_experts: 3,
+            head_dim: 64,
+            rope_head_dim: 32,
+            o_groups: 4,
+            o_lora_rank: 32,
+            window_size: 16,
+            compress_ratios: vec![0, 2, 2, 2, 2, 1, 1, 1],
+            kv_source_layers: vec![1, 3, 5],
+            index_source_layers: vec![1, 3, 5, 7],
+            candidate_source_layer: Some(5),
+            candidate_topk_blocks: 5,
+            candidate_block_size: 4,
+            index_n_heads: 8,
+            index_head_dim: 64,
+            index_topk: 16,
+            engram_layer_ids: vec![0, 3],
+            ..tiny_args() // every other argument as in `tiny`
+        },
+        2,
+        TokenizerKind::ByteBpe,
+    );
+    Preset {
+        name: "grouped",
+        description: "dim 256, 8 heads in 4 output groups, rope on 32 of 64 head dims, window 16, index top-16 of 8 heads x 64, 8 experts top-3, ratios 0,2,2,2,2,1,1,1, written as 4 shards",
+        geometry: g,
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding: Sharding::Files(4),
+        waste_compat: false,
+        large: false,
+        no_release: None,
+        reach: "Two ratio-2 KV sources (1, 3) each with a consumer (2, 4), a ratio-1 source (5) that writes \
+candidates (5 blocks of 4) for the index-only consumer 7; window 16 wraps from p ≥ 16; the ratio-1 indexers \
+select (more than 16 compressed positions) from p ≥ 16, the ratio-2 ones from p ≥ 34 (where the as-shipped \
+and owner index_k hand-offs start to differ). Partial rope (32 of 64) and 4 output groups of 2 heads.",
+    }
+}
+
+fn window_mtp() -> Preset {
+    let g = Geometry::new(
+        Config {
+            dim: 64,
+            n_layers: 4,
+            n_heads: 2,
+            q_lora_rank: 32,
+            o_lora_rank: 32,
+            window_size: 32,
+            compress_ratios: vec![0, 2, 1, 1],
+            kv_source_layers: vec![1, 2],
+            index_source_layers: vec![1, 2, 3],
+            candidate_source_layer: Some(2),
+            candidate_topk_blocks: 6,
+            candidate_block_size: 8,
+            index_n_heads: 4,
+            index_head_dim: 32,
+            index_topk: 40,
+            original_seq_len: 16,
+            ..tiny_args() // every other argument as in `tiny`
+        },
+        2,
+        TokenizerKind::ByteBpe,
+    )
+    .with_dspark(
+        1,
+        Dspark {
+            block_size: 2,
+            noise_token_id: 3,
+            target_layer_ids: vec![2, 3],
+            markov_rank: 32,
+        },
+    );
+    Preset {
+        name: "window-mtp",
+        description: "window 32 + index top-40 (one attention row spans two 64-entry blocks), one DSpark stage stored as `mtp.0.*` (main_proj, markov and confidence heads), dim 64, 4 layers",
+        geometry: g,
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding: Sharding::Single,
+        waste_compat: false,
+        large: false,
+        no_release: None,
+        reach: "An attention row holds up to 32 window + 40 compressed entries (> 64 from p ≥ 32 on the \
+ratio-1 layers), the ratio-1 indexers select from p ≥ 40, the candidate filter (6 blocks of 8 = 48 > 40) \
+from p ≥ 48; YaRN from p ≥ 16. The MTP stage is stored but not run by a main-model forward.",
     }
 }
 

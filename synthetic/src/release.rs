@@ -7,7 +7,7 @@
 
 use crate::draw::{self, E4M3_CODE_RMS, FP4_CODE_RMS};
 use crate::inventory::{engram_rows, logical_tensors, Kind, Logical};
-use crate::preset::{decimal, Geometry, Preset, Sharding};
+use crate::preset::{decimal, Dspark, Geometry, Preset, Sharding};
 use crate::rng::SplitMix64;
 use crate::tokenizer::Vocab;
 use crate::SynthError;
@@ -241,15 +241,34 @@ fn shard_key(s: &Stored) -> String {
     }
 }
 
+/// Which of `files` shards a stored tensor belongs to under [`Sharding::Files`]: consecutive
+/// runs of layers (MTP stages counted after the backbone), embed first, head + norm last.
+fn file_index(g: &Geometry, s: &Stored, files: usize) -> usize {
+    let blocks = g.n_layers + g.n_mtp_layers;
+    match s.logical.layer {
+        None if s.name == "embed.weight" => 0,
+        None => files - 1,
+        Some(l) => l * files / blocks,
+    }
+}
+
 /// Group stored tensors into files: `(file name, tensors)`.
 pub fn plan_files(p: &Preset) -> Vec<(String, Vec<Stored>)> {
     let all = stored_tensors(&p.geometry);
-    if p.sharding == Sharding::Single {
-        return vec![("model.safetensors".into(), all)];
-    }
     let mut groups: std::collections::BTreeMap<String, Vec<Stored>> = Default::default();
-    for s in all {
-        groups.entry(shard_key(&s)).or_default().push(s);
+    match p.sharding {
+        Sharding::Single => return vec![("model.safetensors".into(), all)],
+        Sharding::ReleaseLike => {
+            for s in all {
+                groups.entry(shard_key(&s)).or_default().push(s);
+            }
+        }
+        Sharding::Files(n) => {
+            for s in all {
+                let i = file_index(&p.geometry, &s, n);
+                groups.entry(format!("{i:05}")).or_default().push(s);
+            }
+        }
     }
     let n = groups.len();
     groups
@@ -259,8 +278,20 @@ pub fn plan_files(p: &Preset) -> Vec<(String, Vec<Stored>)> {
         .collect()
 }
 
+/// The `dspark_*` arguments to write: the geometry's, or the values a model without DSpark
+/// stages carries (block size 0 = no stages built).
+fn dspark_args(g: &Geometry) -> Dspark {
+    g.dspark.clone().unwrap_or(Dspark {
+        block_size: 0,
+        noise_token_id: 0,
+        target_layer_ids: Vec::new(),
+        markov_rank: 256,
+    })
+}
+
 /// The HF root `config.json` (MODEL.md §2.1 key names).
 pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
+    let dspark = dspark_args(g);
     json!({
         "architectures": ["DeepseekV41ForCausalLM"],
         "model_type": "deepseek_v41",
@@ -335,11 +366,11 @@ pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
             "engram_head_dim": g.engram_head_dim,
             "engram_pad_token_id": g.engram_pad_id,
             "engram_compressed_vocab_size": compressed_vocab,
-            "num_nextn_predict_layers": 0,
-            "dspark_block_size": 0,
-            "dspark_noise_token_id": 0,
-            "dspark_target_layer_ids": [],
-            "dspark_markov_rank": 256,
+            "num_nextn_predict_layers": g.n_mtp_layers,
+            "dspark_block_size": dspark.block_size,
+            "dspark_noise_token_id": dspark.noise_token_id,
+            "dspark_target_layer_ids": dspark.target_layer_ids,
+            "dspark_markov_rank": dspark.markov_rank,
             "dspark_n_routed_experts": 0,
             "dspark_num_experts_per_tok": 0
         }
@@ -348,16 +379,17 @@ pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
 
 /// `inference/config.json` (the `ModelArgs` names, MODEL.md §2.1 first column).
 pub fn inference_config(g: &Geometry, compressed_vocab: usize) -> Value {
+    let dspark = dspark_args(g);
     json!({
         "vocab_size": g.vocab_size,
         "dim": g.dim,
         "moe_inter_dim": g.moe_inter_dim,
         "n_layers": g.n_layers,
-        "n_mtp_layers": 0,
-        "dspark_block_size": 0,
-        "dspark_noise_token_id": 0,
-        "dspark_target_layer_ids": [],
-        "dspark_markov_rank": 256,
+        "n_mtp_layers": g.n_mtp_layers,
+        "dspark_block_size": dspark.block_size,
+        "dspark_noise_token_id": dspark.noise_token_id,
+        "dspark_target_layer_ids": dspark.target_layer_ids,
+        "dspark_markov_rank": dspark.markov_rank,
         "dspark_n_routed_experts": 0,
         "dspark_n_activated_experts": 0,
         "n_heads": g.n_heads,
@@ -503,7 +535,7 @@ pub fn write_edited(
         .into_iter()
         .map(|(f, ts)| (f, edit.apply(ts)))
         .collect();
-    if p.sharding == Sharding::ReleaseLike {
+    if p.sharding != Sharding::Single {
         let mut weight_map = serde_json::Map::new();
         let mut total = 0usize;
         for (file, ts) in &plan {

@@ -165,6 +165,50 @@ fn wide_header_plan_is_consistent_without_writing_it() {
     }
 }
 
+#[test]
+fn grouped_is_four_indexed_shards_and_window_mtp_stores_the_dspark_stage() {
+    let (tmp, files) = gen("grouped", Layout::Release, 0);
+    let shards = files.iter().filter(|f| f.ends_with(".safetensors")).count();
+    assert_eq!(shards, 4, "{files:?}");
+    assert!(files.contains(&"model.safetensors.index.json".to_string()));
+    drop(tmp);
+
+    // MODEL.md §4.4 / model.py `DSparkBlock`: a window-only block under `mtp.0.` plus the
+    // first stage's main_proj / main_norm and the last stage's norm, Markov and confidence heads.
+    let (tmp, _) = gen("window-mtp", Layout::Release, 0);
+    let st = parse_st(&std::fs::read(tmp.path().join("ck/model.safetensors")).unwrap());
+    let shape = |n: &str| st.get(n).unwrap_or_else(|| panic!("{n} missing")).1.clone();
+    assert_eq!(shape("mtp.0.main_proj.weight"), vec![64, 128]); // dim x dim * 2 target layers
+    assert_eq!(st["mtp.0.main_proj.weight"].0, "F8_E4M3");
+    assert_eq!(shape("mtp.0.markov_head.embed.weight"), vec![512, 32]);
+    assert_eq!(shape("mtp.0.markov_head.head.weight"), vec![512, 32]);
+    assert_eq!(shape("mtp.0.confidence_head.proj.weight"), vec![1, 96]);
+    for n in [
+        "mtp.0.main_proj.scale",
+        "mtp.0.main_norm.weight",
+        "mtp.0.norm.weight",
+        "mtp.0.attn.wq_a.weight",
+        "mtp.0.attn.attn_sink",
+        "mtp.0.hc_ffn_fn",
+        "mtp.0.ffn.gate.bias",
+        "mtp.0.ffn.experts.3.w2.weight",
+    ] {
+        shape(n);
+    }
+    assert!(!st.keys().any(|k| k.starts_with("mtp.0.attn.compressor")
+        || k.starts_with("mtp.0.attn.indexer")
+        || k.starts_with("mtp.0.engram")
+        || k == "mtp.0.embed.weight"
+        || k == "mtp.0.head.weight"));
+    let cfg: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(tmp.path().join("ck/inference/config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(cfg["n_mtp_layers"], 1);
+    assert_eq!(cfg["compress_ratios"], serde_json::json!([0, 2, 1, 1, 0]));
+    assert_eq!(cfg["dspark_target_layer_ids"], serde_json::json!([2, 3]));
+}
+
 /// Pinned digests (one sha256 over every file's name and sha256): the bytes a (preset,
 /// layout, seed) produces never change silently. Bump `GENERATOR_VERSION` and these together
 /// when a change is intended; the failure message prints the new table.

@@ -57,8 +57,9 @@ fn open(preset: &str, layout: Layout, dir: &std::path::Path) -> Model {
     // A release ships no token map: build it from tokenizer.json with the engine's tokenizer
     // and check it is the map we document.
     let map = if layout == Layout::Release {
-        let tok = ds41_engine::tokenizer::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
-        let map = ds41_engine::tokenizer::engram_map::compressed_token_map(&tok).unwrap();
+        let map =
+            ds41_engine::tokenizer::engram_map::token_map_from_file(&dir.join("tokenizer.json"))
+                .unwrap();
         assert_eq!(
             map,
             Vocab::build(p.tokenizer, p.geometry.vocab_size).compressed_token_map()

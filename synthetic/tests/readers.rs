@@ -146,6 +146,8 @@ fn unmutated_presets_read_completely() {
     for (preset, layout) in [
         ("tiny", Layout::Release),
         ("tiny-sharded", Layout::Release),
+        ("grouped", Layout::Release),
+        ("window-mtp", Layout::Release),
         ("tiny", Layout::Container),
         ("waste-tiny", Layout::Container),
     ] {

@@ -13,7 +13,6 @@ use std::time::Instant;
 
 use anyhow::{anyhow, bail};
 
-use ds41_conformance::case::ModelRef;
 use ds41_conformance::engine_api::Engine;
 use ds41_conformance::gates::{GateSet, ProfileName};
 use ds41_conformance::reference::ReferenceEngine;
@@ -28,6 +27,13 @@ pub struct Args {
     /// Inject a defect into the built-in reference (negative controls; see --list-defects).
     #[arg(long)]
     pub defect: Option<String>,
+    /// List the defects --defect can inject, and exit.
+    #[arg(long)]
+    pub list_defects: bool,
+    /// The engine breaks exact ties by the canonical rule (largest first, equal values ->
+    /// lower index): decisions at golden margin 0 are compared strictly, not excused.
+    #[arg(long)]
+    pub canonical_ties: bool,
     /// Case directory (default: the repository's conformance/cases).
     #[arg(long)]
     pub cases: Option<PathBuf>,
@@ -104,6 +110,12 @@ fn shell_quote(s: &str) -> String {
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
     let started = Instant::now();
+    if a.list_defects {
+        for d in ds41_conformance::reference::defects() {
+            println!("{d}");
+        }
+        return Ok(0);
+    }
     let cases_dir = a.cases.clone().unwrap_or_else(runner::default_cases_dir);
     let gates = GateSet::load(&a.gates.clone().unwrap_or_else(runner::default_gates_dir))?;
     let run_profile = ProfileName::parse(&a.profile).ok_or_else(|| {
@@ -146,19 +158,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     };
     let mut engine = make_engine(&a.engine, a.defect.as_deref())?;
     let identity = engine.identity();
-    let xfail = match &a.expected_failures {
-        Some(p) => Some(ExpectedFailures::load(p, &all)?),
-        None => {
-            let p = gates
-                .dir
-                .join("expected-failures")
-                .join(format!("{}.yaml", identity.name));
-            if p.exists() {
-                Some(ExpectedFailures::load(&p, &all)?)
-            } else {
-                None
-            }
-        }
+    let xfail_path = a.expected_failures.clone().or_else(|| {
+        let p = gates
+            .dir
+            .join("expected-failures")
+            .join(format!("{}.yaml", identity.name));
+        p.exists().then_some(p)
+    });
+    let xfail = match &xfail_path {
+        Some(p) => Some((ExpectedFailures::load(p, &all)?, report::sha256_file(p)?)),
+        None => None,
     };
     let mut rerun = format!(
         "cargo run --release -- certify --engine {}",
@@ -173,12 +182,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if run_profile != ProfileName::Exact {
         rerun += &format!(" --profile {run_profile}");
     }
+    if a.canonical_ties {
+        rerun += " --canonical-ties";
+    }
     rerun += " --exact --verbose --filter '{case}'";
     let ctx = Context {
         repo_root: runner::repo_root(),
         cases_dir: cases_dir.clone(),
         gates,
         run_profile,
+        canonical_ties: a.canonical_ties,
         upstream: upstream.clone(),
         work_dir: work_dir.clone(),
         models: ModelStore::new(work_dir.join("models")),
@@ -199,16 +212,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             .map(|p| p.display().to_string())
             .unwrap_or_else(|| "not set (upstream cases are skipped)".into())
     );
-    pregenerate(&cases, &ctx, &mut err);
-    let mut results = Vec::with_capacity(cases.len());
-    for (i, case) in cases.iter().enumerate() {
-        let mut r = runner::run_case(case, engine.as_mut(), &ctx);
-        if let Some(x) = &xfail {
-            x.apply(&mut r);
-        }
-        human::progress_line(&mut err, i + 1, cases.len(), &r, a.verbose);
-        results.push(r);
-    }
+    runner::pregenerate(&cases, &ctx, |line| {
+        let _ = writeln!(err, "{line}");
+    });
+    let results = runner::run_cases(
+        &cases,
+        engine.as_mut(),
+        &ctx,
+        xfail.as_ref().map(|x| &x.0),
+        |i, r| human::progress_line(&mut err, i + 1, cases.len(), r, a.verbose),
+    );
     let summary = Summary::of(&results);
     let mut checkpoints = Vec::new();
     let mut seen = std::collections::BTreeSet::new();
@@ -242,6 +255,16 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         verdict: summary.verdict().into(),
         summary,
         checkpoints,
+        expected_failures: match (&xfail_path, &xfail) {
+            (Some(p), Some((x, sha256))) => Some(report::ExpectedFailuresRecord {
+                path: p.display().to_string(),
+                sha256: sha256.clone(),
+                engine: x.engine.clone(),
+                entries: x.entries.len(),
+            }),
+            _ => None,
+        },
+        canonical_ties: a.canonical_ties,
         results,
     };
     if let Some(d) = &a.report {
@@ -260,45 +283,4 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     drop(engine);
     Ok(rep.summary.exit_code())
-}
-
-/// Generate the synthetic checkpoints the selected cases use, up front, with a line each.
-fn pregenerate(cases: &[ds41_conformance::case::Case], ctx: &Context, err: &mut impl Write) {
-    use ds41_conformance::case::Spec;
-    let mut models = std::collections::BTreeSet::new();
-    for c in cases {
-        let m: Vec<&ModelRef> = match &c.spec {
-            Spec::Loader(s) => s.model.iter().collect(),
-            Spec::State(s) => std::iter::once(&s.model)
-                .chain(s.other_model.iter())
-                .collect(),
-            Spec::Residual(s) => vec![&s.model],
-            Spec::Engram(s) => s.model.iter().collect(),
-            _ => vec![],
-        };
-        models.extend(
-            m.into_iter()
-                .filter(|m| matches!(m, ModelRef::Synthetic { .. }))
-                .cloned(),
-        );
-    }
-    for m in models {
-        let t = Instant::now();
-        match ctx.models.resolve(&m) {
-            Ok(dir) => {
-                let _ = writeln!(
-                    err,
-                    "generated {m} in {:.2}s -> {}",
-                    t.elapsed().as_secs_f64(),
-                    dir.display()
-                );
-            }
-            Err(e) => {
-                let _ = writeln!(
-                    err,
-                    "cannot generate {m}: {e:#} (its cases will report the error)"
-                );
-            }
-        }
-    }
 }

@@ -1,6 +1,7 @@
-//! `ds41 verify-certificate CERT`: check a certificate's digest and consistency, the
-//! report.json it was issued with, the contract version, and that the current suite still
-//! holds the cases it lists with the same content. Exit 0 valid, 1 invalid, 2 unreadable.
+//! `ds41 verify-certificate CERT`: check a certificate's fields, digest and consistency, the
+//! report.json it was issued with (required unless `--no-report`), the contract version, and
+//! that the current suite still holds the cases it lists with the same content. Exit 0 valid,
+//! 1 invalid, 2 unreadable.
 
 use std::path::PathBuf;
 
@@ -20,13 +21,20 @@ pub struct Args {
     /// Do not compare the case list with a suite.
     #[arg(long)]
     pub no_cases: bool,
+    /// Check the certificate alone, without its report.json (the capabilities, checkpoints
+    /// and results then rest on the digest, which anyone can recompute).
+    #[arg(long, conflicts_with = "report")]
+    pub no_report: bool,
 }
 
 pub fn run(a: Args) -> anyhow::Result<i32> {
-    let report = a.report.clone().or_else(|| {
-        let p = a.certificate.with_file_name("report.json");
-        p.exists().then_some(p)
-    });
+    let beside = a.certificate.with_file_name("report.json");
+    let report = match &a.report {
+        _ if a.no_report => certificate::ReportCheck::Skipped,
+        Some(p) => certificate::ReportCheck::File(p),
+        None if beside.exists() => certificate::ReportCheck::File(&beside),
+        None => certificate::ReportCheck::Missing(&beside),
+    };
     let bytes = std::fs::read(&a.certificate)
         .map_err(|e| anyhow::anyhow!("{}: {e}", a.certificate.display()))?;
     let names: Vec<String> = serde_json::from_slice::<certificate::Certificate>(&bytes)
@@ -50,8 +58,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             ))
         }
     };
-    let (cert, findings) =
-        certificate::verify(&a.certificate, report.as_deref(), current.as_deref())?;
+    let (cert, findings) = certificate::verify(&a.certificate, report, current.as_deref())?;
     println!(
         "certificate {} — engine {} {} ({}), profile {}, verdict {}",
         a.certificate.display(),

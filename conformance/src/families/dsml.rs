@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use crate::case::{Case, DsmlSpec, ParseSpec, RenderSpec};
+use crate::case::{DataRef, ModelRef};
 use crate::engine_api::{Capability, Engine, EngineError, ParseRequest, RenderRequest};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
@@ -37,6 +38,61 @@ pub fn run(
             .expect("validated: one of render/parse/render_dir/probes"),
     )?;
     render_dir(case, &dir, engine, details)
+}
+
+impl super::CheckFamily for DsmlSpec {
+    fn models(&self) -> Vec<ModelRef> {
+        Vec::new()
+    }
+
+    fn data(&self) -> Vec<&DataRef> {
+        let mut out: Vec<&DataRef> = Vec::new();
+        if let Some(r) = &self.render {
+            out.push(&r.conversation);
+            out.extend(&r.expected);
+        }
+        out.extend(&self.render_dir);
+        if let Some(p) = &self.probes {
+            out.extend([&p.inputs, &p.results]);
+        }
+        out
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = self;
+        let n = usize::from(s.render.is_some())
+            + usize::from(s.parse.is_some())
+            + usize::from(s.render_dir.is_some())
+            + usize::from(s.probes.is_some());
+        if n != 1 {
+            return Err("give exactly one of `render`, `parse`, `render_dir` and `probes`".into());
+        }
+        if let Some(r) = &s.render {
+            if r.expected.is_some() == r.expect_error.is_some() {
+                return Err(
+                    "field `render`: give exactly one of `expected` and `expect_error`".into(),
+                );
+            }
+        }
+        if let Some(p) = &s.parse {
+            if p.expected.is_some() == p.expect_error.is_some() {
+                return Err(
+                    "field `parse`: give exactly one of `expected` and `expect_error`".into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        case: &Case,
+        engine: &mut dyn Engine,
+        ctx: &Context,
+        details: &mut Details,
+    ) -> Result<Outcome, Outcome> {
+        run(case, self, engine, ctx, details)
+    }
 }
 
 fn read(path: &Path) -> Result<String, Outcome> {

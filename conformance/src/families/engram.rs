@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::case::{Case, EngramGolden, EngramRelation, EngramSpec};
+use crate::case::{DataRef, ModelRef};
 use crate::engine_api::{Capability, Engine, EngramHashRequest, EngramHashes};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
@@ -15,8 +16,6 @@ struct Expected {
     tokens: Vec<u32>,
     dead: Vec<usize>,
     ids: EngramHashes,
-    /// The golden's own token map (trace goldens carry `engram_token_map`).
-    token_map: Option<PathBuf>,
 }
 
 pub fn run(
@@ -67,8 +66,7 @@ pub fn run(
     match (&s.golden, s.relation) {
         (Some(g), _) => {
             let want = read_golden(g, ctx)?;
-            let map = token_map.or(want.token_map.clone());
-            let got = hash(&want.tokens, &want.dead, map)?;
+            let got = hash(&want.tokens, &want.dead, token_map)?;
             details.notes.push(format!(
                 "{} tokens, DEAD positions {:?}",
                 want.tokens.len(),
@@ -164,6 +162,67 @@ pub fn run(
             Ok(Outcome::Pass)
         }
         (None, None) => Err(Outcome::error("no golden or relation (validated on load)")),
+    }
+}
+
+impl super::CheckFamily for EngramSpec {
+    fn models(&self) -> Vec<ModelRef> {
+        self.model.iter().cloned().collect()
+    }
+
+    fn data(&self) -> Vec<&DataRef> {
+        let mut out: Vec<&DataRef> = Vec::new();
+        if let Some(w) = &self.weightless {
+            out.extend([&w.config, &w.tokenizer]);
+            out.extend(&w.token_map);
+        }
+        out.extend(self.golden.as_ref().map(|g| &g.file));
+        out.extend(&self.engram_token_map);
+        out
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = self;
+        if s.model.is_some() == s.weightless.is_some() {
+            return Err("give exactly one of `model` and `weightless`".into());
+        }
+        if s.golden.is_some() == s.relation.is_some() {
+            return Err("give exactly one of `golden` and `relation`".into());
+        }
+        if let Some(g) = &s.golden {
+            if s.tokens.is_some() || !s.dead.is_empty() || s.pad_token.is_some() {
+                return Err("field `golden`: tokens and dead positions come from the golden; give none of `tokens`, `dead`, `pad_token`".into());
+            }
+            if g.ids.is_none() && g.dead.is_some() {
+                return Err("field `golden.dead`: only for JSON goldens (with `ids`)".into());
+            }
+        }
+        if s.relation.is_some() {
+            let n = s.tokens.as_ref().map_or(0, Vec::len);
+            if n == 0 {
+                return Err("field `tokens`: required (non-empty) by a relation".into());
+            }
+            if s.dead.is_empty() {
+                return Err("field `dead`: a latching relation needs DEAD positions".into());
+            }
+            if let Some(&bad) = s.dead.iter().find(|&&p| p >= n) {
+                return Err(format!("field `dead`: {bad} is not inside 0..{n}"));
+            }
+            if s.pad_token.is_none() {
+                return Err("field `pad_token`: required by a relation".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        case: &Case,
+        engine: &mut dyn Engine,
+        ctx: &Context,
+        details: &mut Details,
+    ) -> Result<Outcome, Outcome> {
+        run(case, self, engine, ctx, details)
     }
 }
 
@@ -291,12 +350,7 @@ fn read_golden(g: &EngramGolden, ctx: &Context) -> Result<Expected, Outcome> {
                     tokens.len()
                 )));
             }
-            Ok(Expected {
-                tokens,
-                dead,
-                ids,
-                token_map: None,
-            })
+            Ok(Expected { tokens, dead, ids })
         }
         None => {
             let f = ds41_engine::trace::TraceFile::read(&path).map_err(|e| err(e.to_string()))?;
@@ -325,7 +379,6 @@ fn read_golden(g: &EngramGolden, ctx: &Context) -> Result<Expected, Outcome> {
                 tokens: input.iter().map(|&x| x as u32).collect(),
                 dead: vec![],
                 ids,
-                token_map: f.i64("engram_token_map").map(|_| path.clone()),
             })
         }
     }

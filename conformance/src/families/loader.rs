@@ -1,6 +1,9 @@
-//! Container/loader family (CONTRACT.md §1.1): valid checkpoints load; every mutant of
-//! ds41-synthetic is refused — a crash or an acceptance is a failure.
+//! Container/loader family (CONTRACT.md §1): valid checkpoints load; every mutant of
+//! ds41-synthetic is refused — a crash or an acceptance is a failure. A refusal proves
+//! something only from an engine that loads the same checkpoint unmutated, so a mutant case
+//! first loads its base: an engine that refuses everything fails every mutant case.
 
+use crate::case::DataRef;
 use crate::case::{Case, LoadExpect, LoaderSpec, ModelRef};
 use crate::engine_api::{Capability, Engine, EngineError, LoadRequest};
 use crate::outcome::Outcome;
@@ -35,6 +38,11 @@ pub fn run(
             .notes
             .push("load with the read-time payload check (verify: true)".into());
     }
+    if s.expect == LoadExpect::Refuse {
+        if let Some(o) = load_base(case, model, s.verify, engine, ctx, details)? {
+            return Ok(o);
+        }
+    }
     let res = engine.load(&req, timeout(case));
     Ok(match (s.expect, res) {
         (LoadExpect::Accept, Ok(())) => Outcome::Pass,
@@ -61,8 +69,97 @@ pub fn run(
         }
         (_, Err(EngineError::Unsupported(c))) => Outcome::not_supported(c.as_str()),
         (_, Err(e)) => Outcome::fail(format!(
-            "loading {model}: {e} (a clean refusal or acceptance was due)"
+            "loading {model}: {e} (a typed refusal or acceptance was due; a crash, a signal or \
+             an undeclared exit status is not a refusal)"
         )),
+    })
+}
+
+impl super::CheckFamily for LoaderSpec {
+    fn models(&self) -> Vec<ModelRef> {
+        let mut out: Vec<ModelRef> = self.model.iter().cloned().collect();
+        // A mutant case loads its unmutated base first.
+        if let Some(ModelRef::Mutant { preset, layout, .. }) = &self.model {
+            out.push(ModelRef::Synthetic {
+                preset: preset.clone(),
+                layout: layout.clone(),
+                seed: crate::synthetic::MUTANT_BASE_SEED,
+            });
+        }
+        out
+    }
+
+    fn data(&self) -> Vec<&DataRef> {
+        Vec::new()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = self;
+        if s.model.is_some() == s.all_mutants_of.is_some() {
+            return Err("give exactly one of `model` and `all_mutants_of`".into());
+        }
+        if let Some(m) = &s.all_mutants_of {
+            let ok = m
+                .split_once('/')
+                .is_some_and(|(p, l)| !p.is_empty() && matches!(l, "release" | "container"));
+            if !ok {
+                return Err(format!(
+                    "field `all_mutants_of`: `{m}` is not PRESET/LAYOUT"
+                ));
+            }
+            if s.expect != LoadExpect::Refuse {
+                return Err("field `expect`: mutants must be refused".into());
+            }
+        }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        case: &Case,
+        engine: &mut dyn Engine,
+        ctx: &Context,
+        details: &mut Details,
+    ) -> Result<Outcome, Outcome> {
+        run(case, self, engine, ctx, details)
+    }
+}
+
+/// For a mutant: load the unmutated checkpoint it was made from (same preset, layout and
+/// seed). `Some(outcome)` ends the case: the engine cannot load the base, so its refusal of
+/// the mutant would prove nothing.
+fn load_base(
+    case: &Case,
+    model: &ModelRef,
+    verify: bool,
+    engine: &mut dyn Engine,
+    ctx: &Context,
+    details: &mut Details,
+) -> Result<Option<Outcome>, Outcome> {
+    let ModelRef::Mutant { preset, layout, .. } = model else {
+        return Ok(None);
+    };
+    let base = ModelRef::Synthetic {
+        preset: preset.clone(),
+        layout: layout.clone(),
+        seed: crate::synthetic::MUTANT_BASE_SEED,
+    };
+    let dir = ctx.model(&base)?;
+    details
+        .models
+        .push((base.to_string(), dir.display().to_string()));
+    let req = LoadRequest { model: dir, verify };
+    Ok(match engine.load(&req, timeout(case)) {
+        Ok(()) => {
+            details
+                .notes
+                .push(format!("the unmutated base {base} loads"));
+            None
+        }
+        Err(EngineError::Unsupported(c)) => Some(Outcome::not_supported(c.as_str())),
+        Err(e) => Some(Outcome::fail(format!(
+            "cannot load the unmutated base {base} ({e}): a refusal of the mutant proves nothing"
+        ))),
     })
 }
 

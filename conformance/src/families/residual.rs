@@ -6,9 +6,11 @@
 use std::path::Path;
 
 use crate::case::{Case, GoldenSpec, ResidualSpec};
-use crate::compare::{compare, compare_replay};
+use crate::case::{DataRef, ModelRef};
+use crate::compare::{compare, compare_replay, is_required, MetricStatus};
+use crate::engine_api::Numerics;
 use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
-use crate::gates::ProfileName;
+use crate::gates::{Gates, ProfileName};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details, DivergenceRecord};
 use crate::trace::TraceFile;
@@ -61,7 +63,7 @@ pub fn run(
     if prefill > 1 && !engine.capabilities().contains(&Capability::Prefill) {
         return Ok(Outcome::not_supported(Capability::Prefill.as_str()));
     }
-    let gates = ctx.gates_for(case);
+    let gates = gates_for(case, s, ctx);
     let golden_tokens = golden
         .get("residual")
         .map(|r| r.shape[0])
@@ -134,13 +136,93 @@ pub fn run(
             details.absorb(&format!("prefix {n}"), &r);
         }
     }
-    if details.fragile_flips > 0 {
-        details.notes.push(format!(
-            "{} fragile decision flips excused (profile {})",
-            details.fragile_flips, gates.profile
-        ));
+    note_flips(details, &gates);
+    Ok(verdict(details, failed, s))
+}
+
+impl super::CheckFamily for ResidualSpec {
+    fn models(&self) -> Vec<ModelRef> {
+        vec![self.model.clone()]
     }
-    Ok(verdict(details, failed))
+
+    fn data(&self) -> Vec<&DataRef> {
+        let golden = match &self.golden {
+            GoldenSpec::Reference => None,
+            GoldenSpec::File(d) => Some(d),
+            GoldenSpec::WasteOracle { dir, .. } => Some(dir),
+        };
+        golden.into_iter().chain(&self.engram_token_map).collect()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = self;
+        if let Some(t) = &s.tokens {
+            if t.is_empty() {
+                return Err("field `tokens`: empty".into());
+            }
+            if let Some(p) = s.prefill {
+                if p == 0 || p > t.len() {
+                    return Err(format!(
+                        "field `prefill`: {p} is not inside 1..={}",
+                        t.len()
+                    ));
+                }
+            }
+            if let Some(&bad) = s.prefix_lengths.iter().find(|&&k| k == 0 || k > t.len()) {
+                return Err(format!(
+                    "field `prefix_lengths`: {bad} is not inside 1..={}",
+                    t.len()
+                ));
+            }
+        } else if matches!(s.golden, GoldenSpec::Reference) {
+            return Err("field `tokens`: required when the golden is the live reference".into());
+        }
+        if s.replay {
+            if !matches!(s.golden, GoldenSpec::File(_)) {
+                return Err(
+                    "field `replay`: needs a `{file: ...}` golden with block_input and pre_mix"
+                        .into(),
+                );
+            }
+            if s.tokens.is_some() || !s.prefix_lengths.is_empty() {
+                return Err("field `replay`: the tokens are the golden's `input_ids`; give neither `tokens` nor `prefix_lengths`".into());
+            }
+        }
+        const KNOWN: [&str; 8] = [
+            "logits",
+            "residual",
+            "experts",
+            "engram_hash",
+            "topk",
+            "attn_out",
+            "moe_out",
+            "expert_weights",
+        ];
+        if let Some(bad) = s.require.iter().find(|r| !KNOWN.contains(&r.as_str())) {
+            return Err(format!(
+                "field `require`: unknown dump tensor `{bad}` (known: {})",
+                KNOWN.join(", ")
+            ));
+        }
+        Ok(())
+    }
+
+    fn default_profile(&self) -> ProfileName {
+        match self.numerics {
+            Numerics::Exact => ProfileName::Exact,
+            Numerics::Upstream => ProfileName::Upstream,
+        }
+    }
+
+    fn run(
+        &self,
+        case: &Case,
+        engine: &mut dyn Engine,
+        ctx: &Context,
+        details: &mut Details,
+    ) -> Result<Outcome, Outcome> {
+        run(case, self, engine, ctx, details)
+    }
 }
 
 /// Teacher-forced replay: one run recomputing every block from the golden's own inputs,
@@ -182,44 +264,77 @@ fn replay(
     let trace = TraceFile::read(&req.out)
         .map_err(|e| Outcome::fail(format!("forward (replay): unreadable trace: {e:#}")))?;
     check_required(&trace, s)?;
-    let gates = ctx.gates_for(case);
+    let gates = gates_for(case, s, ctx);
     let r = compare_replay(golden, &trace, &gates);
     details.absorb(&format!("replay of {n} tokens"), &r);
-    if details.fragile_flips > 0 {
-        details.notes.push(format!(
-            "{} decision flips excused by the replay fragile floor (profile {})",
-            details.fragile_flips, gates.profile
-        ));
-    }
-    Ok(verdict(details, r.failed()))
+    note_flips(details, &gates);
+    Ok(verdict(details, r.failed(), s))
 }
 
-/// The case verdict: Pass, or Fail naming the first divergence and every failing metric.
-fn verdict(details: &Details, failed: bool) -> Outcome {
+/// The case verdict: Pass, or Fail naming the first divergence, every failing metric and
+/// every required tensor that compared nothing (insufficient coverage: never a pass).
+fn verdict(details: &Details, failed: bool, s: &ResidualSpec) -> Outcome {
+    let mut reason = String::new();
     if failed {
-        let mut reason = String::new();
-        if let Some(DivergenceRecord { run, at: d }) = &details.first_divergence {
-            reason += &format!(
-                "[{}] first divergence at token {}{}, sub-op `{}`: {} {:.3e} > {:.3e}",
-                run,
-                d.token,
-                d.layer.map(|l| format!(" layer {l}")).unwrap_or_default(),
-                d.subop,
-                d.metric,
-                d.value,
-                d.threshold
-            );
-            if !d.detail.is_empty() {
-                reason += &format!(" ({})", d.detail);
-            }
+        if let Some(DivergenceRecord { run, at }) = &details.first_divergence {
+            reason += &format!("[{run}] first divergence at {}", at.headline());
         }
-        for m in details.metrics.iter().filter(|m| m.status == "fail") {
+        for m in details.metrics.iter().filter(|m| m.status.fails()) {
             reason += &format!("\n[{}] {}: {}", m.run, m.name, m.text);
         }
-        Outcome::fail(reason.trim().to_string())
-    } else {
-        Outcome::Pass
     }
+    let required = |name: &str| is_required(name, &s.require);
+    for m in details
+        .metrics
+        .iter()
+        .filter(|m| m.status == MetricStatus::Vacuous && required(&m.name))
+    {
+        reason += &format!(
+            "\n[{}] insufficient coverage: the case requires `{}`, and nothing of it was compared ({})",
+            m.run, m.name, m.text
+        );
+    }
+    for r in &s.require {
+        let judged = details.metrics.iter().any(|m| {
+            is_required(&m.name, std::slice::from_ref(r)) && m.status != MetricStatus::NotChecked
+        });
+        if !judged {
+            reason += &format!(
+                "\ninsufficient coverage: the case requires `{r}`, and no comparison judged it \
+                 (the golden has none to compare)"
+            );
+        }
+    }
+    if reason.is_empty() {
+        Outcome::Pass
+    } else {
+        Outcome::fail(reason.trim().to_string())
+    }
+}
+
+/// Note the excused flips of every run, exact ties apart.
+fn note_flips(details: &mut Details, gates: &Gates) {
+    if details.fragile_flips > 0 {
+        details.notes.push(format!(
+            "{} decision flips excused (profile {}), {} of them exact ties (golden margin 0){}",
+            details.fragile_flips,
+            gates.profile,
+            details.exact_ties,
+            if gates.decisions.strict_ties {
+                ""
+            } else {
+                "; the cells they feed are skipped"
+            }
+        ));
+    }
+}
+
+/// The case's gates; exact ties are strict when the run or the case says the engine follows
+/// the canonical tie rule.
+fn gates_for(case: &Case, s: &ResidualSpec, ctx: &Context) -> Gates {
+    let mut g = ctx.gates_for(case);
+    g.decisions.strict_ties |= ctx.canonical_ties || s.canonical_ties;
+    g
 }
 
 /// A last-token-only trace may still carry per-token tensors (e.g. a route dump appended at

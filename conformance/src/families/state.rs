@@ -6,8 +6,11 @@
 use std::path::Path;
 
 use crate::case::{Case, Relation, StateSpec};
+use crate::case::{DataRef, ModelRef};
 use crate::compare::max_abs;
+use crate::engine_api::Numerics;
 use crate::engine_api::{Capability, Engine, EngineError, ForwardRequest, RequiredCapability};
+use crate::gates::ProfileName;
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
 use crate::trace::TraceFile;
@@ -61,6 +64,55 @@ pub fn run(
     } else {
         Outcome::fail(failures.join("\n"))
     })
+}
+
+impl super::CheckFamily for StateSpec {
+    fn models(&self) -> Vec<ModelRef> {
+        std::iter::once(&self.model)
+            .chain(&self.other_model)
+            .cloned()
+            .collect()
+    }
+
+    fn data(&self) -> Vec<&DataRef> {
+        Vec::new()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = self;
+        if s.splits.is_empty() {
+            return Err("field `splits`: at least one split point".into());
+        }
+        if let Some(&bad) = s.splits.iter().find(|&&k| k == 0 || k >= s.tokens.len()) {
+            return Err(format!(
+                "field `splits`: {bad} is not inside 1..{}",
+                s.tokens.len()
+            ));
+        }
+        if (s.relation == Relation::MismatchRefused) != s.other_model.is_some() {
+            return Err(
+                "field `other_model`: required by (and only by) relation mismatch_refused".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn default_profile(&self) -> ProfileName {
+        match self.numerics {
+            Numerics::Exact => ProfileName::Exact,
+            Numerics::Upstream => ProfileName::Upstream,
+        }
+    }
+
+    fn run(
+        &self,
+        case: &Case,
+        engine: &mut dyn Engine,
+        ctx: &Context,
+        details: &mut Details,
+    ) -> Result<Outcome, Outcome> {
+        run(case, self, engine, ctx, details)
+    }
 }
 
 enum Fail {

@@ -4,6 +4,7 @@
 use std::collections::BTreeSet;
 
 use crate::case::{Case, TokenizerCheck, TokenizerSpec};
+use crate::case::{DataRef, ModelRef};
 use crate::engine_api::{Capability, Engine, TokenizeRequest};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
@@ -94,6 +95,49 @@ pub fn run(
                 )),
             })
         }
+    }
+}
+
+impl super::CheckFamily for TokenizerSpec {
+    fn models(&self) -> Vec<ModelRef> {
+        Vec::new()
+    }
+
+    fn data(&self) -> Vec<&DataRef> {
+        std::iter::once(&self.tokenizer)
+            .chain(&self.corpus)
+            .collect()
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let s = self;
+        let have_texts = !s.texts.is_empty();
+        if s.corpus.is_some() == have_texts {
+            return Err("give exactly one of `corpus` and `texts`".into());
+        }
+        if s.check == TokenizerCheck::Ids && have_texts && s.ids.len() != s.texts.len() {
+            return Err(format!(
+                "field `ids`: {} lists for {} texts",
+                s.ids.len(),
+                s.texts.len()
+            ));
+        }
+        if s.check == TokenizerCheck::NoControlIds && s.markup {
+            return Err(
+                "field `check`: no_control_ids applies to the text path (markup: false)".into(),
+            );
+        }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        case: &Case,
+        engine: &mut dyn Engine,
+        ctx: &Context,
+        details: &mut Details,
+    ) -> Result<Outcome, Outcome> {
+        run(case, self, engine, ctx, details)
     }
 }
 

@@ -2,6 +2,7 @@
 //! divergence plots, the certificate, and the human progress lines and summary table.
 
 pub mod certificate;
+pub mod float;
 pub mod human;
 pub mod junit;
 pub mod svg;
@@ -82,11 +83,29 @@ pub struct RunReport {
     pub capabilities: Vec<String>,
     pub profile: String,
     pub filter: Option<String>,
+    #[serde(with = "float")]
     pub seconds: f64,
     pub summary: Summary,
     pub verdict: String,
     pub checkpoints: Vec<CheckpointRecord>,
+    /// The expected-failure list the run applied (CONTRACT.md §6), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected_failures: Option<ExpectedFailuresRecord>,
+    /// The run compared exact ties strictly (`--canonical-ties`).
+    #[serde(default)]
+    pub canonical_ties: bool,
     pub results: Vec<CaseResult>,
+}
+
+/// Which expected-failure list a run applied: where it was read from, its sha256 (so the
+/// exact waivers are pinned), the engine it names and its number of entries.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedFailuresRecord {
+    pub path: String,
+    pub sha256: String,
+    pub engine: String,
+    pub entries: usize,
 }
 
 /// sha256 over the selected cases' names and full content (not their on-disk paths), so a
@@ -169,4 +188,129 @@ pub fn write_report_dir(report: &RunReport, dir: &Path) -> anyhow::Result<()> {
         serde_json::to_vec_pretty(&cert)?,
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::certificate::{self, ReportCheck};
+    use super::float::same;
+    use super::*;
+    use crate::compare::{Divergence, MetricStatus, SubOp};
+    use crate::runner::{Details, DivergenceRecord, MetricRecord};
+
+    /// A report with `x[i]` in its i-th numeric field: every `f64` a report can carry.
+    fn report(x: [f64; 7]) -> RunReport {
+        let details = Details {
+            metrics: vec![MetricRecord {
+                run: "12 tokens".into(),
+                name: "residual".into(),
+                status: MetricStatus::Fail,
+                text: "over".into(),
+            }],
+            first_divergence: Some(DivergenceRecord {
+                run: "12 tokens".into(),
+                at: Divergence {
+                    token: 1,
+                    layer: Some(2),
+                    subop: SubOp::TopK,
+                    metric: "decision set".into(),
+                    value: x[0],
+                    threshold: x[1],
+                    detail: String::new(),
+                },
+            }),
+            per_layer: vec![("12 tokens".into(), vec![Some(x[2]), Some(x[3])])],
+            residual_threshold: Some(x[4]),
+            fragile_flips: 1,
+            exact_ties: 1,
+            notes: vec![],
+            models: vec![],
+        };
+        let result = CaseResult {
+            name: "residual::x::y".into(),
+            family: "residual".into(),
+            profile: "exact".into(),
+            outcome: Outcome::fail("diverged"),
+            seconds: x[5],
+            rerun: String::new(),
+            details,
+        };
+        let summary = Summary::of([&result]);
+        RunReport {
+            contract_version: crate::CONTRACT_VERSION.into(),
+            case_list_hash: "0".repeat(64),
+            cases_dir: "cases".into(),
+            engine: EngineIdentity {
+                name: "e".into(),
+                version: "1".into(),
+                commit: Some("c".into()),
+                driver: "test".into(),
+            },
+            capabilities: vec!["load".into()],
+            profile: "exact".into(),
+            filter: Some("residual".into()),
+            seconds: x[6],
+            verdict: summary.verdict().into(),
+            summary,
+            checkpoints: vec![],
+            expected_failures: None,
+            canonical_ties: false,
+            results: vec![result],
+        }
+    }
+
+    fn numbers(r: &RunReport) -> Vec<f64> {
+        let c = &r.results[0];
+        let d = &c.details.first_divergence.as_ref().unwrap().at;
+        let pl = &c.details.per_layer[0].1;
+        vec![
+            d.value,
+            d.threshold,
+            pl[0].unwrap(),
+            pl[1].unwrap(),
+            c.details.residual_threshold.unwrap(),
+            c.seconds,
+            r.seconds,
+        ]
+    }
+
+    fn any_f64() -> impl Strategy<Value = f64> {
+        prop_oneof![
+            Just(f64::INFINITY),
+            Just(f64::NEG_INFINITY),
+            Just(f64::NAN),
+            Just(-0.0),
+            any::<f64>(),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+        /// Every number of report.json, finite or not, reads back as written, and the
+        /// certificate issued with the report verifies against it.
+        #[test]
+        fn report_numbers_round_trip_and_certify(x in proptest::array::uniform7(any_f64())) {
+            let rep = report(x);
+            let dir = tempfile::tempdir().unwrap();
+            write_report_dir(&rep, dir.path()).unwrap();
+            let text = std::fs::read_to_string(dir.path().join("report.json")).unwrap();
+            prop_assert!(!text.contains("null"), "{}", text);
+            let back: RunReport = serde_json::from_str(&text).unwrap();
+            for (a, b) in numbers(&rep).into_iter().zip(numbers(&back)) {
+                prop_assert!(same(a, b), "{} read back as {}", a, b);
+            }
+            prop_assert_eq!(serde_json::to_string_pretty(&back).unwrap(), text);
+            let report_json = dir.path().join("report.json");
+            let (_, findings) = certificate::verify(
+                &dir.path().join("certificate.json"),
+                ReportCheck::File(&report_json),
+                None,
+            )
+            .unwrap();
+            let bad: Vec<_> = findings.iter().filter(|f| !f.ok).collect();
+            prop_assert!(bad.is_empty(), "{:?}", bad);
+        }
+    }
 }

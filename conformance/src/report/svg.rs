@@ -43,7 +43,10 @@ pub fn per_layer_plot(r: &CaseResult) -> Option<String> {
             }
         }
     }
-    if let Some(t) = r.details.residual_threshold {
+    // A non-finite threshold (only a hand-made report has one) is not drawn: it would put
+    // the axis at infinity.
+    let threshold = r.details.residual_threshold.filter(|t| t.is_finite());
+    if let Some(t) = threshold {
         lo = lo.min(lg(t));
         hi = hi.max(lg(t));
     }
@@ -84,7 +87,7 @@ pub fn per_layer_plot(r: &CaseResult) -> Option<String> {
         (ml + w - mr) / 2.0,
         h - 12.0
     );
-    if let Some(t) = r.details.residual_threshold {
+    if let Some(t) = threshold {
         let yy = y(lg(t));
         s += &format!("<line x1=\"{ml}\" y1=\"{yy:.1}\" x2=\"{:.1}\" y2=\"{yy:.1}\" stroke=\"black\" stroke-dasharray=\"6,4\"/><text x=\"{:.1}\" y=\"{:.1}\">limit {t:.1e}</text>\n", w - mr, w - mr + 6.0, yy + 4.0);
     }

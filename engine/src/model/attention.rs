@@ -10,7 +10,7 @@ use super::cache::state::SessionState;
 use super::compressor::Compressor;
 use super::defects::Defect;
 use super::handoff::Handoff;
-use super::indexer::{self, Indexer};
+use super::indexer::Indexer;
 use super::linear::{Linear, LinearKind};
 use super::norm::{rms_scale, RmsNorm};
 use super::numerics::Numerics;
@@ -215,7 +215,7 @@ impl Attention {
 
         // §6.4.4 indexer: selection for this layer and the layers reusing it.
         if let Some(ix) = &self.indexer {
-            handoff.topk = self.select(ctx, chunk, ix, &qr, u, state, handoff)?;
+            ix.select(ctx, self.layer, self.ratio, chunk, &qr, u, state, handoff)?;
         }
 
         // §6.4.7 core attention: one joint softmax over window + compressed entries.
@@ -318,103 +318,5 @@ impl Attention {
         let mut z = PoolVec::filled(rows * self.wo_a.groups * self.wo_a.rank, 0.0f32);
         self.wo_a.forward(&o, rows, &mut z, numerics)?;
         self.wo_b.forward(&z, rows, out, numerics)
-    }
-
-    /// Scores, causality, candidate blocks and top-k of an index source (§6.4.4, §6.4.6).
-    #[allow(clippy::too_many_arguments)]
-    fn select(
-        &self,
-        ctx: &LayerCtx,
-        chunk: Chunk,
-        ix: &Indexer,
-        qr: &[f32],
-        u: &[f32],
-        state: &SessionState,
-        handoff: &mut Handoff,
-    ) -> Result<PoolVec<PoolVec<i64>>> {
-        let r = self.ratio;
-        let compress_len = chunk.total() / r;
-        if compress_len == 0 {
-            if Some(self.layer) == ctx.cfg.candidate_source_layer {
-                handoff.candidates = None;
-            }
-            return Ok((0..chunk.rows).map(|_| PoolVec::new()).collect());
-        }
-        let published = state.published_index_k.ok_or_else(|| {
-            Error::Model(format!(
-                "layer {}: no index-key cache has been published yet",
-                self.layer
-            ))
-        })?;
-        let keys = state.layers[published].compressed.as_ref().ok_or_else(|| {
-            Error::Model(format!(
-                "layer {published}: published index keys of a layer without a cache"
-            ))
-        })?;
-        if keys.index_key_count() < compress_len {
-            return Err(Error::Model(format!(
-                "layer {}: needs {compress_len} index keys but layer {published} published {}",
-                self.layer,
-                keys.index_key_count()
-            )));
-        }
-        let fp4_ties = quant::Fp4Ties::for_defects(ctx.defects);
-        let (iq, w) = ix.queries(
-            qr,
-            u,
-            chunk.rows,
-            chunk.start,
-            ctx.rope,
-            ctx.numerics,
-            fp4_ties,
-        )?;
-        let cfg = ctx.cfg;
-        let (nh, hd) = (cfg.index_n_heads, cfg.index_head_dim);
-        let is_candidate_source = Some(self.layer) == cfg.candidate_source_layer;
-        let is_candidate_consumer = cfg.candidate_source_layer.is_some_and(|c| self.layer > c);
-        let k = cfg.index_topk.min(compress_len);
-        let mut masks = PoolVec::new();
-        let mut lists = PoolVec::new();
-        for t in 0..chunk.rows {
-            let p = chunk.start + t;
-            let visible = (p + 1) / r;
-            let mut scores = ix.scores(
-                &iq[t * nh * hd..(t + 1) * nh * hd],
-                &w[t * nh..(t + 1) * nh],
-                &keys.index_keys,
-                compress_len,
-                ctx.numerics,
-            );
-            for s in scores.iter_mut().skip(visible) {
-                *s = f32::NEG_INFINITY;
-            }
-            if is_candidate_source {
-                masks.push(indexer::candidate_mask(
-                    &scores,
-                    visible,
-                    cfg.candidate_block_size,
-                    cfg.candidate_topk_blocks,
-                    ctx.defects,
-                )?);
-            } else if is_candidate_consumer {
-                let mask = handoff
-                    .candidates
-                    .as_ref()
-                    .and_then(|m| m.get(t))
-                    .ok_or_else(|| {
-                        Error::Model(format!("layer {}: candidate blocks missing", self.layer))
-                    })?;
-                for (s, keep) in scores.iter_mut().zip(mask) {
-                    if !keep {
-                        *s = f32::NEG_INFINITY;
-                    }
-                }
-            }
-            lists.push(indexer::select(&scores, k, visible, ctx.defects)?);
-        }
-        if is_candidate_source {
-            handoff.candidates = Some(masks);
-        }
-        Ok(lists)
     }
 }

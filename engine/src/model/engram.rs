@@ -4,6 +4,7 @@
 //! (§6.6.1); the looked-up rows go through `engram.wkv`, giving one key per hc copy and one
 //! shared value; each copy gets its own gate `σ(signed sqrt(dot))` (§6.6.2).
 
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use super::defects::{Defect, DefectSet};
@@ -13,6 +14,7 @@ use super::numerics::Numerics;
 use super::pool::PoolVec;
 use crate::checkpoint::Checkpoint;
 use crate::config::{Config, EngramHashConstants, EngramPad};
+use crate::tokenizer::engram_map::compressed_vocab_size;
 use crate::{Error, Result};
 
 /// History entry of a position that takes no part in n-grams (an image position).
@@ -219,25 +221,141 @@ impl EngramHasher {
     }
 }
 
-/// The hasher of a checkpoint: the reader's constants and token map, or `token_map` when
-/// given (the release ships no map; it is built from the tokenizer, MODEL.md §6.6.1).
-pub fn hasher_for(ckpt: &dyn Checkpoint, token_map: Option<Vec<i32>>) -> Result<EngramHasher> {
-    let consts = ckpt.engram_constants()?;
-    let map = match token_map {
-        Some(m) => m,
-        None => ckpt.engram_token_map()?.ok_or_else(|| {
-            Error::Model(
-                "this checkpoint ships no Engram token map; supply one (e.g. `--engram-token-map`)"
-                    .into(),
-            )
-        })?,
+/// Where the Engram token map comes from (MODEL.md §6.6.1). Resolved here only.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum TokenMap {
+    /// The map the checkpoint ships (a container's, a release sidecar
+    /// `engram_token_map_int32.npy`), else the one built from its `tokenizer.json`.
+    #[default]
+    FromCheckpoint,
+    /// A file: an int32 `.npy` array, or a safetensors file with an `engram_token_map`
+    /// tensor (a golden trace carries one).
+    File(PathBuf),
+    /// These values.
+    Given(Vec<i32>),
+}
+
+impl From<Option<Vec<i32>>> for TokenMap {
+    fn from(map: Option<Vec<i32>>) -> TokenMap {
+        map.map_or(TokenMap::FromCheckpoint, TokenMap::Given)
+    }
+}
+
+impl TokenMap {
+    /// The map of the model in `dir` whose checkpoint ships `shipped` (if any); a map built
+    /// from the tokenizer must have the config's `engram_compressed_vocab_size` ids.
+    pub fn resolve(&self, dir: &Path, shipped: Option<Vec<i32>>, cfg: &Config) -> Result<Vec<i32>> {
+        match self {
+            TokenMap::Given(m) => Ok(m.clone()),
+            TokenMap::File(p) => read_token_map(p),
+            TokenMap::FromCheckpoint => match shipped {
+                Some(m) => Ok(m),
+                None => {
+                    let path = dir.join("tokenizer.json");
+                    let map = crate::tokenizer::engram_map::token_map_from_file(&path)?;
+                    let n = compressed_vocab_size(&map);
+                    if n != cfg.engram_compressed_vocab_size {
+                        return Err(Error::Config {
+                            field: "engram_compressed_vocab_size".into(),
+                            rule: format!(
+                                "{} builds a compressed map of {n} ids, the config says {}",
+                                path.display(),
+                                cfg.engram_compressed_vocab_size
+                            ),
+                        });
+                    }
+                    Ok(map)
+                }
+            },
+        }
+    }
+}
+
+/// Read a token map from an int32 `.npy` file or a safetensors file's `engram_token_map`.
+pub fn read_token_map(path: &Path) -> Result<Vec<i32>> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if bytes.starts_with(b"\x93NUMPY") {
+        return crate::checkpoint::release::npy_i32_vector(path, &bytes);
+    }
+    let file = crate::trace::TraceFile::from_bytes(&bytes, path)?;
+    let bad = |reason: String| Error::Format {
+        file: path.to_path_buf(),
+        offset: 0,
+        reason,
     };
-    if map.len() < ckpt.config().vocab_size {
-        return Err(Error::Model(format!(
-            "Engram token map has {} ids, the vocabulary {}",
-            map.len(),
-            ckpt.config().vocab_size
+    let (shape, map) = file.i64("engram_token_map").ok_or_else(|| {
+        bad("neither an int32 .npy file nor a safetensors file with an integer \
+             `engram_token_map` tensor"
+            .into())
+    })?;
+    if shape.len() != 1 {
+        return Err(bad(format!(
+            "`engram_token_map` has shape {shape:?}, expected one dimension"
         )));
     }
+    map.iter()
+        .enumerate()
+        .map(|(i, &x)| {
+            i32::try_from(x)
+                .map_err(|_| bad(format!("`engram_token_map`[{i}] = {x} is out of the int32 range")))
+        })
+        .collect()
+}
+
+impl EngramHasher {
+    /// The hasher of a weightless release directory (`config.json` and `tokenizer.json`,
+    /// optionally the upstream `engram_token_map_int32.npy`): the release recipe applied to
+    /// the config (§6.6.1); the map as `source` says, the sidecar counting as shipped.
+    pub fn for_weightless_release(dir: &Path, source: &TokenMap) -> Result<EngramHasher> {
+        use crate::checkpoint::release::{npy_i32_vector, TOKMAP_NPY};
+        let cfg = Config::from_release_json(&dir.join("config.json"))?;
+        let consts = EngramHashConstants::for_release(&cfg)?;
+        let npy = dir.join(TOKMAP_NPY);
+        let shipped = if npy.is_file() {
+            let b = std::fs::read(&npy).map_err(|source| Error::Io {
+                path: npy.clone(),
+                source,
+            })?;
+            Some(npy_i32_vector(&npy, &b)?)
+        } else {
+            None
+        };
+        let map = source.resolve(dir, shipped, &cfg)?;
+        check_map(&map, &cfg)?;
+        EngramHasher::new(&consts, map)
+    }
+}
+
+/// A token map must have the config's number of compressed ids. (It may stop short of the
+/// vocabulary, as the official map of a tokenizer with gaps in its ids does: hashing such a
+/// token is then an error naming it.)
+fn check_map(map: &[i32], cfg: &Config) -> Result<()> {
+    let n = compressed_vocab_size(map);
+    if n != cfg.engram_compressed_vocab_size {
+        return Err(Error::Config {
+            field: "engram_compressed_vocab_size".into(),
+            rule: format!(
+                "the Engram token map has {} entries and {n} compressed ids; the config says \
+                 vocab_size {} and {} compressed ids",
+                map.len(),
+                cfg.vocab_size,
+                cfg.engram_compressed_vocab_size
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The hasher of an open checkpoint in `dir`: its constants, the map as `source` says.
+pub fn hasher_for(ckpt: &dyn Checkpoint, dir: &Path, source: &TokenMap) -> Result<EngramHasher> {
+    let consts = ckpt.engram_constants()?;
+    let shipped = match source {
+        TokenMap::FromCheckpoint => ckpt.engram_token_map()?,
+        _ => None,
+    };
+    let map = source.resolve(dir, shipped, ckpt.config())?;
     EngramHasher::new(&consts, map)
 }

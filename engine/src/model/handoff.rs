@@ -73,7 +73,12 @@ pub struct Handoff {
     /// `topk_idxs`: per chunk row, the compressed indices selected by the most recent index
     /// source (ascending, −1 = none). Empty lists when compress_len was 0.
     pub topk: PoolVec<PoolVec<i64>>,
+    /// Per chunk row, the selection margin of `topk` (`topk::Selection::margin`; for a
+    /// candidate consumer the lower of its own and the candidate source's).
+    pub topk_margins: PoolVec<f32>,
     /// `candidates`: per chunk row, the candidate-block mask over compressed positions, set
     /// by the candidate source when its indexer ran.
     pub candidates: Option<PoolVec<PoolVec<bool>>>,
+    /// Per chunk row, the selection margin of the candidate blocks (set with `candidates`).
+    pub candidate_margins: PoolVec<f32>,
 }

@@ -18,10 +18,13 @@ use super::numerics::Numerics;
 use super::pool::PoolVec;
 use super::quant;
 use super::rope::Rope;
-use super::topk::topk;
+use super::cache::state::SessionState;
+use super::handoff::Handoff;
+use super::topk;
+use super::{Chunk, LayerCtx};
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
-use crate::Result;
+use crate::{Error, Result};
 
 /// Index-key projection of an index-key owner (a KV source).
 pub struct IndexKeyProj {
@@ -158,14 +161,14 @@ impl Indexer {
 
 /// Candidate blocks of the candidate source for one query (§6.4.6): `scores` over the
 /// chunk's `compress_len` positions (causally masked), `visible` = compressed positions the
-/// query can reach. Returns a mask over the positions.
+/// query can reach. Returns a mask over the positions and the margin of the block choice.
 pub fn candidate_mask(
     scores: &[f32],
     visible: usize,
     block: usize,
     keep: usize,
     defects: &DefectSet,
-) -> Result<PoolVec<bool>> {
+) -> Result<(PoolVec<bool>, f32)> {
     let n = scores.len();
     let n_blocks = n.div_ceil(block);
     let mut block_scores: PoolVec<f32> = (0..n_blocks)
@@ -179,14 +182,14 @@ pub fn candidate_mask(
     if visible > 0 && !defects.has(Defect::CandidatePinMissing) {
         block_scores[(visible - 1) / block] = f32::INFINITY;
     }
-    let kept = topk(
+    let kept = topk::select(
         &block_scores,
         keep.min(n_blocks),
         defects.has(Defect::TopkTiesReversed),
         "candidate blocks",
     )?;
     let mut mask = PoolVec::filled(n, false);
-    for &b in kept.iter() {
+    for &b in kept.indices.iter() {
         if block_scores[b] == f32::NEG_INFINITY {
             continue;
         }
@@ -194,26 +197,142 @@ pub fn candidate_mask(
             *m = true;
         }
     }
-    Ok(mask)
+    Ok((mask, kept.margin))
 }
 
 /// Index selection for one query (§6.4.4): the `k` highest scores (tie rule), ascending,
-/// with positions the query cannot see (`t ≥ visible`) mapped to −1.
+/// with positions the query cannot see (`t ≥ visible`) mapped to −1; and the margin.
 pub fn select(
     scores: &[f32],
     k: usize,
     visible: usize,
     defects: &DefectSet,
-) -> Result<PoolVec<i64>> {
-    let mut chosen = topk(
+) -> Result<(PoolVec<i64>, f32)> {
+    let mut chosen = topk::select(
         scores,
         k,
         defects.has(Defect::TopkTiesReversed),
         "index selection",
     )?;
-    chosen.sort_unstable();
-    Ok(chosen
+    chosen.indices.sort_unstable();
+    let list = chosen
+        .indices
         .iter()
         .map(|&t| if t < visible { t as i64 } else { -1 })
-        .collect())
+        .collect();
+    Ok((list, chosen.margin))
+}
+
+impl Indexer {
+    /// Scores, causality, candidate blocks and top-k of index source `layer` (ratio `r`) for
+    /// every row of the chunk (§6.4.4, §6.4.6), written to the hand-off with their margins.
+    /// A candidate consumer's margin is the lower of its own and the candidate source's, as
+    /// the official goldens record it: either decision flipping can change the selection.
+    #[allow(clippy::too_many_arguments)]
+    pub fn select(
+        &self,
+        ctx: &LayerCtx,
+        layer: usize,
+        r: usize,
+        chunk: Chunk,
+        qr: &[f32],
+        u: &[f32],
+        state: &SessionState,
+        handoff: &mut Handoff,
+    ) -> Result<()> {
+        let cfg = ctx.cfg;
+        let is_candidate_source = Some(layer) == cfg.candidate_source_layer;
+        let is_candidate_consumer = cfg.candidate_source_layer.is_some_and(|c| layer > c);
+        let compress_len = chunk.total() / r;
+        if compress_len == 0 {
+            if is_candidate_source {
+                handoff.candidates = None;
+            }
+            handoff.topk = (0..chunk.rows).map(|_| PoolVec::new()).collect();
+            handoff.topk_margins = PoolVec::filled(chunk.rows, f32::INFINITY);
+            return Ok(());
+        }
+        let published = state.published_index_k.ok_or_else(|| {
+            Error::Model(format!(
+                "layer {layer}: no index-key cache has been published yet"
+            ))
+        })?;
+        let keys = state.layers[published].compressed.as_ref().ok_or_else(|| {
+            Error::Model(format!(
+                "layer {published}: published index keys of a layer without a cache"
+            ))
+        })?;
+        if keys.index_key_count() < compress_len {
+            return Err(Error::Model(format!(
+                "layer {layer}: needs {compress_len} index keys but layer {published} published {}",
+                keys.index_key_count()
+            )));
+        }
+        let fp4_ties = quant::Fp4Ties::for_defects(ctx.defects);
+        let (iq, w) = self.queries(
+            qr,
+            u,
+            chunk.rows,
+            chunk.start,
+            ctx.rope,
+            ctx.numerics,
+            fp4_ties,
+        )?;
+        let (nh, hd) = (self.n_heads, self.head_dim);
+        let k = cfg.index_topk.min(compress_len);
+        let mut masks = PoolVec::new();
+        let mut block_margins = PoolVec::new();
+        let mut lists = PoolVec::new();
+        let mut margins = PoolVec::new();
+        for t in 0..chunk.rows {
+            let p = chunk.start + t;
+            let visible = (p + 1) / r;
+            let mut scores = self.scores(
+                &iq[t * nh * hd..(t + 1) * nh * hd],
+                &w[t * nh..(t + 1) * nh],
+                &keys.index_keys,
+                compress_len,
+                ctx.numerics,
+            );
+            for s in scores.iter_mut().skip(visible) {
+                *s = f32::NEG_INFINITY;
+            }
+            let mut floor = f32::INFINITY;
+            if is_candidate_source {
+                let (mask, margin) = candidate_mask(
+                    &scores,
+                    visible,
+                    cfg.candidate_block_size,
+                    cfg.candidate_topk_blocks,
+                    ctx.defects,
+                )?;
+                masks.push(mask);
+                block_margins.push(margin);
+            } else if is_candidate_consumer {
+                let missing =
+                    || Error::Model(format!("layer {layer}: candidate blocks missing"));
+                let mask = handoff
+                    .candidates
+                    .as_ref()
+                    .and_then(|m| m.get(t))
+                    .ok_or_else(missing)?;
+                for (s, keep) in scores.iter_mut().zip(mask) {
+                    if !keep {
+                        *s = f32::NEG_INFINITY;
+                    }
+                }
+                floor = *handoff.candidate_margins.get(t).ok_or_else(missing)?;
+            }
+            let (list, margin) = select(&scores, k, visible, ctx.defects)?;
+            lists.push(list);
+            margins.push(margin.min(floor));
+        }
+        if is_candidate_source {
+            handoff.candidates = Some(masks);
+            handoff.candidate_margins = block_margins;
+        }
+        handoff.topk = lists;
+        handoff.topk_margins = margins;
+        Ok(())
+    }
 }

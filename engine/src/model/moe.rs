@@ -12,7 +12,7 @@ use super::defects::{Defect, DefectSet};
 use super::linear::{Linear, LinearKind};
 use super::numerics::Numerics;
 use super::pool::{poolable, PoolVec};
-use super::topk::topk;
+use super::topk::{select, Selection};
 use crate::checkpoint::Checkpoint;
 use crate::config::Config;
 use crate::Result;
@@ -94,6 +94,8 @@ pub struct Route {
     pub experts: PoolVec<usize>,
     /// Routing weights aligned with `experts`.
     pub weights: PoolVec<f32>,
+    /// Selection margin of the routing decision (`topk::Selection::margin`).
+    pub margin: f32,
 }
 
 poolable!(Route => ROUTES);
@@ -167,7 +169,10 @@ impl Moe {
                 let scores: PoolVec<f32> = l.iter().map(|&x| softplus(x).sqrt()).collect();
                 let keys: PoolVec<f32> =
                     scores.iter().zip(&self.bias).map(|(s, b)| s + b).collect();
-                let experts = topk(&keys, self.top_k, ties_reversed, "MoE router")?;
+                let Selection {
+                    indices: experts,
+                    margin,
+                } = select(&keys, self.top_k, ties_reversed, "MoE router")?;
                 let from = if defects.has(Defect::BiasInRoutingWeights) {
                     &keys
                 } else {
@@ -179,7 +184,11 @@ impl Moe {
                     weights.iter_mut().for_each(|w| *w /= sum + 1e-20);
                 }
                 weights.iter_mut().for_each(|w| *w *= self.route_scale);
-                Ok(Route { experts, weights })
+                Ok(Route {
+                    experts,
+                    weights,
+                    margin,
+                })
             })
             .collect()
     }

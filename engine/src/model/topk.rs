@@ -1,14 +1,33 @@
 //! The project's top-k tie rule (MODEL.md §5.10): larger value first; among equal values the
 //! lower index wins. Used by MoE routing, candidate blocks and index selection. +∞ and −∞
 //! are ordinary values; NaN is an error, never a value.
+//!
+//! Every selection also reports its margin, the distance of the decision from a flip, defined
+//! as the official goldens define it (upstream `official_a/README.md`, `margin.*`):
+//! (k-th − (k+1)-th largest value) / max |finite value|. 0 is an exact tie; ∞ means there is
+//! no competition: k = 0, k ≥ n, or the k-th value is already −∞ (every scored entry is taken
+//! and the rest are −∞ alike).
 
 use super::pool::PoolVec;
 use crate::{Error, Result};
+
+/// The indices a top-k chose, in selection order, and how close the choice was to a flip.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Selection {
+    pub indices: PoolVec<usize>,
+    /// See the module documentation.
+    pub margin: f32,
+}
 
 /// Indices of the `k` largest `values`, in selection order (largest first, ties → lower
 /// index). `ties_reversed` is the negative control `Defect::TopkTiesReversed` (ties →
 /// higher index). `what` names the decision in the NaN error.
 pub fn topk(values: &[f32], k: usize, ties_reversed: bool, what: &str) -> Result<PoolVec<usize>> {
+    Ok(select(values, k, ties_reversed, what)?.indices)
+}
+
+/// [`topk`] with the selection margin.
+pub fn select(values: &[f32], k: usize, ties_reversed: bool, what: &str) -> Result<Selection> {
     if let Some(i) = values.iter().position(|v| v.is_nan()) {
         return Err(Error::Model(format!("{what}: NaN score at index {i}")));
     }
@@ -21,8 +40,35 @@ pub fn topk(values: &[f32], k: usize, ties_reversed: bool, what: &str) -> Result
             .unwrap_or(std::cmp::Ordering::Equal);
         by_value.then(if ties_reversed { b.cmp(&a) } else { a.cmp(&b) })
     });
+    let margin = margin(values, &order, k);
     order.truncate(k.min(values.len()));
-    Ok(order)
+    Ok(Selection {
+        indices: order,
+        margin,
+    })
+}
+
+/// The margin of choosing the first `k` of `order` (all indices, sorted by the tie rule).
+fn margin(values: &[f32], order: &[usize], k: usize) -> f32 {
+    if k == 0 || k >= order.len() {
+        return f32::INFINITY;
+    }
+    let (kth, next) = (values[order[k - 1]], values[order[k]]);
+    if kth == f32::NEG_INFINITY {
+        return f32::INFINITY;
+    }
+    let scale = values
+        .iter()
+        .filter(|v| v.is_finite())
+        .fold(0.0f32, |m, v| m.max(v.abs()))
+        .max(1e-30);
+    // f32 arithmetic as the golden's recorder does it; +∞ − finite is +∞ (a pinned block).
+    let m = (kth - next) / scale;
+    if m.is_nan() {
+        0.0
+    } else {
+        m
+    }
 }
 
 #[cfg(test)]
@@ -40,5 +86,25 @@ mod tests {
     #[test]
     fn nan_is_an_error() {
         assert!(topk(&[0.0, f32::NAN], 1, false, "router").is_err());
+    }
+
+    #[test]
+    fn margins_follow_the_golden_definition() {
+        let m = |v: &[f32], k| select(v, k, false, "t").unwrap().margin;
+        // (k-th − (k+1)-th) / max |finite|.
+        assert_eq!(m(&[4.0, 1.0, 2.0, -8.0], 2), (2.0 - 1.0) / 8.0);
+        assert_eq!(m(&[1.0, 3.0, 3.0], 1), 0.0, "exact tie at the boundary");
+        assert_eq!(m(&[1.0, 3.0, 3.0], 2), 2.0 / 3.0, "the tie is inside the selection");
+        assert_eq!(m(&[1.0, 2.0], 2), f32::INFINITY, "k = n: nothing left out");
+        assert_eq!(m(&[1.0, 2.0], 0), f32::INFINITY);
+        let inf = f32::INFINITY;
+        let ninf = f32::NEG_INFINITY;
+        // A pinned +∞ block is not part of the scale; the gap below it is finite.
+        assert_eq!(m(&[inf, 2.0, 1.0, 0.5], 2), (2.0 - 1.0) / 2.0);
+        // Finite entries all taken, −∞ beyond: no competition.
+        assert_eq!(m(&[2.0, ninf, ninf], 1), inf);
+        assert_eq!(m(&[2.0, ninf, ninf], 2), inf);
+        // All zero (every ReLU off): a tie, the scale floor keeps it finite.
+        assert_eq!(m(&[0.0, 0.0, 0.0], 1), 0.0);
     }
 }

@@ -1,10 +1,28 @@
 //! The Engram compressed token map (MODEL.md §6.6.1): every token id is mapped to a smaller
 //! id shared by all tokens whose decoded text normalises to the same key.
 //!
-//! For each id in order: decode it alone (special tokens kept); if the text contains U+FFFD
-//! (a partial UTF-8 token) the key is the raw token string, otherwise the normalised text (or
-//! the text itself when that is empty). Keys get compressed ids 0, 1, 2, … in order of first
-//! appearance. On the V4.1 tokenizer this gives 99,092 ids (test `engram_map_release`).
+//! The official `build_compressed_token_map` (upstream `inference/engram.py`) runs over
+//! `range(len(tokenizer))` of a HF tokenizer: decode the id alone (special tokens kept); if
+//! the text contains U+FFFD (a partial UTF-8 token) the key is the raw token string,
+//! otherwise the normalised text (or the text itself when that is empty). Keys get
+//! compressed ids 0, 1, 2, … in order of first appearance. On the V4.1 tokenizer this gives
+//! 99,092 ids (test `engram_map_release`).
+//!
+//! Only the vocabulary, the added tokens and the decoder take part, so this reads just those
+//! from `tokenizer.json` (any byte-level BPE: BPE model, `ByteLevel` decoder; the
+//! pre-tokenizer and normaliser do not matter) and reproduces what HF `tokenizers` makes of
+//! them, including its quirks:
+//! * added tokens get their ids in file order, the `id` field notwithstanding: an existing
+//!   token (vocabulary or earlier added) keeps its id; new ones are numbered on from the
+//!   number of vocabulary entries. An added id shadows a vocabulary entry of the same id.
+//!   Empty contents are ignored.
+//! * `len(tokenizer)` is the number of distinct token strings (vocabulary ∪ added), so with
+//!   gaps in the ids the map stops short of the largest id, and an id that names no token
+//!   decodes to "" (its key).
+//! * the `ByteLevel` decoder maps a token through the byte symbols only if every character is
+//!   one; otherwise the token's own UTF-8 is kept. Invalid UTF-8 becomes U+FFFD
+//!   (`String::from_utf8_lossy`, the function HF uses).
+//! Test `engram_map_equals_official` checks all of this against the official code.
 //!
 //! The map depends on Unicode tables (MODEL.md §6.6.1 ⚠). Upstream builds it with the HF
 //! `tokenizers` normalizers, whose NFKC, NFD and combining-mark tables come from the
@@ -12,11 +30,14 @@
 //! `char::to_lowercase`; this module uses exactly those, so it agrees with HF on every input
 //! (test `normalizer_equals_hf`), not only on the release vocabulary.
 
+use std::path::Path;
+
+use serde::Deserialize;
 use unicode_normalization_alignments::char::is_combining_mark;
 use unicode_normalization_alignments::UnicodeNormalization;
 
-use super::Tokenizer;
-use crate::Result;
+use super::byte_level::token_bytes;
+use crate::{Error, Result};
 
 /// Stands in for a lone space so that `Strip` does not erase it (upstream `engram.py`).
 const SENTINEL: char = '\u{E000}';
@@ -52,29 +73,157 @@ pub fn normalize(text: &str) -> String {
         .replace(SENTINEL, " ")
 }
 
-/// The key a token id is grouped by.
-fn key(tokenizer: &Tokenizer, id: u32) -> Result<String> {
-    let text = tokenizer.decode(&[id], false)?;
-    if text.contains('\u{FFFD}') {
-        return Ok(tokenizer.token(id).unwrap_or_default().to_string());
-    }
-    let normalized = normalize(&text);
-    Ok(if normalized.is_empty() {
-        text
-    } else {
-        normalized
-    })
+/// The parts of `tokenizer.json` the map depends on.
+#[derive(Deserialize)]
+struct TokenizerJson {
+    #[serde(default)]
+    added_tokens: Vec<AddedTokenJson>,
+    #[serde(default)]
+    decoder: serde_json::Value,
+    model: ModelJson,
 }
 
-/// `map[id]` = compressed id, for every id of the tokenizer (added tokens included).
-pub fn compressed_token_map(tokenizer: &Tokenizer) -> Result<Vec<i32>> {
+#[derive(Deserialize)]
+struct AddedTokenJson {
+    content: String,
+}
+
+#[derive(Deserialize)]
+struct ModelJson {
+    #[serde(rename = "type", default)]
+    kind: Option<String>,
+    #[serde(default)]
+    vocab: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// Token ids as HF `tokenizers` assigns them (module documentation).
+struct Vocabulary {
+    /// id → token string (an added token shadows a vocabulary entry).
+    tokens: foldhash::HashMap<u32, String>,
+    /// `len(tokenizer)`: distinct token strings.
+    len: usize,
+}
+
+impl Vocabulary {
+    fn parse(bytes: &[u8], file: &Path) -> Result<Vocabulary> {
+        let json: TokenizerJson = serde_json::from_slice(bytes).map_err(|e| Error::Format {
+            file: file.to_path_buf(),
+            offset: 0,
+            reason: format!("line {} column {}: {e}", e.line(), e.column()),
+        })?;
+        let refuse = |field: &str, reason: String| Error::Tokenizer {
+            file: file.to_path_buf(),
+            field: field.into(),
+            reason,
+        };
+        match json.model.kind.as_deref() {
+            Some("BPE") => {}
+            Some(other) => {
+                return Err(refuse(
+                    "model.type",
+                    format!("the Engram token map needs a byte-level BPE model, not {other:?}"),
+                ))
+            }
+            None => {
+                return Err(refuse(
+                    "model.type",
+                    "missing: the Engram token map needs a byte-level BPE model".into(),
+                ))
+            }
+        }
+        match json.decoder.get("type").and_then(|t| t.as_str()) {
+            Some("ByteLevel") => {}
+            _ => {
+                return Err(refuse(
+                    "decoder",
+                    format!(
+                        "the Engram token map needs the ByteLevel decoder, found {}",
+                        json.decoder
+                    ),
+                ))
+            }
+        }
+        let vocab = json
+            .model
+            .vocab
+            .ok_or_else(|| refuse("model.vocab", "missing".into()))?;
+        let mut ids = foldhash::HashMap::<String, u32>::default();
+        let mut tokens = foldhash::HashMap::<u32, String>::default();
+        for (token, id) in vocab {
+            let id = id
+                .as_u64()
+                .and_then(|v| u32::try_from(v).ok())
+                .ok_or_else(|| refuse("model.vocab", format!("{token:?} has id {id}")))?;
+            if let Some(other) = tokens.insert(id, token.clone()) {
+                // HF keeps one of the two depending on hash order: no defined map exists.
+                return Err(refuse(
+                    "model.vocab",
+                    format!("{other:?} and {token:?} share id {id}"),
+                ));
+            }
+            ids.insert(token, id);
+        }
+        // New added tokens are numbered on from the number of vocabulary entries.
+        let mut next = ids.len() as u32;
+        let mut added = foldhash::HashMap::<String, u32>::default();
+        for t in json.added_tokens.iter().filter(|t| !t.content.is_empty()) {
+            let id = match added.get(&t.content).or_else(|| ids.get(&t.content)) {
+                Some(&id) => id,
+                None => {
+                    next += 1;
+                    next - 1
+                }
+            };
+            added.insert(t.content.clone(), id);
+            tokens.insert(id, t.content.clone());
+        }
+        let len = ids.len() + added.keys().filter(|k| !ids.contains_key(*k)).count();
+        Ok(Vocabulary { tokens, len })
+    }
+
+    /// HF `decode([id], skip_special_tokens=False)` with the ByteLevel decoder.
+    fn decode(&self, id: u32) -> String {
+        match self.tokens.get(&id) {
+            Some(token) => String::from_utf8_lossy(&token_bytes(token)).into_owned(),
+            None => String::new(),
+        }
+    }
+
+    /// The key `id` is grouped by.
+    fn key(&self, id: u32) -> String {
+        let text = self.decode(id);
+        if text.contains('\u{FFFD}') {
+            return self.tokens.get(&id).cloned().unwrap_or_default();
+        }
+        let normalized = normalize(&text);
+        if normalized.is_empty() {
+            text
+        } else {
+            normalized
+        }
+    }
+}
+
+/// The official map of a `tokenizer.json` given as bytes: `map[id]` = compressed id for the
+/// ids `0 .. len(tokenizer)`.
+pub fn token_map(bytes: &[u8], file: &Path) -> Result<Vec<i32>> {
+    let vocab = Vocabulary::parse(bytes, file)?;
     let mut compressed = foldhash::HashMap::<String, i32>::default();
-    (0..tokenizer.vocab_size() as u32)
+    Ok((0..vocab.len as u32)
         .map(|id| {
             let next = compressed.len() as i32;
-            Ok(*compressed.entry(key(tokenizer, id)?).or_insert(next))
+            *compressed.entry(vocab.key(id)).or_insert(next)
         })
-        .collect()
+        .collect())
+}
+
+/// The official map of a `tokenizer.json` file.
+pub fn token_map_from_file(path: &Path) -> Result<Vec<i32>> {
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    token_map(&bytes, path)
 }
 
 /// Number of distinct compressed ids in a map (its maximum plus one).

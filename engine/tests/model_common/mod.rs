@@ -8,28 +8,11 @@ pub mod compare;
 use std::path::{Path, PathBuf};
 
 use ds41_engine::model::Model;
-use ds41_engine::trace::TraceFile;
 
-/// The official_a checkpoint with the Engram token map its goldens carry (its stub
-/// tokenizer.json is not a DS41 tokenizer, which the tokenizer module refuses).
+/// The official_a checkpoint, its Engram token map built from its own (stub) tokenizer.json
+/// as the official code builds it.
 pub fn official_a_model(up: &Path) -> Model {
-    Model::open_with_token_map(
-        &up.join("official_a/checkpoint"),
-        Some(official_a_token_map(up)),
-    )
-    .unwrap()
-}
-
-/// The Engram token map every official_a golden carries.
-pub fn official_a_token_map(up: &Path) -> Vec<i32> {
-    let g =
-        TraceFile::read(&up.join("official_a/p48_d00/golden_prefill_only.safetensors")).unwrap();
-    g.i64("engram_token_map")
-        .unwrap()
-        .1
-        .iter()
-        .map(|&x| x as i32)
-        .collect()
+    Model::open(&up.join("official_a/checkpoint")).unwrap()
 }
 
 /// The upstream data directory, or `None` after printing the skip reason.

@@ -3,30 +3,32 @@
 `model.py` on CPU over a release-layout checkpoint and dump a trace (safetensors).
 
 What this driver adds around model.py (and nothing else):
-* the six CUDA kernels are replaced by ds41_kernels.py (this directory; MODEL.md §5), installed
-  as the module `kernel` before model.py is imported;
+* the six CUDA kernels come from a CPU port installed as the module `kernel` before model.py is
+  imported: `--kernels tt-metal` (default) = the `kernel_cpu.py` beside model.py (Tenstorrent's
+  public port, the one `upstream/official_a` was made with; bit for bit reproduced), or
+  `--kernels ds41` = this directory's ds41_kernels.py (MODEL.md §5);
 * `torch.topk` / `Tensor.topk` are replaced by the deterministic tie rule (larger first, equal
   values -> lower index; MODEL.md §5.10, errata `topk_tie_order`);
 * `--index-k owner` adds a forward pre-hook on every index-key owner's indexer that publishes its
-  own key cache to the shared `index_k` slot before it runs (MODEL.md §8.3, errata
+  own key cache to `shared_attn.index_k` before it scores (MODEL.md §8.3, errata
   `index_k_handoff`); `as-shipped` leaves model.py alone;
-* forward hooks record the trace: per token and layer the block input/output streams, the
-  incoming `pre` mix, attention and MoE outputs, routed experts and weights (gate order), the
-  indexer selections (from the sparse_attn index lists, window entries removed, compressed
-  positions ascending, -1 padded), Engram hash ids, logits, and the selection margins of every
-  top-k decision.
+* the tokenizer model.py's Engram builds its token map from is the checkpoint's tokenizer.json
+  through HF `tokenizers` (`len()` = vocabulary with added tokens, as `transformers`' fast
+  tokenizer reports it);
+* hooks record the trace: per token and layer the block input stream (after Engram), the
+  incoming `pre` mix, the stream after the attention expand (`mid`), attention and MoE outputs,
+  the block output, routed experts and weights (gate order), the indexer selections (from the
+  sparse_attn index lists, window entries removed, compressed positions ascending, -1 padded),
+  Engram hash ids, logits, the final collapse's `pre` (`final_pre`), and the selection margins
+  of every top-k decision (experts, index top-k, candidate blocks).
 
-model.py is not in this sandbox. This driver is written against its documented structure
-(MODEL.md §6, upstream/official_a/README.md: `ModelArgs`, `Transformer(args)`,
-`forward(input_ids, start_pos)`, `layers[l]` blocks with `attn` / `ffn` / `ffn.gate`, the
-shared `index_k` slot, convert.py for loading) and fails with a clear message where that
-structure is not found. The sha256 of model.py, engram.py and convert.py are checked against
-the release pins (MODEL.md §0) unless --allow-unpinned.
+The sha256 of model.py, engram.py and convert.py are checked against the release pins
+(MODEL.md §0) unless --allow-unpinned.
 
 Example (from the repository root; the checkpoint from `ds41 synth`):
   python3 goldens/regen/model/run_official.py --inference RELEASE/inference \\
       --checkpoint /tmp/tiny --tokens 3,7,11,5,19,23,2,41 --prefill 5 --index-k owner \\
-      --out goldens/model/tiny_p05_owner.safetensors --provenance
+      --out goldens/official/tiny_p05_owner.safetensors --provenance
 """
 import argparse
 import contextlib
@@ -55,8 +57,9 @@ PINNED = {  # MODEL.md §0
     "convert.py": "035028340479145594a81d6084a8424e57363adf83c0d5983914783d95614d76",
 }
 TRACE_FORMAT = "ds41-trace/1"
-DEFAULT_CONVERT = ("--hf-ckpt-path {ckpt} --save-path {out} --n-experts {n_experts} "
-                   "--model-parallel 1 --expert-dtype fp4")
+DEFAULT_CONVERT = "--hf-ckpt-path {ckpt} --save-path {out} --model-parallel 1 --expert-dtype fp4"
+KERNELS = {"tt-metal": "kernel_cpu.py beside model.py (tenstorrent/tt-metal CPU port)",
+           "ds41": "goldens/regen/model/ds41_kernels.py"}
 # Token types of image_processor.py (MODEL.md §6.1), for a stub when PIL is unavailable.
 TOKEN_TYPES = {"TEXT": -1, "IMAGE_START": 0, "IMAGE": 1, "IMAGE_NEW_LINE": 2, "IMAGE_END": 3}
 
@@ -84,8 +87,7 @@ def verify_pins(inference: Path, allow_unpinned: bool) -> dict:
 
 def convert_checkpoint(inference: Path, ckpt: Path, out: Path, template: str) -> Path:
     """Run the release convert.py (mp=1) into `out`; returns the converted safetensors file."""
-    cfg = json.loads((ckpt / "inference" / "config.json").read_text())
-    args = template.format(ckpt=ckpt, out=out, n_experts=cfg["n_routed_experts"]).split()
+    args = template.format(ckpt=ckpt, out=out).split()
     proc = subprocess.run([sys.executable, str(inference / "convert.py"), *args],
                           cwd=inference, capture_output=True, text=True)
     if proc.returncode != 0:
@@ -96,9 +98,22 @@ def convert_checkpoint(inference: Path, ckpt: Path, out: Path, template: str) ->
     return files[0]
 
 
-def import_model(inference: Path):
-    """Import model.py with our kernels installed as `kernel`."""
-    sys.modules["kernel"] = ds41_kernels
+def kernel_module(inference: Path, which: str):
+    """The CPU kernel port to install as `kernel`, and the file it came from."""
+    if which == "ds41":
+        return ds41_kernels, HERE / "ds41_kernels.py"
+    path = inference / "kernel_cpu.py"
+    if not path.is_file():
+        raise DriverError(f"{path}: missing (--kernels tt-metal needs the CPU port beside model.py; or --kernels ds41)")
+    spec = importlib.util.spec_from_file_location("ds41_kernel_cpu", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path
+
+
+def import_model(inference: Path, kernels=ds41_kernels):
+    """Import model.py with `kernels` installed as `kernel`."""
+    sys.modules["kernel"] = kernels
     sys.path.insert(0, str(inference))
     try:
         import image_processor  # noqa: F401  (needs PIL; text-only runs only need its constants)
@@ -120,10 +135,22 @@ def build_args(module, cfg: dict, max_seq_len: int):
     fields = {f.name for f in dataclasses.fields(module.ModelArgs)} if dataclasses.is_dataclass(module.ModelArgs) \
         else set(inspect.signature(module.ModelArgs).parameters)
     ignored = sorted(set(cfg) - fields)
-    kwargs = {k: v for k, v in cfg.items() if k in fields}
+    kwargs = {k: (tuple(v) if isinstance(v, list) else v) for k, v in cfg.items() if k in fields}
     kwargs["max_batch_size"] = 1
     kwargs["max_seq_len"] = max(int(kwargs.get("max_seq_len", 0)), max_seq_len)
     return module.ModelArgs(**kwargs), ignored
+
+
+class FastTokenizer:
+    """What model.py's Engram reads of a `transformers` fast tokenizer: `backend_tokenizer`
+    and `len()` (the vocabulary including added tokens)."""
+
+    def __init__(self, path: Path):
+        from tokenizers import Tokenizer
+        self.backend_tokenizer = Tokenizer.from_file(str(path))
+
+    def __len__(self):
+        return self.backend_tokenizer.get_vocab_size(with_added_tokens=True)
 
 
 @contextlib.contextmanager
@@ -157,43 +184,49 @@ def owner_indexers(model, args):
     return owners
 
 
+def candidate_consumers(args):
+    c = getattr(args, "candidate_source_layer", -1)
+    return [l for l in args.index_source_layers if 0 <= c < l] if c is not None and c >= 0 else []
+
+
 class Recorder:
     """Collects the trace over a schedule of forwards (one list entry per forward)."""
 
     def __init__(self, model, args):
         self.args = args
         self.layer = None
-        self.context = []
+        self.context = []          # "gate" / "indexer" / "candidates" while inside one
         self.forward_kind = None   # ("prefill", S) or ("decode", 1)
         self.rows = {}             # name -> list of tensors [S, ...] per forward
         self.current = {}          # name -> tensor for the forward in progress
-        self.margins = {}
-        self.engram_cols = (args.engram_max_ngram_size - 1) * args.engram_n_heads
-        self.engram_layers = list(getattr(args, "engram_layer_ids", []))
+        self.tokens = 0            # tokens of the forward in progress
+        self.engram_layers = list(getattr(args, "engram_layer_ids", ()))
+        c = getattr(args, "candidate_source_layer", -1)
+        self.candidate_source = c if c is not None and c >= 0 else None
+        self.consumers = candidate_consumers(args)
+        self.forcing = None        # replay: golden tensors forced into every block
+        self.start = 0             # position of the forward in progress
         self._hook(model)
 
     def put(self, name, value):
         self.current[name] = value.detach().to(torch.float32 if value.is_floating_point() else torch.int64).clone()
 
     def _hook(self, model):
+        last = len(model.layers) - 1
         for l, block in enumerate(model.layers):
-            block.register_forward_pre_hook(self._block_pre(l), with_kwargs=True)
-            block.register_forward_hook(self._block_post(l))
-            for name, key in (("attn", "attn_out"), ("ffn", "moe_out")):
-                sub = getattr(block, name, None)
-                if sub is not None:
-                    sub.register_forward_hook(self._capture(f"{key}.L{l}"))
-            gate = getattr(getattr(block, "ffn", None), "gate", None)
-            if gate is not None:
-                gate.register_forward_pre_hook(lambda m, a: self._enter("gate"))
-                gate.register_forward_hook(self._gate_post(l))
-            for name, sub in block.named_modules():
-                if name.endswith("indexer"):
-                    sub.register_forward_pre_hook(lambda m, a: self._enter("indexer"))
-                    sub.register_forward_hook(lambda m, a, o: self._leave())
-                if "engram" in type(sub).__name__.lower() and l in self.engram_layers:
-                    for _, part in sub.named_modules():
-                        part.register_forward_pre_hook(self._engram_ids(l), with_kwargs=True)
+            block.register_forward_pre_hook(self._block_pre(l))
+            block.register_forward_hook(self._block_post(l, l == last))
+            block.hc_post = self._hc_post(l, block.hc_post)
+            block.attn.register_forward_hook(self._capture(f"attn_out.L{l}"))
+            block.ffn.register_forward_hook(self._capture(f"moe_out.L{l}"))
+            block.ffn.gate.register_forward_pre_hook(lambda m, a: self._enter("gate"))
+            block.ffn.gate.register_forward_hook(self._gate_post(l))
+            indexer = getattr(block.attn, "indexer", None)
+            if indexer is not None:
+                indexer.register_forward_pre_hook(lambda m, a: self._enter("indexer"))
+                indexer.register_forward_hook(lambda m, a, o: self._leave())
+        if getattr(model, "engram_hash", None) is not None:
+            model.engram_hash.register_forward_hook(self._engram_hash)
 
     # Hooks must return None: a forward hook's return value replaces the module's output.
     def _enter(self, kind):
@@ -203,22 +236,39 @@ class Recorder:
         self.context.pop()
 
     def _block_pre(self, l):
-        def hook(module, args, kwargs):
+        def hook(module, args):
+            # Block.forward(x, start_pos, pre_mix, image_mask): x is the stream after Engram.
             self.layer = l
-            stream = args[0] if args else next(iter(kwargs.values()))
-            self.put(f"block_input.L{l}", stream[0])
-            pre = args[1] if len(args) > 1 else None
-            if isinstance(pre, torch.Tensor):
-                tokens, hc = stream.shape[1], stream.shape[2]
-                pre = pre.reshape(-1, hc)
-                self.put(f"pre_mix.L{l}", pre.expand(tokens, hc) if pre.shape[0] == 1 else pre)
+            self.put(f"block_input.L{l}", args[0][0])
+            self.put(f"pre_mix.L{l}", args[2][0])
+            if self.forcing is not None:  # replay: the block starts from the golden's inputs
+                x = self.forcing["block_input"][self.start:self.start + self.tokens, l].to(args[0].dtype)[None]
+                pre = self.forcing["pre_mix"][self.start:self.start + self.tokens, l].to(args[2].dtype)[None]
+                return (x.contiguous(), args[1], pre.contiguous(), *args[3:])
         return hook
 
-    def _block_post(self, l):
+    def _hc_post(self, l, real):
+        # Block.forward expands twice: after attention (the FFN's input stream, `mid`), then after the FFN.
+        def hc_post(x, residual, post, comb):
+            out = real(x, residual, post, comb)
+            if f"mid.L{l}" not in self.current:
+                self.put(f"mid.L{l}", out[0])
+            return out
+        return hc_post
+
+    def _block_post(self, l, is_last):
         def hook(module, args, output):
-            out = output[0] if isinstance(output, tuple) else output
-            self.put(f"residual.L{l}", out[0])
+            stream, ffn_pre = output
+            self.put(f"residual.L{l}", stream[0])
+            if is_last:  # Transformer.forward collapses the last block's output with its FFN pre
+                self.put("final_pre", ffn_pre[0])
             self.layer = None
+            if self.forcing is not None:
+                # replay: the next Engram (and the head, after the last block) reads the golden stream
+                rows = slice(self.start, self.start + self.tokens)
+                golden = self.forcing["residual"][rows, l].to(stream.dtype)[None].contiguous()
+                pre = (self.forcing["final_pre"][rows] if is_last else ffn_pre[0]).to(ffn_pre.dtype)[None]
+                return golden, pre.contiguous()
         return hook
 
     def _capture(self, name):
@@ -235,27 +285,25 @@ class Recorder:
             self.put(f"experts.L{l}", indices.reshape(-1, indices.shape[-1]))
         return hook
 
-    def _engram_ids(self, l):
-        def hook(module, args, kwargs):
-            key = f"engram_hash.L{l}"
-            if key in self.current:
-                return
-            for value in list(args) + list(kwargs.values()):
-                if isinstance(value, torch.Tensor) and not value.is_floating_point() \
-                        and value.dim() >= 2 and value.shape[-1] == self.engram_cols:
-                    self.put(key, value.reshape(-1, self.engram_cols))
-                    return
-        return hook
+    def _engram_hash(self, module, args, output):
+        self.put("engram_hash", output[0])
 
     def on_topk(self, values, k):
         if self.layer is None or not self.context:
             return
-        margin = ds41_kernels.selection_margin(values.detach(), k).reshape(-1)
-        key = ("margin.experts" if self.context[-1] == "gate" else "margin.topk") + f".L{self.layer}"
+        margin = ds41_kernels.selection_margin(values.detach(), k).reshape(-1).to(torch.float32)
+        kind = self.context[-1]
+        key = {"gate": "margin.experts", "indexer": "margin.topk", "candidates": "margin.candidates"}[kind]
+        key += f".L{self.layer}"
         prev = self.current.get(key)
         if prev is not None and prev.shape == margin.shape:
             margin = torch.minimum(prev, margin)
-        self.current[key] = margin.to(torch.float32)
+        if kind == "indexer" and self.layer in self.consumers:
+            # a consumer's selection also rests on the writer's block choice (official_a/README.md)
+            writer = self.current.get(f"margin.candidates.L{self.candidate_source}")
+            if writer is not None and writer.shape == margin.shape:
+                margin = torch.minimum(margin, writer)
+        self.current[key] = margin
 
     def on_sparse_attn(self, topk_idxs):
         l = self.layer
@@ -272,6 +320,17 @@ class Recorder:
             rows.append(comp + [-1] * (width - len(comp)))
         self.current[f"topk.L{l}"] = torch.tensor(rows, dtype=torch.int64)
 
+    def begin_forward(self, kind, tokens, start=0):
+        self.forward_kind = (kind, tokens)
+        self.tokens = tokens
+        self.start = start
+        # A selection that never ran (nothing to choose from yet) has no competitor.
+        inf = torch.full((tokens,), float("inf"))
+        for l in self.args.index_source_layers:
+            self.current[f"margin.topk.L{l}"] = inf.clone()
+        if self.candidate_source is not None:
+            self.current[f"margin.candidates.L{self.candidate_source}"] = inf.clone()
+
     def end_forward(self, logits):
         self.current["logits"] = logits.detach().to(torch.float32).reshape(1, -1)
         for name, value in self.current.items():
@@ -285,57 +344,112 @@ class Recorder:
                "logits": torch.cat(self.rows["logits"]),
                "logits_positions": torch.tensor(positions, dtype=torch.int64)}
 
-        def stack(prefix, layers, dtype):
+        def stack(prefix, dtype):
             per_layer = []
-            for l in layers:
+            for l in range(n_layers):
                 chunks = self.rows.get(f"{prefix}.L{l}")
                 if chunks is None:
-                    return None
+                    raise DriverError(f"no `{prefix}` recorded for layer {l}")
                 per_layer.append(torch.cat(chunks))
             return torch.stack(per_layer, dim=1).to(dtype)
 
-        layers = range(n_layers)
         for name, dtype in (("residual", torch.float32), ("block_input", torch.float32), ("pre_mix", torch.float32),
-                            ("attn_out", torch.float32), ("moe_out", torch.float32),
+                            ("mid", torch.float32), ("attn_out", torch.float32), ("moe_out", torch.float32),
                             ("experts", torch.int32), ("expert_weights", torch.float32),
                             ("margin.experts", torch.float32)):
-            value = stack(name, layers, dtype)
-            if value is not None:
-                out[name] = value
+            out[name] = stack(name, dtype)
+        out["final_pre"] = torch.cat(self.rows["final_pre"]).to(torch.float32)
         if self.engram_layers:
-            value = stack("engram_hash", self.engram_layers, torch.int64)
-            if value is not None:
-                out["engram_hash"] = value
-        for l in self.args.index_source_layers:
-            for name, dtype in ((f"topk.L{l}", torch.int32), (f"margin.topk.L{l}", torch.float32)):
-                if name in self.rows:
-                    out[name] = torch.cat(self.rows[name]).to(dtype)
+            out["engram_hash"] = torch.cat(self.rows["engram_hash"]).to(torch.int64)
+        names = [f"topk.L{l}" for l in self.args.index_source_layers] + \
+                [f"margin.topk.L{l}" for l in self.args.index_source_layers]
+        if self.candidate_source is not None:
+            names.append(f"margin.candidates.L{self.candidate_source}")
+        for name in names:
+            dtype = torch.int32 if name.startswith("topk.") else torch.float32
+            out[name] = torch.cat(self.rows[name]).to(dtype)
+        for name, value in out.items():
+            if value.shape[0] != (len(positions) if name.startswith("logits") else len(tokens)):
+                raise DriverError(f"`{name}` has {value.shape[0]} rows for {len(tokens)} tokens")
         return out
 
 
-def run(module, args, state_dict, tokens, prefill, index_k, threads):
+def load_model(module, args, state_dict, tokenizer, threads):
     torch.set_num_threads(threads)
     torch.set_default_dtype(torch.bfloat16)
     torch.manual_seed(0)
     with torch.device("cpu"):
-        model = module.Transformer(args)
+        model = module.Transformer(args, tokenizer)
     missing, unexpected = model.load_state_dict(state_dict, strict=False)
     params = {n for n, _ in model.named_parameters()}
     missing = [m for m in missing if m in params]
     if missing:
         raise DriverError(f"converted checkpoint lacks parameters: {missing[:8]}{' ...' if len(missing) > 8 else ''}")
-    bad = [u for u in unexpected if not u.endswith("bias_vl")]
+    # bias_vl is only built with vision; mtp.* only with dspark_block_size > 0. Neither reaches
+    # a text forward of the main model.
+    bad = [u for u in unexpected if not (u.endswith("bias_vl") or u.startswith("mtp."))]
     if bad:
         raise DriverError(f"converted checkpoint has tensors the model does not: {bad[:8]}")
     model.eval()
+    return model
 
+
+STANDINS = {
+    "f64-linear": "every torch.nn.functional.linear (bf16 linears, hc mixes, gate) computed in f64, rounded once",
+    "f64-einsum-norm": "f64-linear plus every einsum (wo_a, index scores) and RMSNorm in f64, rounded once",
+}
+
+
+@contextlib.contextmanager
+def standin_numerics(module, name):
+    """Another valid summation order for the official code (noise stand-ins for gate calibration):
+    the same operations computed wider and rounded once at the end."""
+    if name is None:
+        yield
+        return
+    import torch.nn.functional as F
+    saved_linear, saved_einsum, saved_norm = F.linear, torch.einsum, module.RMSNorm.forward
+
+    def linear(x, w, b=None):
+        y = saved_linear(x.double(), w.double(), None if b is None else b.double())
+        return y.to(torch.promote_types(x.dtype, w.dtype))
+
+    def einsum(eq, *ops):
+        return saved_einsum(eq, *[o.double() for o in ops]).to(torch.promote_types(ops[0].dtype, ops[1].dtype))
+
+    def norm(self, x):
+        y = x.double()
+        y = y * torch.rsqrt(y.square().mean(-1, keepdim=True) + self.eps)
+        return (self.weight.double() * y).to(x.dtype)
+
+    F.linear = linear
+    if name == "f64-einsum-norm":
+        torch.einsum = einsum
+        module.RMSNorm.forward = norm
+    try:
+        yield
+    finally:
+        F.linear, torch.einsum, module.RMSNorm.forward = saved_linear, saved_einsum, saved_norm
+
+
+def run(module, args, state_dict, tokens, prefill, index_k, threads, tokenizer=None, kernels=ds41_kernels,
+        forcing=None, standin=None):
+    """One schedule: a prefill of `prefill` tokens, then single-token decode steps. `forcing`
+    (replay): the golden's `block_input`, `pre_mix`, `residual`, `final_pre` forced into every
+    block (docs/TRACE.md, teacher-forced replay)."""
+    model = load_model(module, args, state_dict, tokenizer, threads)
+    _, shared = find_shared_slot(module)
+    for field in ("compress_kv", "index_k", "topk_idxs", "candidates"):  # as in a fresh process
+        if hasattr(shared, field):
+            setattr(shared, field, None)
     recorder = Recorder(model, args)
+    recorder.forcing = forcing
     if index_k == "owner":
         _, shared = find_shared_slot(module)
         for _, indexer in owner_indexers(model, args):
-            indexer.register_forward_pre_hook(lambda m, a, s=shared: setattr(s, "index_k", m.k_cache) and None)
+            indexer.register_forward_pre_hook(lambda m, a, s=shared: setattr(s, "index_k", m.k_cache))
 
-    real_attn = ds41_kernels.sparse_attn
+    real_attn = module.sparse_attn  # `from kernel import sparse_attn` binds it in model.py
 
     def traced_attn(q, kv, attn_sink, topk_idxs, softmax_scale):
         recorder.on_sparse_attn(topk_idxs)
@@ -349,26 +463,39 @@ def run(module, args, state_dict, tokens, prefill, index_k, threads):
             recorder.on_topk(input, k)
         return result
 
-    module_had_attn = hasattr(module, "sparse_attn")  # `from kernel import sparse_attn` binds early
-    if module_had_attn:
-        module.sparse_attn = traced_attn
-    ds41_kernels.sparse_attn = traced_attn
+    real_select = getattr(module, "select_candidate_blocks", None)
+
+    def traced_select(*a, **kw):
+        recorder.context.append("candidates")
+        try:
+            return real_select(*a, **kw)
+        finally:
+            recorder.context.pop()
+
+    module.sparse_attn = traced_attn
+    if real_select is not None:
+        module.select_candidate_blocks = traced_select
     ds41_kernels.stable_topk = traced_topk
     positions = []
+
+    def logits_of(result):
+        # Transformer.forward returns (sampled ids, logits of the last position, DSpark hidden)
+        return result[1] if isinstance(result, tuple) else result
+
     try:
-        with deterministic_topk(), torch.inference_mode():
+        with deterministic_topk(), standin_numerics(module, standin), torch.inference_mode():
             ids = torch.tensor([tokens], dtype=torch.long)
-            recorder.forward_kind = ("prefill", prefill)
-            recorder.end_forward(model.forward(ids[:, :prefill], 0))
+            recorder.begin_forward("prefill", prefill)
+            recorder.end_forward(logits_of(model.forward(ids[:, :prefill], 0)))
             positions.append(prefill - 1)
             for p in range(prefill, len(tokens)):
-                recorder.forward_kind = ("decode", 1)
-                recorder.end_forward(model.forward(ids[:, p:p + 1], p))
+                recorder.begin_forward("decode", 1, p)
+                recorder.end_forward(logits_of(model.forward(ids[:, p:p + 1], p)))
                 positions.append(p)
     finally:
-        if module_had_attn:
-            module.sparse_attn = real_attn
-        ds41_kernels.sparse_attn = real_attn
+        module.sparse_attn = real_attn
+        if real_select is not None:
+            module.select_candidate_blocks = real_select
         ds41_kernels.stable_topk = real_topk
     return recorder.tensors(tokens, positions)
 
@@ -382,8 +509,14 @@ def main(argv=None):
     ap.add_argument("--index-k", choices=["as-shipped", "owner"], default="as-shipped")
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--kernels", choices=sorted(KERNELS), default="tt-metal",
+                    help="CPU kernel port installed as `kernel`: " + "; ".join(f"{k} = {v}" for k, v in KERNELS.items()))
     ap.add_argument("--convert-args", default=DEFAULT_CONVERT, help=f"convert.py arguments (default: {DEFAULT_CONVERT!r})")
     ap.add_argument("--allow-unpinned", action="store_true")
+    ap.add_argument("--replay", type=Path, help="teacher-forced: force this golden's block inputs into every block")
+    ap.add_argument("--standin", choices=sorted(STANDINS),
+                    help="calibration only: run with another valid summation order: " +
+                         "; ".join(f"{k} = {v}" for k, v in STANDINS.items()))
     ap.add_argument("--provenance", action="store_true", help="write OUT.provenance.json")
     ap.add_argument("--synth-command", help="the `ds41 synth ... --out {out}` command that made --checkpoint (recorded)")
     ap.add_argument("--synth-preset"), ap.add_argument("--synth-seed", type=int)
@@ -400,24 +533,30 @@ def main(argv=None):
         with tempfile.TemporaryDirectory() as tmp:
             converted = convert_checkpoint(a.inference.resolve(), a.checkpoint.resolve(), Path(tmp), a.convert_args)
             state = load_file(str(converted))
-        module = import_model(a.inference.resolve())
+        kernels, kernels_path = kernel_module(a.inference.resolve(), a.kernels)
+        module = import_model(a.inference.resolve(), kernels)
         model_args, ignored = build_args(module, cfg, len(tokens))
         if ignored:
             print(f"note: config keys not in ModelArgs: {ignored}", file=sys.stderr)
-        tensors = run(module, model_args, state, tokens, prefill, a.index_k, a.threads)
+        tokenizer = FastTokenizer(a.checkpoint / "tokenizer.json") if model_args.engram_layer_ids else None
+        forcing = load_file(str(a.replay)) if a.replay else None
+        tensors = run(module, model_args, state, tokens, prefill, a.index_k, a.threads, tokenizer,
+                      forcing=forcing, standin=a.standin)
     except DriverError as e:
         print(f"run_official: error: {e}", file=sys.stderr)
         return 2
     metadata = {  # docs/TRACE.md keys, then what only this producer knows
-        "engine": "official inference/model.py (CPU, ds41 kernels)", "version": pins["model.py"][:12],
+        "engine": f"official inference/model.py (CPU, {a.kernels} kernels)", "version": pins["model.py"][:12],
         "layout": "release", "numerics": "upstream", "index-k": a.index_k,
         "tie_rule": "largest first; equal values -> lower index",
         "topk_convention": "compressed positions (no window offset), ascending, -1 = none",
         "logits_rows": "row 0 = prefill (last position), row i = decode step i",
-        "prefill": str(prefill), "decode_steps": str(len(tokens) - prefill), "mode": "forward",
+        "prefill": str(prefill), "decode_steps": str(len(tokens) - prefill),
+        "mode": "replay" if a.replay else "forward",
         "format": TRACE_FORMAT, "model_py_sha256": pins["model.py"],
-        "kernels_sha256": provenance.sha256_file(HERE / "ds41_kernels.py"),
-        "torch": torch.__version__, "threads": str(a.threads), "kernel_calls": json.dumps(dict(ds41_kernels.CALLS)),
+        "kernels": a.kernels, "kernels_sha256": provenance.sha256_file(kernels_path),
+        "torch": torch.__version__, "threads": str(a.threads),
+        **({"standin": a.standin} if a.standin else {}),
     }
     old = load_file(str(a.out)) if a.out.exists() else None
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -430,17 +569,23 @@ def main(argv=None):
                           "sha256": ckpt_input["sha256"], "command": a.synth_command}
         inputs = [ckpt_input] + [
             {"name": n, "location": "external", "path": f"inference/{n}", "sha256": h} for n, h in pins.items()
-        ] + [provenance.describe_input("kernels", HERE / "ds41_kernels.py"),
-             provenance.describe_input("driver", HERE / "run_official.py")]
+        ]
+        if a.kernels == "ds41":
+            inputs.append(provenance.describe_input("kernels", kernels_path))
+        else:
+            inputs.append({"name": "kernel_cpu.py", "location": "external", "path": "inference/kernel_cpu.py",
+                           "sha256": provenance.sha256_file(kernels_path)})
+        inputs += [provenance.describe_input("driver", HERE / "run_official.py"),
+                   provenance.describe_input("kernels_ds41", HERE / "ds41_kernels.py")]
         provenance.write_sidecar(
             a.out.with_name(a.out.name + provenance.SUFFIX),
-            description=f"Trace of the official model.py on CPU (ds41 kernels), tokens {a.tokens}, "
+            description=f"Trace of the official model.py on CPU ({a.kernels} kernels), tokens {a.tokens}, "
                         f"prefill {prefill} then decode, index_k {a.index_k}.",
             generator={"kind": "official-code", "name": "inference/model.py", "version": pins["model.py"][:12],
                        "environment": provenance.environment(torch=torch.__version__, threads=a.threads)},
             command=(f"python3 goldens/regen/model/run_official.py --inference <release>/inference "
                      f"--checkpoint {{input:checkpoint}} --tokens {a.tokens} --prefill {prefill} "
-                     f"--index-k {a.index_k} --out {{out}}/{a.out.name}"),
+                     f"--index-k {a.index_k} --kernels {a.kernels} --out {{out}}/{a.out.name}"),
             inputs=inputs, outputs=[a.out.name],
             synthetic={"preset": a.synth_preset, "seed": a.synth_seed} if a.synth_preset else None,
             errata={"index_k_handoff": a.index_k, "topk_tie_order": "lower-index",

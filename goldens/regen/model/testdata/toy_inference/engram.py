@@ -1,1 +1,0 @@
-"""Toy stand-in for inference/engram.py (unused by the toy model)."""
