@@ -44,10 +44,10 @@ pub fn compare_logits(
         Some(pairs).filter(|p| !p.is_empty())
     } else if el.shape.first() == Some(&steps) {
         Some((0..steps).map(|i| (i, i)).collect())
-    } else if let Some(gp) = gpos.as_ref().filter(|_| el.shape.first() == Some(&tokens)) {
-        Some(gp.iter().copied().enumerate().collect())
     } else {
-        None
+        gpos.as_ref()
+            .filter(|_| el.shape.first() == Some(&tokens))
+            .map(|gp| gp.iter().copied().enumerate().collect())
     };
     let vocab = gl.row_len();
     let Some(rows) = rows.filter(|_| el.shape.len() == 2 && el.row_len() == vocab) else {
