@@ -67,6 +67,24 @@ pub enum ModelRef {
     Upstream(String),
 }
 
+impl ModelRef {
+    /// The checkpoint layout the reference names (synthetic and mutant models); None for an
+    /// upstream directory, whose layout only its files tell.
+    pub fn layout(&self) -> Option<ds41_engine::checkpoint::Layout> {
+        use ds41_engine::checkpoint::Layout;
+        match self {
+            ModelRef::Synthetic { layout, .. } | ModelRef::Mutant { layout, .. } => {
+                match layout.as_str() {
+                    "release" => Some(Layout::Release),
+                    "container" => Some(Layout::Container),
+                    _ => None,
+                }
+            }
+            ModelRef::Upstream(_) => None,
+        }
+    }
+}
+
 impl std::fmt::Display for ModelRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -10,12 +10,21 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 /// What an engine can do, declared up front (hello / profile). A case that needs a capability
-/// the engine lacks is NotSupported, never Pass.
+/// the engine lacks is NotSupported, never Pass. PROTOCOL.md lists the promise of each.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 pub enum Capability {
     /// Open a checkpoint and either accept it or refuse it with a reason.
     #[serde(rename = "load")]
     Load,
+    /// `load` with `verify: true`: the read-time payload check (expert CRCs of a container).
+    #[serde(rename = "load.verify")]
+    LoadVerify,
+    /// Reads checkpoints in the official release layout (`config.json` + safetensors).
+    #[serde(rename = "layout.release")]
+    LayoutRelease,
+    /// Reads WASTE v0 containers (`manifest.json` + records).
+    #[serde(rename = "layout.container")]
+    LayoutContainer,
     /// Encode text on the text path (no control tokens) and on the markup path.
     #[serde(rename = "tokenize")]
     Tokenize,
@@ -25,12 +34,30 @@ pub enum Capability {
     /// Parse a DSML completion.
     #[serde(rename = "parse")]
     Parse,
-    /// Run tokens and return logits.
+    /// Run tokens and write a trace file.
     #[serde(rename = "forward")]
     Forward,
-    /// The forward output carries per-layer streams and discrete decisions.
+    /// Shorthand for every `trace.*` capability (kept for engines written before they existed).
     #[serde(rename = "trace")]
     Trace,
+    /// The trace carries `logits` (and optionally `logits_positions`).
+    #[serde(rename = "trace.logits")]
+    TraceLogits,
+    /// The trace carries `residual`, every block's output stream.
+    #[serde(rename = "trace.residual")]
+    TraceResidual,
+    /// The trace carries `experts` (and optionally `expert_weights`).
+    #[serde(rename = "trace.experts")]
+    TraceExperts,
+    /// The trace carries the indexer selections `topk.L{l}`.
+    #[serde(rename = "trace.topk")]
+    TraceTopk,
+    /// The trace carries the Engram hash ids `engram_hash`.
+    #[serde(rename = "trace.engram_hash")]
+    TraceEngramHash,
+    /// The trace carries the sub-op tensors (`attn_out`, `moe_out`, ...).
+    #[serde(rename = "trace.sub_ops")]
+    TraceSubOps,
     /// Prefill more than one token in one chunk (otherwise token at a time only).
     #[serde(rename = "prefill")]
     Prefill,
@@ -54,13 +81,22 @@ pub enum Capability {
 }
 
 impl Capability {
-    pub const ALL: [Capability; 14] = [
+    pub const ALL: [Capability; 23] = [
         Capability::Load,
+        Capability::LoadVerify,
+        Capability::LayoutRelease,
+        Capability::LayoutContainer,
         Capability::Tokenize,
         Capability::Render,
         Capability::Parse,
         Capability::Forward,
         Capability::Trace,
+        Capability::TraceLogits,
+        Capability::TraceResidual,
+        Capability::TraceExperts,
+        Capability::TraceTopk,
+        Capability::TraceEngramHash,
+        Capability::TraceSubOps,
         Capability::Prefill,
         Capability::State,
         Capability::Replay,
@@ -70,14 +106,32 @@ impl Capability {
         Capability::IndexKOwner,
         Capability::EngramHash,
     ];
+    /// The per-tensor trace capabilities the shorthand `trace` stands for.
+    pub const TRACE_PARTS: [Capability; 6] = [
+        Capability::TraceLogits,
+        Capability::TraceResidual,
+        Capability::TraceExperts,
+        Capability::TraceTopk,
+        Capability::TraceEngramHash,
+        Capability::TraceSubOps,
+    ];
     pub fn as_str(self) -> &'static str {
         match self {
             Capability::Load => "load",
+            Capability::LoadVerify => "load.verify",
+            Capability::LayoutRelease => "layout.release",
+            Capability::LayoutContainer => "layout.container",
             Capability::Tokenize => "tokenize",
             Capability::Render => "render",
             Capability::Parse => "parse",
             Capability::Forward => "forward",
             Capability::Trace => "trace",
+            Capability::TraceLogits => "trace.logits",
+            Capability::TraceResidual => "trace.residual",
+            Capability::TraceExperts => "trace.experts",
+            Capability::TraceTopk => "trace.topk",
+            Capability::TraceEngramHash => "trace.engram_hash",
+            Capability::TraceSubOps => "trace.sub_ops",
             Capability::Prefill => "prefill",
             Capability::State => "state",
             Capability::Replay => "replay",
@@ -91,6 +145,77 @@ impl Capability {
     pub fn parse(s: &str) -> Option<Capability> {
         Self::ALL.into_iter().find(|c| c.as_str() == s)
     }
+
+    /// The trace capability a dump tensor needs (docs/TRACE.md, PROTOCOL.md `forward`):
+    /// `topk.L{l}` and `candidates.L{c}` by their family name; None for a name that is not a
+    /// dump tensor an engine can be asked for.
+    pub fn for_trace_tensor(name: &str) -> Option<Capability> {
+        let family = name.split_once(".L").map_or(name, |(f, _)| f);
+        TRACE_TENSORS
+            .iter()
+            .find(|(n, _)| *n == family)
+            .map(|&(_, c)| c)
+    }
+
+    /// The capability an engine needs to read a checkpoint of `layout`.
+    pub fn for_layout(layout: ds41_engine::checkpoint::Layout) -> Capability {
+        match layout {
+            ds41_engine::checkpoint::Layout::Release => Capability::LayoutRelease,
+            ds41_engine::checkpoint::Layout::Container => Capability::LayoutContainer,
+        }
+    }
+}
+
+/// Every dump tensor a case may `require` and the capability that promises it (docs/TRACE.md;
+/// `topk` and `candidates` stand for their per-layer `.L{l}` tensors). The documentation
+/// tables are checked against this list (tests/capabilities.rs).
+pub const TRACE_TENSORS: [(&str, Capability); 14] = [
+    ("logits", Capability::TraceLogits),
+    ("logits_positions", Capability::TraceLogits),
+    ("residual", Capability::TraceResidual),
+    ("experts", Capability::TraceExperts),
+    ("expert_weights", Capability::TraceExperts),
+    ("topk", Capability::TraceTopk),
+    ("engram_hash", Capability::TraceEngramHash),
+    ("block_input", Capability::TraceSubOps),
+    ("pre_mix", Capability::TraceSubOps),
+    ("mid", Capability::TraceSubOps),
+    ("attn_out", Capability::TraceSubOps),
+    ("moe_out", Capability::TraceSubOps),
+    ("engram_gate", Capability::TraceSubOps),
+    ("candidates", Capability::TraceSubOps),
+];
+
+/// The capabilities an engine declared (hello / profile), by name, and what they imply
+/// (PROTOCOL.md "Capabilities"): `trace` stands for every `trace.*`; `forward` without any
+/// `trace.*` keeps its original promise of `trace.logits`; an engine naming no `layout.*`
+/// keeps the original promise of reading both layouts. Unknown names are returned apart.
+pub fn declared_capabilities<'a>(
+    names: impl IntoIterator<Item = &'a str>,
+) -> (BTreeSet<Capability>, Vec<String>) {
+    let mut caps = BTreeSet::new();
+    let mut unknown = Vec::new();
+    for n in names {
+        match Capability::parse(n) {
+            Some(c) => {
+                caps.insert(c);
+            }
+            None => unknown.push(n.to_string()),
+        }
+    }
+    if caps.contains(&Capability::Trace) {
+        caps.extend(Capability::TRACE_PARTS);
+    }
+    if caps.contains(&Capability::Forward)
+        && !Capability::TRACE_PARTS.iter().any(|c| caps.contains(c))
+    {
+        caps.insert(Capability::TraceLogits);
+    }
+    if !caps.contains(&Capability::LayoutRelease) && !caps.contains(&Capability::LayoutContainer) {
+        caps.insert(Capability::LayoutRelease);
+        caps.insert(Capability::LayoutContainer);
+    }
+    (caps, unknown)
 }
 
 impl std::fmt::Display for Capability {
@@ -221,7 +346,8 @@ pub type EngramHashes = Vec<Vec<Vec<i64>>>;
 /// the input, e.g. a broken checkpoint); the rest are failures of the engine or its driver.
 #[derive(Debug, Clone, PartialEq)]
 pub enum EngineError {
-    Unsupported(Capability),
+    /// The engine lacks the capability; the optional reason is the engine's own words.
+    Unsupported(Capability, Option<String>),
     Refused(String),
     Timeout(Duration),
     Crashed(String),
@@ -232,7 +358,10 @@ pub enum EngineError {
 impl std::fmt::Display for EngineError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            EngineError::Unsupported(c) => write!(f, "engine lacks capability `{c}`"),
+            EngineError::Unsupported(c, None) => write!(f, "engine lacks capability `{c}`"),
+            EngineError::Unsupported(c, Some(why)) => {
+                write!(f, "engine lacks capability `{c}`: {why}")
+            }
             EngineError::Refused(m) => write!(f, "engine refused: {m}"),
             EngineError::Timeout(d) => write!(f, "engine timed out after {:.1}s", d.as_secs_f64()),
             EngineError::Crashed(m) => write!(f, "engine crashed: {m}"),
@@ -255,7 +384,7 @@ pub trait Engine: Send {
         if self.capabilities().contains(&c) {
             Ok(())
         } else {
-            Err(EngineError::Unsupported(c))
+            Err(EngineError::Unsupported(c, None))
         }
     }
     fn load(&mut self, req: &LoadRequest, timeout: Duration) -> EngineResult<()>;
@@ -271,6 +400,6 @@ pub trait Engine: Send {
         _req: &EngramHashRequest,
         _timeout: Duration,
     ) -> EngineResult<EngramHashes> {
-        Err(EngineError::Unsupported(Capability::EngramHash))
+        Err(EngineError::Unsupported(Capability::EngramHash, None))
     }
 }

@@ -371,11 +371,7 @@ impl ProfileEngine {
                 unset.join(", ")
             );
         }
-        let caps = profile
-            .capabilities
-            .iter()
-            .filter_map(|c| Capability::parse(c))
-            .collect();
+        let (caps, _) = declared_capabilities(profile.capabilities.iter().map(String::as_str));
         let scratch = tempfile::tempdir()?;
         Ok(ProfileEngine {
             profile,

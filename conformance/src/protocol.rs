@@ -57,6 +57,31 @@ struct Reply {
 struct ReplyError {
     kind: String,
     message: String,
+    /// With `kind: unsupported`: the capability the engine lacks (PROTOCOL.md); `message` is
+    /// then free text. Without it the capability is the message's first word.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    capability: Option<String>,
+}
+
+impl ReplyError {
+    /// The lacking capability and the engine's reason of an `unsupported` reply: the
+    /// structured `capability` field, else the message's leading name (`trace.topk`,
+    /// `trace.topk: why`, `trace.topk why`). None when neither names a known capability.
+    fn unsupported(&self) -> Option<(Capability, Option<String>)> {
+        let reason = |r: &str| {
+            let r = r.trim();
+            (!r.is_empty()).then(|| r.to_string())
+        };
+        if let Some(name) = &self.capability {
+            return Capability::parse(name.trim()).map(|c| (c, reason(&self.message)));
+        }
+        let m = self.message.trim();
+        let end = m
+            .find(|ch: char| ch == ':' || ch.is_whitespace())
+            .unwrap_or(m.len());
+        let rest = m[end..].trim_start().trim_start_matches(':');
+        Capability::parse(&m[..end]).map(|c| (c, reason(rest)))
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -161,16 +186,8 @@ impl AdapterEngine {
                 driver: format!("adapter: {}", self.command),
                 ..r.hello.engine.clone()
             };
-            self.capabilities.clear();
-            self.unknown_capabilities.clear();
-            for c in &r.hello.capabilities {
-                match Capability::parse(c) {
-                    Some(c) => {
-                        self.capabilities.insert(c);
-                    }
-                    None => self.unknown_capabilities.push(c.clone()),
-                }
-            }
+            (self.capabilities, self.unknown_capabilities) =
+                declared_capabilities(r.hello.capabilities.iter().map(String::as_str));
             self.running = Some(r);
         }
         Ok(())
@@ -187,8 +204,9 @@ impl AdapterEngine {
         match exchange(&mut r.process, id, &req, deadline, timeout) {
             Ok(v) => Ok(v),
             Err(
-                e
-                @ (EngineError::Refused(_) | EngineError::Unsupported(_) | EngineError::Failed(_)),
+                e @ (EngineError::Refused(_)
+                | EngineError::Unsupported(..)
+                | EngineError::Failed(_)),
             ) => Err(e),
             Err(e) => {
                 // Crash, hang or garbage: the process is in an unknown state; end its whole
@@ -290,12 +308,16 @@ fn exchange(
     let err = reply.error.unwrap_or(ReplyError {
         kind: "failed".into(),
         message: "no error object".into(),
+        capability: None,
     });
     Err(match err.kind.as_str() {
         "refused" => EngineError::Refused(err.message),
-        "unsupported" => match Capability::parse(&err.message) {
-            Some(c) => EngineError::Unsupported(c),
-            None => EngineError::Failed(format!("unsupported: {}", err.message)),
+        "unsupported" => match err.unsupported() {
+            Some((c, why)) => EngineError::Unsupported(c, why),
+            None => EngineError::Failed(format!(
+                "`unsupported` names no known capability (field `capability` {:?}, message {:?})",
+                err.capability, err.message
+            )),
         },
         _ => EngineError::Failed(err.message),
     })
@@ -380,10 +402,11 @@ pub fn serve(
                 write_reply(
                     &mut output,
                     0,
-                    Err((
-                        "failed",
-                        format!("malformed request: the line is {problem}"),
-                    )),
+                    Err(ReplyError {
+                        kind: "failed".into(),
+                        message: format!("malformed request: the line is {problem}"),
+                        capability: None,
+                    }),
                 )?;
                 continue;
             }
@@ -401,7 +424,11 @@ pub fn serve(
                 write_reply(
                     &mut output,
                     id,
-                    Err(("failed", format!("malformed request: {e}"))),
+                    Err(ReplyError {
+                        kind: "failed".into(),
+                        message: format!("malformed request: {e}"),
+                        capability: None,
+                    }),
                 )?;
                 continue;
             }
@@ -448,9 +475,21 @@ pub fn serve(
                 .map(|ids| serde_json::json!({ "ids": ids })),
         };
         let r = result.map_err(|e| match e {
-            EngineError::Refused(m) => ("refused", m),
-            EngineError::Unsupported(c) => ("unsupported", c.as_str().to_string()),
-            other => ("failed", other.to_string()),
+            EngineError::Refused(m) => ReplyError {
+                kind: "refused".into(),
+                message: m,
+                capability: None,
+            },
+            EngineError::Unsupported(c, why) => ReplyError {
+                kind: "unsupported".into(),
+                message: why.unwrap_or_else(|| format!("the engine lacks `{c}`")),
+                capability: Some(c.as_str().into()),
+            },
+            other => ReplyError {
+                kind: "failed".into(),
+                message: other.to_string(),
+                capability: None,
+            },
         });
         write_reply(&mut output, id, r)?;
     }
@@ -460,7 +499,7 @@ pub fn serve(
 fn write_reply(
     out: &mut impl Write,
     id: u64,
-    r: Result<serde_json::Value, (&str, String)>,
+    r: Result<serde_json::Value, ReplyError>,
 ) -> anyhow::Result<()> {
     let reply = match r {
         Ok(v) => Reply {
@@ -469,14 +508,11 @@ fn write_reply(
             result: Some(v),
             error: None,
         },
-        Err((kind, message)) => Reply {
+        Err(e) => Reply {
             id,
             ok: false,
             result: None,
-            error: Some(ReplyError {
-                kind: kind.into(),
-                message,
-            }),
+            error: Some(e),
         },
     };
     writeln!(out, "{}", serde_json::to_string(&reply)?)?;

@@ -78,6 +78,15 @@ impl Context {
             .map_err(|e| Outcome::error(format!("{m}: {e:#}")))
     }
 
+    /// Resolve a checkpoint a case runs on, recording it for the certificate.
+    pub fn checkpoint(&self, m: &ModelRef, details: &mut Details) -> Result<PathBuf, Outcome> {
+        let dir = self.model(m)?;
+        details
+            .models
+            .push((m.to_string(), dir.display().to_string()));
+        Ok(dir)
+    }
+
     pub fn rerun_command(&self, case: &str) -> String {
         self.rerun_template.replace("{case}", case)
     }
@@ -261,7 +270,10 @@ pub struct CaseResult {
 /// Map an engine error to an outcome (a refusal where an answer was due is a failure).
 pub fn engine_failure(what: &str, e: EngineError) -> Outcome {
     match e {
-        EngineError::Unsupported(c) => Outcome::not_supported(c.as_str()),
+        EngineError::Unsupported(c, why) => Outcome::not_supported(match why {
+            Some(why) => format!("{c}: {why}"),
+            None => c.to_string(),
+        }),
         other => Outcome::fail(format!("{what}: {other}")),
     }
 }
@@ -272,6 +284,22 @@ pub fn require(engine: &dyn Engine, caps: &[Capability]) -> Option<Outcome> {
     caps.iter()
         .find(|c| !have.contains(c))
         .map(|c| Outcome::not_supported(c.as_str()))
+}
+
+/// `Some(NotSupported)` when the engine cannot read the layout of model `m` (capability
+/// `layout.release` / `layout.container`): synthetic and mutant models name their layout, an
+/// upstream directory is recognised by its files (one that is neither needs no layout
+/// capability; the engine's answer judges it).
+pub fn require_layout(
+    engine: &dyn Engine,
+    ctx: &Context,
+    m: &ModelRef,
+) -> Result<Option<Outcome>, Outcome> {
+    let layout = match m.layout() {
+        Some(l) => Some(l),
+        None => ds41_engine::checkpoint::detect_layout(&ctx.model(m)?).ok(),
+    };
+    Ok(layout.and_then(|l| require(engine, &[Capability::for_layout(l)])))
 }
 
 pub fn timeout(case: &Case) -> Duration {
@@ -420,6 +448,36 @@ impl ExpectedFailures {
     }
 }
 
+/// Select cases by substring filters (any matches; `exact`: whole-name equality), dropping the
+/// long tier unless asked for.
+pub fn select(cases: Vec<Case>, filters: &[String], exact: bool, long: bool) -> Vec<Case> {
+    cases
+        .into_iter()
+        .filter(|c| long || !c.long)
+        .filter(|c| {
+            filters.is_empty()
+                || filters.iter().any(|f| {
+                    if exact {
+                        &c.name == f
+                    } else {
+                        c.name.contains(f.as_str())
+                    }
+                })
+        })
+        .collect()
+}
+
+/// Default locations inside the source tree (the `ds41` binary is run from the repository).
+pub fn default_cases_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("cases")
+}
+pub fn default_gates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gates")
+}
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -457,34 +515,4 @@ mod tests {
         x.apply(&mut r);
         assert!(matches!(r.outcome, Outcome::NotSupported { .. }));
     }
-}
-
-/// Select cases by substring filters (any matches; `exact`: whole-name equality), dropping the
-/// long tier unless asked for.
-pub fn select(cases: Vec<Case>, filters: &[String], exact: bool, long: bool) -> Vec<Case> {
-    cases
-        .into_iter()
-        .filter(|c| long || !c.long)
-        .filter(|c| {
-            filters.is_empty()
-                || filters.iter().any(|f| {
-                    if exact {
-                        &c.name == f
-                    } else {
-                        c.name.contains(f.as_str())
-                    }
-                })
-        })
-        .collect()
-}
-
-/// Default locations inside the source tree (the `ds41` binary is run from the repository).
-pub fn default_cases_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("cases")
-}
-pub fn default_gates_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gates")
-}
-pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }

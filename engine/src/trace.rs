@@ -125,7 +125,8 @@ impl Trace {
             .resize((first + rows) * l * self.topk_experts, -1);
         self.expert_weights
             .resize((first + rows) * l * self.topk_experts, 0.0);
-        self.margin_experts.resize((first + rows) * l, f32::INFINITY);
+        self.margin_experts
+            .resize((first + rows) * l, f32::INFINITY);
         for &li in &self.index_layers {
             self.topk
                 .entry(li)

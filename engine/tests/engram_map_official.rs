@@ -110,13 +110,18 @@ fn only_the_model_and_decoder_are_required() {
         vec![0, 1, 2]
     );
     let refused = |bytes: Vec<u8>, field: &str| match token_map(&bytes, p) {
-        Err(Error::Tokenizer { field: f, reason, .. }) => {
+        Err(Error::Tokenizer {
+            field: f, reason, ..
+        }) => {
             assert_eq!(f, field, "{reason}");
             reason
         }
         other => panic!("expected a refusal naming `{field}`, got {other:?}"),
     };
-    let r = refused(tokenizer_json(Some("WordPiece"), byte_level.clone()), "model.type");
+    let r = refused(
+        tokenizer_json(Some("WordPiece"), byte_level.clone()),
+        "model.type",
+    );
     assert!(r.contains("WordPiece"), "{r}");
     refused(tokenizer_json(None, byte_level), "model.type");
     let r = refused(

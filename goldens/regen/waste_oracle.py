@@ -55,14 +55,31 @@ def read_f32(path: Path, count: int, what: str) -> np.ndarray:
     return data
 
 
-def run_oracle(waste: Path, container: Path, ids, python: str, tmp: Path, dims: dict):
+# Runs the oracle unmodified, with torch.topk replaced by the project's tie rule (larger first,
+# equal values -> lower index; errata `topk_tie_order`): exact zero index scores (every head's
+# ReLU at 0) tie often with WASTE's two index heads, and torch.topk's order among them is not
+# reproducible.
+LOWER_INDEX_RUNNER = """
+import runpy, sys, torch
+sys.path.insert(0, {model_dir!r})
+import ds41_kernels
+torch.topk = ds41_kernels.stable_topk
+torch.Tensor.topk = lambda self, *a, **k: ds41_kernels.stable_topk(self, *a, **k)
+sys.argv = [{script!r}] + sys.argv[1:]
+runpy.run_path({script!r}, run_name="__main__")
+"""
+
+
+def run_oracle(waste: Path, container: Path, ids, python: str, tmp: Path, dims: dict, tie_rule: str = "lower-index"):
     script = waste / "tools" / "ds41_ref.py"
     if not script.is_file():
         raise OracleError(f"{script}: missing (expected a WASTE checkout at {WASTE_REVISION[:8]})")
     rows, hidden = [], None
     for t in range(1, len(ids) + 1):
         dump = tmp / f"logits_{t}.f32"
-        cmd = [python, str(script), "--container", str(container), "--ids", ",".join(map(str, ids[:t])),
+        launcher = [str(script)] if tie_rule == "torch-topk" else \
+            ["-c", LOWER_INDEX_RUNNER.format(model_dir=str(Path(__file__).resolve().parent / "model"), script=str(script))]
+        cmd = [python, *launcher, "--container", str(container), "--ids", ",".join(map(str, ids[:t])),
                "--top", "1", "--dump", str(dump)]
         if t == len(ids):
             cmd += ["--hidden", str(tmp / "hidden.f32")]
@@ -115,6 +132,8 @@ def main(argv=None):
     ap.add_argument("--from-oracle-files", type=Path, help="convert existing oracle outputs instead")
     ap.add_argument("--variant", default="as_shipped", help="with --from-oracle-files: as_shipped or owner")
     ap.add_argument("--provenance", action="store_true")
+    ap.add_argument("--tie-rule", choices=["lower-index", "torch-topk"], default="lower-index",
+                    help="top-k order among equal values in the oracle run (default: the project's rule)")
     ap.add_argument("--synth-command", help="the `ds41 synth ... --layout container --out {out}` command that "
                     "rebuilds --container byte for byte (recorded: the container is then a generated input)")
     ap.add_argument("--synth-preset"), ap.add_argument("--synth-seed", type=int)
@@ -129,7 +148,7 @@ def main(argv=None):
             index_k = "owner" if a.variant == "owner" else "as-shipped"
         elif a.waste:
             with tempfile.TemporaryDirectory() as tmp:
-                logits, hidden = run_oracle(a.waste, a.container, ids, a.python, Path(tmp), dims)
+                logits, hidden = run_oracle(a.waste, a.container, ids, a.python, Path(tmp), dims, a.tie_rule)
             index_k = "as-shipped"
         else:
             ap.error("give --waste CHECKOUT or --from-oracle-files DIR")
@@ -137,6 +156,8 @@ def main(argv=None):
         print(f"waste_oracle: error: {e}", file=sys.stderr)
         return 2
     tensors, metadata = trace(ids, logits, hidden, index_k)
+    if a.waste and a.tie_rule == "lower-index":
+        metadata["tie_rule"] = "largest first; equal values -> lower index (torch.topk replaced around the oracle)"
     old = load_file(str(a.out)) if a.out.exists() else None
     a.out.parent.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(a.out), metadata=metadata)
@@ -150,10 +171,13 @@ def main(argv=None):
             container = {"name": "container", "location": "generated", "path": a.container.name,
                          "sha256": container["sha256"], "command": a.synth_command}
         inputs = [container, provenance.describe_input("script", Path(__file__))]
+        if a.waste and a.tie_rule == "lower-index":
+            inputs.append(provenance.describe_input("tie_rule", Path(__file__).resolve().parent / "model" / "ds41_kernels.py"))
         if a.waste:
             inputs.append({"name": "ds41_ref.py", "location": "external", "path": "tools/ds41_ref.py",
                            "sha256": provenance.sha256_file(a.waste / "tools" / "ds41_ref.py")})
-            command = f"python3 {SCRIPT} --waste <waste checkout> --container {{input:container}} --ids {a.ids} --out {{out}}/{a.out.name}"
+            command = (f"python3 {SCRIPT} --waste <waste checkout> --container {{input:container}} --ids {a.ids} "
+                       f"--tie-rule {a.tie_rule} --out {{out}}/{a.out.name}")
         else:
             inputs.append(provenance.describe_input("oracle_files", a.from_oracle_files))
             command = (f"python3 {SCRIPT} --from-oracle-files {{input:oracle_files}} --variant {a.variant} "
@@ -166,6 +190,7 @@ def main(argv=None):
             command=command, inputs=inputs, outputs=[a.out.name],
             synthetic={"preset": a.synth_preset, "seed": a.synth_seed} if a.synth_preset else None,
             errata={"index_k_handoff": index_k, "waste_schedule": "token-at-a-time",
+                    **({"topk_tie_order": "lower-index"} if a.waste and a.tie_rule == "lower-index" else {}),
                     "waste_moe_summation": "topk-order-weight-after-down", "waste_rope_tables": "f64-then-f32"})
     return 0
 

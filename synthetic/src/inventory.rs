@@ -300,17 +300,38 @@ fn dspark_extras(g: &Geometry, stage: usize) -> Vec<(String, Vec<usize>, Kind, I
         .expect("a geometry with MTP stages has DSpark arguments");
     let (d, rank) = (g.dim, dspark.markov_rank);
     let mut out = Vec::new();
-    let mut add = |n: &str, shape: Vec<usize>, kind, init| out.push((n.to_string(), shape, kind, init));
+    let mut add =
+        |n: &str, shape: Vec<usize>, kind, init| out.push((n.to_string(), shape, kind, init));
     if stage == 0 {
         let targets = dspark.target_layer_ids.len();
-        add("main_proj.weight", vec![d, d * targets], Kind::Fp8, Init::Linear(1.0));
+        add(
+            "main_proj.weight",
+            vec![d, d * targets],
+            Kind::Fp8,
+            Init::Linear(1.0),
+        );
         add("main_norm.weight", vec![d], Kind::Bf16, Init::Norm);
     }
     if stage + 1 == g.n_mtp_layers {
         add("norm.weight", vec![d], Kind::Bf16, Init::Norm);
-        add("markov_head.embed.weight", vec![g.vocab_size, rank], Kind::Bf16, Init::Uniform(-1.0, 1.0));
-        add("markov_head.head.weight", vec![g.vocab_size, rank], Kind::Bf16, Init::Linear(1.0));
-        add("confidence_head.proj.weight", vec![1, d + rank], Kind::Bf16, Init::Linear(1.0));
+        add(
+            "markov_head.embed.weight",
+            vec![g.vocab_size, rank],
+            Kind::Bf16,
+            Init::Uniform(-1.0, 1.0),
+        );
+        add(
+            "markov_head.head.weight",
+            vec![g.vocab_size, rank],
+            Kind::Bf16,
+            Init::Linear(1.0),
+        );
+        add(
+            "confidence_head.proj.weight",
+            vec![1, d + rank],
+            Kind::Bf16,
+            Init::Linear(1.0),
+        );
     }
     out
 }

@@ -66,7 +66,9 @@ impl Geometry {
     /// The same geometry with `n_mtp` DSpark stages appended (window-only, ratio 0).
     fn with_dspark(mut self, n_mtp: usize, dspark: Dspark) -> Geometry {
         self.args.n_mtp_layers = n_mtp;
-        self.args.compress_ratios.extend(std::iter::repeat_n(0, n_mtp));
+        self.args
+            .compress_ratios
+            .extend(std::iter::repeat_n(0, n_mtp));
         self.dspark = Some(dspark);
         self
     }

@@ -218,6 +218,8 @@ tiny         container 0 b3f93b26dd545c56cb4c0eeb0d916dc424fea23a8efc7ab51368c58
 tiny-sharded release   0 eb0ffcb9846bcacbd45f9a66818214f1c173d5de23b57325e763e400cf5cd14a
 waste-tiny   container 0 3f932dbcc18490c16fac8ce0de2b493503e2b45d2cf707035ec3f83ef07ddb98
 waste-tiny   container 7 7637d16f855ec4096058c882807784dc50b0e5fcc3dd74bd98a722798b7f5bcd
+grouped      release   3 8f2d3e5f2b7723dd3d383881fe9e7ec56356619f828a21b65a7029b44233a03c
+window-mtp   release   4 d408f24d70164e6332e59966634b113bb19a97ee0790c713ffc944a1e83917ea
 ";
 
 #[test]

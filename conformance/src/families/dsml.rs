@@ -4,41 +4,10 @@
 
 use std::path::Path;
 
-use crate::case::{Case, DsmlSpec, ParseSpec, RenderSpec};
-use crate::case::{DataRef, ModelRef};
+use crate::case::{Case, DataRef, DsmlSpec, ModelRef, ParseSpec, RenderSpec};
 use crate::engine_api::{Capability, Engine, EngineError, ParseRequest, RenderRequest};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
-
-pub fn run(
-    case: &Case,
-    s: &DsmlSpec,
-    engine: &mut dyn Engine,
-    ctx: &Context,
-    details: &mut Details,
-) -> Result<Outcome, Outcome> {
-    if let Some(r) = &s.render {
-        return render_one(case, r, engine, ctx);
-    }
-    if let Some(p) = &s.parse {
-        return parse_one(case, p, engine);
-    }
-    if let Some(p) = &s.probes {
-        return probes(
-            case,
-            &ctx.data(&p.inputs)?,
-            &ctx.data(&p.results)?,
-            engine,
-            details,
-        );
-    }
-    let dir = ctx.data(
-        s.render_dir
-            .as_ref()
-            .expect("validated: one of render/parse/render_dir/probes"),
-    )?;
-    render_dir(case, &dir, engine, details)
-}
 
 impl super::CheckFamily for DsmlSpec {
     fn models(&self) -> Vec<ModelRef> {
@@ -91,7 +60,28 @@ impl super::CheckFamily for DsmlSpec {
         ctx: &Context,
         details: &mut Details,
     ) -> Result<Outcome, Outcome> {
-        run(case, self, engine, ctx, details)
+        let s = self;
+        if let Some(r) = &s.render {
+            return render_one(case, r, engine, ctx);
+        }
+        if let Some(p) = &s.parse {
+            return parse_one(case, p, engine);
+        }
+        if let Some(p) = &s.probes {
+            return probes(
+                case,
+                &ctx.data(&p.inputs)?,
+                &ctx.data(&p.results)?,
+                engine,
+                details,
+            );
+        }
+        let dir = ctx.data(
+            s.render_dir
+                .as_ref()
+                .expect("validated: one of render/parse/render_dir/probes"),
+        )?;
+        render_dir(case, &dir, engine, details)
     }
 }
 

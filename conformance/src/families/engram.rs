@@ -5,164 +5,16 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::case::{Case, EngramGolden, EngramRelation, EngramSpec};
-use crate::case::{DataRef, ModelRef};
+use crate::case::{Case, DataRef, EngramGolden, EngramRelation, EngramSpec, ModelRef};
 use crate::engine_api::{Capability, Engine, EngramHashRequest, EngramHashes};
 use crate::outcome::Outcome;
-use crate::runner::{engine_failure, require, timeout, Context, Details};
+use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
 
 /// Ids `[tokens][layers][cols]` with the positions marked DEAD that produced them.
 struct Expected {
     tokens: Vec<u32>,
     dead: Vec<usize>,
     ids: EngramHashes,
-}
-
-pub fn run(
-    case: &Case,
-    s: &EngramSpec,
-    engine: &mut dyn Engine,
-    ctx: &Context,
-    details: &mut Details,
-) -> Result<Outcome, Outcome> {
-    if let Some(o) = require(engine, &[Capability::EngramHash]) {
-        return Ok(o);
-    }
-    let model = match (&s.model, &s.weightless) {
-        (Some(m), _) => {
-            let dir = ctx.model(m)?;
-            details
-                .models
-                .push((m.to_string(), dir.display().to_string()));
-            dir
-        }
-        (None, Some(w)) => {
-            let dir = ctx.scratch(case)?;
-            link(&ctx.data(&w.config)?, &dir.join("config.json"))?;
-            link(&ctx.data(&w.tokenizer)?, &dir.join("tokenizer.json"))?;
-            if let Some(m) = &w.token_map {
-                link(&ctx.data(m)?, &dir.join("engram_token_map_int32.npy"))?;
-            }
-            dir
-        }
-        (None, None) => return Err(Outcome::error("no model (validated on load)")),
-    };
-    let token_map = match &s.engram_token_map {
-        Some(d) => Some(ctx.data(d)?),
-        None => None,
-    };
-    let mut hash = |tokens: &[u32], dead: &[usize], map: Option<PathBuf>| {
-        let req = EngramHashRequest {
-            model: model.clone(),
-            tokens: tokens.to_vec(),
-            dead: dead.to_vec(),
-            engram_token_map: map,
-        };
-        let ids = engine
-            .engram_hash(&req, timeout(case))
-            .map_err(|e| engine_failure("engram_hash", e))?;
-        Ok::<_, Outcome>(ids)
-    };
-    match (&s.golden, s.relation) {
-        (Some(g), _) => {
-            let want = read_golden(g, ctx)?;
-            let got = hash(&want.tokens, &want.dead, token_map)?;
-            details.notes.push(format!(
-                "{} tokens, DEAD positions {:?}",
-                want.tokens.len(),
-                want.dead
-            ));
-            Ok(judge(&got, &want.ids, "", details))
-        }
-        (None, Some(EngramRelation::DeadLatches)) => {
-            let tokens = s.tokens.clone().unwrap_or_default();
-            let pad = s.pad_token.unwrap_or_default();
-            // Anchor: the text-only ids equal the built-in reference's (whose hashing the
-            // upstream goldens certify), so a constant answer cannot satisfy the relation.
-            let text_req = EngramHashRequest {
-                model: model.clone(),
-                tokens: tokens.clone(),
-                dead: vec![],
-                engram_token_map: token_map.clone(),
-            };
-            let anchor = ctx
-                .reference
-                .lock()
-                .map_err(|_| Outcome::error("reference engine lock poisoned"))?
-                .engram_hash(&text_req, timeout(case))
-                .map_err(|e| {
-                    Outcome::error(format!("the built-in reference could not hash: {e}"))
-                })?;
-            let text_only = hash(&tokens, &[], token_map.clone())?;
-            let o = judge(
-                &text_only,
-                &anchor,
-                "text only, against the built-in reference",
-                details,
-            );
-            if o != Outcome::Pass {
-                return Ok(o);
-            }
-            let with_dead = hash(&tokens, &s.dead, token_map.clone())?;
-            if let Some(o) = shape_mismatch(&with_dead, &anchor, "with DEAD slots") {
-                return Ok(o);
-            }
-            // Positions grouped by the last DEAD slot at or before them (None: before any).
-            let mut groups: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
-            for p in 0..tokens.len() {
-                let last = s.dead.iter().copied().filter(|&q| q <= p).max();
-                match groups.last_mut() {
-                    Some((l, ps)) if *l == last => ps.push(p),
-                    _ => groups.push((last, vec![p])),
-                }
-            }
-            for (last, positions) in &groups {
-                let (text_ids, what) = match *last {
-                    None => (
-                        text_only.clone(),
-                        "positions before the first DEAD slot against the text-only run"
-                            .to_string(),
-                    ),
-                    Some(q) => {
-                        let mut padded = tokens.clone();
-                        padded[..=q].iter_mut().for_each(|t| *t = pad);
-                        (
-                            hash(&padded, &[], token_map.clone())?,
-                            format!(
-                                "positions {}..={} against the text-only run with tokens 0..={q} set to the pad {pad}",
-                                positions[0],
-                                positions[positions.len() - 1]
-                            ),
-                        )
-                    }
-                };
-                if let Some(o) = shape_mismatch(&text_ids, &anchor, "text only") {
-                    return Ok(o);
-                }
-                let rows = |ids: &EngramHashes| -> EngramHashes {
-                    positions.iter().map(|&p| ids[p].clone()).collect()
-                };
-                let o = judge_offset(
-                    &rows(&with_dead),
-                    &rows(&text_ids),
-                    positions[0],
-                    &what,
-                    details,
-                );
-                if o != Outcome::Pass {
-                    return Ok(o);
-                }
-            }
-            details.notes.push(format!(
-                "{} tokens, DEAD positions {:?}: {} text-only runs agree",
-                tokens.len(),
-                s.dead,
-                groups.len()
-            ));
-            Ok(Outcome::Pass)
-        }
-        (None, None) => Err(Outcome::error("no golden or relation (validated on load)")),
-    }
 }
 
 impl super::CheckFamily for EngramSpec {
@@ -222,7 +74,145 @@ impl super::CheckFamily for EngramSpec {
         ctx: &Context,
         details: &mut Details,
     ) -> Result<Outcome, Outcome> {
-        run(case, self, engine, ctx, details)
+        let s = self;
+        if let Some(o) = require(engine, &[Capability::EngramHash]) {
+            return Ok(o);
+        }
+        let model = match (&s.model, &s.weightless) {
+            (Some(m), _) => {
+                if let Some(o) = require_layout(engine, ctx, m)? {
+                    return Ok(o);
+                }
+                let dir = ctx.checkpoint(m, details)?;
+                dir
+            }
+            (None, Some(w)) => {
+                let dir = ctx.scratch(case)?;
+                link(&ctx.data(&w.config)?, &dir.join("config.json"))?;
+                link(&ctx.data(&w.tokenizer)?, &dir.join("tokenizer.json"))?;
+                if let Some(m) = &w.token_map {
+                    link(&ctx.data(m)?, &dir.join("engram_token_map_int32.npy"))?;
+                }
+                dir
+            }
+            (None, None) => return Err(Outcome::error("no model (validated on load)")),
+        };
+        let token_map = match &s.engram_token_map {
+            Some(d) => Some(ctx.data(d)?),
+            None => None,
+        };
+        let mut hash = |tokens: &[u32], dead: &[usize], map: Option<PathBuf>| {
+            let req = EngramHashRequest {
+                model: model.clone(),
+                tokens: tokens.to_vec(),
+                dead: dead.to_vec(),
+                engram_token_map: map,
+            };
+            let ids = engine
+                .engram_hash(&req, timeout(case))
+                .map_err(|e| engine_failure("engram_hash", e))?;
+            Ok::<_, Outcome>(ids)
+        };
+        match (&s.golden, s.relation) {
+            (Some(g), _) => {
+                let want = read_golden(g, ctx)?;
+                let got = hash(&want.tokens, &want.dead, token_map)?;
+                details.notes.push(format!(
+                    "{} tokens, DEAD positions {:?}",
+                    want.tokens.len(),
+                    want.dead
+                ));
+                Ok(judge(&got, &want.ids, "", details))
+            }
+            (None, Some(EngramRelation::DeadLatches)) => {
+                let tokens = s.tokens.clone().unwrap_or_default();
+                let pad = s.pad_token.unwrap_or_default();
+                // Anchor: the text-only ids equal the built-in reference's (whose hashing the
+                // upstream goldens certify), so a constant answer cannot satisfy the relation.
+                let text_req = EngramHashRequest {
+                    model: model.clone(),
+                    tokens: tokens.clone(),
+                    dead: vec![],
+                    engram_token_map: token_map.clone(),
+                };
+                let anchor = ctx
+                    .reference
+                    .lock()
+                    .map_err(|_| Outcome::error("reference engine lock poisoned"))?
+                    .engram_hash(&text_req, timeout(case))
+                    .map_err(|e| {
+                        Outcome::error(format!("the built-in reference could not hash: {e}"))
+                    })?;
+                let text_only = hash(&tokens, &[], token_map.clone())?;
+                let o = judge(
+                    &text_only,
+                    &anchor,
+                    "text only, against the built-in reference",
+                    details,
+                );
+                if o != Outcome::Pass {
+                    return Ok(o);
+                }
+                let with_dead = hash(&tokens, &s.dead, token_map.clone())?;
+                if let Some(o) = shape_mismatch(&with_dead, &anchor, "with DEAD slots") {
+                    return Ok(o);
+                }
+                // Positions grouped by the last DEAD slot at or before them (None: before any).
+                let mut groups: Vec<(Option<usize>, Vec<usize>)> = Vec::new();
+                for p in 0..tokens.len() {
+                    let last = s.dead.iter().copied().filter(|&q| q <= p).max();
+                    match groups.last_mut() {
+                        Some((l, ps)) if *l == last => ps.push(p),
+                        _ => groups.push((last, vec![p])),
+                    }
+                }
+                for (last, positions) in &groups {
+                    let (text_ids, what) = match *last {
+                        None => (
+                            text_only.clone(),
+                            "positions before the first DEAD slot against the text-only run"
+                                .to_string(),
+                        ),
+                        Some(q) => {
+                            let mut padded = tokens.clone();
+                            padded[..=q].iter_mut().for_each(|t| *t = pad);
+                            (
+                                hash(&padded, &[], token_map.clone())?,
+                                format!(
+                                    "positions {}..={} against the text-only run with tokens 0..={q} set to the pad {pad}",
+                                    positions[0],
+                                    positions[positions.len() - 1]
+                                ),
+                            )
+                        }
+                    };
+                    if let Some(o) = shape_mismatch(&text_ids, &anchor, "text only") {
+                        return Ok(o);
+                    }
+                    let rows = |ids: &EngramHashes| -> EngramHashes {
+                        positions.iter().map(|&p| ids[p].clone()).collect()
+                    };
+                    let o = judge_offset(
+                        &rows(&with_dead),
+                        &rows(&text_ids),
+                        positions[0],
+                        &what,
+                        details,
+                    );
+                    if o != Outcome::Pass {
+                        return Ok(o);
+                    }
+                }
+                details.notes.push(format!(
+                    "{} tokens, DEAD positions {:?}: {} text-only runs agree",
+                    tokens.len(),
+                    s.dead,
+                    groups.len()
+                ));
+                Ok(Outcome::Pass)
+            }
+            (None, None) => Err(Outcome::error("no golden or relation (validated on load)")),
+        }
     }
 }
 

@@ -3,77 +3,10 @@
 //! something only from an engine that loads the same checkpoint unmutated, so a mutant case
 //! first loads its base: an engine that refuses everything fails every mutant case.
 
-use crate::case::DataRef;
-use crate::case::{Case, LoadExpect, LoaderSpec, ModelRef};
+use crate::case::{Case, DataRef, LoadExpect, LoaderSpec, ModelRef};
 use crate::engine_api::{Capability, Engine, EngineError, LoadRequest};
 use crate::outcome::Outcome;
-use crate::runner::{require, timeout, Context, Details};
-
-pub fn run(
-    case: &Case,
-    s: &LoaderSpec,
-    engine: &mut dyn Engine,
-    ctx: &Context,
-    details: &mut Details,
-) -> Result<Outcome, Outcome> {
-    if let Some(o) = require(engine, &[Capability::Load]) {
-        return Ok(o);
-    }
-    let Some(model) = &s.model else {
-        return Err(Outcome::error(format!(
-            "`all_mutants_of: {}` did not expand into mutant cases (no such mutants in this build, or a bad `read_time_mutants`)",
-            s.all_mutants_of.as_deref().unwrap_or("")
-        )));
-    };
-    let dir = ctx.model(model)?;
-    details
-        .models
-        .push((model.to_string(), dir.display().to_string()));
-    let req = LoadRequest {
-        model: dir.clone(),
-        verify: s.verify,
-    };
-    if s.verify {
-        details
-            .notes
-            .push("load with the read-time payload check (verify: true)".into());
-    }
-    if s.expect == LoadExpect::Refuse {
-        if let Some(o) = load_base(case, model, s.verify, engine, ctx, details)? {
-            return Ok(o);
-        }
-    }
-    let res = engine.load(&req, timeout(case));
-    Ok(match (s.expect, res) {
-        (LoadExpect::Accept, Ok(())) => Outcome::Pass,
-        (LoadExpect::Accept, Err(EngineError::Refused(m))) => {
-            Outcome::fail(format!("refused a valid checkpoint ({model}): {m}"))
-        }
-        (LoadExpect::Refuse, Ok(())) => Outcome::fail(format!(
-            "accepted a broken checkpoint ({model}); expected a refusal{}",
-            if s.error_mentions.is_empty() {
-                String::new()
-            } else {
-                format!(" naming one of {:?}", s.error_mentions)
-            }
-        )),
-        (LoadExpect::Refuse, Err(EngineError::Refused(m))) => {
-            details.notes.push(format!("refusal: {m}"));
-            let named = s.error_mentions.is_empty()
-                || s.error_mentions.iter().any(|w| m.contains(w.as_str()));
-            if super::is_reference(engine) && !named {
-                Outcome::fail(format!("refused, but for another reason: expected the error to name one of {:?}, got: {m}", s.error_mentions))
-            } else {
-                Outcome::Pass
-            }
-        }
-        (_, Err(EngineError::Unsupported(c))) => Outcome::not_supported(c.as_str()),
-        (_, Err(e)) => Outcome::fail(format!(
-            "loading {model}: {e} (a typed refusal or acceptance was due; a crash, a signal or \
-             an undeclared exit status is not a refusal)"
-        )),
-    })
-}
+use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
 
 impl super::CheckFamily for LoaderSpec {
     fn models(&self) -> Vec<ModelRef> {
@@ -121,7 +54,68 @@ impl super::CheckFamily for LoaderSpec {
         ctx: &Context,
         details: &mut Details,
     ) -> Result<Outcome, Outcome> {
-        run(case, self, engine, ctx, details)
+        let s = self;
+        let mut caps = vec![Capability::Load];
+        if s.verify {
+            caps.push(Capability::LoadVerify);
+        }
+        if let Some(o) = require(engine, &caps) {
+            return Ok(o);
+        }
+        let Some(model) = &s.model else {
+            return Err(Outcome::error(format!(
+                "`all_mutants_of: {}` did not expand into mutant cases (no such mutants in this build, or a bad `read_time_mutants`)",
+                s.all_mutants_of.as_deref().unwrap_or("")
+            )));
+        };
+        if let Some(o) = require_layout(engine, ctx, model)? {
+            return Ok(o);
+        }
+        let dir = ctx.checkpoint(model, details)?;
+        let req = LoadRequest {
+            model: dir.clone(),
+            verify: s.verify,
+        };
+        if s.verify {
+            details
+                .notes
+                .push("load with the read-time payload check (verify: true)".into());
+        }
+        if s.expect == LoadExpect::Refuse {
+            if let Some(o) = load_base(case, model, s.verify, engine, ctx, details)? {
+                return Ok(o);
+            }
+        }
+        let res = engine.load(&req, timeout(case));
+        Ok(match (s.expect, res) {
+            (LoadExpect::Accept, Ok(())) => Outcome::Pass,
+            (LoadExpect::Accept, Err(EngineError::Refused(m))) => {
+                Outcome::fail(format!("refused a valid checkpoint ({model}): {m}"))
+            }
+            (LoadExpect::Refuse, Ok(())) => Outcome::fail(format!(
+                "accepted a broken checkpoint ({model}); expected a refusal{}",
+                if s.error_mentions.is_empty() {
+                    String::new()
+                } else {
+                    format!(" naming one of {:?}", s.error_mentions)
+                }
+            )),
+            (LoadExpect::Refuse, Err(EngineError::Refused(m))) => {
+                details.notes.push(format!("refusal: {m}"));
+                let named = s.error_mentions.is_empty()
+                    || s.error_mentions.iter().any(|w| m.contains(w.as_str()));
+                if super::is_reference(engine) && !named {
+                    Outcome::fail(format!("refused, but for another reason: expected the error to name one of {:?}, got: {m}", s.error_mentions))
+                } else {
+                    Outcome::Pass
+                }
+            }
+            (_, Err(e @ EngineError::Unsupported(..))) => engine_failure("load", e),
+            (_, Err(e)) => Outcome::fail(format!(
+                "loading {model}: {e} (a typed refusal or acceptance was due; a crash, a signal or \
+                 an undeclared exit status is not a refusal)"
+            )),
+        })
     }
 }
 
@@ -144,10 +138,7 @@ fn load_base(
         layout: layout.clone(),
         seed: crate::synthetic::MUTANT_BASE_SEED,
     };
-    let dir = ctx.model(&base)?;
-    details
-        .models
-        .push((base.to_string(), dir.display().to_string()));
+    let dir = ctx.checkpoint(&base, details)?;
     let req = LoadRequest { model: dir, verify };
     Ok(match engine.load(&req, timeout(case)) {
         Ok(()) => {
@@ -156,7 +147,9 @@ fn load_base(
                 .push(format!("the unmutated base {base} loads"));
             None
         }
-        Err(EngineError::Unsupported(c)) => Some(Outcome::not_supported(c.as_str())),
+        Err(e @ EngineError::Unsupported(..)) => {
+            Some(engine_failure("load (the unmutated base)", e))
+        }
         Err(e) => Some(Outcome::fail(format!(
             "cannot load the unmutated base {base} ({e}): a refusal of the mutant proves nothing"
         ))),

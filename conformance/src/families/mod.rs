@@ -10,7 +10,7 @@ pub mod state;
 pub mod tokenizer;
 
 use crate::case::{Case, DataRef, ModelRef};
-use crate::engine_api::Engine;
+use crate::engine_api::{Engine, Numerics};
 use crate::gates::ProfileName;
 use crate::outcome::Outcome;
 use crate::runner::{Context, Details};
@@ -38,6 +38,14 @@ pub trait CheckFamily {
         ctx: &Context,
         details: &mut Details,
     ) -> Result<Outcome, Outcome>;
+}
+
+/// The profile a requested numerics is judged by.
+fn profile_of(n: Numerics) -> ProfileName {
+    match n {
+        Numerics::Exact => ProfileName::Exact,
+        Numerics::Upstream => ProfileName::Upstream,
+    }
 }
 
 pub fn run(case: &Case, engine: &mut dyn Engine, ctx: &Context, details: &mut Details) -> Outcome {

@@ -5,140 +5,15 @@
 
 use std::path::Path;
 
-use crate::case::{Case, GoldenSpec, ResidualSpec};
-use crate::case::{DataRef, ModelRef};
+use crate::case::{Case, DataRef, GoldenSpec, ModelRef, ResidualSpec};
 use crate::compare::{compare, compare_replay, is_required, MetricStatus};
-use crate::engine_api::Numerics;
 use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
 use crate::gates::{Gates, ProfileName};
 use crate::outcome::Outcome;
-use crate::runner::{engine_failure, require, timeout, Context, Details, DivergenceRecord};
+use crate::runner::{
+    engine_failure, require, require_layout, timeout, Context, Details, DivergenceRecord,
+};
 use crate::trace::TraceFile;
-
-pub fn run(
-    case: &Case,
-    s: &ResidualSpec,
-    engine: &mut dyn Engine,
-    ctx: &Context,
-    details: &mut Details,
-) -> Result<Outcome, Outcome> {
-    let mut caps = vec![Capability::Forward];
-    // In the quantized profile the requested numerics are advisory: the engine runs what it runs.
-    if ctx.run_profile < ProfileName::Quantized {
-        caps.push(s.numerics.capability());
-    }
-    caps.push(s.index_k.capability());
-    if s.require.iter().any(|r| r != "logits") || s.replay {
-        caps.push(Capability::Trace);
-    }
-    if s.replay {
-        caps.push(Capability::Replay);
-    }
-    if let Some(o) = require(engine, &caps) {
-        return Ok(o);
-    }
-    let model = ctx.model(&s.model)?;
-    details
-        .models
-        .push((s.model.to_string(), model.display().to_string()));
-    let dir = ctx.scratch(case)?;
-    let token_map = match &s.engram_token_map {
-        Some(d) => Some(ctx.data(d)?),
-        None => None,
-    };
-    let golden = load_golden(s, &model, ctx, &dir, case)?;
-    let tokens: Vec<u32> = match &s.tokens {
-        Some(t) => t.clone(),
-        None => golden
-            .get("input_ids")
-            .ok_or_else(|| {
-                Outcome::error("case gives no tokens and the golden has no `input_ids`")
-            })?
-            .as_i64()
-            .iter()
-            .map(|&x| x as u32)
-            .collect(),
-    };
-    let prefill = s.prefill.unwrap_or(tokens.len());
-    if prefill > 1 && !engine.capabilities().contains(&Capability::Prefill) {
-        return Ok(Outcome::not_supported(Capability::Prefill.as_str()));
-    }
-    let gates = gates_for(case, s, ctx);
-    let golden_tokens = golden
-        .get("residual")
-        .map(|r| r.shape[0])
-        .unwrap_or(tokens.len());
-    if golden_tokens < tokens.len() {
-        return Err(Outcome::error(format!(
-            "golden covers {golden_tokens} tokens, the case runs {}",
-            tokens.len()
-        )));
-    }
-    let golden = golden.select_tokens(&(0..tokens.len()).collect::<Vec<_>>());
-    if s.replay {
-        return replay(
-            case, s, engine, ctx, details, &golden, tokens, prefill, &dir,
-        );
-    }
-
-    let run = |engine: &mut dyn Engine, n: usize| -> Result<TraceFile, Outcome> {
-        let req = ForwardRequest {
-            model: model.clone(),
-            tokens: tokens[..n].to_vec(),
-            prefill: Some(prefill.min(n)),
-            numerics: s.numerics,
-            index_k: s.index_k,
-            out: dir.join(format!("engine-{n}.safetensors")),
-            save_state: None,
-            load_state: None,
-            replay: None,
-            engram_token_map: token_map.clone(),
-        };
-        engine
-            .forward(&req, timeout(case))
-            .map_err(|e| engine_failure("forward", e))?;
-        TraceFile::read(&req.out)
-            .map_err(|e| Outcome::fail(format!("forward: unreadable trace: {e:#}")))
-    };
-    let full = run(engine, tokens.len())?;
-    check_required(&full, s)?;
-    let rows = full
-        .get("residual")
-        .map(|r| r.shape[0])
-        .or_else(|| full.get("logits").map(|l| l.shape[0]))
-        .unwrap_or(0);
-    let mut failed = false;
-    if rows >= tokens.len() || tokens.len() == 1 {
-        let r = compare(&golden, &full, &gates);
-        failed |= r.failed();
-        details.absorb(&format!("{} tokens", tokens.len()), &r);
-    } else {
-        // A last-token-only engine: one run per prefix length, each against that token.
-        let mut lengths = s.prefix_lengths.clone();
-        if lengths.is_empty() {
-            lengths.push(tokens.len());
-        }
-        details.notes.push(format!(
-            "the engine dumps the last token only; comparing prefix lengths {lengths:?}"
-        ));
-        for &n in &lengths {
-            let t = if n == tokens.len() {
-                full.clone()
-            } else {
-                run(engine, n)?
-            };
-            let r = compare(
-                &golden.select_tokens(&[n - 1]),
-                &last_token_view(&t, n),
-                &gates,
-            );
-            failed |= r.failed();
-            details.absorb(&format!("prefix {n}"), &r);
-        }
-    }
-    note_flips(details, &gates);
-    Ok(verdict(details, failed, s))
-}
 
 impl super::CheckFamily for ResidualSpec {
     fn models(&self) -> Vec<ModelRef> {
@@ -188,30 +63,18 @@ impl super::CheckFamily for ResidualSpec {
                 return Err("field `replay`: the tokens are the golden's `input_ids`; give neither `tokens` nor `prefix_lengths`".into());
             }
         }
-        const KNOWN: [&str; 8] = [
-            "logits",
-            "residual",
-            "experts",
-            "engram_hash",
-            "topk",
-            "attn_out",
-            "moe_out",
-            "expert_weights",
-        ];
-        if let Some(bad) = s.require.iter().find(|r| !KNOWN.contains(&r.as_str())) {
+        let known = crate::engine_api::TRACE_TENSORS.map(|(n, _)| n);
+        if let Some(bad) = s.require.iter().find(|r| !known.contains(&r.as_str())) {
             return Err(format!(
                 "field `require`: unknown dump tensor `{bad}` (known: {})",
-                KNOWN.join(", ")
+                known.join(", ")
             ));
         }
         Ok(())
     }
 
     fn default_profile(&self) -> ProfileName {
-        match self.numerics {
-            Numerics::Exact => ProfileName::Exact,
-            Numerics::Upstream => ProfileName::Upstream,
-        }
+        super::profile_of(self.numerics)
     }
 
     fn run(
@@ -221,7 +84,121 @@ impl super::CheckFamily for ResidualSpec {
         ctx: &Context,
         details: &mut Details,
     ) -> Result<Outcome, Outcome> {
-        run(case, self, engine, ctx, details)
+        let s = self;
+        let mut caps = vec![Capability::Forward];
+        // In the quantized profile the requested numerics are advisory: the engine runs what it runs.
+        if ctx.run_profile < ProfileName::Quantized {
+            caps.push(s.numerics.capability());
+        }
+        caps.push(s.index_k.capability());
+        caps.extend(trace_capabilities(s));
+        if s.replay {
+            caps.push(Capability::Replay);
+        }
+        if let Some(o) = require(engine, &caps) {
+            return Ok(o);
+        }
+        if let Some(o) = require_layout(engine, ctx, &s.model)? {
+            return Ok(o);
+        }
+        let model = ctx.checkpoint(&s.model, details)?;
+        let dir = ctx.scratch(case)?;
+        let token_map = match &s.engram_token_map {
+            Some(d) => Some(ctx.data(d)?),
+            None => None,
+        };
+        let golden = load_golden(s, &model, ctx, &dir, case)?;
+        let tokens: Vec<u32> = match &s.tokens {
+            Some(t) => t.clone(),
+            None => golden
+                .get("input_ids")
+                .ok_or_else(|| {
+                    Outcome::error("case gives no tokens and the golden has no `input_ids`")
+                })?
+                .as_i64()
+                .iter()
+                .map(|&x| x as u32)
+                .collect(),
+        };
+        let prefill = s.prefill.unwrap_or(tokens.len());
+        if prefill > 1 && !engine.capabilities().contains(&Capability::Prefill) {
+            return Ok(Outcome::not_supported(Capability::Prefill.as_str()));
+        }
+        let gates = gates_for(case, s, ctx);
+        let golden_tokens = golden
+            .get("residual")
+            .map(|r| r.shape[0])
+            .unwrap_or(tokens.len());
+        if golden_tokens < tokens.len() {
+            return Err(Outcome::error(format!(
+                "golden covers {golden_tokens} tokens, the case runs {}",
+                tokens.len()
+            )));
+        }
+        let golden = golden.select_tokens(&(0..tokens.len()).collect::<Vec<_>>());
+        if s.replay {
+            return replay(
+                case, s, engine, ctx, details, &golden, tokens, prefill, &dir,
+            );
+        }
+
+        let run = |engine: &mut dyn Engine, n: usize| -> Result<TraceFile, Outcome> {
+            let req = ForwardRequest {
+                model: model.clone(),
+                tokens: tokens[..n].to_vec(),
+                prefill: Some(prefill.min(n)),
+                numerics: s.numerics,
+                index_k: s.index_k,
+                out: dir.join(format!("engine-{n}.safetensors")),
+                save_state: None,
+                load_state: None,
+                replay: None,
+                engram_token_map: token_map.clone(),
+            };
+            engine
+                .forward(&req, timeout(case))
+                .map_err(|e| engine_failure("forward", e))?;
+            TraceFile::read(&req.out)
+                .map_err(|e| Outcome::fail(format!("forward: unreadable trace: {e:#}")))
+        };
+        let full = run(engine, tokens.len())?;
+        check_required(&full, s)?;
+        let rows = full
+            .get("residual")
+            .map(|r| r.shape[0])
+            .or_else(|| full.get("logits").map(|l| l.shape[0]))
+            .unwrap_or(0);
+        let mut failed = false;
+        if rows >= tokens.len() || tokens.len() == 1 {
+            let r = compare(&golden, &full, &gates);
+            failed |= r.failed();
+            details.absorb(&format!("{} tokens", tokens.len()), &r);
+        } else {
+            // A last-token-only engine: one run per prefix length, each against that token.
+            let mut lengths = s.prefix_lengths.clone();
+            if lengths.is_empty() {
+                lengths.push(tokens.len());
+            }
+            details.notes.push(format!(
+                "the engine dumps the last token only; comparing prefix lengths {lengths:?}"
+            ));
+            for &n in &lengths {
+                let t = if n == tokens.len() {
+                    full.clone()
+                } else {
+                    run(engine, n)?
+                };
+                let r = compare(
+                    &golden.select_tokens(&[n - 1]),
+                    &last_token_view(&t, n),
+                    &gates,
+                );
+                failed |= r.failed();
+                details.absorb(&format!("prefix {n}"), &r);
+            }
+        }
+        note_flips(details, &gates);
+        Ok(verdict(details, failed, s))
     }
 }
 
@@ -349,10 +326,24 @@ fn last_token_view(t: &TraceFile, n: usize) -> TraceFile {
     out
 }
 
+/// The trace capabilities a case needs: one per tensor it requires (docs/TRACE.md), so an
+/// engine that dumps only some tensors is NotSupported on the cases needing the others.
+pub fn trace_capabilities(s: &ResidualSpec) -> Vec<Capability> {
+    let mut caps: Vec<Capability> = s
+        .require
+        .iter()
+        .filter_map(|r| Capability::for_trace_tensor(r))
+        .collect();
+    caps.sort();
+    caps.dedup();
+    caps
+}
+
 fn check_required(t: &TraceFile, s: &ResidualSpec) -> Result<(), Outcome> {
     for r in &s.require {
-        let present = if r == "topk" {
-            t.tensors.keys().any(|k| k.starts_with("topk.L"))
+        let present = if r == "topk" || r == "candidates" {
+            let prefix = format!("{r}.L");
+            t.tensors.keys().any(|k| k.starts_with(&prefix))
         } else {
             t.get(r).is_some()
         };

@@ -5,66 +5,13 @@
 
 use std::path::Path;
 
-use crate::case::{Case, Relation, StateSpec};
-use crate::case::{DataRef, ModelRef};
+use crate::case::{Case, DataRef, ModelRef, Relation, StateSpec};
 use crate::compare::max_abs;
-use crate::engine_api::Numerics;
 use crate::engine_api::{Capability, Engine, EngineError, ForwardRequest, RequiredCapability};
 use crate::gates::ProfileName;
 use crate::outcome::Outcome;
-use crate::runner::{engine_failure, require, timeout, Context, Details};
+use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
 use crate::trace::TraceFile;
-
-pub fn run(
-    case: &Case,
-    s: &StateSpec,
-    engine: &mut dyn Engine,
-    ctx: &Context,
-    details: &mut Details,
-) -> Result<Outcome, Outcome> {
-    let mut caps = vec![
-        Capability::Forward,
-        s.numerics.capability(),
-        s.index_k.capability(),
-    ];
-    match s.relation {
-        Relation::SnapshotRestore | Relation::MismatchRefused => caps.push(Capability::State),
-        Relation::ChunkedPrefill => caps.push(Capability::Prefill),
-    }
-    if s.splits.iter().any(|&k| k > 1) && !caps.contains(&Capability::Prefill) {
-        caps.push(Capability::Prefill);
-    }
-    if let Some(o) = require(engine, &caps) {
-        return Ok(o);
-    }
-    let model = ctx.model(&s.model)?;
-    details
-        .models
-        .push((s.model.to_string(), model.display().to_string()));
-    let dir = ctx.scratch(case)?;
-    let gate = ctx.gates_for(case).state.logits_max_abs;
-    let mut failures = Vec::new();
-    for &k in &s.splits {
-        let r = match s.relation {
-            Relation::SnapshotRestore => snapshot_restore(case, s, engine, &model, &dir, k, gate),
-            Relation::ChunkedPrefill => chunked(case, s, engine, &model, &dir, k, gate),
-            Relation::MismatchRefused => {
-                let other = ctx.model(s.other_model.as_ref().expect("validated"))?;
-                mismatch(case, s, engine, &model, &other, &dir, k)
-            }
-        };
-        match r {
-            Ok(note) => details.notes.push(format!("split {k}: {note}")),
-            Err(Fail::Verdict(o)) => return Ok(o),
-            Err(Fail::Check(msg)) => failures.push(format!("split {k}: {msg}")),
-        }
-    }
-    Ok(if failures.is_empty() {
-        Outcome::Pass
-    } else {
-        Outcome::fail(failures.join("\n"))
-    })
-}
 
 impl super::CheckFamily for StateSpec {
     fn models(&self) -> Vec<ModelRef> {
@@ -98,10 +45,7 @@ impl super::CheckFamily for StateSpec {
     }
 
     fn default_profile(&self) -> ProfileName {
-        match self.numerics {
-            Numerics::Exact => ProfileName::Exact,
-            Numerics::Upstream => ProfileName::Upstream,
-        }
+        super::profile_of(self.numerics)
     }
 
     fn run(
@@ -111,7 +55,54 @@ impl super::CheckFamily for StateSpec {
         ctx: &Context,
         details: &mut Details,
     ) -> Result<Outcome, Outcome> {
-        run(case, self, engine, ctx, details)
+        let s = self;
+        let mut caps = vec![
+            Capability::Forward,
+            s.numerics.capability(),
+            s.index_k.capability(),
+        ];
+        match s.relation {
+            Relation::SnapshotRestore | Relation::MismatchRefused => caps.push(Capability::State),
+            Relation::ChunkedPrefill => caps.push(Capability::Prefill),
+        }
+        if s.splits.iter().any(|&k| k > 1) && !caps.contains(&Capability::Prefill) {
+            caps.push(Capability::Prefill);
+        }
+        caps.push(Capability::TraceLogits);
+        if let Some(o) = require(engine, &caps) {
+            return Ok(o);
+        }
+        for m in std::iter::once(&s.model).chain(&s.other_model) {
+            if let Some(o) = require_layout(engine, ctx, m)? {
+                return Ok(o);
+            }
+        }
+        let model = ctx.checkpoint(&s.model, details)?;
+        let dir = ctx.scratch(case)?;
+        let gate = ctx.gates_for(case).state.logits_max_abs;
+        let mut failures = Vec::new();
+        for &k in &s.splits {
+            let r = match s.relation {
+                Relation::SnapshotRestore => {
+                    snapshot_restore(case, s, engine, &model, &dir, k, gate)
+                }
+                Relation::ChunkedPrefill => chunked(case, s, engine, &model, &dir, k, gate),
+                Relation::MismatchRefused => {
+                    let other = ctx.model(s.other_model.as_ref().expect("validated"))?;
+                    mismatch(case, s, engine, &model, &other, &dir, k)
+                }
+            };
+            match r {
+                Ok(note) => details.notes.push(format!("split {k}: {note}")),
+                Err(Fail::Verdict(o)) => return Ok(o),
+                Err(Fail::Check(msg)) => failures.push(format!("split {k}: {msg}")),
+            }
+        }
+        Ok(if failures.is_empty() {
+            Outcome::Pass
+        } else {
+            Outcome::fail(failures.join("\n"))
+        })
     }
 }
 

@@ -3,100 +3,10 @@
 
 use std::collections::BTreeSet;
 
-use crate::case::{Case, TokenizerCheck, TokenizerSpec};
-use crate::case::{DataRef, ModelRef};
+use crate::case::{Case, DataRef, ModelRef, TokenizerCheck, TokenizerSpec};
 use crate::engine_api::{Capability, Engine, TokenizeRequest};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
-
-pub fn run(
-    case: &Case,
-    s: &TokenizerSpec,
-    engine: &mut dyn Engine,
-    ctx: &Context,
-    details: &mut Details,
-) -> Result<Outcome, Outcome> {
-    if let Some(o) = require(engine, &[Capability::Tokenize]) {
-        return Ok(o);
-    }
-    let tokenizer = ctx.data(&s.tokenizer)?;
-    let (texts, expected) = match &s.corpus {
-        Some(c) => read_corpus(&ctx.data(c)?)?,
-        None => (s.texts.clone(), s.ids.clone()),
-    };
-    let req = TokenizeRequest {
-        tokenizer: tokenizer.clone(),
-        texts: texts.clone(),
-        markup: s.markup,
-    };
-    let got = engine
-        .tokenize(&req, timeout(case))
-        .map_err(|e| engine_failure("tokenize", e))?;
-    if got.len() != texts.len() {
-        return Ok(Outcome::fail(format!(
-            "engine returned {} id lists for {} texts",
-            got.len(),
-            texts.len()
-        )));
-    }
-    match s.check {
-        TokenizerCheck::Ids => {
-            let bad: Vec<usize> = (0..texts.len())
-                .filter(|&i| got[i] != expected[i])
-                .collect();
-            details.notes.push(format!(
-                "{}/{} strings identical",
-                texts.len() - bad.len(),
-                texts.len()
-            ));
-            if bad.is_empty() {
-                Ok(Outcome::Pass)
-            } else {
-                let shown: Vec<String> = bad
-                    .iter()
-                    .take(3)
-                    .map(|&i| {
-                        format!(
-                            "#{i} {:?}: expected {:?}, got {:?}",
-                            texts[i], expected[i], got[i]
-                        )
-                    })
-                    .collect();
-                Ok(Outcome::fail(format!(
-                    "{}/{} strings tokenized differently; first: {}",
-                    bad.len(),
-                    texts.len(),
-                    shown.join("; ")
-                )))
-            }
-        }
-        TokenizerCheck::NoControlIds => {
-            let added = added_token_ids(&tokenizer)?;
-            let bad: Vec<(usize, u32)> = got
-                .iter()
-                .enumerate()
-                .flat_map(|(i, ids)| {
-                    ids.iter()
-                        .filter(|id| added.contains(id))
-                        .map(move |&id| (i, id))
-                })
-                .collect();
-            details.notes.push(format!(
-                "{} texts, {} added-token ids produced on the text path",
-                texts.len(),
-                bad.len()
-            ));
-            Ok(match bad.first() {
-                None => Outcome::Pass,
-                Some(&(i, id)) => Outcome::fail(format!(
-                    "the text path produced control/added token id {id} for {:?} ({} such ids in all)",
-                    texts[i],
-                    bad.len()
-                )),
-            })
-        }
-    }
-}
 
 impl super::CheckFamily for TokenizerSpec {
     fn models(&self) -> Vec<ModelRef> {
@@ -137,7 +47,87 @@ impl super::CheckFamily for TokenizerSpec {
         ctx: &Context,
         details: &mut Details,
     ) -> Result<Outcome, Outcome> {
-        run(case, self, engine, ctx, details)
+        let s = self;
+        if let Some(o) = require(engine, &[Capability::Tokenize]) {
+            return Ok(o);
+        }
+        let tokenizer = ctx.data(&s.tokenizer)?;
+        let (texts, expected) = match &s.corpus {
+            Some(c) => read_corpus(&ctx.data(c)?)?,
+            None => (s.texts.clone(), s.ids.clone()),
+        };
+        let req = TokenizeRequest {
+            tokenizer: tokenizer.clone(),
+            texts: texts.clone(),
+            markup: s.markup,
+        };
+        let got = engine
+            .tokenize(&req, timeout(case))
+            .map_err(|e| engine_failure("tokenize", e))?;
+        if got.len() != texts.len() {
+            return Ok(Outcome::fail(format!(
+                "engine returned {} id lists for {} texts",
+                got.len(),
+                texts.len()
+            )));
+        }
+        match s.check {
+            TokenizerCheck::Ids => {
+                let bad: Vec<usize> = (0..texts.len())
+                    .filter(|&i| got[i] != expected[i])
+                    .collect();
+                details.notes.push(format!(
+                    "{}/{} strings identical",
+                    texts.len() - bad.len(),
+                    texts.len()
+                ));
+                if bad.is_empty() {
+                    Ok(Outcome::Pass)
+                } else {
+                    let shown: Vec<String> = bad
+                        .iter()
+                        .take(3)
+                        .map(|&i| {
+                            format!(
+                                "#{i} {:?}: expected {:?}, got {:?}",
+                                texts[i], expected[i], got[i]
+                            )
+                        })
+                        .collect();
+                    Ok(Outcome::fail(format!(
+                        "{}/{} strings tokenized differently; first: {}",
+                        bad.len(),
+                        texts.len(),
+                        shown.join("; ")
+                    )))
+                }
+            }
+            TokenizerCheck::NoControlIds => {
+                let added = added_token_ids(&tokenizer)?;
+                let bad: Vec<(usize, u32)> = got
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, ids)| {
+                        ids.iter()
+                            .filter(|id| added.contains(id))
+                            .map(move |&id| (i, id))
+                    })
+                    .collect();
+                details.notes.push(format!(
+                    "{} texts, {} added-token ids produced on the text path",
+                    texts.len(),
+                    bad.len()
+                ));
+                Ok(match bad.first() {
+                    None => Outcome::Pass,
+                    Some(&(i, id)) => Outcome::fail(format!(
+                        "the text path produced control/added token id {id} for {:?} ({} such ids in all)",
+                        texts[i],
+                        bad.len()
+                    )),
+                })
+            }
+        }
     }
 }
 

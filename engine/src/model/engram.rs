@@ -287,9 +287,11 @@ pub fn read_token_map(path: &Path) -> Result<Vec<i32>> {
         reason,
     };
     let (shape, map) = file.i64("engram_token_map").ok_or_else(|| {
-        bad("neither an int32 .npy file nor a safetensors file with an integer \
+        bad(
+            "neither an int32 .npy file nor a safetensors file with an integer \
              `engram_token_map` tensor"
-            .into())
+                .into(),
+        )
     })?;
     if shape.len() != 1 {
         return Err(bad(format!(
@@ -299,8 +301,11 @@ pub fn read_token_map(path: &Path) -> Result<Vec<i32>> {
     map.iter()
         .enumerate()
         .map(|(i, &x)| {
-            i32::try_from(x)
-                .map_err(|_| bad(format!("`engram_token_map`[{i}] = {x} is out of the int32 range")))
+            i32::try_from(x).map_err(|_| {
+                bad(format!(
+                    "`engram_token_map`[{i}] = {x} is out of the int32 range"
+                ))
+            })
         })
         .collect()
 }

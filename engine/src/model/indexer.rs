@@ -10,16 +10,16 @@ use std::sync::Arc;
 
 use rayon::prelude::*;
 
+use super::cache::state::SessionState;
 use super::compressor::Emitted;
 use super::defects::{Defect, DefectSet};
+use super::handoff::Handoff;
 use super::linear::{Linear, LinearKind};
 use super::norm::RmsNorm;
 use super::numerics::Numerics;
 use super::pool::PoolVec;
 use super::quant;
 use super::rope::Rope;
-use super::cache::state::SessionState;
-use super::handoff::Handoff;
 use super::topk;
 use super::{Chunk, LayerCtx};
 use crate::checkpoint::Checkpoint;
@@ -309,8 +309,7 @@ impl Indexer {
                 masks.push(mask);
                 block_margins.push(margin);
             } else if is_candidate_consumer {
-                let missing =
-                    || Error::Model(format!("layer {layer}: candidate blocks missing"));
+                let missing = || Error::Model(format!("layer {layer}: candidate blocks missing"));
                 let mask = handoff
                     .candidates
                     .as_ref()

@@ -85,7 +85,9 @@ impl ForwardJob {
         let n = tokens.len();
         let restoring = self.load_state.is_some();
         if restoring && golden.is_some() {
-            return Err(refused("a loaded state cannot be combined with replay".into()));
+            return Err(refused(
+                "a loaded state cannot be combined with replay".into(),
+            ));
         }
         let prefill = match (self.prefill, &golden) {
             (Some(p), _) => p,
@@ -105,8 +107,8 @@ impl ForwardJob {
             )));
         }
 
-        let model =
-            Model::open_with_token_map(&self.model, self.token_map.clone()).map_err(JobError::Refused)?;
+        let model = Model::open_with_token_map(&self.model, self.token_map.clone())
+            .map_err(JobError::Refused)?;
         let sub_ops = self.sub_ops || golden.is_some();
         let mut trace = Trace::new(
             model.config(),
@@ -135,7 +137,9 @@ impl ForwardJob {
             }
             None => {
                 for chunk in chunks {
-                    session.prefill(chunk, &mut trace).map_err(JobError::Failed)?;
+                    session
+                        .prefill(chunk, &mut trace)
+                        .map_err(JobError::Failed)?;
                 }
             }
         }
@@ -163,7 +167,12 @@ impl ForwardJob {
         put("decode_steps", (n - prefill).to_string());
         put(
             "mode",
-            if golden.is_some() { "replay" } else { "forward" }.into(),
+            if golden.is_some() {
+                "replay"
+            } else {
+                "forward"
+            }
+            .into(),
         );
         if !self.options.defects.is_empty() {
             put("defects", self.options.defects.to_string());

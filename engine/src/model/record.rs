@@ -10,7 +10,7 @@ use crate::trace::Trace;
 
 impl Observer for Trace {
     fn begin_chunk(&mut self, _chunk: Chunk, tokens: &[u32]) {
-        self.chunk_row = self.begin_chunk(tokens);
+        self.chunk_row = Trace::begin_chunk(self, tokens);
     }
 
     fn engram_hashes(&mut self, hashes: &[i64]) {

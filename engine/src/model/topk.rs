@@ -94,7 +94,11 @@ mod tests {
         // (k-th − (k+1)-th) / max |finite|.
         assert_eq!(m(&[4.0, 1.0, 2.0, -8.0], 2), (2.0 - 1.0) / 8.0);
         assert_eq!(m(&[1.0, 3.0, 3.0], 1), 0.0, "exact tie at the boundary");
-        assert_eq!(m(&[1.0, 3.0, 3.0], 2), 2.0 / 3.0, "the tie is inside the selection");
+        assert_eq!(
+            m(&[1.0, 3.0, 3.0], 2),
+            2.0 / 3.0,
+            "the tie is inside the selection"
+        );
         assert_eq!(m(&[1.0, 2.0], 2), f32::INFINITY, "k = n: nothing left out");
         assert_eq!(m(&[1.0, 2.0], 0), f32::INFINITY);
         let inf = f32::INFINITY;

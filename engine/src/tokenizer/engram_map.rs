@@ -22,7 +22,10 @@
 //! * the `ByteLevel` decoder maps a token through the byte symbols only if every character is
 //!   one; otherwise the token's own UTF-8 is kept. Invalid UTF-8 becomes U+FFFD
 //!   (`String::from_utf8_lossy`, the function HF uses).
-//! Test `engram_map_equals_official` checks all of this against the official code.
+//!
+//! `engine/tests/engram_map_official.rs` checks all of this against maps the official code
+//! built (goldens/engram_maps/), and the trial `regen_python::engram-map-vs-official` against
+//! the official code itself.
 //!
 //! The map depends on Unicode tables (MODEL.md §6.6.1 ⚠). Upstream builds it with the HF
 //! `tokenizers` normalizers, whose NFKC, NFD and combining-mark tables come from the

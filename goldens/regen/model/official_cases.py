@@ -23,6 +23,11 @@ ROOT = HERE.parents[2]
 # worst-deviation key of calibration.json -> case tolerance field
 E2E = {"residual": "residual_rel_l2", "logits_max_abs": "logits_max_abs", "logits_rel_l2": "logits_rel_l2"}
 FACTOR = 2.0
+# End-to-end schedules whose every logits row is fed by decisions that a bf16-correct engine (the
+# reference) flips within the fragile margin: excluding what those flips feed leaves no row to
+# judge, and a required check that compares nothing fails (CONTRACT.md §5). Their `-replay` cases
+# judge the same logits rows on the golden's own streams. Found by running the reference on the sets.
+LOGITS_FED_BY_FLIPS = {"sharded_s2": ["p18-d00"], "grouped_s3": ["p18-d00", "p09-d09"]}
 
 
 def profile_e2e() -> dict:
@@ -78,6 +83,22 @@ def long_tier(path: Path, spec: dict) -> str:
     return keep.strip("-")
 
 
+def drop_fragile_logits(path: Path, schedules) -> None:
+    """Take `logits` out of `require` for the end-to-end cases of the given schedules (see
+    LOGITS_FED_BY_FLIPS); their replay cases keep it."""
+    out, schedule = [], None
+    for line in path.read_text().splitlines():
+        if line.startswith("  - name: "):
+            name = line.split(": ", 1)[1]
+            schedule = next((s for s in schedules if f"-{s}-" in name and not name.endswith("-replay")), None)
+        if schedule and line.startswith("    require: [logits, "):
+            out.append("    # Not logits: every row is fed by fragile bf16 flips (official_cases.py LOGITS_FED_BY_FLIPS);")
+            out.append("    # the -replay case judges them.")
+            line = line.replace("[logits, ", "[", 1)
+        out.append(line)
+    path.write_text("\n".join(out) + "\n")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--set", action="append", choices=sorted(SETS))
@@ -88,6 +109,7 @@ def main(argv=None):
         cases = ROOT / "conformance" / "cases" / "residual"
         write_cases(name, SETS[name], ROOT / "goldens" / "official" / name, cases, tol)
         default = long_tier(cases / f"official_{name}.yaml", SETS[name])
+        drop_fragile_logits(cases / f"official_{name}.yaml", LOGITS_FED_BY_FLIPS.get(name, []))
         print(f"official_{name}.yaml: end-to-end tolerance {tol or 'profile'}; default tier: {default}")
     return 0
 
