@@ -155,11 +155,14 @@ impl<'de> Deserialize<'de> for ModelRef {
     }
 }
 
-/// A data file: `upstream:REL` (under DS41_UPSTREAM) or `repo:REL` (under the repository root).
+/// A data file (crate::locations resolves it): `repo:REL` (the repository's data),
+/// `release:REL` (a pinned file of the release snapshot) or `upstream:REL` (the external
+/// upstream set, under DS41_UPSTREAM).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub enum DataRef {
     Upstream(String),
     Repo(String),
+    Release(String),
 }
 
 fn check_rel(whole: &str, rel: &str) -> Result<(), String> {
@@ -203,9 +206,21 @@ impl std::str::FromStr for DataRef {
         } else if let Some(rel) = s.strip_prefix("repo:") {
             check_rel(s, rel)?;
             Ok(DataRef::Repo(rel.into()))
+        } else if let Some(rel) = s.strip_prefix("release:") {
+            if crate::locations::release_pin(rel).is_none() {
+                let known: Vec<&str> = crate::locations::RELEASE_FILES
+                    .iter()
+                    .map(|(p, _)| *p)
+                    .collect();
+                return Err(format!(
+                    "`{s}`: not a pinned release file (known: {})",
+                    known.join(", ")
+                ));
+            }
+            Ok(DataRef::Release(rel.into()))
         } else {
             Err(format!(
-                "`{s}`: a data file is `upstream:PATH` or `repo:PATH`"
+                "`{s}`: a data file is `repo:PATH`, `release:PATH` or `upstream:PATH`"
             ))
         }
     }
@@ -223,6 +238,7 @@ impl std::fmt::Display for DataRef {
         match self {
             DataRef::Upstream(r) => write!(f, "upstream:{r}"),
             DataRef::Repo(r) => write!(f, "repo:{r}"),
+            DataRef::Release(r) => write!(f, "release:{r}"),
         }
     }
 }
@@ -274,15 +290,30 @@ pub enum TokenizerCheck {
 pub struct TokenizerSpec {
     /// `tokenizer.json` (or a checkpoint directory).
     pub tokenizer: DataRef,
-    /// JSON lines with `text` and `ids`.
+    /// JSON lines with `text` and `ids` (or only `text`, with `expected_ids`).
     #[serde(default)]
     pub corpus: Option<DataRef>,
+    /// The expected ids of `corpus` from another JSON-lines file, line for line: `key` names
+    /// the id list of each line (goldens/tokenizer/curated_ids.jsonl: `markup`, `text`).
+    #[serde(default)]
+    pub expected_ids: Option<ExpectedIds>,
+    /// A wide-corpus digest (goldens/tokenizer/wide_*.digest.json): the corpus is regenerated
+    /// from its seed and size (TOKENIZER.md §9) and the ids are judged per chunk by sha256.
+    #[serde(default)]
+    pub wide_digest: Option<DataRef>,
     #[serde(default)]
     pub texts: Vec<String>,
     #[serde(default)]
     pub ids: Vec<Vec<u32>>,
     pub markup: bool,
     pub check: TokenizerCheck,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedIds {
+    pub file: DataRef,
+    pub key: String,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -574,6 +605,15 @@ impl Case {
                 .data()
                 .iter()
                 .any(|d| matches!(d, DataRef::Upstream(_)))
+    }
+
+    /// Release files this case reads (it is Skipped without a release snapshot).
+    pub fn needs_release(&self) -> bool {
+        self.spec
+            .family()
+            .data()
+            .iter()
+            .any(|d| matches!(d, DataRef::Release(_)))
     }
 }
 

@@ -15,11 +15,13 @@ pub const CONTRACT_VERSION: &str = "1.2.0";
 
 pub mod case;
 pub mod compare;
+pub mod embedded;
 pub mod engine_api;
 pub mod engine_process;
 pub mod families;
 pub mod gates;
 pub mod goldens;
+pub mod locations;
 pub mod outcome;
 pub mod profile;
 pub mod protocol;
@@ -29,6 +31,7 @@ pub mod runner;
 pub mod selftest;
 pub mod synthetic;
 pub mod trace;
+pub mod wide_digest;
 
 #[cfg(test)]
 mod tests {

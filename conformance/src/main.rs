@@ -1,6 +1,8 @@
 //! `ds41`: the command-line front end. Each subcommand lives in its own module under
 //! `cli/`; this file only dispatches. Exit codes: 0 success / conformant, 1 a check or
-//! comparison failed / non-conformant, 2 usage, input or harness error.
+//! comparison failed / non-conformant, 2 usage, input or harness error, 74 a memory-mapped
+//! checkpoint file was truncated while in use (`ds41_engine::io::EXIT_MAPPED_FILE_CHANGED`;
+//! one line on stderr names the file).
 
 mod cli;
 

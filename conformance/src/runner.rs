@@ -10,10 +10,11 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, bail};
 use serde::{Deserialize, Serialize};
 
-use crate::case::{resolve_inside, Case, DataRef, ModelRef};
+use crate::case::{Case, DataRef, ModelRef};
 use crate::compare::{CompareReport, Divergence, Metric, MetricStatus};
 use crate::engine_api::{Capability, Engine, EngineError};
 use crate::gates::{GateSet, Gates, ProfileName};
+use crate::locations::DataRoots;
 use crate::outcome::Outcome;
 
 /// Load the suite: every case file under `dir`, with generated expansions (one loader case
@@ -38,7 +39,10 @@ pub struct Context {
     /// The engine claims the canonical tie rule: exact ties are compared strictly
     /// (`ds41 certify --canonical-ties`; CONTRACT.md §4).
     pub canonical_ties: bool,
+    /// The external upstream set (`--upstream` / DS41_UPSTREAM), if given.
     pub upstream: Option<PathBuf>,
+    /// The release snapshot (`--release` / DS41_RELEASE / the hub cache), if found.
+    pub release: Option<crate::locations::ReleaseSnapshot>,
     /// Scratch space for generated models and engine outputs (a temp dir).
     pub work_dir: PathBuf,
     pub models: ModelStore,
@@ -54,24 +58,22 @@ impl Context {
         self.gates.get(p).with_overrides(&case.tolerance)
     }
 
-    pub fn upstream_dir(&self) -> Result<&Path, Outcome> {
-        self.upstream.as_deref().ok_or_else(|| {
-            Outcome::skipped("DS41_UPSTREAM not set (this case reads upstream data)")
-        })
+    /// The data roots of this run (crate::locations resolves every data reference).
+    pub fn roots(&self) -> DataRoots<'_> {
+        DataRoots {
+            repo: &self.repo_root,
+            release: self.release.as_ref(),
+            upstream: self.upstream.as_deref(),
+        }
     }
 
     pub fn data(&self, d: &DataRef) -> Result<PathBuf, Outcome> {
-        let (root, rel) = match d {
-            DataRef::Upstream(rel) => (self.upstream_dir()?, rel),
-            DataRef::Repo(rel) => (self.repo_root.as_path(), rel),
-        };
-        resolve_inside(root, rel).map_err(|e| Outcome::error(format!("{d}: {e}")))
+        self.roots().data(d)
     }
 
     pub fn model(&self, m: &ModelRef) -> Result<PathBuf, Outcome> {
-        if let ModelRef::Upstream(rel) = m {
-            return resolve_inside(self.upstream_dir()?, rel)
-                .map_err(|e| Outcome::error(format!("{m}: {e}")));
+        if let Some(upstream) = self.roots().upstream_model(m) {
+            return upstream;
         }
         self.models
             .resolve(m)
@@ -85,6 +87,17 @@ impl Context {
             .models
             .push((m.to_string(), dir.display().to_string()));
         Ok(dir)
+    }
+
+    /// Skipped, with the option that supplies it, when a data root this case reads is absent.
+    pub fn missing_data(&self, case: &Case) -> Option<Outcome> {
+        if case.needs_release() && self.release.is_none() {
+            return Some(Outcome::skipped(crate::locations::no_release_reason()));
+        }
+        if case.needs_upstream() && self.upstream.is_none() {
+            return Some(Outcome::skipped(crate::locations::NO_UPSTREAM_REASON));
+        }
+        None
     }
 
     pub fn rerun_command(&self, case: &str) -> String {
@@ -311,8 +324,8 @@ pub fn timeout(case: &Case) -> Duration {
 pub fn run_case(case: &Case, engine: &mut dyn Engine, ctx: &Context) -> CaseResult {
     let start = Instant::now();
     let mut details = Details::default();
-    let outcome = if case.needs_upstream() && ctx.upstream.is_none() {
-        Outcome::skipped("DS41_UPSTREAM not set (this case reads upstream data)")
+    let outcome = if let Some(skipped) = ctx.missing_data(case) {
+        skipped
     } else {
         let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             crate::families::run(case, engine, ctx, &mut details)

@@ -1,5 +1,5 @@
 //! `ds41 tokenize` and `ds41 corpus` end to end (TOKENIZER.md §7, §9). The tokenize tests need
-//! `DS41_UPSTREAM` for the release tokenizer.json.
+//! a release snapshot (`DS41_RELEASE`) for its tokenizer.json.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -9,14 +9,8 @@ fn ds41() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ds41"))
 }
 
-fn tokenizer() -> Option<PathBuf> {
-    match std::env::var_os("DS41_UPSTREAM") {
-        Some(up) => Some(PathBuf::from(up).join("tokenizer/tokenizer.json")),
-        None => {
-            eprintln!("SKIPPED: DS41_UPSTREAM not set");
-            None
-        }
-    }
+fn tokenizer() -> PathBuf {
+    ds41_engine::testing::release().join("tokenizer.json")
 }
 
 /// Runs `ds41 args` with `stdin`; returns (exit code, stdout, stderr).
@@ -43,8 +37,12 @@ fn run(args: &[&str], stdin: &str) -> (i32, String, String) {
 }
 
 #[test]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn tokenize_batch_single_and_decode() {
-    let Some(tok) = tokenizer() else { return };
+    let tok = tokenizer();
     let tok = tok.to_str().unwrap();
     let input = "\"<｜DSML｜ calls>\"\n\"12345\"\n\"\\u00a0x\"\n";
     let (code, out, err) = run(

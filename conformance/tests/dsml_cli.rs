@@ -48,12 +48,12 @@ fn render_prints_exactly_the_golden_prompt() {
 }
 
 #[test]
-fn render_official_cases_when_upstream_is_available() {
-    let Some(dir) = std::env::var_os("DS41_UPSTREAM") else {
-        eprintln!("SKIPPED: DS41_UPSTREAM not set");
-        return;
-    };
-    let dir = PathBuf::from(dir).join("dsml");
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
+fn render_official_cases_of_the_release() {
+    let dir = ds41_engine::testing::release().join("encoding/tests");
     for n in 1..=5 {
         let input = dir.join(format!("test_input_{n}.json"));
         let want = std::fs::read_to_string(dir.join(format!("test_output_{n}.txt"))).unwrap();

@@ -183,13 +183,9 @@ fn container_waste_tiny_continues_bit_exactly() {
 }
 
 #[test]
+#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn official_a_continues_bit_exactly_at_every_boundary() {
-    let Some(up) = std::env::var_os("DS41_UPSTREAM").map(PathBuf::from) else {
-        eprintln!(
-            "SKIPPED official_a_continues_bit_exactly_at_every_boundary: DS41_UPSTREAM not set"
-        );
-        return;
-    };
+    let up = ds41_engine::testing::upstream();
     // official_a: window 8, ratio-2 source at layer 2, ratio-1 candidate source at layer 4
     // (3 kept blocks of 4). The Engram map comes from a golden (the release ships none).
     let golden = ds41_engine::trace::TraceFile::read(

@@ -12,6 +12,8 @@ fn run_ds41(args: &[&str]) -> Output {
         .args(args)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .env_remove("DS41_UPSTREAM")
+        .env_remove("DS41_RELEASE")
+        .env("HF_HUB_CACHE", "/nonexistent/ds41-snapshot-test")
         .output()
         .expect("run ds41")
 }
@@ -57,12 +59,12 @@ fn redact_path(text: String) -> String {
 }
 
 #[test]
+#[cfg_attr(
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+)]
 fn inspect_release_config() {
-    let Some(upstream) = ds41_conformance::goldens::upstream_from_env() else {
-        eprintln!("SKIPPED: DS41_UPSTREAM not set");
-        return;
-    };
-    let config = upstream.join("config/config.json");
+    let config = ds41_engine::testing::release().join("config.json");
     let text = ds41(&["inspect", config.to_str().expect("utf-8 path")]);
     snapshot!("inspect_release_config", redact_path(text));
 }

@@ -4,8 +4,8 @@
 //! defect must make a declared check fail), and self-tests of the harness with engines that
 //! crash, hang, answer garbage or refuse. Filterable by name; `--list` works for nextest.
 //!
-//! Cases that read upstream data are reported as ignored with the reason when DS41_UPSTREAM
-//! is unset; long-tier cases are `#[ignore]`d unless DS41_LONG=1.
+//! Cases that read release files or upstream data are reported as ignored with the reason
+//! when no release snapshot is found (DS41_RELEASE, the hub cache) or DS41_UPSTREAM is unset; long-tier cases are `#[ignore]`d unless DS41_LONG=1.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -14,6 +14,7 @@ use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 use ds41_conformance::case::Case;
 use ds41_conformance::gates::{GateSet, ProfileName};
+use ds41_conformance::locations::ReleaseSnapshot;
 use ds41_conformance::outcome::Outcome;
 use ds41_conformance::protocol::AdapterEngine;
 use ds41_conformance::reference::{self, ReferenceEngine};
@@ -63,10 +64,19 @@ fn main() {
     } else {
         ExpectedFailures::default()
     });
-    let upstream = std::env::var_os("DS41_UPSTREAM").map(PathBuf::from);
+    let upstream = std::env::var_os("DS41_UPSTREAM")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
     if upstream.is_none() {
         eprintln!(
             "SKIPPED: DS41_UPSTREAM not set: cases reading upstream data are reported as ignored"
+        );
+    }
+    let release = ReleaseSnapshot::locate(None).unwrap_or_else(|e| panic!("{e:#}"));
+    if release.is_none() {
+        eprintln!(
+            "SKIPPED: {}",
+            ds41_conformance::locations::no_release_reason()
         );
     }
     let long = std::env::var("DS41_LONG").is_ok_and(|v| v == "1");
@@ -77,6 +87,7 @@ fn main() {
         run_profile: ProfileName::Exact,
         canonical_ties: false,
         upstream,
+        release,
         work_dir: work.path().to_path_buf(),
         models: ModelStore::new(work.path().join("models")),
         reference: Mutex::new(Box::new(ReferenceEngine::new())),

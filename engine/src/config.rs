@@ -91,6 +91,11 @@ pub struct Config {
     /// id whose compressed id `map[engram_pad_id]` is the pad (the release, MODEL.md §6.6.1).
     #[serde(default)]
     pub engram_pad_is_compressed: bool,
+    /// The largest number of positions a sequence may have (HF `max_position_embeddings`;
+    /// `None` when the config does not state it). Forwards and restored states beyond it are
+    /// refused ([`Config::check_positions`]).
+    #[serde(default)]
+    pub max_position: Option<usize>,
 }
 
 /// `vision_config` of the release (MODEL.md §2.1, last rows).
@@ -132,6 +137,17 @@ pub struct LayerRole {
 }
 
 impl Config {
+    /// Refuse a sequence of `end` positions beyond [`Config::max_position`].
+    pub fn check_positions(&self, end: usize) -> crate::Result<()> {
+        match self.max_position {
+            Some(max) if end > max => Err(crate::Error::PositionLimit {
+                end: end as u64,
+                max,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Compression ratio of layer `l` (0 = window-only; also 0 beyond the list).
     pub fn ratio(&self, l: usize) -> usize {
         self.compress_ratios.get(l).copied().unwrap_or(0)

@@ -36,6 +36,22 @@ pub enum Error {
     },
     /// A forward-pass precondition failed (e.g. a position beyond the caches).
     Model(String),
+    /// An input path is not a regular file (a FIFO, a device, a directory, a socket): reading
+    /// it could block forever or never end, so it is refused before it is read.
+    NotRegularFile { path: PathBuf, found: &'static str },
+    /// A file is larger than its format allows; refused before it is read.
+    TooLarge {
+        path: PathBuf,
+        len: u64,
+        limit: u64,
+        what: &'static str,
+    },
+    /// A file the engine has memory-mapped changed on disk (identity, length or modification
+    /// time) after it was opened: results computed from it cannot be trusted.
+    Changed { path: PathBuf, reason: String },
+    /// A forward or a restored state reaches beyond the model's maximum position
+    /// (`max_position_embeddings`).
+    PositionLimit { end: u64, max: usize },
 }
 
 impl std::fmt::Display for Error {
@@ -59,6 +75,31 @@ impl std::fmt::Display for Error {
                 reason,
             } => write!(f, "{}: tokenizer field `{field}`: {reason}", file.display()),
             Error::Model(message) => write!(f, "model: {message}"),
+            Error::NotRegularFile { path, found } => write!(
+                f,
+                "{}: is {found}, not a regular file (refused: reading it could block or never end)",
+                path.display()
+            ),
+            Error::TooLarge {
+                path,
+                len,
+                limit,
+                what,
+            } => write!(
+                f,
+                "{}: {len} bytes, more than the {limit} bytes a {what} may have (refused before reading)",
+                path.display()
+            ),
+            Error::Changed { path, reason } => write!(
+                f,
+                "{}: changed on disk while in use ({reason}); results computed from it are not trusted",
+                path.display()
+            ),
+            Error::PositionLimit { end, max } => write!(
+                f,
+                "position {end} is beyond the model's maximum of {max} positions \
+                 (config max_position_embeddings)"
+            ),
         }
     }
 }
@@ -75,6 +116,10 @@ impl Error {
             Error::Format { .. } => "Format",
             Error::Tokenizer { .. } => "Tokenizer",
             Error::Model(_) => "Model",
+            Error::NotRegularFile { .. } => "NotRegularFile",
+            Error::TooLarge { .. } => "TooLarge",
+            Error::Changed { .. } => "Changed",
+            Error::PositionLimit { .. } => "PositionLimit",
         }
     }
 }

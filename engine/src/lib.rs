@@ -12,6 +12,7 @@ pub mod config;
 pub mod dsml;
 pub mod dtype;
 pub mod error;
+pub mod io;
 pub mod model;
 pub mod state;
 #[cfg(feature = "test-support")]

@@ -362,6 +362,16 @@ fn decode_checked(
     // The expected array list for this model at this position.
     let position = usize::try_from(header.position)
         .map_err(|_| format_err(file, PREFIX_LEN as u64, "position: too large"))?;
+    if let Err(Error::PositionLimit { end, max }) = cfg.check_positions(position) {
+        return Err(format_err(
+            file,
+            PREFIX_LEN as u64,
+            format!(
+                "position: {end} is beyond the model's maximum of {max} positions \
+                 (config max_position_embeddings)"
+            ),
+        ));
+    }
     let mut fresh = SessionState::new(cfg);
     fresh.position = position;
     let mut cursor = Cursor {
@@ -528,6 +538,7 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| "state".into());
+    remove_stale_temporaries(&dir, &name);
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     let result = (|| {
         let mut f = std::fs::File::create(&tmp).map_err(|e| io(&tmp, e))?;
@@ -539,6 +550,44 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
+}
+
+/// Remove `.NAME.tmp-PID` files in `dir` left by a writer of `name` that was killed before
+/// its rename (PID no longer alive). Only names of exactly that form are touched; a
+/// temporary of a live process (another save in progress) is left alone. Best effort: a
+/// file that cannot be removed is left in place.
+fn remove_stale_temporaries(dir: &Path, name: &str) {
+    let prefix = format!(".{name}.tmp-");
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(pid) = file_name
+            .to_str()
+            .and_then(|n| n.strip_prefix(&prefix))
+            .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|p| p.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid != std::process::id() && !process_alive(pid) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
+/// Whether a process with this id exists (`kill(pid, 0)`: success or EPERM means it does).
+fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = libc::pid_t::try_from(pid) else {
+        return false;
+    };
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 only checks that the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
 }
 
 /// Save a session's state to `path` (atomic). `model` is the session's model.
@@ -554,8 +603,18 @@ pub fn load(path: &Path, cfg: &Config, options: &Options) -> Result<SessionState
         path: path.to_path_buf(),
         source: e,
     };
-    let mut f = std::fs::File::open(path).map_err(io)?;
-    let file_len = f.metadata().map_err(io)?.len();
+    let (mut f, meta) = crate::io::open_regular(path)?;
+    let file_len = meta.len();
+    if let Some(limit) = max_file_len(cfg) {
+        if file_len > limit {
+            return Err(Error::TooLarge {
+                path: path.to_path_buf(),
+                len: file_len,
+                limit,
+                what: "state file of this model at its maximum position",
+            });
+        }
+    }
     let mut prefix_bytes = [0u8; PREFIX_LEN];
     let got = read_up_to(&mut f, &mut prefix_bytes).map_err(io)?;
     let prefix = read_prefix(&prefix_bytes[..got], path, file_len)?;
@@ -570,6 +629,23 @@ pub fn load(path: &Path, cfg: &Config, options: &Options) -> Result<SessionState
     ];
     f.read_exact(&mut rest).map_err(io)?;
     decode_checked(&prefix, &rest, path, cfg, options)
+}
+
+/// The largest state file `cfg` allows: the prefix, the largest header, and the payload of
+/// a state at the config's maximum position (`None` when the config states no maximum).
+fn max_file_len(cfg: &Config) -> Option<u64> {
+    let max = cfg.max_position? as u64;
+    let fresh = SessionState::new(cfg);
+    let mut payload: u64 = 8 * max; // engram_history
+    for layer in &fresh.layers {
+        payload += 4 * layer.window.len() as u64;
+        if let Some(c) = &layer.compressed {
+            let entries = max / c.ratio.max(1) as u64;
+            payload += 4 * entries * (c.head_dim + c.index_head_dim) as u64;
+            payload += 4 * (c.group_kv.len() + c.group_score.len()) as u64;
+        }
+    }
+    Some(PREFIX_LEN as u64 + u64::from(MAX_HEADER_LEN) + payload)
 }
 
 fn read_up_to(f: &mut std::fs::File, buf: &mut [u8]) -> std::io::Result<usize> {

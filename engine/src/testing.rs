@@ -75,3 +75,28 @@ pub fn last_logits(trace: &Trace) -> &[f32] {
 pub fn bit_equal(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
 }
+
+/// The upstream data directory (`DS41_UPSTREAM`) for a test compiled with the `ds41_upstream`
+/// cfg (build-support/external_data_cfg.rs): tests that need it carry
+/// `#[cfg_attr(not(ds41_upstream), ignore = "...")]`, so this is only called when it was set
+/// at build time. Unset now (a stale build) is a test failure saying so, never a pass.
+pub fn upstream() -> std::path::PathBuf {
+    external_dir("DS41_UPSTREAM", "upstream data (e.g. ../shared/upstream)")
+}
+
+/// The release snapshot (`DS41_RELEASE`: a Hugging Face snapshot directory of
+/// DeepSeek-V4.1-Flash, or a data-only copy such as ../shared/release), for tests compiled
+/// with the `ds41_release` cfg; see [`upstream`].
+pub fn release() -> std::path::PathBuf {
+    external_dir("DS41_RELEASE", "a DeepSeek-V4.1-Flash release snapshot")
+}
+
+fn external_dir(var: &str, what: &str) -> std::path::PathBuf {
+    match std::env::var_os(var).filter(|v| !v.is_empty()) {
+        Some(dir) => std::path::PathBuf::from(dir),
+        None => panic!(
+            "{var} is not set, but this test was built with it: set {var} to {what} or rebuild \
+             without it (then the test is reported as ignored)"
+        ),
+    }
+}

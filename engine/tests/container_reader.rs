@@ -408,8 +408,9 @@ fn every_missing_trunk_tensor_is_refused_by_name() {
 
 /// Values from an independent Python decode of the shipped container.
 #[test]
+#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn waste_synthetic_container_decodes_like_the_oracle() {
-    let Some(up) = upstream() else { return };
+    let up = upstream();
     let dir = up.join("waste_ds41_synth/container");
     let ck = ContainerCheckpoint::open(&dir).unwrap();
     assert_eq!(ck.verify_all_crc().unwrap(), 48);
@@ -530,8 +531,9 @@ fn waste_synthetic_container_decodes_like_the_oracle() {
 }
 
 #[test]
+#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn waste_container_without_attn_sink_is_refused() {
-    let Some(up) = upstream() else { return };
+    let up = upstream();
     let src = up.join("waste_ds41_synth/container");
     let d = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(&src).unwrap() {

@@ -65,11 +65,9 @@ fn maps_equal_the_official_goldens() {
 }
 
 #[test]
+#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn official_a_stub_tokenizer_gives_its_goldens_map() {
-    let Some(up) = std::env::var_os("DS41_UPSTREAM").map(PathBuf::from) else {
-        eprintln!("SKIPPED: DS41_UPSTREAM not set");
-        return;
-    };
+    let up = ds41_engine::testing::upstream();
     let golden = ds41_engine::trace::TraceFile::read(
         &up.join("official_a/p48_d00/golden_prefill_only.safetensors"),
     )

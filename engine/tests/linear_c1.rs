@@ -4,7 +4,6 @@
 //! (`Checkpoint::quant_view`): integer block sums, rounded once to f32, times both scales,
 //! accumulated in f32, rounded to bf16. Needs `DS41_UPSTREAM`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use ds41_engine::checkpoint::{self, Checkpoint, QuantKind, QuantView, Storage};
@@ -12,16 +11,7 @@ use ds41_engine::dtype::{e2m1_to_f32, e4m3_to_f32, e8m0_to_f32};
 use ds41_engine::model::linear::{Linear, LinearKind};
 use ds41_engine::model::quant::{act_quant_fp8, bf16};
 use ds41_engine::model::Numerics;
-
-fn upstream() -> Option<PathBuf> {
-    match std::env::var_os("DS41_UPSTREAM") {
-        Some(p) => Some(PathBuf::from(p)),
-        None => {
-            eprintln!("SKIPPED linear_c1: DS41_UPSTREAM not set");
-            None
-        }
-    }
-}
+use ds41_engine::testing::upstream;
 
 /// The stored weight code of (n, k) as an integer multiple of 2^-shift, and that shift.
 fn weight_int(v: &QuantView, n: usize, k: usize) -> (i64, i32) {
@@ -58,8 +48,9 @@ fn c1_from_codes(x: &[f32], v: &QuantView) -> Vec<f32> {
 }
 
 #[test]
+#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn upstream_linear_equals_c1_on_stored_codes_for_every_quantised_weight() {
-    let Some(up) = upstream() else { return };
+    let up = upstream();
     let ckpt: Arc<dyn Checkpoint> =
         Arc::from(checkpoint::open(&up.join("official_a/checkpoint")).unwrap());
     let mut checked = 0;

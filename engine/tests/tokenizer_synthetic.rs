@@ -207,8 +207,10 @@ fn refuses_bad_files_naming_the_field() {
     v["added_tokens"][4]["lstrip"] = json!(true);
     assert_eq!(field_error(&v).0, "added_tokens[4]");
 
+    // A gap in the ids (an id skipped, still below the number of entries).
     let mut v = base.clone();
-    v["added_tokens"][3]["id"] = json!(1000);
+    let n = base["model"]["vocab"].as_object().unwrap().len();
+    v["added_tokens"][3]["id"] = json!(n + 5);
     let (field, reason) = field_error(&v);
     assert_eq!(field, "model.vocab");
     assert!(reason.contains("no token has id"), "{reason}");
@@ -228,6 +230,27 @@ fn refuses_bad_files_naming_the_field() {
     let mut v = base.clone();
     v["decoder"] = Value::Null;
     assert_eq!(field_error(&v).0, "decoder");
+}
+
+/// One id far beyond the vocabulary (in the vocab or in added_tokens) is refused naming it,
+/// before anything is allocated for it (a table sized by the largest id would need ~100 GB).
+#[test]
+fn a_huge_id_is_refused_before_allocation() {
+    let base = synthetic(false);
+    let mut v = base.clone();
+    v["model"]["vocab"]["Ġt"] = json!(u32::MAX);
+    let (field, reason) = field_error(&v);
+    assert_eq!(field, "model.vocab");
+    assert!(
+        reason.contains("4294967295") && reason.contains("\"Ġt\""),
+        "{reason}"
+    );
+
+    let mut v = base.clone();
+    v["added_tokens"][5]["id"] = json!(u32::MAX);
+    let (field, reason) = field_error(&v);
+    assert_eq!(field, "added_tokens[5]");
+    assert!(reason.contains("id 4294967295 is beyond"), "{reason}");
 }
 
 #[test]

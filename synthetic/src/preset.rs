@@ -213,6 +213,7 @@ fn tiny_args() -> Config {
         image_token_id: None,
         vision: None,
         engram_pad_is_compressed: false,
+        max_position: None,
     }
 }
 

@@ -15,6 +15,7 @@ use anyhow::{anyhow, bail};
 
 use ds41_conformance::engine_api::Engine;
 use ds41_conformance::gates::{GateSet, ProfileName};
+use ds41_conformance::locations::ReleaseSnapshot;
 use ds41_conformance::reference::ReferenceEngine;
 use ds41_conformance::report::{self, human, RunReport, Summary};
 use ds41_conformance::runner::{self, Context, ExpectedFailures, ModelStore};
@@ -34,10 +35,10 @@ pub struct Args {
     /// lower index): decisions at golden margin 0 are compared strictly, not excused.
     #[arg(long)]
     pub canonical_ties: bool,
-    /// Case directory (default: the repository's conformance/cases).
+    /// Case directory (default: the cases built into this binary).
     #[arg(long)]
     pub cases: Option<PathBuf>,
-    /// Tolerance profiles directory (default: the repository's gates/).
+    /// Tolerance profiles directory (default: the gates built into this binary).
     #[arg(long)]
     pub gates: Option<PathBuf>,
     /// Run only cases whose name contains this (repeatable).
@@ -64,7 +65,13 @@ pub struct Args {
     /// Print the JSON report on stdout (progress still goes to stderr).
     #[arg(long)]
     pub json: bool,
-    /// Upstream data directory (default: $DS41_UPSTREAM).
+    /// A snapshot of the DeepSeek-V4.1-Flash release (default: $DS41_RELEASE, else the
+    /// Hugging Face hub cache); its tokenizer, configs and encoding tests are verified against
+    /// their pins. Without one, only the cases reading release files are skipped.
+    #[arg(long)]
+    pub release: Option<PathBuf>,
+    /// The external upstream data set (default: $DS41_UPSTREAM); cases reading it are
+    /// skipped without it.
     #[arg(long)]
     pub upstream: Option<PathBuf>,
     /// Keep generated models and engine outputs here instead of a temporary directory.
@@ -116,8 +123,34 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
         return Ok(0);
     }
-    let cases_dir = a.cases.clone().unwrap_or_else(runner::default_cases_dir);
-    let gates = GateSet::load(&a.gates.clone().unwrap_or_else(runner::default_gates_dir))?;
+    let _tmp;
+    let work_dir = match &a.work_dir {
+        Some(d) => {
+            std::fs::create_dir_all(d)?;
+            d.clone()
+        }
+        None => {
+            _tmp = tempfile::Builder::new().prefix("ds41-certify-").tempdir()?;
+            _tmp.path().to_path_buf()
+        }
+    };
+    // The cases, gates and goldens built into the binary, written out for this run: the same
+    // from any directory, with or without the source tree.
+    let repo_root = ds41_conformance::embedded::materialize(
+        &tempfile::Builder::new()
+            .prefix("data-")
+            .tempdir_in(&work_dir)?
+            .keep(),
+    )?;
+    let cases_dir = a
+        .cases
+        .clone()
+        .unwrap_or_else(|| repo_root.join(ds41_conformance::embedded::CASES_DIR));
+    let gates = GateSet::load(
+        &a.gates
+            .clone()
+            .unwrap_or_else(|| repo_root.join(ds41_conformance::embedded::GATES_DIR)),
+    )?;
     let run_profile = ProfileName::parse(&a.profile).ok_or_else(|| {
         anyhow!(
             "--profile `{}`: expected exact, upstream or quantized",
@@ -135,27 +168,19 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             cases_dir.display()
         );
     }
+    // Before anything runs: a --release / DS41_RELEASE that is not a directory is an error.
+    let release = ReleaseSnapshot::locate(a.release.as_deref())?;
     if a.list {
         for c in &cases {
             println!("{}", c.name);
         }
         return Ok(0);
     }
-    let upstream = a
-        .upstream
-        .clone()
-        .or_else(|| std::env::var_os("DS41_UPSTREAM").map(PathBuf::from));
-    let _tmp;
-    let work_dir = match &a.work_dir {
-        Some(d) => {
-            std::fs::create_dir_all(d)?;
-            d.clone()
-        }
-        None => {
-            _tmp = tempfile::Builder::new().prefix("ds41-certify-").tempdir()?;
-            _tmp.path().to_path_buf()
-        }
-    };
+    let upstream = a.upstream.clone().or_else(|| {
+        std::env::var_os("DS41_UPSTREAM")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
     let mut engine = make_engine(&a.engine, a.defect.as_deref())?;
     let identity = engine.identity();
     let xfail_path = a.expected_failures.clone().or_else(|| {
@@ -182,17 +207,23 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     if run_profile != ProfileName::Exact {
         rerun += &format!(" --profile {run_profile}");
     }
+    for (flag, dir) in [("--release", &a.release), ("--upstream", &a.upstream)] {
+        if let Some(d) = dir {
+            rerun += &format!(" {flag} {}", shell_quote(&d.display().to_string()));
+        }
+    }
     if a.canonical_ties {
         rerun += " --canonical-ties";
     }
     rerun += " --exact --verbose --filter '{case}'";
     let ctx = Context {
-        repo_root: runner::repo_root(),
+        repo_root,
         cases_dir: cases_dir.clone(),
         gates,
         run_profile,
         canonical_ties: a.canonical_ties,
         upstream: upstream.clone(),
+        release,
         work_dir: work_dir.clone(),
         models: ModelStore::new(work_dir.join("models")),
         reference: Mutex::new(Box::new(ReferenceEngine::new())),
@@ -201,17 +232,14 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let mut err = std::io::stderr();
     let _ = writeln!(
         err,
-        "ds41 certify: {} case(s), engine {} {} ({}), profile {}, upstream {}",
+        "ds41 certify: {} case(s), engine {} {} ({}), profile {}",
         cases.len(),
         identity.name,
         identity.version,
         identity.driver,
         run_profile,
-        upstream
-            .as_ref()
-            .map(|p| p.display().to_string())
-            .unwrap_or_else(|| "not set (upstream cases are skipped)".into())
     );
+    let _ = writeln!(err, "{}", data_roots_line(&ctx, &cases));
     runner::pregenerate(&cases, &ctx, |line| {
         let _ = writeln!(err, "{line}");
     });
@@ -283,4 +311,31 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     }
     drop(engine);
     Ok(rep.summary.exit_code())
+}
+
+/// Where the release files and the upstream set come from, and what is skipped without them.
+fn data_roots_line(ctx: &Context, cases: &[ds41_conformance::case::Case]) -> String {
+    use ds41_conformance::locations::Found;
+    let release = match &ctx.release {
+        Some(r) => {
+            let via = match r.found {
+                Found::Flag => "--release",
+                Found::Env => "DS41_RELEASE",
+                Found::HubCache => "hub cache",
+            };
+            format!("{} ({via})", r.dir.display())
+        }
+        None => format!(
+            "none found ({} case(s) reading release files are skipped; point --release DIR at a snapshot)",
+            cases.iter().filter(|c| c.needs_release()).count()
+        ),
+    };
+    let upstream = match &ctx.upstream {
+        Some(u) => u.display().to_string(),
+        None => format!(
+            "not given ({} case(s) reading it are skipped)",
+            cases.iter().filter(|c| c.needs_upstream()).count()
+        ),
+    };
+    format!("release snapshot: {release}; upstream set: {upstream}")
 }

@@ -21,11 +21,10 @@ use crate::config::{
     parse_json_bytes, read_json, Config, EngramHashConstants, EngramLayerHash, EngramPad,
 };
 use crate::dtype::f16_to_f32;
+use crate::io::{map_file, present, read_file, MappedFile};
 use crate::{Error, Result};
-use memmap2::Mmap;
 use serde_json::Value;
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// `WEXP` little-endian.
@@ -124,7 +123,7 @@ struct TrunkEntry {
 
 struct Bank {
     path: PathBuf,
-    map: Mmap,
+    map: MappedFile,
     experts: usize,
     record_size: usize,
     codebook_base: usize,
@@ -135,7 +134,7 @@ struct Bank {
 
 struct EngramTable {
     path: PathBuf,
-    map: Mmap,
+    map: MappedFile,
     rows: usize,
     dim: usize,
     group: usize,
@@ -157,7 +156,7 @@ pub struct ContainerCheckpoint {
     options: ContainerOptions,
     tensor_prefix: String,
     trunk_path: PathBuf,
-    trunk: Mmap,
+    trunk: MappedFile,
     trunk_entries: BTreeMap<String, TrunkEntry>,
     quant: ExpertQuant,
     banks: BTreeMap<usize, Bank>,
@@ -169,25 +168,12 @@ pub struct ContainerCheckpoint {
     specials: Vec<Special>,
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> Error {
-    Error::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 fn fmt_err(file: &Path, offset: u64, reason: impl Into<String>) -> Error {
     Error::Format {
         file: file.to_path_buf(),
         offset,
         reason: reason.into(),
     }
-}
-
-fn map_file(path: &Path) -> Result<Mmap> {
-    let file = File::open(path).map_err(|e| io_err(path, e))?;
-    // SAFETY: read-only map; a container modified while open is outside the contract.
-    unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, e))
 }
 
 /// `name` must be a plain file name inside the container.
@@ -346,7 +332,7 @@ impl ContainerCheckpoint {
             None
         };
         let specials_path = dir.join("specials.json");
-        let specials = if specials_path.is_file() {
+        let specials = if present(&specials_path) {
             read_specials(&specials_path, &config)?
         } else {
             Vec::new()
@@ -1271,7 +1257,11 @@ fn open_engram_tables(
 }
 
 fn read_tokmap(path: &Path, cfg: &Config) -> Result<Vec<i32>> {
-    let b = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let b = read_file(
+        path,
+        4 * cfg.vocab_size as u64,
+        "token map of vocab_size int32 entries",
+    )?;
     if b.len() % 4 != 0 {
         return Err(fmt_err(
             path,
@@ -1289,7 +1279,7 @@ fn read_tokmap(path: &Path, cfg: &Config) -> Result<Vec<i32>> {
 
 /// `specials.json`: `[{"id": N, "text": "…"}]`, every JSON escape decoded (CONTAINER.md §7).
 pub fn read_specials(path: &Path, cfg: &Config) -> Result<Vec<Special>> {
-    let bytes = std::fs::read(path).map_err(|e| io_err(path, e))?;
+    let bytes = read_file(path, crate::io::MAX_JSON_BYTES, "JSON metadata file")?;
     let v = parse_json_bytes(path, &bytes)?;
     let list: Vec<Special> = serde_json::from_value(v).map_err(|e| {
         fmt_err(
@@ -1414,6 +1404,16 @@ impl Checkpoint for ContainerCheckpoint {
             field: "engram_layer_ids".into(),
             rule: "this container has no Engram layers".into(),
         })
+    }
+    fn verify_unchanged(&self) -> Result<()> {
+        self.trunk.check_unchanged()?;
+        for bank in self.banks.values() {
+            bank.map.check_unchanged()?;
+        }
+        for table in self.engram_tables.values() {
+            table.map.check_unchanged()?;
+        }
+        Ok(())
     }
     fn engram_token_map(&self) -> Result<Option<Vec<i32>>> {
         Ok(self.tokmap.clone())

@@ -291,14 +291,45 @@ pub trait Checkpoint: Send + Sync {
     fn engram_token_map(&self) -> Result<Option<Vec<i32>>> {
         Ok(None)
     }
+    /// Check that every memory-mapped file is still the file that was opened, with the same
+    /// length and modification time ([`Error::Changed`] naming the first that is not). Call
+    /// it before publishing results computed from the weights: bytes overwritten in place
+    /// would otherwise silently change them. (The default, for in-memory doubles, has no
+    /// files to check.)
+    fn verify_unchanged(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// Open a checkpoint directory, detecting its layout: `manifest.json` ⇒ WASTE container;
 /// `config.json` with `model.safetensors` or `model.safetensors.index.json` ⇒ release.
 pub fn open(dir: &Path) -> Result<Box<dyn Checkpoint>> {
-    match detect_layout(dir)? {
-        Layout::Container => Ok(Box::new(ContainerCheckpoint::open(dir)?)),
-        Layout::Release => Ok(Box::new(ReleaseCheckpoint::open(dir)?)),
+    let ck: Box<dyn Checkpoint> = match detect_layout(dir)? {
+        Layout::Container => Box::new(ContainerCheckpoint::open(dir)?),
+        Layout::Release => Box::new(ReleaseCheckpoint::open(dir)?),
+    };
+    pause_for_tests_after_open();
+    Ok(ck)
+}
+
+/// Environment variable of the test hook in [`open`].
+pub const PAUSE_AFTER_OPEN_ENV: &str = "DS41_TEST_PAUSE_AFTER_OPEN";
+
+/// Test hook: with `DS41_TEST_PAUSE_AFTER_OPEN=FLAG` set, a checkpoint that has just been
+/// opened (mapped and validated) creates the file FLAG and waits until it is removed (at most
+/// 60 s). A test uses the pause to truncate or overwrite checkpoint files at a known point,
+/// while the process still has to read the weights, and then lets it go on.
+fn pause_for_tests_after_open() {
+    let Some(flag) = std::env::var_os(PAUSE_AFTER_OPEN_ENV) else {
+        return;
+    };
+    let flag = std::path::PathBuf::from(flag);
+    if std::fs::write(&flag, b"opened\n").is_err() {
+        return;
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while flag.exists() && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
     }
 }
 
@@ -310,12 +341,14 @@ pub fn detect_layout(dir: &Path) -> Result<Layout> {
             source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
         });
     }
-    if dir.join("manifest.json").is_file() {
+    // `present`, not `is_file`: a FIFO or a device under one of these names is then refused
+    // for what it is when opened, instead of the directory being reported as unrecognised.
+    let present = |name: &str| crate::io::present(&dir.join(name));
+    if present("manifest.json") {
         return Ok(Layout::Container);
     }
-    if dir.join("config.json").is_file()
-        && (dir.join("model.safetensors").is_file()
-            || dir.join("model.safetensors.index.json").is_file())
+    if present("config.json")
+        && (present("model.safetensors") || present("model.safetensors.index.json"))
     {
         return Ok(Layout::Release);
     }

@@ -14,11 +14,10 @@ use super::{
 };
 use crate::config::{read_json, Config, EngramHashConstants, EngramLayerHash, EngramPad};
 use crate::dtype::{bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, f16_to_f32};
+use crate::io::{map_file, present, read_file, MappedFile};
 use crate::{Error, Result};
-use memmap2::Mmap;
 use safetensors::{Dtype, SafeTensors};
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 
 /// Optional sidecar with the Engram hash constants (the format of
@@ -30,7 +29,7 @@ pub const TOKMAP_NPY: &str = "engram_token_map_int32.npy";
 
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    map: MappedFile,
 }
 
 #[derive(Debug, Clone)]
@@ -58,13 +57,6 @@ pub struct ReleaseCheckpoint {
     engram_sidecar: Option<EngramHashConstants>,
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> Error {
-    Error::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
-
 fn fmt_err(file: &Path, offset: u64, reason: impl Into<String>) -> Error {
     Error::Format {
         file: file.to_path_buf(),
@@ -78,18 +70,12 @@ fn scale_name(weight: &str) -> Option<String> {
     weight.strip_suffix(".weight").map(|s| format!("{s}.scale"))
 }
 
-fn map_shard(path: &Path) -> Result<Mmap> {
-    let file = File::open(path).map_err(|e| io_err(path, e))?;
-    // SAFETY: the map is read-only; a checkpoint modified while open is outside the contract.
-    unsafe { Mmap::map(&file) }.map_err(|e| io_err(path, e))
-}
-
 impl ReleaseCheckpoint {
     /// Open `dir` (config.json + model.safetensors or the index and its shards).
     pub fn open(dir: &Path) -> Result<Self> {
         let config = Config::from_release_json(&dir.join("config.json"))?;
         let index = dir.join("model.safetensors.index.json");
-        let files = if index.is_file() {
+        let files = if present(&index) {
             Some(read_index(dir, &index)?)
         } else {
             None
@@ -103,7 +89,7 @@ impl ReleaseCheckpoint {
             ck.check_index(&index, &weight_map)?;
         }
         let sidecar = dir.join(ENGRAM_SIDECAR);
-        if sidecar.is_file() {
+        if present(&sidecar) {
             ck.engram_sidecar = Some(read_engram_sidecar(&sidecar, &ck.config)?);
         }
         Ok(ck)
@@ -125,7 +111,7 @@ impl ReleaseCheckpoint {
         let mut shards = Vec::with_capacity(files.len());
         let mut raw: BTreeMap<String, Entry> = BTreeMap::new();
         for (si, path) in files.iter().enumerate() {
-            let map = map_shard(path)?;
+            let map = map_file(path)?;
             let (n, meta) = SafeTensors::read_metadata(&map)
                 .map_err(|e| fmt_err(path, 0, format!("invalid safetensors header: {e}")))?;
             let data_start = 8 + n;
@@ -515,7 +501,7 @@ fn read_index(dir: &Path, index: &Path) -> Result<(Vec<PathBuf>, BTreeMap<String
         }
         let path = dir.join(rel);
         if !files.contains(&path) {
-            if !path.is_file() {
+            if !present(&path) {
                 return Err(tensor_err(
                     index,
                     name,
@@ -665,14 +651,19 @@ impl Checkpoint for ReleaseCheckpoint {
     /// A sidecar map next to the weights, if present: `engram-tokmap.bin` (raw little-endian
     /// int32, the container's format) or `engram_token_map_int32.npy` (the upstream file).
     /// Otherwise `None`: the map is built from the tokenizer (MODEL.md §6.6.1).
+    fn verify_unchanged(&self) -> Result<()> {
+        self.shards.iter().try_for_each(|s| s.map.check_unchanged())
+    }
     fn engram_token_map(&self) -> Result<Option<Vec<i32>>> {
         let bin = self.dir.join(TOKMAP_BIN);
         let npy = self.dir.join(TOKMAP_NPY);
-        let (path, map) = if bin.is_file() {
-            let b = std::fs::read(&bin).map_err(|e| io_err(&bin, e))?;
+        // One int32 per token id (plus, for .npy, a header of at most 64 KiB).
+        let entries = 4 * self.config.vocab_size as u64;
+        let (path, map) = if present(&bin) {
+            let b = read_file(&bin, entries, "token map of vocab_size int32 entries")?;
             (bin, raw_i32(&b))
-        } else if npy.is_file() {
-            let b = std::fs::read(&npy).map_err(|e| io_err(&npy, e))?;
+        } else if present(&npy) {
+            let b = read_file(&npy, entries + (64 << 10), "token map .npy")?;
             let m = npy_i32_vector(&npy, &b)?;
             (npy, m)
         } else {

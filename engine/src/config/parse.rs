@@ -21,10 +21,7 @@ fn cfg_err(field: impl Into<String>, rule: impl Into<String>) -> Error {
 
 /// Read a JSON file; a syntax error names the file and the byte offset.
 pub(crate) fn read_json(path: &Path) -> Result<Value> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = crate::io::read_file(path, crate::io::MAX_JSON_BYTES, "JSON metadata file")?;
     parse_json_bytes(path, &bytes)
 }
 
@@ -415,6 +412,7 @@ fn parse_hf(t: &Keys, root: &Keys) -> Result<Config> {
         )?,
         vision,
         engram_pad_is_compressed: false,
+        max_position: t.opt_usize(&["max_position_embeddings"])?,
     })
 }
 
@@ -505,5 +503,7 @@ fn parse_inference(k: &Keys) -> Result<Config> {
         },
         vision,
         engram_pad_is_compressed: false,
+        // `max_seq_len` of ModelArgs only sizes the reference's caches (MODEL.md §2.1).
+        max_position: None,
     })
 }

@@ -155,14 +155,66 @@ pub(crate) fn read_until<'t>(
     index: usize,
     stops: &[&'static str],
 ) -> (usize, &'t str, Option<&'static str>) {
-    let hit = stops
-        .iter()
-        .filter_map(|s| text[index..].find(s).map(|pos| (index + pos, *s)))
-        .min_by_key(|(pos, _)| *pos);
-    match hit {
-        Some((pos, stop)) => (pos + stop.len(), &text[index..pos], Some(stop)),
+    match find_earliest(&text[index..], stops) {
+        Some((pos, which)) => {
+            let stop = stops[which];
+            (
+                index + pos + stop.len(),
+                &text[index..index + pos],
+                Some(stop),
+            )
+        }
         None => (text.len(), &text[index..], None),
     }
+}
+
+/// The earliest occurrence of any of `needles` in `hay`: (byte position, needle index); at
+/// equal positions the first needle in the list. One pass over `hay` up to the match, so a
+/// caller that searches on from each match stays linear in the text (searching for each
+/// needle separately rescans the rest of the text for every needle that does not come next,
+/// which made reading an invoke quadratic in its number of parameters).
+pub(crate) fn find_earliest<S: AsRef<str>>(hay: &str, needles: &[S]) -> Option<(usize, usize)> {
+    let matches_at = |rest: &[u8]| {
+        needles
+            .iter()
+            .position(|n| rest.starts_with(n.as_ref().as_bytes()))
+    };
+    let mut first_bytes = [false; 256];
+    for n in needles {
+        match n.as_ref().as_bytes().first() {
+            Some(&b) => first_bytes[b as usize] = true,
+            // An empty needle matches at 0 (as does any needle listed before it there).
+            None => return matches_at(hay.as_bytes()).map(|which| (0, which)),
+        }
+    }
+    let bytes = hay.as_bytes();
+    for (pos, &b) in bytes.iter().enumerate() {
+        if !first_bytes[b as usize] {
+            continue;
+        }
+        let rest = &bytes[pos..];
+        if let Some(which) = matches_at(rest) {
+            return Some((pos, which));
+        }
+    }
+    None
+}
+
+/// Quotes of the completion in error messages keep at most this many bytes of it: an error
+/// is one readable line even for a multi-megabyte completion.
+pub(crate) const QUOTE_LIMIT: usize = 240;
+
+/// `text` as quoted in an error: whole when short (as the reference quotes it), else its
+/// first [`QUOTE_LIMIT`] bytes (at a character boundary) and the total length.
+pub(crate) fn quote(text: &str) -> std::borrow::Cow<'_, str> {
+    if text.len() <= QUOTE_LIMIT {
+        return text.into();
+    }
+    let mut cut = QUOTE_LIMIT;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}… ({} bytes in all)", &text[..cut], text.len()).into()
 }
 
 fn assertion(message: impl Into<String>, offset: usize) -> Error {
@@ -240,7 +292,10 @@ fn parse_tool_calls(text: &str, mut index: usize) -> Result<(usize, Vec<ParsedTo
         let (next, between, stop) = read_until(text, index, &[INVOKE_START, CALLS_END]);
         if between != ">\n" {
             return Err(value_error(
-                format!("Tool call format error: expected '>\\n' but got '{between}'"),
+                format!(
+                    "Tool call format error: expected '>\\n' but got '{}'",
+                    quote(between)
+                ),
                 start,
             ));
         }
@@ -254,22 +309,26 @@ fn parse_tool_calls(text: &str, mut index: usize) -> Result<(usize, Vec<ParsedTo
         let (next, name_text, mut stop) = read_until(text, index, &[PARAM_START, INVOKE_END]);
         index = next;
         let name = match_tool_name(name_text).ok_or_else(|| {
-            value_error(format!("Tool name format error: '{name_text}'"), name_start)
+            value_error(
+                format!("Tool name format error: '{}'", quote(name_text)),
+                name_start,
+            )
         })?;
         let mut params: Vec<(String, String, bool)> = Vec::new();
+        let mut keys = std::collections::HashSet::new();
         while stop == Some(PARAM_START) {
             let param_start = index;
             let (next, param_text, _) = read_until(text, index, &[PARAM_END]);
             index = next;
             let (key, is_string, value) = match_parameter(param_text).ok_or_else(|| {
                 value_error(
-                    format!("Parameter format error: '{param_text}'"),
+                    format!("Parameter format error: '{}'", quote(param_text)),
                     param_start,
                 )
             })?;
-            if params.iter().any(|(k, _, _)| k == key) {
+            if !keys.insert(key) {
                 return Err(value_error(
-                    format!("Duplicate parameter name: '{key}'"),
+                    format!("Duplicate parameter name: '{}'", quote(key)),
                     param_start,
                 ));
             }
@@ -278,7 +337,10 @@ fn parse_tool_calls(text: &str, mut index: usize) -> Result<(usize, Vec<ParsedTo
             let (next, between, next_stop) = read_until(text, index, &[PARAM_START, INVOKE_END]);
             if between != ">\n" {
                 return Err(value_error(
-                    format!("Parameter format error: expected '>\\n' but got '{between}'"),
+                    format!(
+                        "Parameter format error: expected '>\\n' but got '{}'",
+                        quote(between)
+                    ),
                     after,
                 ));
             }
@@ -381,6 +443,79 @@ mod tests {
         );
         assert_eq!(match_parameter(" name=\"a\" string=\"true\">val"), None);
         assert_eq!(match_parameter("  name=\"a\" string=\"true\">v<"), None);
+    }
+
+    /// The naive search the one-pass [`find_earliest`] replaces (kept here as its oracle).
+    fn earliest_by_each_needle(hay: &str, needles: &[&str]) -> Option<(usize, usize)> {
+        needles
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| hay.find(n).map(|p| (p, i)))
+            .min()
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn find_earliest_agrees_with_searching_each_needle(
+            hay in "[ab<｜/\n]{0,40}",
+            needles in proptest::collection::vec("[ab<｜/\n]{0,3}", 1..5),
+        ) {
+            let needles: Vec<&str> = needles.iter().map(String::as_str).collect();
+            proptest::prop_assert_eq!(
+                find_earliest(&hay, &needles),
+                earliest_by_each_needle(&hay, &needles)
+            );
+        }
+    }
+
+    fn invoke_with_params(n: usize) -> String {
+        let mut s = String::from("ok\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n");
+        for i in 0..n {
+            s.push_str(&format!(
+                "<｜DSML｜ parameter name=\"p{i}\" string=\"false\">{i}</｜DSML｜ parameter>\n"
+            ));
+        }
+        s.push_str("</｜DSML｜ invoke>\n</｜DSML｜ calls><｜end▁of▁sentence｜>");
+        s
+    }
+
+    /// 40,000 parameters in one invoke (about 3 MB): both grammars read it (each used to
+    /// take time quadratic in the parameter count: minutes; `cargo bench --bench dsml_parse`
+    /// measures it) and agree.
+    #[test]
+    fn an_invoke_with_forty_thousand_parameters_parses_in_both_grammars() {
+        let text = invoke_with_params(40_000);
+        let strict = parse(&text, ParseMode::strict(ThinkingMode::Chat)).unwrap();
+        let tolerant = parse(&text, ParseMode::tolerant(ThinkingMode::Chat)).unwrap();
+        assert_eq!(strict, tolerant);
+        assert!(strict.tool_calls[0]
+            .arguments
+            .ends_with(", \"p39999\": 39999}"));
+    }
+
+    /// An error quotes at most [`QUOTE_LIMIT`] bytes of a multi-megabyte completion.
+    #[test]
+    fn error_quotes_of_the_completion_are_capped() {
+        let tail = "x".repeat(5 << 20);
+        for text in [
+            format!("\n\n<｜DSML｜ calls>{tail}"),
+            format!("\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke{tail}"),
+            format!(
+                "\n\n<｜DSML｜ calls>\n<｜DSML｜ invoke name=\"f\">\n<｜DSML｜ parameter{tail}"
+            ),
+        ] {
+            let e = parse(&text, ParseMode::strict(ThinkingMode::Chat)).unwrap_err();
+            let message = e.to_string();
+            assert!(message.len() < 1024, "{} bytes", message.len());
+            assert!(message.contains(" bytes in all)"), "{message}");
+        }
+        // Short quotes are the reference's, unchanged.
+        let e = parse(
+            "\n\n<｜DSML｜ calls>oops<｜DSML｜ invoke",
+            ParseMode::strict(ThinkingMode::Chat),
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("but got '>oops'"), "{e}");
     }
 
     #[test]

@@ -32,7 +32,7 @@
 
 use super::json_py;
 use super::message::ThinkingMode;
-use super::parse::{decode_call, ParsedMessage, ParsedToolCall, CALLS_START};
+use super::parse::{decode_call, find_earliest, ParsedMessage, ParsedToolCall, CALLS_START};
 use super::segments::Control;
 
 /// One repair the tolerant grammar made.
@@ -81,6 +81,8 @@ const DSML_VARIANTS: [&str; 4] = ["｜DSML｜", "｜｜DSML｜｜", "‖DSML‖"
 /// Every accepted spelling of each marker. Index `k` is DSML variant `k / 2` with the V4.1
 /// spaced tag names (`k` even) or the V4 ones (`k` odd: `tool_calls`, `invoke`, `parameter`).
 struct Spellings {
+    /// `invoke` then `close`: where the next invoke or the end of the block is, in one scan.
+    invoke_or_close: Vec<String>,
     open: Vec<String>,
     close: Vec<String>,
     invoke: Vec<String>,
@@ -103,10 +105,13 @@ fn spellings() -> &'static Spellings {
                 })
                 .collect::<Vec<_>>()
         };
+        let invoke = each(&|d, _, i, _| format!("<{d}{i}"));
+        let close = each(&|d, c, _, _| format!("</{d}{c}>"));
         Spellings {
+            invoke_or_close: invoke.iter().chain(&close).cloned().collect(),
             open: each(&|d, c, _, _| format!("<{d}{c}>")),
-            close: each(&|d, c, _, _| format!("</{d}{c}>")),
-            invoke: each(&|d, _, i, _| format!("<{d}{i}")),
+            close,
+            invoke,
             invoke_close: each(&|d, _, i, _| format!("</{d}{i}>")),
             param: each(&|d, _, _, p| format!("<{d}{p}")),
             param_close: each(&|d, _, _, p| format!("</{d}{p}>")),
@@ -114,30 +119,50 @@ fn spellings() -> &'static Spellings {
     })
 }
 
-/// Records a non-canonical spelling (once per kind).
-fn note_spelling(rec: &mut Vec<Recovery>, index: usize) {
-    let mut push = |r: Recovery| {
-        if !rec.contains(&r) {
-            rec.push(r);
-        }
-    };
-    if index % 2 == 1 {
-        push(Recovery::V4Tags);
+/// The repairs made so far. Kinds reported once per completion (V4 tags, each marker
+/// variant, truncation) are remembered in a bit set, so noting them again costs nothing
+/// however many per-parameter repairs the list already holds.
+#[derive(Default)]
+struct Recorder {
+    list: Vec<Recovery>,
+    noted: u8,
+}
+
+impl Recorder {
+    fn push(&mut self, r: Recovery) {
+        self.list.push(r);
     }
-    if index / 2 > 0 {
-        push(Recovery::MarkerVariant(
-            DSML_VARIANTS[index / 2].to_string(),
-        ));
+
+    /// Push `r` unless this once-per-completion kind (bit `bit`) was already pushed.
+    fn push_once(&mut self, bit: u8, r: impl FnOnce() -> Recovery) {
+        if self.noted & bit == 0 {
+            self.noted |= bit;
+            self.list.push(r());
+        }
+    }
+
+    fn truncated(&mut self) {
+        self.push_once(1, || Recovery::Truncated);
     }
 }
 
-/// The earliest occurrence of any of `needles` in `hay`: (position, needle index).
+/// Records a non-canonical spelling (once per kind).
+fn note_spelling(rec: &mut Recorder, index: usize) {
+    if index % 2 == 1 {
+        rec.push_once(2, || Recovery::V4Tags);
+    }
+    let variant = index / 2;
+    if variant > 0 {
+        rec.push_once(4 << variant, || {
+            Recovery::MarkerVariant(DSML_VARIANTS[variant].to_string())
+        });
+    }
+}
+
+/// The earliest occurrence of any of `needles` in `hay`: (position, needle index), in one
+/// pass (see [`find_earliest`]).
 fn find_any(hay: &str, needles: &[String]) -> Option<(usize, usize)> {
-    needles
-        .iter()
-        .enumerate()
-        .filter_map(|(i, n)| hay.find(n.as_str()).map(|p| (p, i)))
-        .min()
+    find_earliest(hay, needles)
 }
 
 /// If `text` ends with a proper prefix (≥ 1 char) of any marker, the length of that suffix.
@@ -169,7 +194,7 @@ fn partial_marker_suffix(text: &str) -> usize {
 }
 
 pub(crate) fn parse_tolerant(completion: &str, mode: ThinkingMode) -> ParsedMessage {
-    let mut rec = Vec::new();
+    let mut rec = Recorder::default();
     let eos = Control::Eos.text();
     let mut text = match completion.find(eos) {
         Some(pos) => {
@@ -252,19 +277,18 @@ pub(crate) fn parse_tolerant(completion: &str, mode: ThinkingMode) -> ParsedMess
         content,
         reasoning_content: reasoning,
         tool_calls,
-        recoveries: rec,
+        recoveries: rec.list,
     }
 }
 
-fn parse_block(mut body: &str, rec: &mut Vec<Recovery>) -> Vec<ParsedToolCall> {
+fn parse_block(mut body: &str, rec: &mut Recorder) -> Vec<ParsedToolCall> {
     let mut calls = Vec::new();
     let mut closed = false;
     loop {
         let sp = spellings();
-        let next_invoke = find_any(body, &sp.invoke);
-        let next_close = find_any(body, &sp.close);
-        match (next_invoke, next_close) {
-            (Some((i, wi)), c) if c.is_none_or(|(c, _)| i < c) => {
+        let n = sp.invoke.len();
+        match find_any(body, &sp.invoke_or_close) {
+            Some((i, wi)) if wi < n => {
                 note_spelling(rec, wi);
                 let (call, rest) = parse_invoke(&body[i + sp.invoke[wi].len()..], rec);
                 if let Some(call) = call {
@@ -272,7 +296,8 @@ fn parse_block(mut body: &str, rec: &mut Vec<Recovery>) -> Vec<ParsedToolCall> {
                 }
                 body = rest;
             }
-            (_, Some((c, wc))) => {
+            Some((c, w)) => {
+                let wc = w - n;
                 note_spelling(rec, wc);
                 let after = &body[c + sp.close[wc].len()..];
                 if !after.is_empty() {
@@ -281,25 +306,25 @@ fn parse_block(mut body: &str, rec: &mut Vec<Recovery>) -> Vec<ParsedToolCall> {
                 closed = true;
                 break;
             }
-            (_, None) => break,
+            None => break,
         }
     }
-    if !closed && !rec.contains(&Recovery::Truncated) {
-        rec.push(Recovery::Truncated);
+    if !closed {
+        rec.truncated();
     }
     calls
 }
 
 /// One invoke, from just after `<｜DSML｜ invoke`: the call (if its name is readable) and the
 /// text after `</｜DSML｜ invoke>` (or the end).
-fn parse_invoke<'t>(text: &'t str, rec: &mut Vec<Recovery>) -> (Option<ParsedToolCall>, &'t str) {
+fn parse_invoke<'t>(text: &'t str, rec: &mut Recorder) -> (Option<ParsedToolCall>, &'t str) {
     let sp = spellings();
     let (inner, rest, complete) = match find_any(text, &sp.invoke_close) {
         Some((p, w)) => (&text[..p], &text[p + sp.invoke_close[w].len()..], true),
         None => (text, "", false),
     };
-    if !complete && !rec.contains(&Recovery::Truncated) {
-        rec.push(Recovery::Truncated);
+    if !complete {
+        rec.truncated();
     }
     let header_end = find_any(inner, &sp.param).map_or(inner.len(), |(p, _)| p);
     let header = &inner[..header_end];
@@ -312,6 +337,7 @@ fn parse_invoke<'t>(text: &'t str, rec: &mut Vec<Recovery>) -> (Option<ParsedToo
         return (None, rest);
     };
     let mut params: Vec<(String, String, bool)> = Vec::new();
+    let mut keys = std::collections::HashSet::new();
     let mut body = &inner[header_end..];
     while let Some((p, w)) = find_any(body, &sp.param) {
         note_spelling(rec, w);
@@ -319,9 +345,7 @@ fn parse_invoke<'t>(text: &'t str, rec: &mut Vec<Recovery>) -> (Option<ParsedToo
         let (param, next) = match find_any(after, &sp.param_close) {
             Some((e, we)) => (&after[..e], &after[e + sp.param_close[we].len()..]),
             None => {
-                if !rec.contains(&Recovery::Truncated) {
-                    rec.push(Recovery::Truncated);
-                }
+                rec.truncated();
                 (after, "")
             }
         };
@@ -336,7 +360,7 @@ fn parse_invoke<'t>(text: &'t str, rec: &mut Vec<Recovery>) -> (Option<ParsedToo
             rec.push(Recovery::MalformedParameter(param.to_string()));
             continue;
         };
-        if params.iter().any(|(k, _, _)| k == key) {
+        if !keys.insert(key) {
             rec.push(Recovery::DuplicateParameter(key.to_string()));
             continue;
         }

@@ -181,6 +181,12 @@ impl ForwardJob {
             put("loaded_state", p.display().to_string());
             put("start_position", start.to_string());
         }
+        // Weights overwritten in place while the forward ran would change the results
+        // silently: no trace or state is handed out then.
+        model
+            .checkpoint()
+            .verify_unchanged()
+            .map_err(JobError::Failed)?;
         if let Some(p) = &self.save_state {
             crate::state::save(&model, &session, p).map_err(JobError::Failed)?;
         }

@@ -122,6 +122,7 @@ impl<'m> Session<'m> {
                 a.window.len() == b.window.len() && a.compressed.is_some() == b.compressed.is_some()
             })
             && state.engram_history.len() == state.position;
+        self.model.cfg.check_positions(state.position)?;
         if !ok {
             return Err(Error::Model(
                 "session state does not match the model's shapes".into(),
@@ -188,6 +189,7 @@ impl<'m> Session<'m> {
             rows: tokens.len(),
         };
         let rows = chunk.rows;
+        cfg.check_positions(chunk.start.saturating_add(rows))?;
         if let Some(&t) = tokens.iter().find(|&&t| t as usize >= cfg.vocab_size) {
             return Err(Error::Model(format!(
                 "token id {t} is outside the vocabulary ({})",

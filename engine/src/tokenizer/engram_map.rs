@@ -222,10 +222,7 @@ pub fn token_map(bytes: &[u8], file: &Path) -> Result<Vec<i32>> {
 
 /// The official map of a `tokenizer.json` file.
 pub fn token_map_from_file(path: &Path) -> Result<Vec<i32>> {
-    let bytes = std::fs::read(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let bytes = crate::io::read_file(path, crate::io::MAX_TOKENIZER_BYTES, "tokenizer.json")?;
     token_map(&bytes, path)
 }
 

@@ -6,7 +6,7 @@
 //! `ByteLevel` decoder and post-processor (or none), and added tokens whose `single_word`,
 //! `lstrip` and `rstrip` are false. Anything else is refused with the field that differs.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -146,7 +146,34 @@ pub fn parse(bytes: &[u8], file: &Path) -> Result<Parts> {
     check_components(&json).map_err(|(field, reason)| bad(&field, reason))?;
     let model = &json.model;
 
-    // Ids: the vocab plus the added tokens must cover 0..size exactly once per id.
+    // Ids: the vocab plus the added tokens must cover 0..size exactly once per id, so no id
+    // can reach the number of entries. Checked before the id table is allocated: one huge id
+    // must be refused, not allocated for.
+    let entries = model.vocab.len() + json.added_tokens.len();
+    if let Some((s, &id)) = model.vocab.iter().find(|(_, &id)| id as usize >= entries) {
+        return Err(bad(
+            "model.vocab",
+            format!(
+                "{s:?} has id {id}, beyond the {entries} entries of vocab and added_tokens \
+                 (ids must cover 0..size)"
+            ),
+        ));
+    }
+    if let Some((i, t)) = json
+        .added_tokens
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.id as usize >= entries)
+    {
+        return Err(bad(
+            &format!("added_tokens[{i}]"),
+            format!(
+                "id {} is beyond the {entries} entries of vocab and added_tokens \
+                 (ids must cover 0..size)",
+                t.id
+            ),
+        ));
+    }
     let size = model
         .vocab
         .values()
@@ -344,10 +371,8 @@ fn check_pre_tokenizer(v: &Value) -> std::result::Result<(), FieldError> {
     Ok(())
 }
 
-/// Reads a file, naming it in the error.
+/// Reads a tokenizer.json (a regular file of at most [`crate::io::MAX_TOKENIZER_BYTES`]),
+/// naming it in the error.
 pub fn read_file(path: &Path) -> Result<Vec<u8>> {
-    std::fs::read(path).map_err(|source| Error::Io {
-        path: PathBuf::from(path),
-        source,
-    })
+    crate::io::read_file(path, crate::io::MAX_TOKENIZER_BYTES, "tokenizer.json")
 }

@@ -4,20 +4,12 @@
 use ds41_engine::checkpoint::names::{expected_tensors, TensorClass};
 use ds41_engine::config::Config;
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 pub mod container;
 
-/// `DS41_UPSTREAM` or a printed skip.
-pub fn upstream() -> Option<PathBuf> {
-    match std::env::var_os("DS41_UPSTREAM") {
-        Some(p) => Some(PathBuf::from(p)),
-        None => {
-            eprintln!("SKIPPED: DS41_UPSTREAM not set");
-            None
-        }
-    }
-}
+#[allow(unused_imports)] // not every test binary reads upstream data
+pub use ds41_engine::testing::upstream;
 
 /// A deterministic byte stream (64-bit LCG, top byte).
 pub struct Bytes(u64);

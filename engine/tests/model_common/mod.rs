@@ -1,11 +1,11 @@
-//! Shared helpers of the model tests: locating upstream data (`DS41_UPSTREAM`), comparing
+//! Shared helpers of the model tests: comparing
 //! arrays, and opening the official_a checkpoint.
 
 #![allow(dead_code)]
 
 pub mod compare;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ds41_engine::model::Model;
 
@@ -15,16 +15,7 @@ pub fn official_a_model(up: &Path) -> Model {
     Model::open(&up.join("official_a/checkpoint")).unwrap()
 }
 
-/// The upstream data directory, or `None` after printing the skip reason.
-pub fn upstream(test: &str) -> Option<PathBuf> {
-    match std::env::var_os("DS41_UPSTREAM") {
-        Some(p) => Some(PathBuf::from(p)),
-        None => {
-            eprintln!("SKIPPED {test}: DS41_UPSTREAM not set");
-            None
-        }
-    }
-}
+pub use ds41_engine::testing::upstream;
 
 pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());
