@@ -174,6 +174,29 @@ fn check_rel(whole: &str, rel: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// `root/rel` with every symlink resolved, refused unless it exists and still lies inside
+/// `root` (itself resolved): the lexical check of `check_rel` cannot see a link pointing out,
+/// and a case must never read, nor quote in a report, a file outside its data roots.
+pub fn resolve_inside(root: &Path, rel: &str) -> Result<PathBuf, String> {
+    let joined = root.join(rel);
+    let root = root
+        .canonicalize()
+        .map_err(|e| format!("{}: {e}", root.display()))?;
+    let real = joined.canonicalize().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => format!("{} does not exist", joined.display()),
+        _ => format!("{}: {e}", joined.display()),
+    })?;
+    if !real.starts_with(&root) {
+        return Err(format!(
+            "{} resolves to {}, outside {} (a symbolic link out of the root is refused)",
+            joined.display(),
+            real.display(),
+            root.display()
+        ));
+    }
+    Ok(real)
+}
+
 impl std::str::FromStr for DataRef {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
@@ -622,6 +645,8 @@ const COMMON_KEYS: [&str; 6] = [
 ];
 
 const DEFAULT_TIMEOUT_S: f64 = 300.0;
+/// A week: longer than any case should take, and far inside what a `Duration` holds.
+const MAX_TIMEOUT_S: f64 = 7.0 * 24.0 * 3600.0;
 
 fn typed<T: serde::de::DeserializeOwned>(v: serde_yaml::Value, at: &str) -> anyhow::Result<T> {
     serde_path_to_error::deserialize(v).map_err(|e| {
@@ -737,9 +762,12 @@ pub fn load_case_file(path: &Path) -> anyhow::Result<Vec<Case>> {
             bail!("{at}: field `name` must be non-empty [A-Za-z0-9-_.]");
         }
         let timeout_s = c.timeout_s.unwrap_or(DEFAULT_TIMEOUT_S);
-        if !(timeout_s > 0.0 && timeout_s.is_finite()) {
-            bail!("{at}: field `timeout_s` must be a positive number of seconds");
+        if !(timeout_s > 0.0 && timeout_s <= MAX_TIMEOUT_S) {
+            bail!(
+                "{at}: field `timeout_s` must be a number of seconds in (0, {MAX_TIMEOUT_S}], got {timeout_s:?}"
+            );
         }
+        c.tolerance.validate().map_err(|e| anyhow!("{at}: {e}"))?;
         spec.family().validate().map_err(|e| anyhow!("{at}: {e}"))?;
         let profile = c.profile.unwrap_or(spec.family().default_profile());
         out.push(Case {
@@ -830,6 +858,69 @@ mod tests {
             "family: loader\ncases:\n  - name: x\n    model: upstream:../etc\n    expect: accept\n",
         );
         assert!(load_case_file(&p).is_err());
+    }
+
+    #[test]
+    fn timeouts_and_tolerances_are_validated_like_the_gates() {
+        let d = tempfile::tempdir().unwrap();
+        let case = |extra: &str| {
+            format!("family: loader\ncases:\n  - name: x\n    model: synthetic:tiny/release\n    expect: accept\n{extra}")
+        };
+        for (extra, words) in [
+            ("    timeout_s: 1e300\n", "timeout_s"),
+            ("    timeout_s: .inf\n", "timeout_s"),
+            ("    timeout_s: .nan\n", "timeout_s"),
+            ("    timeout_s: 0\n", "timeout_s"),
+            (
+                "    tolerance: {residual_rel_l2: .nan}\n",
+                "tolerance.residual_rel_l2",
+            ),
+            (
+                "    tolerance: {logits_rel_l2: .inf}\n",
+                "tolerance.logits_rel_l2",
+            ),
+            (
+                "    tolerance: {logits_max_abs: -0.5}\n",
+                "tolerance.logits_max_abs",
+            ),
+        ] {
+            let p = write(d.path(), "t.yaml", &case(extra));
+            let e = load_case_file(&p).unwrap_err().to_string();
+            assert!(e.contains("t.yaml") && e.contains(words), "{extra}: {e}");
+        }
+        let p = write(
+            d.path(),
+            "ok.yaml",
+            &case("    timeout_s: 604800\n    tolerance: {residual_rel_l2: 0.5}\n"),
+        );
+        assert_eq!(load_case_file(&p).unwrap()[0].timeout_s, 604800.0);
+    }
+
+    #[test]
+    fn paths_resolve_inside_their_root_or_are_refused() {
+        let d = tempfile::tempdir().unwrap();
+        let root = d.path().join("root");
+        std::fs::create_dir_all(root.join("sub")).unwrap();
+        std::fs::write(root.join("sub/a.json"), "{}").unwrap();
+        std::fs::write(d.path().join("outside.txt"), "secret").unwrap();
+        std::os::unix::fs::symlink("sub/a.json", root.join("inner-link")).unwrap();
+        std::os::unix::fs::symlink("../outside.txt", root.join("outer-link")).unwrap();
+        std::os::unix::fs::symlink("..", root.join("sub/up")).unwrap();
+        let real = |p: &str| root.join(p).canonicalize().unwrap();
+        assert_eq!(
+            resolve_inside(&root, "sub/a.json").unwrap(),
+            real("sub/a.json")
+        );
+        assert_eq!(
+            resolve_inside(&root, "inner-link").unwrap(),
+            real("sub/a.json")
+        );
+        assert_eq!(resolve_inside(&root, "sub/up/sub").unwrap(), real("sub"));
+        let e = resolve_inside(&root, "outer-link").unwrap_err();
+        assert!(e.contains("outside") && !e.contains("secret"), "{e}");
+        assert!(resolve_inside(&root, "sub/up/../outside.txt").is_err());
+        let e = resolve_inside(&root, "missing.json").unwrap_err();
+        assert!(e.contains("does not exist"), "{e}");
     }
 
     #[test]

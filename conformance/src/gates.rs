@@ -136,6 +136,32 @@ pub struct GateOverrides {
     pub argmax: Option<ArgmaxRule>,
 }
 
+/// Every threshold, in a profile or a case's override, is a finite number >= 0: NaN would
+/// make its comparison always false and silently drop the check, infinity would pass anything.
+pub fn check_threshold(field: &str, v: f64) -> Result<(), String> {
+    if !v.is_finite() || v < 0.0 {
+        return Err(format!("field `{field}` must be finite and >= 0, got {v}"));
+    }
+    Ok(())
+}
+
+impl GateOverrides {
+    /// The same rule as the profiles' thresholds ([`check_threshold`]).
+    pub fn validate(&self) -> Result<(), String> {
+        let fields = [
+            ("tolerance.logits_rel_l2", self.logits_rel_l2),
+            ("tolerance.logits_max_abs", self.logits_max_abs),
+            ("tolerance.residual_rel_l2", self.residual_rel_l2),
+        ];
+        for (name, v) in fields {
+            if let Some(v) = v {
+                check_threshold(name, v)?;
+            }
+        }
+        Ok(())
+    }
+}
+
 impl Gates {
     pub fn with_overrides(&self, o: &GateOverrides) -> Gates {
         let mut g = self.clone();
@@ -225,9 +251,7 @@ impl Gates {
             ("state.logits_max_abs", self.state.logits_max_abs),
         ];
         for (name, v) in fields {
-            if !v.is_finite() || v < 0.0 {
-                return Err(format!("field `{name}` must be finite and >= 0, got {v}"));
-            }
+            check_threshold(name, v)?;
         }
         if self.profile == ProfileName::Exact && self.decisions.excuse_fragile_flips {
             return Err(

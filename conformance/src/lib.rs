@@ -5,6 +5,7 @@
 //! * [`gates`] — tolerance profiles read from `gates/`;
 //! * [`outcome`] — the result vocabulary;
 //! * [`engine_api`] — the engine-under-test abstraction and capability list;
+//! * [`engine_process`] — engine subprocesses: process groups, deadlines, bounded reads;
 //! * [`goldens`] — golden provenance, check/bless and the errata register;
 //! * [`trace`], [`compare`] — trace files and the comparison metrics (fragile flips included);
 
@@ -16,6 +17,7 @@ pub mod case;
 pub mod compare;
 pub mod embedded;
 pub mod engine_api;
+pub mod engine_process;
 pub mod families;
 pub mod gates;
 pub mod goldens;

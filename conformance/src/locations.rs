@@ -342,22 +342,7 @@ impl DataRoots<'_> {
 
 /// `root/rel`, canonicalized, which must exist and stay inside the canonical `root`.
 fn contained(root: &Path, rel: &str, what: &dyn std::fmt::Display) -> Result<PathBuf, Outcome> {
-    let canon_root = root
-        .canonicalize()
-        .map_err(|e| Outcome::error(format!("{what}: root {}: {e}", root.display())))?;
-    let joined = root.join(rel);
-    let p = joined.canonicalize().map_err(|e| {
-        Outcome::error(format!("{what}: {} does not exist ({e})", joined.display()))
-    })?;
-    if !p.starts_with(&canon_root) {
-        return Err(Outcome::error(format!(
-            "{what}: {} resolves to {}, outside {}",
-            joined.display(),
-            p.display(),
-            canon_root.display()
-        )));
-    }
-    Ok(p)
+    crate::case::resolve_inside(root, rel).map_err(|e| Outcome::error(format!("{what}: {e}")))
 }
 
 #[cfg(test)]

@@ -1,26 +1,30 @@
-//! YAML command profiles (CONTRACT.md §2c): certify an existing CLI without writing an
+//! YAML command profiles (CONTRACT.md §2c, PROFILES.md): certify an existing CLI without writing an
 //! adapter. A profile names the engine, declares its capabilities, and gives per operation a
 //! command template (argv, no shell), extra environment, and where and in which layout the
 //! outputs land; the driver turns those files into a trace. Placeholders are checked when
 //! the profile is loaded, so a typo is a configuration error, not a failed case.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail};
 use serde::Deserialize;
 
 use crate::engine_api::*;
-use crate::trace::{read_raw_f32, read_raw_f32_rows, TraceFile, TraceTensor};
+use crate::engine_process::{describe_status, utf8_problem, EngineProcess, RunError};
+use crate::trace::{read_raw_f32, read_raw_f32_rows, regular_file_len, TraceFile, TraceTensor};
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Profile {
     pub engine: EngineIdentity,
     pub capabilities: Vec<String>,
+    /// Exit codes by which the engine refuses its input (a broken checkpoint, a state from
+    /// another model): a typed refusal. Any other non-zero exit is a crash (PROFILES.md).
+    #[serde(default)]
+    pub refusal_exit_codes: Vec<i32>,
     /// Named values usable as `{var.NAME}`; `{env.NAME}` reads the harness environment.
     #[serde(default)]
     pub vars: BTreeMap<String, String>,
@@ -93,7 +97,7 @@ pub enum IdsOutput {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct TokenizeOp {
-    /// Run once per text (`{text}`); otherwise once with `{texts_file}` (JSON lines in).
+    /// Run once per text (`{text}`); the first line of stdout holds its ids.
     pub command: Vec<String>,
     #[serde(default)]
     pub env: BTreeMap<String, String>,
@@ -160,6 +164,8 @@ impl Profile {
         need(Capability::Parse, self.parse.is_some(), "parse")?;
         // Command profiles have no Engram hashing section: their engram cases are NotSupported.
         need(Capability::EngramHash, false, "engram_hash")?;
+        // Nor a replay input: a replay request would be run as a plain forward.
+        need(Capability::Replay, false, "replay")?;
         let check =
             |section: &str, templates: Vec<&String>, extra: &[&str]| -> Result<(), String> {
                 for t in templates {
@@ -247,7 +253,50 @@ impl Profile {
         if self.command_count() == 0 {
             return Err("the profile defines no operation".into());
         }
+        if let Some(c) = self
+            .refusal_exit_codes
+            .iter()
+            .find(|&&c| !(1..=255).contains(&c))
+        {
+            return Err(format!(
+                "field `refusal_exit_codes`: {c} is not an exit code a refusal can have (1..=255)"
+            ));
+        }
         Ok(())
+    }
+
+    /// Every template of the profile (commands, environment values, output files).
+    fn templates(&self) -> Vec<&String> {
+        let mut all: Vec<&String> = self.env.values().collect();
+        for o in [&self.load, &self.render, &self.parse]
+            .into_iter()
+            .flatten()
+        {
+            all.extend(o.command.iter().chain(o.env.values()));
+        }
+        if let Some(t) = &self.tokenize {
+            all.extend(t.command.iter().chain(t.env.values()));
+        }
+        if let Some(f) = &self.forward {
+            all.extend(f.command.iter().chain(f.env.values()));
+            all.extend(f.outputs.values().map(|o| &o.file));
+        }
+        all
+    }
+
+    /// The `{env.NAME}` placeholders whose variable is not set in this environment: a run
+    /// with such a profile could only fail every case, so it is a configuration error.
+    fn unset_environment(&self) -> Vec<String> {
+        let mut unset: Vec<String> = self
+            .templates()
+            .into_iter()
+            .flat_map(|t| placeholders(t))
+            .filter_map(|p| p.strip_prefix("env.").map(str::to_string))
+            .filter(|v| std::env::var_os(v).is_none())
+            .collect();
+        unset.sort();
+        unset.dedup();
+        unset
     }
 
     fn command_count(&self) -> usize {
@@ -311,8 +360,17 @@ pub struct ProfileEngine {
 }
 
 impl ProfileEngine {
+    /// Load the profile for a run; every environment variable it reads must be set.
     pub fn new(path: &Path) -> anyhow::Result<ProfileEngine> {
         let profile = Profile::load(path)?;
+        let unset = profile.unset_environment();
+        if !unset.is_empty() {
+            bail!(
+                "{}: the profile reads environment variable(s) {} (`{{env.NAME}}`), which are not set",
+                path.display(),
+                unset.join(", ")
+            );
+        }
         let (caps, _) = declared_capabilities(profile.capabilities.iter().map(String::as_str));
         let scratch = tempfile::tempdir()?;
         Ok(ProfileEngine {
@@ -332,8 +390,10 @@ impl ProfileEngine {
         Ok(d)
     }
 
-    /// Run one command; Ok(stdout) on exit 0; a non-zero exit is a refusal (with stderr),
-    /// death by signal a crash, overrunning the timeout a kill + Timeout.
+    /// Run one command in its own process group under `timeout` (see `engine_process`).
+    /// Exit 0 gives its stdout, which must be UTF-8; an exit code the profile declares in
+    /// `refusal_exit_codes` is a refusal; any other exit, a signal or overrunning the
+    /// timeout (the group is killed) is a failure named as such, with the stderr tail.
     fn exec(
         &self,
         argv: &[String],
@@ -344,62 +404,59 @@ impl ProfileEngine {
             .split_first()
             .ok_or_else(|| EngineError::Failed("empty command".into()))?;
         let mut cmd = Command::new(prog);
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let mut child = cmd
-            .spawn()
+        cmd.args(args).envs(env);
+        let deadline = Instant::now() + timeout;
+        let mut p = EngineProcess::spawn(&mut cmd, false)
             .map_err(|e| EngineError::Crashed(format!("cannot run `{prog}`: {e}")))?;
-        let mut so = child.stdout.take().expect("piped");
-        let mut se = child.stderr.take().expect("piped");
-        let t_out = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = so.read_to_string(&mut s);
-            s
-        });
-        let t_err = std::thread::spawn(move || {
-            let mut s = String::new();
-            let _ = se.read_to_string(&mut s);
-            s
-        });
-        let start = Instant::now();
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(s)) => break s,
-                Ok(None) if start.elapsed() > timeout => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(EngineError::Timeout(timeout));
-                }
-                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
-                Err(e) => return Err(EngineError::Crashed(e.to_string())),
+        let run = p.run_to_completion(deadline);
+        let shown = argv.join(" ");
+        let tail = p.stderr_tail();
+        let done = match run {
+            Ok(done) => done,
+            Err(RunError::Timeout) => return Err(EngineError::Timeout(timeout)),
+            Err(RunError::StdoutOverBudget(n)) => {
+                return Err(EngineError::Garbage(format!(
+                    "`{shown}` wrote more than {} MiB on stdout (killed){tail}",
+                    n >> 20
+                )))
+            }
+            Err(RunError::LeftoverHoldsStdout(how)) => {
+                return Err(EngineError::Failed(format!(
+                    "`{shown}` {how} but left a process holding its stdout open (its process \
+                     group was killed){tail}"
+                )))
+            }
+            Err(RunError::Io(e)) => {
+                return Err(EngineError::Crashed(format!(
+                    "`{shown}`: reading its stdout: {e}{tail}"
+                )))
             }
         };
-        let stdout = t_out.join().unwrap_or_default();
-        let stderr = t_err.join().unwrap_or_default();
-        let tail: String = stderr
-            .lines()
-            .rev()
-            .take(20)
-            .collect::<Vec<_>>()
-            .into_iter()
-            .rev()
-            .collect::<Vec<_>>()
-            .join("\n");
-        match status.code() {
-            Some(0) => Ok(stdout),
-            Some(c) => Err(EngineError::Refused(format!(
-                "`{}` exited with status {c}: {tail}",
-                argv.join(" ")
+        match done.status.code() {
+            Some(0) => String::from_utf8(done.stdout).map_err(|e| {
+                let problem = utf8_problem(e.as_bytes()).unwrap_or_default();
+                EngineError::Garbage(format!(
+                    "`{shown}` exited with status 0 but its stdout is {problem}"
+                ))
+            }),
+            Some(c) if self.profile.refusal_exit_codes.contains(&c) => Err(EngineError::Refused(
+                format!("`{shown}` exited with status {c} (a declared refusal){tail}"),
+            )),
+            Some(c) => Err(EngineError::Crashed(format!(
+                "`{shown}` exited with status {c}, not a declared refusal exit code ({}){tail}",
+                self.declared_refusals()
             ))),
             None => Err(EngineError::Crashed(format!(
-                "`{}` was killed by a signal ({status}): {tail}",
-                argv.join(" ")
+                "`{shown}` {}{tail}",
+                describe_status(done.status)
             ))),
+        }
+    }
+
+    fn declared_refusals(&self) -> String {
+        match self.profile.refusal_exit_codes.as_slice() {
+            [] => "the profile declares none".into(),
+            codes => format!("declared: {codes:?}"),
         }
     }
 
@@ -587,6 +644,7 @@ impl Engine for ProfileEngine {
             let garbage = |e: anyhow::Error| EngineError::Garbage(format!("{e:#}"));
             match o.layout {
                 Layout::Trace => {
+                    regular_file_len(&file).map_err(garbage)?;
                     let t = TraceFile::read(&file).map_err(|e| garbage(e.into()))?;
                     trace.tensors.extend(t.tensors);
                     trace.metadata.extend(t.metadata);
@@ -645,6 +703,15 @@ impl Engine for ProfileEngine {
 /// WASTE_DUMP_ROUTE lines `pos layer id*K w*K lookahead*K` -> experts [tokens, layers, K]
 /// (a missing (pos, layer) is -1, i.e. "no decision").
 fn parse_waste_route(path: &Path, tokens: usize, layers: usize) -> anyhow::Result<TraceTensor> {
+    // A line per (token, layer) of at most a few hundred bytes.
+    let cap = (tokens * layers) as u64 * 4096 + 4096;
+    let len = regular_file_len(path)?;
+    if len > cap {
+        bail!(
+            "{}: {len} bytes, more than a route dump of {tokens} tokens can take",
+            path.display()
+        );
+    }
     let text = std::fs::read_to_string(path).map_err(|e| anyhow!("{}: {e}", path.display()))?;
     let mut rows: Vec<(usize, usize, Vec<i64>)> = Vec::new();
     for (i, line) in text
@@ -653,7 +720,7 @@ fn parse_waste_route(path: &Path, tokens: usize, layers: usize) -> anyhow::Resul
         .filter(|(_, l)| !l.trim().is_empty())
     {
         let f: Vec<&str> = line.split_whitespace().collect();
-        if f.len() < 5 || (f.len() - 2) % 3 != 0 {
+        if f.len() < 5 || !(f.len() - 2).is_multiple_of(3) {
             bail!(
                 "{} line {}: expected `pos layer id*K w*K lookahead*K`",
                 path.display(),
@@ -729,7 +796,7 @@ mod tests {
         let p = d.path().join("p.yaml");
         std::fs::write(
             &p,
-            "engine: {name: x, version: '1'}\ncapabilities: [load]\nload:\n  command: [sh, -c, 'case {model} in *good*) exit 0;; *slow*) sleep 5;; *) echo \"bad magic in {model}\" >&2; exit 3;; esac']\n",
+            "engine: {name: x, version: '1'}\ncapabilities: [load]\nrefusal_exit_codes: [3]\nload:\n  command: [sh, -c, 'case {model} in *good*) exit 0;; *slow*) sleep 5;; *) echo \"bad magic in {model}\" >&2; exit 3;; esac']\n",
         )
         .unwrap();
         let mut e = ProfileEngine::new(&p).unwrap();

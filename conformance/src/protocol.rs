@@ -7,20 +7,20 @@
 //! `{"id": N, "ok": false, "error": {"kind": "refused"|"unsupported"|"failed", "message": ...}}`.
 //! The first request is `hello`; the answer declares the engine and its capabilities.
 
-use std::collections::{BTreeSet, VecDeque};
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, Command, Stdio};
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::collections::BTreeSet;
+use std::io::{BufRead, Write};
+use std::process::Command;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
 use crate::engine_api::*;
+use crate::engine_process::{
+    describe_status, utf8_problem, EngineProcess, ReadError, MAX_REPLY_BYTES,
+};
 
 pub const PROTOCOL_VERSION: &str = "ds41-engine/1";
 const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
-const STDERR_TAIL_LINES: usize = 40;
 
 /// A request as it travels (the `id` is added by the envelope).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -94,19 +94,17 @@ pub struct Hello {
 // ------------------------------------------------------------------------- harness side
 
 struct Running {
-    child: Child,
-    stdin: ChildStdin,
-    lines: Receiver<Option<String>>,
+    process: EngineProcess,
     hello: Hello,
 }
 
-/// An engine behind the protocol, run as `sh -c COMMAND`. Restarted after a crash, a
-/// timeout or garbage, so one bad case never takes the rest of the run with it.
+/// An engine behind the protocol, run as `sh -c COMMAND` in its own process group (see
+/// `engine_process`). Restarted after a crash, a timeout or garbage, so one bad case never
+/// takes the rest of the run with it.
 pub struct AdapterEngine {
     command: String,
     running: Option<Running>,
     next_id: u64,
-    stderr: Arc<Mutex<VecDeque<String>>>,
     identity: EngineIdentity,
     capabilities: BTreeSet<Capability>,
     /// Capabilities the engine named that this harness does not know (reported, ignored).
@@ -121,7 +119,6 @@ impl AdapterEngine {
             command: command.to_string(),
             running: None,
             next_id: 1,
-            stderr: Arc::new(Mutex::new(VecDeque::new())),
             identity: EngineIdentity {
                 name: String::new(),
                 version: String::new(),
@@ -131,73 +128,19 @@ impl AdapterEngine {
             capabilities: BTreeSet::new(),
             unknown_capabilities: Vec::new(),
         };
-        e.ensure_running()
+        e.ensure_running(Instant::now() + HELLO_TIMEOUT, HELLO_TIMEOUT)
             .map_err(|err| anyhow::anyhow!("engine `{command}`: {err}"))?;
         Ok(e)
     }
 
-    fn stderr_tail(&self) -> String {
-        let lines = self
-            .stderr
-            .lock()
-            .map(|q| q.iter().cloned().collect::<Vec<_>>())
-            .unwrap_or_default();
-        if lines.is_empty() {
-            String::new()
-        } else {
-            format!(
-                "\n--- engine stderr (last {} lines) ---\n{}",
-                lines.len(),
-                lines.join("\n")
-            )
-        }
-    }
-
-    fn spawn(&mut self) -> Result<Running, EngineError> {
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(&self.command)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| EngineError::Crashed(format!("cannot start `{}`: {e}", self.command)))?;
-        let stdout = child.stdout.take().expect("piped");
-        let stderr = child.stderr.take().expect("piped");
-        let stdin = child.stdin.take().expect("piped");
-        let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            let mut r = BufReader::new(stdout);
-            loop {
-                let mut line = String::new();
-                match r.read_line(&mut line) {
-                    Ok(0) | Err(_) => {
-                        let _ = tx.send(None);
-                        break;
-                    }
-                    Ok(_) => {
-                        if tx.send(Some(line)).is_err() {
-                            break;
-                        }
-                    }
-                }
-            }
-        });
-        let tail = Arc::clone(&self.stderr);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if let Ok(mut q) = tail.lock() {
-                    if q.len() == STDERR_TAIL_LINES {
-                        q.pop_front();
-                    }
-                    q.push_back(line);
-                }
-            }
-        });
+    /// Start the engine and say hello, before `deadline` (`timeout` names it in a report).
+    fn spawn(&mut self, deadline: Instant, timeout: Duration) -> Result<Running, EngineError> {
+        let process = EngineProcess::spawn(Command::new("sh").arg("-c").arg(&self.command), true)
+            .map_err(|e| {
+            EngineError::Crashed(format!("cannot start `{}`: {e}", self.command))
+        })?;
         let mut running = Running {
-            child,
-            stdin,
-            lines: rx,
+            process,
             hello: Hello {
                 protocol: String::new(),
                 engine: self.identity.clone(),
@@ -206,16 +149,26 @@ impl AdapterEngine {
         };
         let id = self.next_id;
         self.next_id += 1;
-        let v = exchange(
-            &mut running,
+        let hello = exchange(
+            &mut running.process,
             id,
             &Request::Hello {
                 protocol: PROTOCOL_VERSION.into(),
             },
-            HELLO_TIMEOUT,
-        )?;
-        let hello: Hello =
-            serde_json::from_value(v).map_err(|e| EngineError::Garbage(format!("hello: {e}")))?;
+            deadline,
+            timeout,
+        )
+        .and_then(|v| {
+            serde_json::from_value::<Hello>(v)
+                .map_err(|e| EngineError::Garbage(format!("hello: {e}")))
+        });
+        let hello = match hello {
+            Ok(h) => h,
+            Err(e) => {
+                running.process.kill();
+                return Err(explain(e, &mut running.process));
+            }
+        };
         if hello.protocol != PROTOCOL_VERSION {
             return Err(EngineError::Failed(format!(
                 "engine speaks protocol `{}`, the harness `{PROTOCOL_VERSION}`",
@@ -226,9 +179,9 @@ impl AdapterEngine {
         Ok(running)
     }
 
-    fn ensure_running(&mut self) -> Result<(), EngineError> {
+    fn ensure_running(&mut self, deadline: Instant, timeout: Duration) -> Result<(), EngineError> {
         if self.running.is_none() {
-            let r = self.spawn().map_err(|e| self.with_stderr(e))?;
+            let r = self.spawn(deadline, timeout)?;
             self.identity = EngineIdentity {
                 driver: format!("adapter: {}", self.command),
                 ..r.hello.engine.clone()
@@ -240,30 +193,15 @@ impl AdapterEngine {
         Ok(())
     }
 
-    fn with_stderr(&self, e: EngineError) -> EngineError {
-        let tail = self.stderr_tail();
-        match e {
-            EngineError::Crashed(m) => EngineError::Crashed(m + &tail),
-            EngineError::Garbage(m) => EngineError::Garbage(m + &tail),
-            EngineError::Timeout(d) => EngineError::Timeout(d),
-            other => other,
-        }
-    }
-
-    /// Kill the engine process (ours, by its own handle) so the next call starts afresh.
-    fn discard(&mut self) {
-        if let Some(mut r) = self.running.take() {
-            let _ = r.child.kill();
-            let _ = r.child.wait();
-        }
-    }
-
+    /// One request under the case's `timeout`, which covers restarting the engine (and its
+    /// hello) when the previous one was discarded.
     fn call(&mut self, req: Request, timeout: Duration) -> EngineResult<serde_json::Value> {
-        self.ensure_running()?;
+        let deadline = Instant::now() + timeout;
+        self.ensure_running(deadline.min(Instant::now() + HELLO_TIMEOUT), timeout)?;
         let id = self.next_id;
         self.next_id += 1;
         let r = self.running.as_mut().expect("running");
-        match exchange(r, id, &req, timeout) {
+        match exchange(&mut r.process, id, &req, deadline, timeout) {
             Ok(v) => Ok(v),
             Err(
                 e @ (EngineError::Refused(_)
@@ -271,21 +209,29 @@ impl AdapterEngine {
                 | EngineError::Failed(_)),
             ) => Err(e),
             Err(e) => {
-                // Crash, hang or garbage: the process is in an unknown state; replace it.
-                let e = if let EngineError::Crashed(m) = e {
-                    let status = self.running.as_mut().and_then(|r| r.child.wait().ok());
-                    EngineError::Crashed(format!(
-                        "{m}{}",
-                        status.map(|s| format!(" ({s})")).unwrap_or_default()
-                    ))
-                } else {
-                    e
-                };
-                self.discard();
-                std::thread::sleep(Duration::from_millis(20));
-                Err(self.with_stderr(e))
+                // Crash, hang or garbage: the process is in an unknown state; end its whole
+                // group, and start afresh for the next request.
+                let mut r = self.running.take().expect("running");
+                r.process.kill();
+                Err(explain(e, &mut r.process))
             }
         }
+    }
+}
+
+/// Add what the ended process left: its exit status to a crash, its stderr tail to a crash
+/// or garbage.
+fn explain(e: EngineError, p: &mut EngineProcess) -> EngineError {
+    let tail = p.stderr_tail();
+    match e {
+        EngineError::Crashed(m) => {
+            let status = p
+                .try_status()
+                .map(|s| format!(" (it {})", describe_status(s)));
+            EngineError::Crashed(m + &status.unwrap_or_default() + &tail)
+        }
+        EngineError::Garbage(m) => EngineError::Garbage(m + &tail),
+        other => other,
     }
 }
 
@@ -298,84 +244,83 @@ impl Drop for AdapterEngine {
                 request: Request::Shutdown,
             })
             .unwrap_or_default();
-            let _ = writeln!(r.stdin, "{line}");
-            drop(r.stdin);
-            // Give it a moment to exit by itself, then make sure it is gone.
-            for _ in 0..50 {
-                if matches!(r.child.try_wait(), Ok(Some(_))) {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(10));
-            }
-            let _ = r.child.kill();
-            let _ = r.child.wait();
+            r.process.send(format!("{line}\n").into_bytes());
+            r.process.close_stdin();
+            // A moment to exit by itself; then its group ends whatever it is doing.
+            r.process
+                .wait_until(Instant::now() + Duration::from_millis(500));
+            r.process.kill();
         }
     }
 }
 
-/// Send one request and wait for the reply with the same id.
+/// Send one request and wait, until `deadline`, for the reply with the same id (`timeout`
+/// names the deadline in a report). Everything the engine writes meanwhile counts against
+/// [`MAX_REPLY_BYTES`].
 fn exchange(
-    r: &mut Running,
+    p: &mut EngineProcess,
     id: u64,
     req: &Request,
+    deadline: Instant,
     timeout: Duration,
 ) -> EngineResult<serde_json::Value> {
-    let line = serde_json::to_string(&Envelope {
+    let mut line = serde_json::to_vec(&Envelope {
         id,
         request: req.clone(),
     })
     .map_err(|e| EngineError::Failed(e.to_string()))?;
-    if writeln!(r.stdin, "{line}")
-        .and_then(|_| r.stdin.flush())
-        .is_err()
-    {
-        return Err(EngineError::Crashed("the engine closed its stdin".into()));
-    }
-    let deadline = std::time::Instant::now() + timeout;
-    loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let line = match r.lines.recv_timeout(left) {
-            Ok(Some(l)) => l,
-            Ok(None) | Err(RecvTimeoutError::Disconnected) => {
-                return Err(EngineError::Crashed(
-                    "the engine exited (stdout closed) before answering".into(),
-                ))
-            }
-            Err(RecvTimeoutError::Timeout) => return Err(EngineError::Timeout(timeout)),
-        };
-        if line.trim().is_empty() {
-            continue;
+    line.push(b'\n');
+    p.send(line);
+    let line = match p.read_line(deadline, MAX_REPLY_BYTES) {
+        Ok(l) => l,
+        Err(ReadError::Timeout) => return Err(EngineError::Timeout(timeout)),
+        Err(ReadError::Closed) => {
+            return Err(EngineError::Crashed(
+                "the engine ended (or closed its stdout) before answering".into(),
+            ))
         }
-        let reply: Reply = serde_json::from_str(line.trim()).map_err(|e| {
-            let shown: String = line.trim().chars().take(200).collect();
-            EngineError::Garbage(format!("not a protocol reply ({e}): {shown:?}"))
-        })?;
-        if reply.id != id {
+        Err(ReadError::Io(e)) => {
+            return Err(EngineError::Crashed(format!("reading its stdout: {e}")))
+        }
+        Err(ReadError::OverBudget) => {
             return Err(EngineError::Garbage(format!(
-                "reply for id {} while waiting for id {id}",
-                reply.id
-            )));
+                "more than {} MiB on stdout without a complete reply line",
+                MAX_REPLY_BYTES >> 20
+            )))
         }
-        if reply.ok {
-            return Ok(reply.result.unwrap_or(serde_json::Value::Null));
-        }
-        let err = reply.error.unwrap_or(ReplyError {
-            kind: "failed".into(),
-            message: "no error object".into(),
-            capability: None,
-        });
-        return Err(match err.kind.as_str() {
-            "refused" => EngineError::Refused(err.message),
-            "unsupported" => match err.unsupported() {
-                Some((c, why)) => EngineError::Unsupported(c, why),
-                None => EngineError::Failed(format!(
-                    "`unsupported` names no known capability (field `capability` {:?}, message {:?})",
-                    err.capability, err.message
-                )),
-            },
-            _ => EngineError::Failed(err.message),
-        });
+    };
+    let reply: Reply = serde_json::from_slice(&line).map_err(|e| {
+        let shown: String = String::from_utf8_lossy(&line).chars().take(200).collect();
+        let utf8 = utf8_problem(&line)
+            .map(|m| format!("; {m}"))
+            .unwrap_or_default();
+        EngineError::Garbage(format!("not a protocol reply ({e}{utf8}): {shown:?}"))
+    })?;
+    if reply.id != id {
+        return Err(EngineError::Garbage(format!(
+            "reply for id {} while waiting for id {id}",
+            reply.id
+        )));
     }
+    if reply.ok {
+        return Ok(reply.result.unwrap_or(serde_json::Value::Null));
+    }
+    let err = reply.error.unwrap_or(ReplyError {
+        kind: "failed".into(),
+        message: "no error object".into(),
+        capability: None,
+    });
+    Err(match err.kind.as_str() {
+        "refused" => EngineError::Refused(err.message),
+        "unsupported" => match err.unsupported() {
+            Some((c, why)) => EngineError::Unsupported(c, why),
+            None => EngineError::Failed(format!(
+                "`unsupported` names no known capability (field `capability` {:?}, message {:?})",
+                err.capability, err.message
+            )),
+        },
+        _ => EngineError::Failed(err.message),
+    })
 }
 
 fn field<T: serde::de::DeserializeOwned>(v: serde_json::Value, name: &str) -> EngineResult<T> {
@@ -419,6 +364,8 @@ impl Engine for AdapterEngine {
                 req.out.display()
             )));
         }
+        crate::trace::regular_file_len(&req.out)
+            .map_err(|e| EngineError::Garbage(format!("forward trace: {e:#}")))?;
         Ok(())
     }
     fn engram_hash(
@@ -434,22 +381,43 @@ impl Engine for AdapterEngine {
 // ------------------------------------------------------------------------- engine side
 
 /// Serve `engine` over the protocol on `input`/`output` until `shutdown` or end of input.
-/// Malformed requests get an error reply (id 0 when none could be read) and the loop goes on.
+/// Malformed requests (not UTF-8, not JSON, not a request) get an error reply (id 0 when
+/// none could be read) and the loop goes on.
 pub fn serve(
     engine: &mut dyn Engine,
-    input: impl BufRead,
+    mut input: impl BufRead,
     mut output: impl Write,
 ) -> anyhow::Result<()> {
     let no_timeout = Duration::from_secs(24 * 3600);
-    for line in input.lines() {
-        let line = line?;
+    let mut raw = Vec::new();
+    loop {
+        raw.clear();
+        if input.read_until(b'\n', &mut raw)? == 0 {
+            break;
+        }
+        let line = match std::str::from_utf8(&raw) {
+            Ok(l) => l,
+            Err(_) => {
+                let problem = utf8_problem(&raw).unwrap_or_default();
+                write_reply(
+                    &mut output,
+                    0,
+                    Err(ReplyError {
+                        kind: "failed".into(),
+                        message: format!("malformed request: the line is {problem}"),
+                        capability: None,
+                    }),
+                )?;
+                continue;
+            }
+        };
         if line.trim().is_empty() {
             continue;
         }
-        let env: Envelope = match serde_json::from_str(&line) {
+        let env: Envelope = match serde_json::from_str(line) {
             Ok(e) => e,
             Err(e) => {
-                let id = serde_json::from_str::<serde_json::Value>(&line)
+                let id = serde_json::from_str::<serde_json::Value>(line)
                     .ok()
                     .and_then(|v| v["id"].as_u64())
                     .unwrap_or(0);
@@ -550,4 +518,34 @@ fn write_reply(
     writeln!(out, "{}", serde_json::to_string(&reply)?)?;
     out.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A request line that is not UTF-8 gets an error reply, and the requests after it are
+    /// still answered (as for malformed JSON).
+    #[test]
+    fn serve_answers_a_non_utf8_line_and_goes_on() {
+        let mut engine = crate::reference::ReferenceEngine::new();
+        let mut input = b"\xff\xfe{\"id\": 1}\n".to_vec();
+        input.extend_from_slice(
+            b"{\"id\": 2, \"op\": \"hello\", \"protocol\": \"ds41-engine/1\"}\n",
+        );
+        let mut out = Vec::new();
+        serve(&mut engine, &input[..], &mut out).unwrap();
+        let replies: Vec<Reply> = out
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(replies.len(), 2, "{}", String::from_utf8_lossy(&out));
+        let err = replies[0].error.as_ref().unwrap();
+        assert!(
+            !replies[0].ok && err.message.contains("not UTF-8"),
+            "{err:?}"
+        );
+        assert!(replies[1].ok && replies[1].id == 2);
+    }
 }

@@ -9,17 +9,35 @@ use anyhow::{bail, Context};
 
 pub use ds41_engine::trace::{TraceData, TraceFile, TraceTensor};
 
-/// Read a raw little-endian f32 file of exactly `n` values.
+/// The length of a file an engine wrote (or a dump it was given), which must be a regular
+/// file: a FIFO would block the harness, a device such as `/dev/zero` never end.
+pub fn regular_file_len(path: &Path) -> anyhow::Result<u64> {
+    let m = std::fs::metadata(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    if !m.is_file() {
+        bail!(
+            "{}: not a regular file ({:?})",
+            path.display(),
+            m.file_type()
+        );
+    }
+    Ok(m.len())
+}
+
+/// Read a raw little-endian f32 file of exactly `n` values (its size is checked first).
 pub fn read_raw_f32(path: &Path, n: usize) -> anyhow::Result<Vec<f32>> {
-    let b = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
-    if b.len() != n * 4 {
+    let len = regular_file_len(path)?;
+    if len != n as u64 * 4 {
         bail!(
             "{}: {} bytes, expected {} ({} little-endian f32)",
             path.display(),
-            b.len(),
+            len,
             n * 4,
             n
         );
+    }
+    let b = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
+    if b.len() != n * 4 {
+        bail!("{}: changed while it was read", path.display());
     }
     Ok(b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
@@ -28,6 +46,7 @@ pub fn read_raw_f32(path: &Path, n: usize) -> anyhow::Result<Vec<f32>> {
 
 /// Read a raw little-endian f32 file whose length must be a multiple of `row`; returns rows.
 pub fn read_raw_f32_rows(path: &Path, row: usize) -> anyhow::Result<(usize, Vec<f32>)> {
+    regular_file_len(path)?;
     let b = std::fs::read(path).with_context(|| format!("{}: cannot read", path.display()))?;
     if row == 0 || b.len() % (row * 4) != 0 || b.is_empty() {
         bail!(

@@ -229,6 +229,7 @@ fn main() {
         run_profile: ProfileName::Exact,
         canonical_ties: false,
         upstream: std::env::var_os("DS41_UPSTREAM").map(PathBuf::from),
+        release: None,
         work_dir: work.path().to_path_buf(),
         models: ModelStore::new(work.path().join("models")),
         reference: Mutex::new(Box::new(ReferenceEngine::new())),

@@ -71,6 +71,7 @@ fn context(work: &std::path::Path) -> Context {
         run_profile: ProfileName::Exact,
         canonical_ties: false,
         upstream: None,
+        release: None,
         work_dir: work.to_path_buf(),
         models: ModelStore::new(work.join("models")),
         reference: Mutex::new(Box::new(ReferenceEngine::new())),

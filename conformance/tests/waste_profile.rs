@@ -26,6 +26,8 @@ d="$FAKE_DATA/$n"
 [ -d "$d" ] || { echo "fake: no data for n=$n in $d" >&2; printf '\000\000\200\077' > "$out"; exit 0; }   # load probe: one float
 cp "$d/logits.f32" "$out"
 [ -n "$WASTE_DUMP_HIDDEN" ] && cp "$d/hidden.f32" "$WASTE_DUMP_HIDDEN"
+# a build dumping every token's streams (the per-token, per-layer hidden dump)
+[ "$FAKE_MODE" = per-token ] && cp "$d/hidden_all.f32" "$WASTE_DUMP_HIDDEN"
 [ -n "$WASTE_DUMP_ROUTE" ] && cp "$d/route.txt" "$WASTE_DUMP_ROUTE"
 # a broken build: the logits file holds its progress text instead of floats
 [ "$FAKE_MODE" = garbage ] && echo 'Loading model... 100%' > "$out"
@@ -74,6 +76,11 @@ fn fake_waste(root: &Path) -> PathBuf {
         std::fs::write(
             d.join("hidden.f32"),
             f32_bytes(&trace.residual[t * l * cell..(t + 1) * l * cell]),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("hidden_all.f32"),
+            f32_bytes(&trace.residual[..n * l * cell]),
         )
         .unwrap();
         let mut route = String::new();
@@ -129,11 +136,24 @@ fn cases(root: &Path) -> PathBuf {
     dir
 }
 
+fn repository_profile() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/waste-test-forward.yaml")
+}
+
 fn certify(bin: &Path, data: &Path, cases: &Path, mode: &str) -> (i32, String) {
-    let profile = Path::new(env!("CARGO_MANIFEST_DIR")).join("profiles/waste-test-forward.yaml");
+    certify_with(&repository_profile(), bin, data, cases, mode)
+}
+
+fn certify_with(
+    profile: &Path,
+    bin: &Path,
+    data: &Path,
+    cases: &Path,
+    mode: &str,
+) -> (i32, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ds41"))
         .args(["certify", "--verbose", "--engine"])
-        .arg(&profile)
+        .arg(profile)
         .arg("--cases")
         .arg(cases)
         .env("WASTE_BIN", bin)
@@ -184,4 +204,53 @@ fn waste_profile_certifies_a_fake_test_forward_and_fails_bad_ones() {
     assert!(out.contains("timed out after 5.0s"), "{out}");
     // the run went on to the next case after the hang
     assert!(out.contains("[2/2]"), "{out}");
+}
+
+/// WASTE's `test_forward` with a per-token hidden dump prints the last token's logits next
+/// to every token's streams: the logits row it gives is compared at its position, the
+/// streams token by token, in one run.
+#[test]
+fn last_token_logits_next_to_a_per_token_dump_are_matched_by_position() {
+    let tmp = tempfile::tempdir().unwrap();
+    let tmp = tmp.path();
+    let bin = fake_waste(tmp);
+    let (data, cases) = (tmp.join("data"), cases(tmp));
+    let text = std::fs::read_to_string(repository_profile())
+        .unwrap()
+        .replace("layout: last_token_layers_f32", "layout: tokens_layers_f32");
+    let profile = tmp.join("per-token.yaml");
+    std::fs::write(&profile, text).unwrap();
+    let (code, out) = certify_with(&profile, &bin, &data, &cases, "per-token");
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("PASS          residual::waste_profile::waste-tiny-last-token"),
+        "{out}"
+    );
+    assert!(
+        !out.contains("prefix lengths"),
+        "one run, not one per prefix: {out}"
+    );
+}
+
+/// A profile reading `{env.WASTE_BIN}` without WASTE_BIN set is a configuration error
+/// before any case runs, not a failure of every case.
+#[test]
+fn an_unset_waste_bin_is_a_configuration_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let cases = cases(tmp.path());
+    let out = Command::new(env!("CARGO_BIN_EXE_ds41"))
+        .args(["certify", "--engine"])
+        .arg(repository_profile())
+        .arg("--cases")
+        .arg(&cases)
+        .env_remove("WASTE_BIN")
+        .env_remove("DS41_UPSTREAM")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("WASTE_BIN") && err.contains("not set"),
+        "{err}"
+    );
 }

@@ -26,13 +26,28 @@ pub fn compare_logits(
     };
     let (gpos, epos) = (positions(golden), positions(engine));
     let steps = gl.shape[0];
-    // Engine row for each golden row.
-    let rows: Option<Vec<usize>> = if let (Some(ep), Some(gp)) = (&epos, &gpos) {
-        gp.iter().map(|p| ep.iter().position(|x| x == p)).collect()
+    // (golden row, engine row) pairs. With positions on both sides, every row the engine
+    // gives is matched to the golden row of the same position (an engine may print the last
+    // token's logits only next to a per-token dump); at least one must match.
+    let rows: Option<Vec<(usize, usize)>> = if let (Some(ep), Some(gp)) = (&epos, &gpos) {
+        let pairs: Vec<(usize, usize)> = gp
+            .iter()
+            .enumerate()
+            .filter_map(|(i, p)| {
+                let row = ep.iter().position(|x| x == p)?;
+                el.shape
+                    .first()
+                    .is_some_and(|&n| row < n)
+                    .then_some((i, row))
+            })
+            .collect();
+        Some(pairs).filter(|p| !p.is_empty())
     } else if el.shape.first() == Some(&steps) {
-        Some((0..steps).collect())
+        Some((0..steps).map(|i| (i, i)).collect())
     } else {
-        gpos.clone().filter(|_| el.shape.first() == Some(&tokens))
+        gpos.as_ref()
+            .filter(|_| el.shape.first() == Some(&tokens))
+            .map(|gp| gp.iter().copied().enumerate().collect())
     };
     let vocab = gl.row_len();
     let Some(rows) = rows.filter(|_| el.shape.len() == 2 && el.row_len() == vocab) else {
@@ -51,7 +66,7 @@ pub fn compare_logits(
     let (gv, ev) = (gl.as_f64(), el.as_f64());
     let (mut ncmp, mut worst_rl, mut worst_ma, mut am_eq) = (0, 0.0f64, 0.0f64, 0);
     let mut first_bad: Option<String> = None;
-    for (i, &row) in rows.iter().enumerate() {
+    for &(i, row) in &rows {
         let p = gpos.as_ref().map_or(i, |g| g[i]);
         if !include(p) {
             continue;
@@ -91,7 +106,7 @@ pub fn compare_logits(
     }
     let mut text = format!(
         "{ncmp}/{} steps compared; worst rel L2 {worst_rl:.3e} (limit {:.1e}), worst max|d| {worst_ma:.3e} (limit {:.1e}); argmax equal {am_eq}/{ncmp}",
-        rows.len(),
+        steps,
         lg.rel_l2,
         lg.max_abs
     );

@@ -229,6 +229,22 @@ fn render_dir(
             dir.display()
         )));
     }
+    // The directory was resolved inside its root; its files must not link out of it.
+    for p in &inputs {
+        for f in [
+            p.clone(),
+            p.with_extension("txt"),
+            p.with_extension("error"),
+        ] {
+            if let Some(name) = f
+                .file_name()
+                .and_then(|n| n.to_str())
+                .filter(|_| f.exists())
+            {
+                crate::case::resolve_inside(dir, name).map_err(Outcome::error)?;
+            }
+        }
+    }
     let mut bad = Vec::new();
     for p in &inputs {
         let req = RenderRequest {
