@@ -59,7 +59,15 @@ pub fn compare_replay(golden: &TraceFile, engine: &TraceFile, gates: &Gates) -> 
                     break;
                 }
                 let Some(m) = k.check(t, l) else { continue };
-                if !k.flip(&mut r, t, l, m, limit, rule, "above the replay fragile floor") {
+                if !k.flip(
+                    &mut r,
+                    t,
+                    l,
+                    m,
+                    limit,
+                    rule,
+                    "above the replay fragile floor",
+                ) {
                     continue;
                 }
                 if k.decision == Decision::Experts {

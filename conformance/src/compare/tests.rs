@@ -431,7 +431,10 @@ fn canonical_ties_are_strict_in_the_bf16_profile_too() {
     let mut e = golden();
     ints(&mut e, "topk.L1")[4] = 0;
     let mut up = gates(ProfileName::Upstream);
-    assert!(!compare(&g, &e, &up).failed(), "an exact tie is fragile by default");
+    assert!(
+        !compare(&g, &e, &up).failed(),
+        "an exact tie is fragile by default"
+    );
     up.decisions.strict_ties = true;
     let r = compare(&g, &e, &up);
     assert!(r.failed(), "{}", r.failure_summary());
