@@ -106,9 +106,12 @@ fn release_config_parses_with_inference_names() {
 fn inference_config_agrees_with_release_config() {
     let hf = Config::from_release_json(&release().join("config.json")).unwrap();
     let mut inf = Config::from_inference_json(&release().join("inference/config.json")).unwrap();
-    // inference/config.json has no bos/eos ids.
+    // inference/config.json has no bos/eos ids and no max_position_embeddings (model.py's
+    // `max_seq_len` is a cache allocation, not the model's limit).
     inf.bos_token_id = hf.bos_token_id;
     inf.eos_token_id = hf.eos_token_id;
+    assert_eq!(inf.max_position, None);
+    inf.max_position = hf.max_position;
     assert_eq!(inf, hf);
 }
 

@@ -112,6 +112,9 @@ fn readers_parse_the_preset_geometry_in_both_layouts() {
             // written; text ignores it either way, and changing the config would change the
             // pinned bytes.
             read.routing_bias_vl = g.routing_bias_vl;
+            // The release writer states the HF wrapper's max_position_embeddings (4096); the
+            // preset leaves the limit open and the container has no such field.
+            read.max_position = g.max_position;
             if read.engram_pad_is_compressed {
                 read.engram_pad_is_compressed = false;
                 read.engram_pad_id = g.engram_pad_id;
