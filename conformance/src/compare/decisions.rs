@@ -158,6 +158,16 @@ impl Track {
             detail: m.detail.clone(),
         });
         if !excused {
+            // Within the limit but not excused: an exact tie the engine's claimed canonical
+            // tie rule decides.
+            let (metric, why_not) = if m.margin <= limit {
+                (
+                    "tie order",
+                    "is an exact tie, which the claimed canonical tie rule decides",
+                )
+            } else {
+                ("decision set", why_not)
+            };
             self.robust.push(format!(
                 "token {t} layer {l} (golden margin {:.3}) {}",
                 m.margin, m.detail
@@ -166,7 +176,7 @@ impl Track {
                 token: t,
                 layer: Some(l),
                 subop: self.decision.subop(),
-                metric: "decision set".into(),
+                metric: metric.into(),
                 value: m.margin,
                 threshold: limit.max(0.0),
                 detail: format!(
