@@ -109,6 +109,18 @@ fn adapters() -> Vec<Adapter> {
                         "token 18 layer 2 sub-op `topk`: decision set 1.553e-1 > 5.000e-3 (topk.L2",
                     ),
                 ),
+                // The official code with the canonical tie rule meets the repo's official golden
+                // on its exact ties; a reversed top-k tie order is caught as such (bf16 profile).
+                (
+                    "residual::canonical_ties::tiny-s1-p01-d19-as-shipped-canonical-ties",
+                    "--ties canonical --kernels tt-metal",
+                    Pass,
+                ),
+                (
+                    "residual::canonical_ties::tiny-s1-p01-d19-as-shipped-canonical-ties",
+                    "--ties canonical --kernels tt-metal --inject ties-reversed",
+                    FailAt("tie order"),
+                ),
                 // The synthetic goldens carry no sub-op tensors: the block output is named.
                 (
                     "residual::goldens::tiny-release-p09-d15-upstream-as-shipped",
