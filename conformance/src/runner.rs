@@ -53,6 +53,25 @@ pub struct Context {
 }
 
 impl Context {
+    /// A context over this source tree's cases and gates, judged in the exact run profile with
+    /// ties excused and no external data roots (callers set `upstream` / `release`), scratch
+    /// space under `work_dir`; the test harnesses' common set-up.
+    pub fn in_tree(work_dir: &Path, rerun_template: &str) -> anyhow::Result<Context> {
+        Ok(Context {
+            repo_root: repo_root(),
+            cases_dir: default_cases_dir(),
+            gates: GateSet::load(&default_gates_dir())?,
+            run_profile: ProfileName::Exact,
+            canonical_ties: false,
+            upstream: None,
+            release: None,
+            work_dir: work_dir.to_path_buf(),
+            models: ModelStore::new(work_dir.join("models")),
+            reference: Mutex::new(Box::new(crate::reference::ReferenceEngine::new())),
+            rerun_template: rerun_template.to_string(),
+        })
+    }
+
     pub fn gates_for(&self, case: &Case) -> Gates {
         let p = case.profile.max(self.run_profile);
         self.gates.get(p).with_overrides(&case.tolerance)

@@ -15,16 +15,14 @@
 //! DS41_WASTE=/path/waste cargo test -p ds41-conformance --test adapters`.
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 use ds41_conformance::case::Case;
-use ds41_conformance::gates::{GateSet, ProfileName};
 use ds41_conformance::outcome::Outcome;
 use ds41_conformance::protocol::AdapterEngine;
-use ds41_conformance::reference::ReferenceEngine;
-use ds41_conformance::runner::{self, run_case, Context, ModelStore};
+use ds41_conformance::runner::{self, run_case, Context};
 
 /// What a trial expects of one case.
 #[derive(Clone)]
@@ -233,20 +231,15 @@ fn main() {
         .expect("temp dir");
     let suite = runner::load_suite(&runner::default_cases_dir())
         .unwrap_or_else(|e| panic!("loading the suite: {e:#}"));
-    let ctx = Arc::new(Context {
-        repo_root: runner::repo_root(),
-        cases_dir: runner::default_cases_dir(),
-        gates: GateSet::load(&runner::default_gates_dir())
-            .unwrap_or_else(|e| panic!("loading gates: {e:#}")),
-        run_profile: ProfileName::Exact,
-        canonical_ties: false,
-        upstream: std::env::var_os("DS41_UPSTREAM").map(PathBuf::from),
-        release: None,
-        work_dir: work.path().to_path_buf(),
-        models: ModelStore::new(work.path().join("models")),
-        reference: Mutex::new(Box::new(ReferenceEngine::new())),
-        rerun_template: "cargo test -p ds41-conformance --test adapters -- '{case}' --exact".into(),
-    });
+    let mut ctx = Context::in_tree(
+        work.path(),
+        "cargo test -p ds41-conformance --test adapters -- '{case}' --exact",
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    ctx.upstream = std::env::var_os("DS41_UPSTREAM")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from);
+    let ctx = Arc::new(ctx);
     let python = python();
     let mut trials = Vec::new();
     for a in adapters() {

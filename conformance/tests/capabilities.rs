@@ -5,16 +5,13 @@
 //! And an engine may answer `unsupported` with a reason (structured or legacy form).
 
 use std::collections::BTreeSet;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use ds41_conformance::case::Case;
 use ds41_conformance::engine_api::*;
-use ds41_conformance::gates::{GateSet, ProfileName};
 use ds41_conformance::outcome::Outcome;
 use ds41_conformance::protocol::AdapterEngine;
-use ds41_conformance::reference::ReferenceEngine;
-use ds41_conformance::runner::{self, run_case, Context, ModelStore};
+use ds41_conformance::runner::{self, run_case, Context};
 
 /// Declares `caps` and answers every request with a failure: a case that reaches it Fails,
 /// so a NotSupported verdict proves the capability check stopped the case first.
@@ -64,19 +61,7 @@ impl Engine for Declares {
 }
 
 fn context(work: &std::path::Path) -> Context {
-    Context {
-        repo_root: runner::repo_root(),
-        cases_dir: runner::default_cases_dir(),
-        gates: GateSet::load(&runner::default_gates_dir()).expect("gates"),
-        run_profile: ProfileName::Exact,
-        canonical_ties: false,
-        upstream: None,
-        release: None,
-        work_dir: work.to_path_buf(),
-        models: ModelStore::new(work.join("models")),
-        reference: Mutex::new(Box::new(ReferenceEngine::new())),
-        rerun_template: String::new(),
-    }
+    Context::in_tree(work, "").expect("context")
 }
 
 fn case(name: &str) -> Case {

@@ -8,17 +8,17 @@
 //! when no release snapshot is found (DS41_RELEASE, the hub cache) or DS41_UPSTREAM is unset; long-tier cases are `#[ignore]`d unless DS41_LONG=1.
 
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 use ds41_conformance::case::Case;
-use ds41_conformance::gates::{GateSet, ProfileName};
+use ds41_conformance::gates::GateSet;
 use ds41_conformance::locations::ReleaseSnapshot;
 use ds41_conformance::outcome::Outcome;
 use ds41_conformance::protocol::AdapterEngine;
 use ds41_conformance::reference::{self, ReferenceEngine};
-use ds41_conformance::runner::{self, judge_case, run_case, Context, ExpectedFailures, ModelStore};
+use ds41_conformance::runner::{self, judge_case, run_case, Context, ExpectedFailures};
 use ds41_conformance::selftest::{self, ControlVerdict};
 
 fn verdict(o: &Outcome, rerun: &str, notes: &[String]) -> Result<Completion, Failed> {
@@ -80,19 +80,13 @@ fn main() {
         );
     }
     let long = std::env::var("DS41_LONG").is_ok_and(|v| v == "1");
-    let ctx = Arc::new(Context {
-        repo_root: runner::repo_root(),
-        cases_dir,
-        gates,
-        run_profile: ProfileName::Exact,
-        canonical_ties: false,
-        upstream,
-        release,
-        work_dir: work.path().to_path_buf(),
-        models: ModelStore::new(work.path().join("models")),
-        reference: Mutex::new(Box::new(ReferenceEngine::new())),
-        rerun_template: "cargo test -p ds41-conformance --test suite -- '{case}' --exact".into(),
-    });
+    let mut ctx = Context::in_tree(
+        work.path(),
+        "cargo test -p ds41-conformance --test suite -- '{case}' --exact",
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    (ctx.gates, ctx.upstream, ctx.release) = (gates, upstream, release);
+    let ctx = Arc::new(ctx);
     let mut trials = Vec::new();
     for case in &suite {
         // In process.
