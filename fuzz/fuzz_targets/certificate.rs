@@ -4,5 +4,9 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let (_dir, path) = ds41_fuzz::scratch_file("certificate.json", data);
-    let _ = ds41_conformance::report::certificate::verify(&path, ds41_conformance::report::certificate::ReportCheck::Skipped, None);
+    let _ = ds41_conformance::report::certificate::verify(
+        &path,
+        ds41_conformance::report::certificate::ReportCheck::Skipped,
+        None,
+    );
 });
