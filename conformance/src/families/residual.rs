@@ -204,7 +204,8 @@ impl super::CheckFamily for ResidualSpec {
             Some(d) => Some(ctx.data(d)?),
             None => None,
         };
-        let golden = load_golden(s, &model, ctx, &dir, case)?;
+        let mut golden = load_golden(s, &model, ctx, &dir, case)?;
+        note_engram_layers(&mut golden, &model);
         let tokens: Vec<u32> = match &s.tokens {
             Some(t) => t.clone(),
             None => golden
@@ -511,41 +512,64 @@ pub struct Dims {
     pub dim: usize,
 }
 
-/// Read vocab, layer count, hc_mult and width from `config.json` (root or `text_config`) or
-/// a container's `manifest.json` `config` (HF key names).
+/// Vocab, layer count, hc_mult and width from the checkpoint's config (the engine's reader).
 pub fn model_dims(model: &Path) -> anyhow::Result<Dims> {
-    let (file, key) = if model.join("manifest.json").exists() {
-        (model.join("manifest.json"), Some("config"))
-    } else {
-        (model.join("config.json"), None)
-    };
-    let text =
-        std::fs::read_to_string(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-    let root: serde_json::Value =
-        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
-    let mut cfg = match key {
-        Some(k) => root[k].clone(),
-        None => root.clone(),
-    };
-    if cfg.get("text_config").is_some() {
-        cfg = cfg["text_config"].clone();
-    }
-    let get = |names: &[&str]| -> anyhow::Result<usize> {
-        names
-            .iter()
-            .find_map(|n| cfg.get(*n).and_then(|v| v.as_u64()))
-            .map(|v| v as usize)
-            .ok_or_else(|| {
-                anyhow::anyhow!(
-                    "{}: config has none of the fields {names:?}",
-                    file.display()
-                )
-            })
-    };
+    let c = ds41_engine::checkpoint::read_config(model)?;
     Ok(Dims {
-        vocab: get(&["vocab_size"])?,
-        layers: get(&["num_hidden_layers", "n_layers"])?,
-        hc: get(&["hc_mult"])?,
-        dim: get(&["hidden_size", "dim"])?,
+        vocab: c.vocab_size,
+        layers: c.n_layers,
+        hc: c.hc_mult,
+        dim: c.dim,
     })
+}
+
+/// Name the model's Engram layers in the golden's metadata (unless the golden names its own),
+/// so an Engram hash divergence is placed at the layer that reads it. A model whose config
+/// cannot be read leaves the golden as it is: the divergence then sits before the blocks.
+fn note_engram_layers(golden: &mut TraceFile, model: &Path) {
+    use crate::compare::ENGRAM_LAYERS_METADATA;
+    if golden.metadata.contains_key(ENGRAM_LAYERS_METADATA) {
+        return;
+    }
+    if let Ok(c) = ds41_engine::checkpoint::read_config(model) {
+        let ids: Vec<String> = c.engram_layer_ids.iter().map(usize::to_string).collect();
+        golden
+            .metadata
+            .insert(ENGRAM_LAYERS_METADATA.into(), ids.join(","));
+    }
+}
+
+#[cfg(test)]
+mod engram_layer_tests {
+    use super::*;
+
+    /// The golden learns the model's Engram layers from its config (both layouts), and keeps
+    /// layers it names itself.
+    #[test]
+    fn the_golden_is_told_the_models_engram_layers() {
+        use crate::compare::ENGRAM_LAYERS_METADATA;
+        let tmp = tempfile::tempdir().unwrap();
+        for layout in ["release", "container"] {
+            let dir = tmp.path().join(layout);
+            crate::synthetic::generate("tiny", layout, 1, &dir).unwrap();
+            let want = ds41_engine::checkpoint::read_config(&dir)
+                .unwrap()
+                .engram_layer_ids
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            assert!(!want.is_empty(), "tiny has Engram layers");
+            let mut g = TraceFile::default();
+            note_engram_layers(&mut g, &dir);
+            assert_eq!(g.metadata[ENGRAM_LAYERS_METADATA], want, "{layout}");
+            g.metadata.insert(ENGRAM_LAYERS_METADATA.into(), "7".into());
+            note_engram_layers(&mut g, &dir);
+            assert_eq!(g.metadata[ENGRAM_LAYERS_METADATA], "7");
+        }
+        // An unreadable model leaves the golden alone.
+        let mut g = TraceFile::default();
+        note_engram_layers(&mut g, tmp.path());
+        assert!(g.metadata.is_empty());
+    }
 }
