@@ -512,14 +512,43 @@ pub struct Dims {
     pub dim: usize,
 }
 
-/// Vocab, layer count, hc_mult and width from the checkpoint's config (the engine's reader).
+/// Read vocab, layer count, hc_mult and width from `config.json` (root or `text_config`) or
+/// a container's `manifest.json` `config` (HF key names). Lenient on purpose: a command
+/// profile needs only these four to lay out an engine's raw outputs.
 pub fn model_dims(model: &Path) -> anyhow::Result<Dims> {
-    let c = ds41_engine::checkpoint::read_config(model)?;
+    let (file, key) = if model.join("manifest.json").exists() {
+        (model.join("manifest.json"), Some("config"))
+    } else {
+        (model.join("config.json"), None)
+    };
+    let text =
+        std::fs::read_to_string(&file).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let root: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
+    let mut cfg = match key {
+        Some(k) => root[k].clone(),
+        None => root.clone(),
+    };
+    if cfg.get("text_config").is_some() {
+        cfg = cfg["text_config"].clone();
+    }
+    let get = |names: &[&str]| -> anyhow::Result<usize> {
+        names
+            .iter()
+            .find_map(|n| cfg.get(*n).and_then(|v| v.as_u64()))
+            .map(|v| v as usize)
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{}: config has none of the fields {names:?}",
+                    file.display()
+                )
+            })
+    };
     Ok(Dims {
-        vocab: c.vocab_size,
-        layers: c.n_layers,
-        hc: c.hc_mult,
-        dim: c.dim,
+        vocab: get(&["vocab_size"])?,
+        layers: get(&["num_hidden_layers", "n_layers"])?,
+        hc: get(&["hc_mult"])?,
+        dim: get(&["hidden_size", "dim"])?,
     })
 }
 
