@@ -279,6 +279,13 @@ pub trait Checkpoint: Send + Sync {
     fn weight_view(&self, name: &str) -> Result<Option<WeightView<'_>>> {
         Ok(self.quant_view(name)?.map(WeightView::Quant))
     }
+    /// Bytes the tensor occupies in the checkpoint's files, as read by a forward (`None` when
+    /// the reader cannot say, e.g. in-memory doubles). A container's expert record holds all
+    /// three matrices of an expert: it is counted under `w1`, its `w2`/`w3` are 0.
+    fn stored_bytes(&self, name: &str) -> Result<Option<u64>> {
+        let _ = name;
+        Ok(None)
+    }
     /// Engram hashing constants (multipliers, primes, offsets, pad) for this checkpoint. The
     /// default applies the release recipe to `config()` (MODEL.md §6.6.1); a container states
     /// its own in `engram.json`.
