@@ -32,6 +32,8 @@ enum Command {
     Forward(cli::forward::Args),
     /// Benchmark the reference engine (prefill/decode tokens/s, peak RSS) or its kernels.
     Bench(cli::bench::Args),
+    /// Gates computed from an engine's outputs (`spec-window`: does speculation pay in bytes).
+    Gate(cli::gate::Args),
     /// Tokenize text with a tokenizer.json.
     Tokenize(cli::tokenize::Args),
     /// Write the wide tokenizer corpus (JSON lines).
@@ -89,6 +91,7 @@ fn main() {
         Command::Synth(a) => cli::synth::run(a),
         Command::Forward(a) => cli::forward::run(a),
         Command::Bench(a) => cli::bench::run(a),
+        Command::Gate(a) => cli::gate::run(a),
         Command::Tokenize(a) => cli::tokenize::run(a),
         Command::Corpus(a) => cli::corpus::run(a),
         Command::Render(a) => cli::render::run(a),

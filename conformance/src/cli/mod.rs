@@ -5,6 +5,7 @@ pub mod bench;
 pub mod certify;
 pub mod corpus;
 pub mod forward;
+pub mod gate;
 pub mod goldens;
 pub mod inspect;
 pub mod parse;

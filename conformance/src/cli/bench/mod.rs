@@ -14,7 +14,6 @@
 //! Numbers are wall-clock on this machine with the current rayon pool (`RAYON_NUM_THREADS`),
 //! plus the CPU time of all threads (on a shared machine the wall clock includes waiting).
 
-mod footprint;
 mod machine;
 
 use std::path::PathBuf;
@@ -22,6 +21,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{bail, Context};
+use ds41_conformance::footprint::{self, WeightBytes};
 use ds41_engine::checkpoint::{
     Checkpoint, DenseDtype, Layout, QuantKind, QuantView, Storage, WeightView,
 };
@@ -120,7 +120,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 .collect()
         })
         .collect();
-    let fp = footprint::footprint(model.checkpoint().as_ref(), &routed)?;
+    let fp = footprint::footprint(&WeightBytes::of(model.checkpoint().as_ref())?, &routed);
     // Before the machine measurement, whose buffer would dominate it.
     let peak_rss_mib = peak_rss_mib();
     let bandwidth = machine::read_bandwidth();

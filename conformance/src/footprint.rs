@@ -72,57 +72,97 @@ fn part(name: &str) -> Part {
     Part::Trunk
 }
 
-/// The footprint of one decode token on `ckpt`, with `experts[t][l]` the routed experts of
-/// measured token t at layer l (an empty list: no token measured, no expert counted).
-pub fn footprint(ckpt: &dyn Checkpoint, experts: &[Vec<Vec<usize>>]) -> anyhow::Result<Footprint> {
-    let cfg = ckpt.config();
-    let mut f = Footprint::default();
-    // (bytes, elements) of each routed expert.
-    let mut expert_size: BTreeMap<(usize, usize), (u64, u64)> = BTreeMap::new();
-    let engram_cols = cfg.engram_max_ngram_size.saturating_sub(1) * cfg.engram_n_heads;
-    for name in ckpt.names() {
-        let Some(bytes) = ckpt.stored_bytes(&name)? else {
-            f.unknown_tensors += 1;
-            continue;
-        };
-        let elements = if name.ends_with(".scale") {
-            0
-        } else {
-            ckpt.shape(&name)?.iter().product::<usize>() as u64
-        };
-        match part(&name) {
-            Part::Trunk => {
-                f.trunk += bytes;
-                f.multiply_adds += elements;
+/// The stored bytes of a checkpoint by the part of a decode step that reads them.
+#[derive(Debug, Clone, Default)]
+pub struct WeightBytes {
+    /// Read whole by every token (attention, shared experts, router, norms, mixing).
+    pub trunk: u64,
+    pub head: u64,
+    pub embedding_row: u64,
+    /// The Engram rows one token selects (every Engram layer).
+    pub engram_rows: u64,
+    /// (bytes, elements) of routed expert `(layer, expert)`.
+    pub experts: BTreeMap<(usize, usize), (u64, u64)>,
+    /// Elements of the trunk and head (one multiply-add each per token).
+    pub dense_elements: u64,
+    /// Tensors whose stored size the reader cannot state (none for either layout).
+    pub unknown_tensors: usize,
+}
+
+impl WeightBytes {
+    pub fn of(ckpt: &dyn Checkpoint) -> anyhow::Result<WeightBytes> {
+        let cfg = ckpt.config();
+        let mut w = WeightBytes::default();
+        let engram_cols = cfg.engram_max_ngram_size.saturating_sub(1) * cfg.engram_n_heads;
+        for name in ckpt.names() {
+            let Some(bytes) = ckpt.stored_bytes(&name)? else {
+                w.unknown_tensors += 1;
+                continue;
+            };
+            let elements = if name.ends_with(".scale") {
+                0
+            } else {
+                ckpt.shape(&name)?.iter().product::<usize>() as u64
+            };
+            match part(&name) {
+                Part::Trunk => {
+                    w.trunk += bytes;
+                    w.dense_elements += elements;
+                }
+                Part::Head => {
+                    w.head += bytes;
+                    w.dense_elements += elements;
+                }
+                Part::Embedding => w.embedding_row += bytes / cfg.vocab_size.max(1) as u64,
+                Part::Engram => {
+                    let rows = ckpt.shape(&name)?.first().copied().unwrap_or(1).max(1) as u64;
+                    w.engram_rows += bytes / rows * engram_cols as u64;
+                }
+                Part::Expert { layer, expert } => {
+                    let e = w.experts.entry((layer, expert)).or_default();
+                    e.0 += bytes;
+                    e.1 += elements;
+                }
+                Part::NotRead => {}
             }
-            Part::Head => {
-                f.head += bytes;
-                f.multiply_adds += elements;
-            }
-            Part::Embedding => f.embedding_row += bytes / cfg.vocab_size.max(1) as u64,
-            Part::Engram => {
-                let rows = ckpt.shape(&name)?.first().copied().unwrap_or(1).max(1) as u64;
-                f.engram_rows += bytes / rows * engram_cols as u64;
-            }
-            Part::Expert { layer, expert } => {
-                let e = expert_size.entry((layer, expert)).or_default();
-                e.0 += bytes;
-                e.1 += elements;
-            }
-            Part::NotRead => {}
         }
+        Ok(w)
     }
+
+    /// Bytes of routed expert `expert` of `layer` (0 if the checkpoint has none such).
+    pub fn expert(&self, layer: usize, expert: usize) -> u64 {
+        self.experts.get(&(layer, expert)).map_or(0, |e| e.0)
+    }
+
+    /// Bytes every token reads whatever it is routed to.
+    pub fn per_token_fixed(&self) -> u64 {
+        self.trunk + self.head + self.embedding_row + self.engram_rows
+    }
+}
+
+/// The footprint of one decode token, with `experts[t][l]` the routed experts of measured
+/// token t at layer l (no token measured: no expert counted).
+pub fn footprint(w: &WeightBytes, experts: &[Vec<Vec<usize>>]) -> Footprint {
+    let mut f = Footprint {
+        trunk: w.trunk,
+        head: w.head,
+        embedding_row: w.embedding_row,
+        engram_rows: w.engram_rows,
+        unknown_tensors: w.unknown_tensors,
+        multiply_adds: w.dense_elements,
+        ..Footprint::default()
+    };
     if !experts.is_empty() {
         let (bytes, elements) = experts
             .iter()
             .flat_map(|t| t.iter().enumerate())
             .flat_map(|(l, es)| es.iter().map(move |&e| (l, e)))
-            .map(|k| expert_size.get(&k).copied().unwrap_or_default())
+            .map(|k| w.experts.get(&k).copied().unwrap_or_default())
             .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
         f.routed_experts = bytes / experts.len() as u64;
         f.multiply_adds += elements / experts.len() as u64;
     }
-    Ok(f)
+    f
 }
 
 #[cfg(test)]
@@ -137,7 +177,7 @@ mod tests {
     fn stored_bytes_account_for_every_byte_of_a_release() {
         let tmp = tempfile::tempdir().unwrap();
         let dir = tmp.path().join("tiny");
-        ds41_conformance::synthetic::generate("tiny", "release", 1, &dir).unwrap();
+        crate::synthetic::generate("tiny", "release", 1, &dir).unwrap();
         let ck = ds41_engine::checkpoint::open(&dir).unwrap();
         let bytes = std::fs::read(dir.join("model.safetensors")).unwrap();
         let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
@@ -150,7 +190,7 @@ mod tests {
         assert_eq!(stored, data);
         let cfg = ck.config();
         let all: Vec<Vec<usize>> = vec![(0..cfg.n_routed_experts).collect(); cfg.n_layers];
-        let f = footprint(ck.as_ref(), &[all]).unwrap();
+        let f = footprint(&WeightBytes::of(ck.as_ref()).unwrap(), &[all]);
         let embed = ck.stored_bytes("embed.weight").unwrap().unwrap();
         let engram: u64 = ck
             .names()

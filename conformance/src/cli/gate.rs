@@ -1,0 +1,179 @@
+//! `ds41 gate`: acceptance gates computed from an engine's outputs rather than compared with
+//! a golden. `spec-window`: whether speculative decoding pays in bytes on a model, from a
+//! decode trace's routed experts (`ds41_conformance::spec_window`).
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+
+use ds41_conformance::footprint::WeightBytes;
+use ds41_conformance::spec_window::{plot, spec_window};
+use ds41_conformance::trace::TraceFile;
+
+#[derive(clap::Args)]
+pub struct Args {
+    #[command(subcommand)]
+    pub gate: Gate,
+}
+
+#[derive(clap::Subcommand)]
+pub enum Gate {
+    /// Bytes a verify pass over K consecutive decode tokens reads, relative to one token
+    /// (the tokens per pass speculation must yield to pay), per K, per layer and overall.
+    SpecWindow(SpecWindowArgs),
+}
+
+#[derive(clap::Args)]
+pub struct SpecWindowArgs {
+    /// The checkpoint the trace was made on (stored bytes of every expert).
+    #[arg(long)]
+    pub model: PathBuf,
+    /// A trace with `experts` [tokens, layers, top-k] (any engine's; docs/TRACE.md).
+    #[arg(long)]
+    pub trace: PathBuf,
+    /// Largest window.
+    #[arg(long, default_value_t = 8)]
+    pub max_k: usize,
+    /// First trace row to use (e.g. the prefill length, to use decode tokens only).
+    #[arg(long, default_value_t = 0)]
+    pub first_token: usize,
+    /// Per-draft acceptance rate (0..1, e.g. from a DSpark run): say whether speculation pays.
+    #[arg(long)]
+    pub acceptance: Option<f64>,
+    /// Print the table as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write spec-window.json and spec-window.svg here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+}
+
+pub fn run(a: Args) -> anyhow::Result<i32> {
+    match a.gate {
+        Gate::SpecWindow(a) => spec_window_gate(a),
+    }
+}
+
+fn spec_window_gate(a: SpecWindowArgs) -> anyhow::Result<i32> {
+    if let Some(r) = a.acceptance {
+        if !(0.0..=1.0).contains(&r) {
+            bail!("--acceptance {r}: a per-draft acceptance rate is in [0, 1]");
+        }
+    }
+    if a.max_k == 0 {
+        bail!("--max-k must be at least 1");
+    }
+    let ckpt = ds41_engine::checkpoint::open(&a.model)
+        .with_context(|| format!("opening {}", a.model.display()))?;
+    let weights = WeightBytes::of(ckpt.as_ref())?;
+    let trace = TraceFile::read(&a.trace)?;
+    let t = trace.get("experts").with_context(|| {
+        format!(
+            "{}: no `experts` tensor (capability trace.experts)",
+            a.trace.display()
+        )
+    })?;
+    let &[tokens, layers, k] = t.shape.as_slice() else {
+        bail!(
+            "{}: `experts` has shape {:?}, expected [tokens, layers, top-k]",
+            a.trace.display(),
+            t.shape
+        );
+    };
+    if layers != ckpt.config().n_layers {
+        bail!(
+            "{}: `experts` covers {layers} layers, the model at {} has {}",
+            a.trace.display(),
+            a.model.display(),
+            ckpt.config().n_layers
+        );
+    }
+    if a.first_token >= tokens {
+        bail!(
+            "--first-token {}: the trace has {tokens} tokens",
+            a.first_token
+        );
+    }
+    let ids = t.as_i64();
+    let n_experts = ckpt.config().n_routed_experts as i64;
+    let mut routed = Vec::with_capacity(tokens - a.first_token);
+    for tok in a.first_token..tokens {
+        let mut per_layer = Vec::with_capacity(layers);
+        for l in 0..layers {
+            let row = &ids[(tok * layers + l) * k..(tok * layers + l + 1) * k];
+            if let Some(bad) = row.iter().find(|&&e| e < -1 || e >= n_experts) {
+                bail!(
+                    "{}: `experts` token {tok} layer {l} names expert {bad}, outside -1..{n_experts}",
+                    a.trace.display()
+                );
+            }
+            per_layer.push(
+                row.iter()
+                    .filter(|&&e| e >= 0)
+                    .map(|&e| e as usize)
+                    .collect(),
+            );
+        }
+        routed.push(per_layer);
+    }
+    let rows = spec_window(&weights, &routed, a.max_k, a.acceptance);
+    if let Some(dir) = &a.report {
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(
+            dir.join("spec-window.json"),
+            serde_json::to_string_pretty(&rows)?,
+        )?;
+        let title = format!(
+            "spec window: {} tokens of {}",
+            routed.len(),
+            a.trace.file_name().unwrap_or_default().to_string_lossy()
+        );
+        std::fs::write(dir.join("spec-window.svg"), plot(&rows, &title))?;
+    }
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(0);
+    }
+    println!(
+        "{} decode tokens, {layers} layers, top-{k}; one token reads {:.2} MB ({:.2} MB trunk + head)",
+        routed.len(),
+        (weights.per_token_fixed() as f64
+            + rows.first().map_or(0.0, |_| mean_expert_bytes(&weights, &routed)))
+            / 1e6,
+        (weights.trunk + weights.head) as f64 / 1e6
+    );
+    println!(
+        "{:>3} {:>8} {:>13} {:>13} {:>16}{}",
+        "K",
+        "windows",
+        "experts ratio",
+        "tokens needed",
+        "drafts accepted",
+        if a.acceptance.is_some() {
+            "  expected  pays"
+        } else {
+            ""
+        }
+    );
+    for r in &rows {
+        let pays = match (r.expected_tokens, r.pays) {
+            (Some(e), Some(p)) => format!("  {e:>8.2}  {}", if p { "yes" } else { "no" }),
+            _ => String::new(),
+        };
+        println!(
+            "{:>3} {:>8} {:>13.2} {:>13.2} {:>16.2}{pays}",
+            r.k, r.windows, r.expert_ratio, r.total_ratio, r.break_even_accepted
+        );
+    }
+    Ok(0)
+}
+
+/// Mean routed-expert bytes of one token.
+fn mean_expert_bytes(w: &WeightBytes, routed: &[Vec<Vec<usize>>]) -> f64 {
+    let sum: u64 = routed
+        .iter()
+        .flat_map(|t| t.iter().enumerate())
+        .flat_map(|(l, es)| es.iter().map(move |&e| w.expert(l, e)))
+        .sum();
+    sum as f64 / routed.len().max(1) as f64
+}
