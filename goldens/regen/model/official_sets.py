@@ -60,6 +60,12 @@ SETS = {
                       "about": "window-mtp: window 32 + index top-40 (attention rows of up to 72 entries, two "
                                "64-blocks), ratio-1 selection from p >= 40, candidate filter from p >= 48, "
                                "one DSpark stage stored as mtp.0.*"},
+    "tied_router_s5": {"preset": "tied-router", "seed": 5, "tokens": ids(505, 20), "prefills": [20, 5],
+                       "about": "tied-router: tiny with one pair of experts per layer sharing gate row and biases "
+                                "(the six pairs of its 4 experts on the six layers), so router selection keys tie "
+                                "exactly; 32 of the 120 (token, layer) routings of these tokens have the tied pair "
+                                "across the top-2 boundary (margin.experts 0, first at token 0 layer 4), decided by "
+                                "the lower-index rule alone"},
 }
 
 
