@@ -148,7 +148,12 @@ pub fn write_stored(seed: u64, s: &Stored, w: &mut dyn Write) -> std::io::Result
         }
     }
     if !t.copies.is_empty() {
-        assert_eq!(s.part, Part::Plain, "{}: only plain tensors have copies", s.name);
+        assert_eq!(
+            s.part,
+            Part::Plain,
+            "{}: only plain tensors have copies",
+            s.name
+        );
         let per_slice = whole.len() / t.shape[0];
         copy_slices(&t.copies, &mut whole, per_slice);
         w.write_all(&whole)?;

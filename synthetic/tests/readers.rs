@@ -114,7 +114,10 @@ fn tied_router_ties_exactly_the_declared_pairs_in_both_layouts() {
         }
         let tiny = expected_values("tiny", layout, 5).unwrap();
         let tied = expected_values("tied-router", layout, 5).unwrap();
-        assert_eq!(tiny.keys().collect::<Vec<_>>(), tied.keys().collect::<Vec<_>>());
+        assert_eq!(
+            tiny.keys().collect::<Vec<_>>(),
+            tied.keys().collect::<Vec<_>>()
+        );
         for (name, v) in &tied {
             let router = name.contains(".ffn.gate.") || name.contains("block_sparse_moe.gate.");
             assert_eq!(router, v != &tiny[name], "{layout:?} {name}");
