@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 /// A sub-op of the forward pass, in the order a block computes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SubOp {
-    /// Engram hash ids (per token, before every block).
+    /// Engram hash ids (a function of the token ids; placed at the layer whose Engram reads
+    /// them when the trace names the Engram layers, else before every block of the token).
     EngramHash,
     /// The stream entering the block, after its Engram (`block_input`).
     BlockInput,
@@ -95,7 +96,8 @@ impl<'de> Deserialize<'de> for SubOp {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Divergence {
     pub token: usize,
-    /// None for the Engram hash ids and the logits (not inside one block).
+    /// None for the logits (not inside one block), and for Engram hash ids whose layer is
+    /// not known.
     pub layer: Option<usize>,
     pub subop: SubOp,
     pub metric: String,

@@ -312,6 +312,15 @@ pub fn open(dir: &Path) -> Result<Box<dyn Checkpoint>> {
     Ok(ck)
 }
 
+/// The configuration of a checkpoint directory, read without opening its weights (the
+/// release's `config.json`, or a container's `manifest.json` config).
+pub fn read_config(dir: &Path) -> Result<Config> {
+    match detect_layout(dir)? {
+        Layout::Container => Config::from_container_manifest(&dir.join("manifest.json")),
+        Layout::Release => Config::from_release_json(&dir.join("config.json")),
+    }
+}
+
 /// Environment variable of the test hook in [`open`].
 pub const PAUSE_AFTER_OPEN_ENV: &str = "DS41_TEST_PAUSE_AFTER_OPEN";
 
