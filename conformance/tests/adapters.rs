@@ -119,6 +119,35 @@ fn adapters() -> Vec<Adapter> {
                     "--ties canonical --kernels tt-metal --inject ties-reversed",
                     FailAt("tie order"),
                 ),
+                // The same for the MoE router alone, on the tied-router golden (exact router
+                // ties from token 0 layer 4 on, no exact index ties): its first tie is named.
+                (
+                    "residual::canonical_ties::tied-router-s5-p05-d15-as-shipped-canonical-ties",
+                    AS_GOLDENS,
+                    Pass,
+                ),
+                (
+                    "residual::canonical_ties::tied-router-s5-p05-d15-as-shipped-canonical-ties-replay",
+                    AS_GOLDENS,
+                    Pass,
+                ),
+                (
+                    "residual::canonical_ties::tied-router-s5-p05-d15-as-shipped-canonical-ties",
+                    "--ties canonical --kernels tt-metal --inject gate-ties-reversed",
+                    FailAt("token 0 layer 4 sub-op `experts`: tie order"),
+                ),
+                (
+                    "residual::canonical_ties::tied-router-s5-p05-d15-as-shipped-canonical-ties-replay",
+                    "--ties canonical --kernels tt-metal --inject gate-ties-reversed",
+                    FailAt("token 0 layer 4 sub-op `experts`: tie order"),
+                ),
+                // Without the canonical claim the set's replay cases judge every cell but the
+                // exact ties', whatever order torch.topk gives them.
+                (
+                    "residual::official_tied_router_s5::tied-router-s5-p05-d15-as-shipped-replay",
+                    "--ties torch --kernels tt-metal",
+                    Pass,
+                ),
                 // The synthetic goldens carry no sub-op tensors: the block output is named.
                 (
                     "residual::goldens::tiny-release-p09-d15-upstream-as-shipped",

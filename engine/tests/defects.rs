@@ -212,6 +212,7 @@ fn defect_names_round_trip() {
         Defect::NoYarn,
         Defect::SinkhornIters(7),
         Defect::TopkTiesReversed,
+        Defect::GateTiesReversed,
         Defect::IndexKHandoffWrong,
     ] {
         assert_eq!(d.to_string().parse::<Defect>().unwrap(), d);

@@ -9,7 +9,7 @@
 //! non-degenerate activations. The file order and structure are the same for both.
 
 use crate::draw::{self, Q4_CODE_RMS, Q8_CODE_RMS, VQ_CODE_RMS};
-use crate::inventory::{logical_tensors, Init, Logical, EXPERT_GAIN};
+use crate::inventory::{copy_slices, logical_tensors, Init, Logical, EXPERT_GAIN};
 use crate::preset::{decimal, Geometry, Preset};
 use crate::rng::SplitMix64;
 use crate::tokenizer::{Vocab, SPECIALS};
@@ -295,6 +295,8 @@ pub struct TrunkTensor {
     pub shape: Vec<usize>,
     pub fmt: Fmt,
     pub init: Init,
+    /// The logical tensor's copied slices ([`Logical::copies`]).
+    pub copies: Vec<(usize, usize)>,
 }
 
 /// The trunk in the order of CONTAINER.md §10.2 item 1 (names per §8). Shapes and value
@@ -317,6 +319,7 @@ pub fn trunk_tensors(g: &Geometry) -> Vec<TrunkTensor> {
                 shape: t.shape.clone(),
                 fmt,
                 init: t.init,
+                copies: t.copies.clone(),
             }
         })
         .collect()
@@ -588,7 +591,8 @@ pub fn write(
         e.insert("shape".into(), json!(t.shape));
         match t.fmt {
             Fmt::F32 => {
-                let v = draws.f32s(&t.name, rows * cols, t.init, cols);
+                let mut v = draws.f32s(&t.name, rows * cols, t.init, cols);
+                copy_slices(&t.copies, &mut v, rows * cols / t.shape[0]);
                 for x in &v {
                     trunk.put(&x.to_le_bytes())?;
                 }
@@ -598,10 +602,13 @@ pub fn write(
             }
             Fmt::Q8G | Fmt::Q4G => {
                 let bits = if t.fmt == Fmt::Q8G { 8 } else { 4 };
-                let (ints, scales) =
+                let (mut ints, mut scales) =
                     draws.quantised(&t.name, rows, cols, bits, t.init.target_rms(cols));
                 let groups = cols.div_ceil(GROUP);
                 let padded = groups * GROUP;
+                let slice_rows = rows / t.shape[0];
+                copy_slices(&t.copies, &mut ints, slice_rows * padded);
+                copy_slices(&t.copies, &mut scales, slice_rows * groups);
                 let packed: Vec<u8> = if bits == 8 {
                     ints.iter().map(|&x| x as u8).collect()
                 } else {

@@ -58,6 +58,10 @@ pub struct Logical {
     pub init: Init,
     /// Layer index, `None` for top-level tensors (used for sharding and container grouping).
     pub layer: Option<usize>,
+    /// `(copy, of)`: slice `copy` along the first axis holds the values drawn for slice `of`
+    /// (what was drawn for `copy` is discarded). Empty for every tensor but the router's of a
+    /// geometry with [`RouterTie`](crate::preset::RouterTie)s.
+    pub copies: Vec<(usize, usize)>,
 }
 
 impl Logical {
@@ -72,6 +76,14 @@ impl Logical {
     }
     pub fn cols(&self) -> usize {
         *self.shape.last().expect("non-empty shape")
+    }
+}
+
+/// Apply a tensor's [`Logical::copies`] to its values (or codes, or scales) laid out with
+/// `per_slice` items per first-axis slice.
+pub fn copy_slices<T: Copy>(copies: &[(usize, usize)], values: &mut [T], per_slice: usize) {
+    for &(copy, of) in copies {
+        values.copy_within(of * per_slice..(of + 1) * per_slice, copy * per_slice);
     }
 }
 
@@ -94,6 +106,7 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
         kind,
         init,
         layer: None,
+        copies: Vec::new(),
     };
     let mut v = vec![top(
         "embed.weight",
@@ -277,12 +290,23 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
         } else {
             format!("mtp.{}.", l - g.n_layers)
         };
-        v.extend(layer.into_iter().map(|(name, shape, kind, init)| Logical {
-            name: format!("{prefix}{name}"),
-            shape,
-            kind,
-            init,
-            layer: Some(l),
+        // Tied experts share their gate row and their biases (MODEL.md §6.5: equal selection keys).
+        let copies: Vec<(usize, usize)> = g
+            .router_ties
+            .iter()
+            .filter(|t| t.layer == l)
+            .map(|t| (t.copy, t.expert))
+            .collect();
+        v.extend(layer.into_iter().map(|(name, shape, kind, init)| {
+            let router = name.starts_with("ffn.gate.");
+            Logical {
+                name: format!("{prefix}{name}"),
+                shape,
+                kind,
+                init,
+                layer: Some(l),
+                copies: if router { copies.clone() } else { Vec::new() },
+            }
         }));
     }
     v.push(top("norm.weight", vec![d], Bf16, Norm));

@@ -20,6 +20,22 @@ pub struct Geometry {
     pub pad_token_id: u32,
     /// The DSpark (MTP) stages' own arguments when `n_mtp_layers > 0` (MODEL.md §2.1, §10.1).
     pub dspark: Option<Dspark>,
+    /// Routed experts whose router entries are copies of another's (none for most presets).
+    pub router_ties: Vec<RouterTie>,
+}
+
+/// On backbone layer `layer`, routed expert `copy` gets expert `expert`'s gate row
+/// (`ffn.gate.weight`) and bias entries (`ffn.gate.bias`, `ffn.gate.bias_vl`). Their router
+/// logits, sqrt-softplus scores and selection keys are then equal bit for bit in every
+/// numerics profile (MODEL.md §6.5: the same f32 dot product of the same row, then
+/// elementwise), so whenever the pair straddles the top-k boundary the selection is decided
+/// by the tie rule alone (§5.10) and the golden's expert margin is exactly 0. Their expert
+/// weights stay different, so the tie rule is visible in `moe_out`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RouterTie {
+    pub layer: usize,
+    pub expert: usize,
+    pub copy: usize,
 }
 
 /// The `dspark_*` model arguments of a geometry with MTP stages (`mtp.{s}.*` tensors). The
@@ -60,6 +76,7 @@ impl Geometry {
             args,
             pad_token_id,
             dspark: None,
+            router_ties: Vec::new(),
         }
     }
 
@@ -119,11 +136,12 @@ pub struct Preset {
 }
 
 /// Names of every preset, in listing order.
-pub const PRESET_NAMES: [&str; 6] = [
+pub const PRESET_NAMES: [&str; 7] = [
     "tiny",
     "tiny-sharded",
     "grouped",
     "window-mtp",
+    "tied-router",
     "waste-tiny",
     "wide",
 ];
@@ -135,6 +153,7 @@ impl Preset {
             "tiny-sharded" => tiny(Sharding::ReleaseLike, "tiny-sharded"),
             "grouped" => grouped(),
             "window-mtp" => window_mtp(),
+            "tied-router" => tied_router(),
             "waste-tiny" => waste_tiny(),
             "wide" => wide(),
             _ => return None,
@@ -325,6 +344,37 @@ fn window_mtp() -> Preset {
         reach: "An attention row holds up to 32 window + 40 compressed entries (> 64 from p ≥ 32 on the \
 ratio-1 layers), the ratio-1 indexers select from p ≥ 40, the candidate filter (6 blocks of 8 = 48 > 40) \
 from p ≥ 48; YaRN from p ≥ 16. The MTP stage is stored but not run by a main-model forward.",
+    }
+}
+
+/// `tiny` whose router ties one pair of experts on every layer: the six layers tie the six
+/// pairs of its 4 experts, (1,2) (0,3) (2,3) (0,1) (1,3) (0,2), the higher id copying the lower.
+fn tied_router() -> Preset {
+    let pairs = [(1, 2), (0, 3), (2, 3), (0, 1), (1, 3), (0, 2)];
+    let mut g = Geometry::new(tiny_args(), 2, TokenizerKind::ByteBpe);
+    g.router_ties = pairs
+        .iter()
+        .enumerate()
+        .map(|(layer, &(expert, copy))| RouterTie {
+            layer,
+            expert,
+            copy,
+        })
+        .collect();
+    Preset {
+        name: "tied-router",
+        description: "`tiny` with one pair of experts per layer sharing gate row and biases (every pair of the 4 experts on one of the 6 layers): exact router ties, decided by the tie rule alone",
+        geometry: g,
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding: Sharding::Single,
+        waste_compat: false,
+        large: false,
+        no_release: None,
+        reach: "Everything `tiny` reaches (every tensor but the router's is drawn as in `tiny` for the \
+same seed), plus exact router ties: on each layer two experts have equal selection keys at every \
+position, and wherever that pair straddles the top-2 boundary (about one position in three) the \
+expert chosen is decided by the tie rule alone (MODEL.md §5.10: the lower id) and the golden's \
+`margin.experts` is exactly 0; choosing the other expert changes `moe_out` from that cell on.",
     }
 }
 

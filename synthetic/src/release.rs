@@ -6,7 +6,7 @@
 //! are drawn row by row straight into the file, so even `wide` never sits in memory.
 
 use crate::draw::{self, E4M3_CODE_RMS, FP4_CODE_RMS};
-use crate::inventory::{engram_rows, logical_tensors, Kind, Logical};
+use crate::inventory::{copy_slices, engram_rows, logical_tensors, Kind, Logical};
 use crate::preset::{decimal, Dspark, Geometry, Preset, Sharding};
 use crate::rng::SplitMix64;
 use crate::tokenizer::Vocab;
@@ -120,6 +120,8 @@ pub fn write_stored(seed: u64, s: &Stored, w: &mut dyn Write) -> std::io::Result
         .product::<usize>()
         .max(1);
     let mut buf = Vec::with_capacity(row_len * 4);
+    // A tensor with copied slices (router ties) is small: drawn whole, then copied, then written.
+    let mut whole = Vec::new();
     for _ in 0..rows {
         buf.clear();
         for _ in 0..row_len {
@@ -139,7 +141,22 @@ pub fn write_stored(seed: u64, s: &Stored, w: &mut dyn Write) -> std::io::Result
                 )),
             }
         }
-        w.write_all(&buf)?;
+        if t.copies.is_empty() {
+            w.write_all(&buf)?;
+        } else {
+            whole.extend_from_slice(&buf);
+        }
+    }
+    if !t.copies.is_empty() {
+        assert_eq!(
+            s.part,
+            Part::Plain,
+            "{}: only plain tensors have copies",
+            s.name
+        );
+        let per_slice = whole.len() / t.shape[0];
+        copy_slices(&t.copies, &mut whole, per_slice);
+        w.write_all(&whole)?;
     }
     Ok(())
 }
@@ -149,13 +166,21 @@ pub fn write_stored(seed: u64, s: &Stored, w: &mut dyn Write) -> std::io::Result
 pub fn logical_values(seed: u64, t: &Logical) -> Vec<f32> {
     let (rows, cols) = (t.rows(), t.cols());
     let mut rng = SplitMix64::for_object(seed, &t.name);
+    let plain = |mut values: Vec<f32>| {
+        copy_slices(&t.copies, &mut values, t.numel() / t.shape[0]);
+        values
+    };
     match t.kind {
-        Kind::F32 => (0..t.numel())
-            .map(|_| draw::plain(&mut rng, t.init, cols) as f32)
-            .collect(),
-        Kind::Bf16 => (0..t.numel())
-            .map(|_| draw::bf16(&mut rng, t.init, cols).1)
-            .collect(),
+        Kind::F32 => plain(
+            (0..t.numel())
+                .map(|_| draw::plain(&mut rng, t.init, cols) as f32)
+                .collect(),
+        ),
+        Kind::Bf16 => plain(
+            (0..t.numel())
+                .map(|_| draw::bf16(&mut rng, t.init, cols).1)
+                .collect(),
+        ),
         Kind::Fp8 | Kind::EngramTable | Kind::Fp4 => {
             let mut srng = SplitMix64::for_object(seed, &scale_name(&t.name));
             let (srows, scols) = if t.kind == Kind::Fp8 {

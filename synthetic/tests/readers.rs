@@ -87,6 +87,44 @@ fn waste_tiny_container_round_trips() {
     assert_round_trip("waste-tiny", Layout::Container, 0);
 }
 
+/// `tied-router`: read back through the engine in both layouts, each layer's tied pair has
+/// bit-identical gate rows and biases (so their router keys tie exactly) while every other
+/// pair differs, and every tensor but the router's is `tiny`'s for the same seed.
+#[test]
+fn tied_router_ties_exactly_the_declared_pairs_in_both_layouts() {
+    let ties = Preset::by_name("tied-router").unwrap().geometry.router_ties;
+    assert_eq!(ties.len(), 6, "one pair per layer");
+    for layout in [Layout::Release, Layout::Container] {
+        assert_round_trip("tied-router", layout, 5);
+        let tmp = gen("tied-router", layout, 5);
+        let ck = checkpoint::open(&tmp.path().join("ck")).unwrap();
+        for t in &ties {
+            let p = format!("layers.{}.ffn.gate.", t.layer);
+            let w = ck.tensor_f32(&format!("{p}weight")).unwrap();
+            let b = ck.tensor_f32(&format!("{p}bias")).unwrap();
+            let dim = w.len() / b.len();
+            let row = |e: usize| &w[e * dim..(e + 1) * dim];
+            for i in 0..b.len() {
+                for j in i + 1..b.len() {
+                    let tied = (i, j) == (t.expert.min(t.copy), t.expert.max(t.copy));
+                    assert_eq!(row(i) == row(j), tied, "{layout:?} {p} rows {i},{j}");
+                    assert_eq!(b[i] == b[j], tied, "{layout:?} {p}bias {i},{j}");
+                }
+            }
+        }
+        let tiny = expected_values("tiny", layout, 5).unwrap();
+        let tied = expected_values("tied-router", layout, 5).unwrap();
+        assert_eq!(
+            tiny.keys().collect::<Vec<_>>(),
+            tied.keys().collect::<Vec<_>>()
+        );
+        for (name, v) in &tied {
+            let router = name.contains(".ffn.gate.") || name.contains("block_sparse_moe.gate.");
+            assert_eq!(router, v != &tiny[name], "{layout:?} {name}");
+        }
+    }
+}
+
 #[test]
 fn readers_parse_the_preset_geometry_in_both_layouts() {
     for (preset, layouts) in [

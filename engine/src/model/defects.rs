@@ -38,8 +38,11 @@ pub enum Defect {
     IndexKHandoffWrong,
     /// §6.4.6: do not pin the block holding the newest reachable position.
     CandidatePinMissing,
-    /// §5.10: among equal values the HIGHER index wins.
+    /// §5.10: among equal values the HIGHER index wins (every top-k: router, indexer, candidates).
     TopkTiesReversed,
+    /// §6.5 with §5.10: among equal router selection keys the HIGHER expert id wins; every
+    /// other top-k keeps the canonical rule.
+    GateTiesReversed,
     /// §7.1 / issue 7: a restored state loses the compressors' open pooling groups (the kv
     /// rows and scores of a ratio-r group not yet emitted), as a snapshot that saved only the
     /// emitted latents would.
@@ -63,6 +66,7 @@ impl Defect {
         "index-k-handoff-wrong",
         "candidate-pin-missing",
         "topk-ties-reversed",
+        "gate-ties-reversed",
         "state-without-pooling-group",
     ];
 }
@@ -85,6 +89,7 @@ impl fmt::Display for Defect {
             Defect::IndexKHandoffWrong => "index-k-handoff-wrong",
             Defect::CandidatePinMissing => "candidate-pin-missing",
             Defect::TopkTiesReversed => "topk-ties-reversed",
+            Defect::GateTiesReversed => "gate-ties-reversed",
             Defect::StateWithoutPoolingGroup => "state-without-pooling-group",
         };
         f.write_str(s)
@@ -115,6 +120,7 @@ impl FromStr for Defect {
             "index-k-handoff-wrong" => Defect::IndexKHandoffWrong,
             "candidate-pin-missing" => Defect::CandidatePinMissing,
             "topk-ties-reversed" => Defect::TopkTiesReversed,
+            "gate-ties-reversed" => Defect::GateTiesReversed,
             "state-without-pooling-group" => Defect::StateWithoutPoolingGroup,
             _ => {
                 return Err(format!(

@@ -162,7 +162,8 @@ impl Moe {
     ) -> Result<PoolVec<Route>> {
         let mut logits = PoolVec::filled(rows * self.n_routed, 0.0f32);
         self.gate.forward(v, rows, &mut logits, numerics)?;
-        let ties_reversed = defects.has(Defect::TopkTiesReversed);
+        let ties_reversed =
+            defects.has(Defect::TopkTiesReversed) || defects.has(Defect::GateTiesReversed);
         logits
             .chunks_exact(self.n_routed)
             .map(|l| {

@@ -110,7 +110,9 @@ def main(argv=None):
         write_cases(name, SETS[name], ROOT / "goldens" / "official" / name, cases, tol)
         default = long_tier(cases / f"official_{name}.yaml", SETS[name])
         drop_fragile_logits(cases / f"official_{name}.yaml", LOGITS_FED_BY_FLIPS.get(name, []))
-        print(f"official_{name}.yaml: end-to-end tolerance {tol or 'profile'}; default tier: {default}")
+        e2e = (f"replay only (end to end: {SETS[name]['end_to_end']})" if SETS[name].get("end_to_end")
+               else f"end-to-end tolerance {tol or 'profile'}")
+        print(f"official_{name}.yaml: {e2e}; default tier: {default}")
     return 0
 
 

@@ -60,6 +60,16 @@ SETS = {
                       "about": "window-mtp: window 32 + index top-40 (attention rows of up to 72 entries, two "
                                "64-blocks), ratio-1 selection from p >= 40, candidate filter from p >= 48, "
                                "one DSpark stage stored as mtp.0.*"},
+    "tied_router_s5": {"preset": "tied-router", "seed": 5, "tokens": ids(505, 20), "prefills": [20, 5],
+                       "about": "tied-router: tiny with one pair of experts per layer sharing gate row and biases "
+                                "(the six pairs of its 4 experts on the six layers), so router selection keys tie "
+                                "exactly; 30 (p05 schedule) or 32 (p20) of the 120 (token, layer) routings have the tied pair "
+                                "across the top-2 boundary (margin.experts 0, first at token 0 layer 4), decided by "
+                                "the lower-index rule alone",
+                       # End to end, the first exact tie (token 0 layer 4) feeds every logits row and
+                       # layer-5 selection, so an engine with another tie order has nothing left to be
+                       # judged on: the end-to-end cases hold the canonical tie rule (canonical_ties.yaml).
+                       "end_to_end": "residual/canonical_ties.yaml"},
 }
 
 
@@ -133,13 +143,20 @@ def make_set(name: str, spec: dict, inference: Path, ds41: str, out_root: Path):
 
 def write_cases(name: str, spec: dict, golden_dir: Path, cases_dir: Path, tolerance=None):
     """conformance/cases/residual/official_NAME.yaml: for every golden of the set, an end-to-end
-    case and a teacher-forced (`replay: true`) case per hand-off, reading only the repository."""
+    case and a teacher-forced (`replay: true`) case per hand-off, reading only the repository. A
+    set whose spec names another file under `end_to_end` gets only its replay cases here."""
     layout_model = f"synthetic:{spec['preset']}/release@{spec['seed']}"
     n = len(spec["tokens"])
+    elsewhere = spec.get("end_to_end")
+    modes = (True,) if elsewhere else (False, True)
+    how = ([". Teacher-forced replay per cell (its `replay` thresholds; exact ties excused unless the engine",
+            f"  claims the canonical rule); both index-k hand-offs. The end-to-end cases are in {elsewhere}."]
+           if elsewhere else
+           [". End to end (gates/upstream.yaml)",
+            "  and teacher-forced replay per cell (its `replay` thresholds); both index-k hand-offs."])
     lines = ["family: residual", "description: >-",
              f"  Official model.py goldens of set {name} (goldens/official/{name}/, made by",
-             "  goldens/regen/model/official_sets.py): " + spec["about"] + ". End to end (gates/upstream.yaml)",
-             "  and teacher-forced replay per cell (its `replay` thresholds); both index-k hand-offs.",
+             "  goldens/regen/model/official_sets.py): " + spec["about"] + how[0], how[1],
              "cases:"]
     for prefill in spec["prefills"]:
         sched = f"p{prefill:02d}_d{n - prefill:02d}"
@@ -149,7 +166,7 @@ def write_cases(name: str, spec: dict, golden_dir: Path, cases_dir: Path, tolera
                 fname = f"{sched}.safetensors"
             if not (golden_dir / fname).exists():
                 raise SystemExit(f"{golden_dir}: no golden for {sched} {h}")
-            for replay in (False, True):
+            for replay in modes:
                 case = f"{name.replace('_', '-')}-{sched.replace('_', '-')}-{h}" + ("-replay" if replay else "")
                 require = "[logits, residual, experts, topk, engram_hash" + (", attn_out, moe_out]" if replay else "]")
                 lines += [f"  - name: {case}", f"    model: {layout_model}",
