@@ -131,7 +131,11 @@ fn main() {
                     "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
                 ));
             };
-            let var = |v: &str| std::env::var_os(v).filter(|v| !v.is_empty()).map(PathBuf::from);
+            let var = |v: &str| {
+                std::env::var_os(v)
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            };
             engram_map::engram_map_equals_official(
                 &py,
                 Path::new(&inference),
@@ -140,18 +144,21 @@ fn main() {
             );
             Ok(Completion::Completed)
         }),
-        Trial::ignorable_test("regen_python::waste-containers-vs-make_test_container", move || {
-            let Some(py) = need_python()? else {
-                return Ok(skipped());
-            };
-            let Some(waste) = std::env::var_os("DS41_WASTE").filter(|v| !v.is_empty()) else {
-                return Ok(Completion::ignored_with(
+        Trial::ignorable_test(
+            "regen_python::waste-containers-vs-make_test_container",
+            move || {
+                let Some(py) = need_python()? else {
+                    return Ok(skipped());
+                };
+                let Some(waste) = std::env::var_os("DS41_WASTE").filter(|v| !v.is_empty()) else {
+                    return Ok(Completion::ignored_with(
                     "SKIPPED: DS41_WASTE not set (a WASTE checkout with tools/make_test_container.py)",
                 ));
-            };
-            waste_containers_equal_make_test_container(&py, Path::new(&waste))?;
-            Ok(Completion::Completed)
-        }),
+                };
+                waste_containers_equal_make_test_container(&py, Path::new(&waste))?;
+                Ok(Completion::Completed)
+            },
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -179,8 +186,9 @@ fn waste_containers_equal_make_test_container(python: &Path, waste: &Path) -> Re
             .into());
         }
         let ours = tmp.path().join(format!("ours-{seed}"));
-        let g = ds41_synthetic::generate("waste-tiny", ds41_synthetic::Layout::Container, seed, &ours)
-            .map_err(|e| e.to_string())?;
+        let g =
+            ds41_synthetic::generate("waste-tiny", ds41_synthetic::Layout::Container, seed, &ours)
+                .map_err(|e| e.to_string())?;
         let mut names: Vec<String> = std::fs::read_dir(&theirs)
             .map_err(|e| e.to_string())?
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())

@@ -63,7 +63,10 @@ fn main() {
     println!("load: engine {engine_load:.2?}, hf {hf_load:.2?}");
 
     let dsml: Vec<String> = (1..=5)
-        .map(|n| std::fs::read_to_string(release.join(format!("encoding/tests/test_output_{n}.txt"))).unwrap())
+        .map(|n| {
+            std::fs::read_to_string(release.join(format!("encoding/tests/test_output_{n}.txt")))
+                .unwrap()
+        })
         .collect();
     let mut wide: Vec<String> = corpus::wide(20_000, 11)
         .into_iter()

@@ -237,7 +237,10 @@ fn tiny_engram_constants() {
 }
 
 #[test]
-#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (the official_a set)")]
+#[cfg_attr(
+    not(ds41_upstream),
+    ignore = "DS41_UPSTREAM not set (the official_a set)"
+)]
 fn official_a_engram_constants() {
     let up = upstream();
     // official_a: layers 1,2, cvocab 258 (README); rows 420, 508.

@@ -28,7 +28,11 @@ fn official_prompts_tokenize_to_the_hf_ids() {
         let case = dsml::load_case(&input).unwrap();
         let prompt =
             dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None)).unwrap();
-        let ids = hf.encode(prompt.to_string(), false).unwrap().get_ids().to_vec();
+        let ids = hf
+            .encode(prompt.to_string(), false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
         // The official user data holds no control spelling, so the safe policy and HF agree.
         assert_eq!(
             prompt.encode(&tok).unwrap(),
@@ -40,7 +44,11 @@ fn official_prompts_tokenize_to_the_hf_ids() {
             ids,
             "case {n}: whole-string encoding"
         );
-        assert_eq!(ids.len(), [548, 40, 579, 101, 74][n - 1], "case {n}: id count");
+        assert_eq!(
+            ids.len(),
+            [548, 40, 579, 101, 74][n - 1],
+            "case {n}: id count"
+        );
     }
 }
 

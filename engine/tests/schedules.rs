@@ -17,8 +17,6 @@ fn open_model(dir: &Path) -> Model {
     common::official_a_model(dir)
 }
 
-
-
 const WASTE_IDS: [u32; 16] = [3, 7, 11, 5, 19, 23, 2, 41, 8, 64, 17, 90, 4, 8, 200, 31];
 
 fn ids(up: &Path) -> Vec<u32> {

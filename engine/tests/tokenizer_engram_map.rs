@@ -308,7 +308,10 @@ fn engram_hash_goldens_from_engine_map() {
             .map(|&p| p as usize)
             .collect();
         assert!(!dead.is_empty());
-        for (key, dead) in [("hash_prefill_then_decode", vec![]), ("hash_with_dead", dead)] {
+        for (key, dead) in [
+            ("hash_prefill_then_decode", vec![]),
+            ("hash_with_dead", dead),
+        ] {
             let got = hash_ids(&map, &c, &input_ids, &dead);
             let want = &g[key][0];
             assert_eq!(want.as_array().unwrap().len(), input_ids.len());

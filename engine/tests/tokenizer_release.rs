@@ -119,7 +119,11 @@ fn wide_corpus_matches_the_live_oracle() {
             failures.push(format!("text i={}", r.i));
         }
     }
-    eprintln!("engine + HF on {} strings, both policies: {:?}", corpus.len(), t0.elapsed());
+    eprintln!(
+        "engine + HF on {} strings, both policies: {:?}",
+        corpus.len(),
+        t0.elapsed()
+    );
     assert!(failures.is_empty(), "{failures:?}");
     assert_eq!((markup_equal, text_equal), (24_021, 24_021));
 }

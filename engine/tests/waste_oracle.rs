@@ -27,8 +27,10 @@ fn measure(index_k: IndexK) -> (Vec<f64>, Vec<f64>, Trace) {
         &[1; IDS.len()],
         &options(Numerics::Exact, index_k),
     );
-    let golden =
-        TraceFile::read(&common::golden("waste_oracle/waste-tiny_s0_n12.safetensors")).unwrap();
+    let golden = TraceFile::read(&common::golden(
+        "waste_oracle/waste-tiny_s0_n12.safetensors",
+    ))
+    .unwrap();
     let ids = golden.i64("input_ids").unwrap().1;
     assert_eq!(ids, IDS.map(i64::from), "the golden's ids");
     let (_, oracle_logits) = golden.f32("logits").unwrap();

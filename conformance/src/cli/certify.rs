@@ -326,7 +326,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 /// Where the release files and the upstream set come from, and what is skipped without them.
-fn data_roots_line(ctx: &Context, cases: &[ds41_conformance::case::Case], external: usize) -> String {
+fn data_roots_line(
+    ctx: &Context,
+    cases: &[ds41_conformance::case::Case],
+    external: usize,
+) -> String {
     use ds41_conformance::locations::Found;
     let release = match &ctx.release {
         Some(r) => {

@@ -29,7 +29,9 @@ pub fn waste_container() -> (tempfile::TempDir, std::path::PathBuf) {
 
 /// A golden of this repository (`goldens/REL`).
 pub fn golden(rel: &str) -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../goldens").join(rel)
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../goldens")
+        .join(rel)
 }
 
 pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
