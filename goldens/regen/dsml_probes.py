@@ -215,7 +215,7 @@ def main(argv=None):
             a.out / ("probes" + provenance.SUFFIX),
             description="The project's DSML probes (rendering and parsing edge cases) and the official "
                         "encoding.py's answer to each; checked by conformance/cases/dsml/goldens.yaml "
-                        "(official-probes) and engine/tests/dsml_upstream.rs.",
+                        "(official-probes) and engine/tests/dsml_official.rs.",
             generator={"kind": "official-code", "name": "encoding/encoding.py",
                        "version": provenance.sha256_file(encoding_py)[:8],
                        "revision": "dba1be0a40aa45a94ad051997016db3960a90277",

@@ -52,6 +52,11 @@ PROBES = [
 ]
 
 
+def release_input(name: str, path: Path, rel: str) -> dict:
+    """A release file as a provenance input (location `release`: verified against the snapshot)."""
+    return {"name": name, "location": "release", "path": rel, "sha256": provenance.sha256_file(path)}
+
+
 def model_args(config: dict, max_seq_len: int):
     """The ModelArgs fields NgramHashState reads, from the release inference/config.json."""
     keys = ["engram_layer_ids", "engram_max_ngram_size", "engram_n_heads", "engram_vocab_size",
@@ -146,10 +151,8 @@ def main(argv=None):
                        "environment": provenance.environment(torch=torch.__version__, numpy=np.__version__)},
             command=f"python3 {SCRIPT} --inference <release inference/> --release <release snapshot> --out {{out}}",
             inputs=[
-                {"name": "inference_config", "location": "external", "path": "inference/config.json",
-                 "sha256": provenance.sha256_file(config_path)},
-                {"name": "tokenizer", "location": "external", "path": "tokenizer.json",
-                 "sha256": provenance.sha256_file(tokenizer_path)},
+                release_input("inference_config", config_path, "inference/config.json"),
+                release_input("tokenizer", tokenizer_path, "tokenizer.json"),
                 provenance.describe_input("script", Path(__file__)),
                 provenance.describe_input("token_map_script", Path(__file__).resolve().parent / "engram_token_map.py"),
                 {"name": "engram.py", "location": "external", "path": "inference/engram.py",

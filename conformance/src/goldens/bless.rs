@@ -50,6 +50,7 @@ pub fn bless(opts: &BlessOptions) -> Result<Vec<Blessed>, GoldenError> {
         repo_root: opts.repo_root.clone(),
         goldens_dir: Some(goldens_dir.clone()),
         upstream: opts.upstream.clone(),
+        release: super::release_snapshot_dir()?,
         deep: true,
         ds41: opts.ds41.clone(),
     };
