@@ -348,6 +348,7 @@ fn data_roots_line(
     };
     let upstream = match &ctx.upstream {
         Some(u) => u.display().to_string(),
+        None if external == 0 => "not given".to_string(),
         None => format!(
             "not given ({external} external case(s) not in this run; --upstream DIR adds them)"
         ),

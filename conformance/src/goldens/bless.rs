@@ -113,6 +113,19 @@ fn bless_one(
                 let h = sha256_path(&p)?;
                 (p, h)
             }
+            Location::Release => {
+                let root = opts.release.as_ref().ok_or_else(|| {
+                    GoldenError::Refused(format!(
+                        "{}: input `{}` is a release file: {}",
+                        sidecar.display(),
+                        input.name,
+                        crate::locations::no_release_reason()
+                    ))
+                })?;
+                let p = root.join(&input.path);
+                let h = sha256_path(&p)?;
+                (p, h)
+            }
             Location::External => {
                 return Err(GoldenError::Field {
                     path: sidecar.to_path_buf(),
