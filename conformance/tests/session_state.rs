@@ -162,10 +162,14 @@ fn release_tiny_continues_bit_exactly_at_every_boundary() {
     // (12, 13, 14), and a late odd split (17).
     check_splits(
         presets().0,
-        &[Numerics::Exact, Numerics::Upstream],
+        &[Numerics::Exact],
         &[0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 14, 17],
         19,
     );
+    // Where a split falls is a property of the cache geometry, not of the numerics; the
+    // upstream profile's state (its bf16-rounded caches) is checked at one split of each
+    // kind: decode only, inside a ratio-2 group, at the ring wrap, at the first removal.
+    check_splits(presets().0, &[Numerics::Upstream], &[0, 3, 8, 13], 19);
 }
 
 #[test]
