@@ -9,10 +9,13 @@
 //!   profile, bit for bit, on official_a weights (regen_python/torch_kernels.rs);
 //! * `regen_python::engram-map-vs-official` — the engine's Engram token map against the
 //!   official engram.py on every tokenizer we have (regen_python/engram_map.rs); needs
-//!   `DS41_OFFICIAL_INFERENCE`, the release `inference/` directory.
+//!   `DS41_OFFICIAL_INFERENCE`, the release `inference/` directory;
+//! * `regen_python::waste-containers-vs-make_test_container` — `ds41 synth --preset waste-tiny
+//!   --layout container --seed S` against WASTE's `make_test_container.py --ds41 --seed S`,
+//!   seeds 0-3, byte for byte; needs `DS41_WASTE`, a WASTE checkout.
 //!
 //! `DS41_PYTHON` names a Python with goldens/regen/requirements.txt installed, e.g.
-//! `DS41_PYTHON=/tmp/ds41-venv/bin/python DS41_UPSTREAM=/work/shared/upstream cargo test -p
+//! `DS41_PYTHON=/tmp/ds41-venv/bin/python DS41_RELEASE=../shared/release cargo test -p
 //! ds41-conformance --test regen_python` (about 40 s). Set but lacking the pinned packages is a
 //! failure. `DS41_UPSTREAM` and `DS41_TOKENIZER_WHEEL` are passed through (the Python tests that
 //! need them say `SKIPPED` when unset).
