@@ -349,7 +349,9 @@ pub enum EngineError {
     /// The engine lacks the capability; the optional reason is the engine's own words.
     Unsupported(Capability, Option<String>),
     Refused(String),
-    Timeout(Duration),
+    /// The deadline passed; the optional detail says what the engine was doing (e.g. not
+    /// reading its input).
+    Timeout(Duration, Option<String>),
     Crashed(String),
     Garbage(String),
     Failed(String),
@@ -363,7 +365,12 @@ impl std::fmt::Display for EngineError {
                 write!(f, "engine lacks capability `{c}`: {why}")
             }
             EngineError::Refused(m) => write!(f, "engine refused: {m}"),
-            EngineError::Timeout(d) => write!(f, "engine timed out after {:.1}s", d.as_secs_f64()),
+            EngineError::Timeout(d, None) => {
+                write!(f, "engine timed out after {:.1}s", d.as_secs_f64())
+            }
+            EngineError::Timeout(d, Some(why)) => {
+                write!(f, "engine timed out after {:.1}s: {why}", d.as_secs_f64())
+            }
             EngineError::Crashed(m) => write!(f, "engine crashed: {m}"),
             EngineError::Garbage(m) => write!(f, "engine answered garbage: {m}"),
             EngineError::Failed(m) => write!(f, "engine failed: {m}"),

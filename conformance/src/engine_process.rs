@@ -17,7 +17,7 @@
 use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -80,6 +80,9 @@ pub struct EngineProcess {
     child: Child,
     group: i32,
     input: Option<Sender<Vec<u8>>>,
+    /// Bytes queued for stdin and bytes the engine has taken, so a hang can be told apart
+    /// from an engine that stopped reading.
+    input_progress: Arc<InputProgress>,
     output: Receiver<Chunk>,
     /// Bytes read from stdout not yet returned: `pending[start..]`.
     pending: Vec<u8>,
@@ -117,15 +120,18 @@ impl EngineProcess {
             pump_stderr(stderr, t);
             let _ = ended.send(());
         });
+        let input_progress = Arc::new(InputProgress::default());
         let input = child.stdin.take().map(|stdin| {
             let (tx, rx) = mpsc::channel::<Vec<u8>>();
-            std::thread::spawn(move || feed_stdin(stdin, rx));
+            let progress = Arc::clone(&input_progress);
+            std::thread::spawn(move || feed_stdin(stdin, rx, &progress));
             tx
         });
         Ok(EngineProcess {
             child,
             group,
             input,
+            input_progress,
             output,
             pending: Vec::new(),
             start: 0,
@@ -140,8 +146,20 @@ impl EngineProcess {
     /// an engine that stops reading shows as silence until the deadline.
     pub fn send(&mut self, bytes: Vec<u8>) {
         if let Some(tx) = &self.input {
-            let _ = tx.send(bytes);
+            let n = bytes.len() as u64;
+            if tx.send(bytes).is_ok() {
+                self.input_progress.queued.fetch_add(n, Ordering::SeqCst);
+            }
         }
+    }
+
+    /// Bytes sent with [`EngineProcess::send`] that the engine has not taken from its stdin
+    /// yet (beyond what the pipe buffers): nonzero at a timeout means it stopped reading.
+    pub fn unread_input(&self) -> u64 {
+        let p = &self.input_progress;
+        p.queued
+            .load(Ordering::SeqCst)
+            .saturating_sub(p.written.load(Ordering::SeqCst))
     }
 
     /// Close the engine's stdin once everything queued is written (end of input).
@@ -421,11 +439,23 @@ fn pump_stderr(mut from: impl Read, tail: Arc<Mutex<Tail>>) {
     }
 }
 
-fn feed_stdin(mut to: impl Write, from: Receiver<Vec<u8>>) {
+#[derive(Default)]
+struct InputProgress {
+    queued: AtomicU64,
+    written: AtomicU64,
+}
+
+fn feed_stdin(mut to: impl Write, from: Receiver<Vec<u8>>, progress: &InputProgress) {
     // Ends when the engine stops taking input (its group was killed) or the sender is gone.
+    // Written in chunks so the progress shows how far an engine that stopped reading got.
     for bytes in from {
-        if to.write_all(&bytes).and_then(|_| to.flush()).is_err() {
-            return;
+        for chunk in bytes.chunks(CHUNK_BYTES) {
+            if to.write_all(chunk).and_then(|_| to.flush()).is_err() {
+                return;
+            }
+            progress
+                .written
+                .fetch_add(chunk.len() as u64, Ordering::SeqCst);
         }
     }
 }

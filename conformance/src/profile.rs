@@ -413,7 +413,7 @@ impl ProfileEngine {
         let tail = p.stderr_tail();
         let done = match run {
             Ok(done) => done,
-            Err(RunError::Timeout) => return Err(EngineError::Timeout(timeout)),
+            Err(RunError::Timeout) => return Err(EngineError::Timeout(timeout, None)),
             Err(RunError::StdoutOverBudget(n)) => {
                 return Err(EngineError::Garbage(format!(
                     "`{shown}` wrote more than {} MiB on stdout (killed){tail}",
@@ -828,7 +828,7 @@ mod tests {
             },
             Duration::from_millis(200),
         );
-        assert!(matches!(r, Err(EngineError::Timeout(_))), "{r:?}");
+        assert!(matches!(r, Err(EngineError::Timeout(..))), "{r:?}");
     }
 
     #[test]

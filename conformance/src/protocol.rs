@@ -20,7 +20,9 @@ use crate::engine_process::{
 };
 
 pub const PROTOCOL_VERSION: &str = "ds41-engine/1";
-const HELLO_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the first `hello` of a run may take by default (an engine may load a framework
+/// first); `ds41 certify --hello-timeout` changes it.
+pub const DEFAULT_HELLO_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A request as it travels (the `id` is added by the envelope).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -115,6 +117,11 @@ impl AdapterEngine {
     /// Start the engine and perform the hello; an engine that cannot even say hello is a
     /// configuration error.
     pub fn start(command: &str) -> anyhow::Result<AdapterEngine> {
+        Self::start_within(command, DEFAULT_HELLO_TIMEOUT)
+    }
+
+    /// [`AdapterEngine::start`] with the first hello bounded by `hello_timeout`.
+    pub fn start_within(command: &str, hello_timeout: Duration) -> anyhow::Result<AdapterEngine> {
         let mut e = AdapterEngine {
             command: command.to_string(),
             running: None,
@@ -128,8 +135,10 @@ impl AdapterEngine {
             capabilities: BTreeSet::new(),
             unknown_capabilities: Vec::new(),
         };
-        e.ensure_running(Instant::now() + HELLO_TIMEOUT, HELLO_TIMEOUT)
-            .map_err(|err| anyhow::anyhow!("engine `{command}`: {err}"))?;
+        e.ensure_running(Instant::now() + hello_timeout, hello_timeout)
+            .map_err(|err| {
+                anyhow::anyhow!("engine `{command}`: {err} (the first hello; see --hello-timeout)")
+            })?;
         Ok(e)
     }
 
@@ -197,7 +206,7 @@ impl AdapterEngine {
     /// hello) when the previous one was discarded.
     fn call(&mut self, req: Request, timeout: Duration) -> EngineResult<serde_json::Value> {
         let deadline = Instant::now() + timeout;
-        self.ensure_running(deadline.min(Instant::now() + HELLO_TIMEOUT), timeout)?;
+        self.ensure_running(deadline, timeout)?;
         let id = self.next_id;
         self.next_id += 1;
         let r = self.running.as_mut().expect("running");
@@ -270,10 +279,21 @@ fn exchange(
     })
     .map_err(|e| EngineError::Failed(e.to_string()))?;
     line.push(b'\n');
+    let line_len = line.len();
     p.send(line);
     let line = match p.read_line(deadline, MAX_REPLY_BYTES) {
         Ok(l) => l,
-        Err(ReadError::Timeout) => return Err(EngineError::Timeout(timeout)),
+        Err(ReadError::Timeout) => {
+            let unread = p.unread_input();
+            let why = (unread > 0).then(|| {
+                format!(
+                    "it stopped reading its stdin with {unread} of the request's {} bytes \
+                     not taken",
+                    line_len
+                )
+            });
+            return Err(EngineError::Timeout(timeout, why));
+        }
         Err(ReadError::Closed) => {
             return Err(EngineError::Crashed(
                 "the engine ended (or closed its stdout) before answering".into(),
@@ -385,15 +405,46 @@ impl Engine for AdapterEngine {
 /// none could be read) and the loop goes on.
 pub fn serve(
     engine: &mut dyn Engine,
+    input: impl BufRead,
+    output: impl Write,
+) -> anyhow::Result<()> {
+    serve_lines_up_to(engine, input, output, MAX_REQUEST_BYTES)
+}
+
+/// Bytes one request line may take: as much as a reply may (the harness's side of the same
+/// bound), far above what any request needs.
+pub const MAX_REQUEST_BYTES: usize = crate::engine_process::MAX_REPLY_BYTES;
+
+/// [`serve`] with requests of at most `max_line` bytes: a longer line is answered with an
+/// error (id 0: its id is not read) and skipped without being held in memory.
+fn serve_lines_up_to(
+    engine: &mut dyn Engine,
     mut input: impl BufRead,
     mut output: impl Write,
+    max_line: usize,
 ) -> anyhow::Result<()> {
     let no_timeout = Duration::from_secs(24 * 3600);
     let mut raw = Vec::new();
     loop {
         raw.clear();
-        if input.read_until(b'\n', &mut raw)? == 0 {
-            break;
+        match read_line_up_to(&mut input, &mut raw, max_line)? {
+            LineRead::End => break,
+            LineRead::Line => {}
+            LineRead::TooLong(total) => {
+                write_reply(
+                    &mut output,
+                    0,
+                    Err(ReplyError {
+                        kind: "failed".into(),
+                        message: format!(
+                            "malformed request: the line has {total} bytes, more than the \
+                             {max_line} a request may take; skipped"
+                        ),
+                        capability: None,
+                    }),
+                )?;
+                continue;
+            }
         }
         let line = match std::str::from_utf8(&raw) {
             Ok(l) => l,
@@ -496,6 +547,55 @@ pub fn serve(
     Ok(())
 }
 
+enum LineRead {
+    End,
+    /// `buf` holds the line (with its `\n`, if the input did not end first).
+    Line,
+    /// The line had this many bytes (newline excluded) and was consumed, not kept.
+    TooLong(u64),
+}
+
+/// Read one line into `buf`, keeping at most `max` bytes; a longer line is read to its end
+/// and dropped.
+fn read_line_up_to(
+    input: &mut impl BufRead,
+    buf: &mut Vec<u8>,
+    max: usize,
+) -> std::io::Result<LineRead> {
+    let mut total: u64 = 0;
+    loop {
+        let available = input.fill_buf()?;
+        if available.is_empty() {
+            return Ok(if total == 0 {
+                LineRead::End
+            } else if buf.len() as u64 == total {
+                LineRead::Line
+            } else {
+                LineRead::TooLong(total)
+            });
+        }
+        let (take, found) = match available.iter().position(|&b| b == b'\n') {
+            Some(i) => (i + 1, true),
+            None => (available.len(), false),
+        };
+        let content = if found { take - 1 } else { take };
+        total += content as u64;
+        if total <= max as u64 {
+            buf.extend_from_slice(&available[..take]);
+        } else {
+            buf.clear();
+        }
+        input.consume(take);
+        if found {
+            return Ok(if total <= max as u64 {
+                LineRead::Line
+            } else {
+                LineRead::TooLong(total)
+            });
+        }
+    }
+}
+
 fn write_reply(
     out: &mut impl Write,
     id: u64,
@@ -547,5 +647,37 @@ mod tests {
             "{err:?}"
         );
         assert!(replies[1].ok && replies[1].id == 2);
+    }
+
+    /// A request line over the bound is answered with an error naming its length and is
+    /// not kept; the requests after it are still answered.
+    #[test]
+    fn serve_refuses_an_overlong_line_and_goes_on() {
+        let mut engine = crate::reference::ReferenceEngine::new();
+        let hello = b"{\"id\": 2, \"op\": \"hello\", \"protocol\": \"ds41-engine/1\"}\n";
+        let mut input = vec![b'x'; 10_000];
+        input.push(b'\n');
+        input.extend_from_slice(hello);
+        // Small reads, so the long line arrives in many pieces.
+        let reader = std::io::BufReader::with_capacity(7, &input[..]);
+        let mut out = Vec::new();
+        serve_lines_up_to(&mut engine, reader, &mut out, 100).unwrap();
+        let replies: Vec<Reply> = out
+            .split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect();
+        assert_eq!(replies.len(), 2, "{}", String::from_utf8_lossy(&out));
+        let err = replies[0].error.as_ref().unwrap();
+        assert!(err.message.contains("10000 bytes"), "{err:?}");
+        assert!(replies[1].ok && replies[1].id == 2);
+        // A request exactly at the bound is served.
+        let mut out = Vec::new();
+        serve_lines_up_to(&mut engine, &hello[..], &mut out, hello.len() - 1).unwrap();
+        assert!(
+            String::from_utf8_lossy(&out).contains("\"ok\":true"),
+            "{}",
+            String::from_utf8_lossy(&out)
+        );
     }
 }

@@ -82,7 +82,7 @@ fn with_timeout<T: Send + 'static>(
         .map_err(|e| EngineError::Failed(format!("cannot start a worker thread: {e}")))?;
     match rx.recv_timeout(timeout) {
         Ok(r) => r,
-        Err(mpsc::RecvTimeoutError::Timeout) => Err(EngineError::Timeout(timeout)),
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(EngineError::Timeout(timeout, None)),
         Err(mpsc::RecvTimeoutError::Disconnected) => {
             Err(EngineError::Crashed("worker thread vanished".into()))
         }

@@ -24,6 +24,7 @@ idof() { printf '%s' "$1" | sed -n 's/.*"id":\([0-9][0-9]*\).*/\1/p'; }
 IFS= read -r line || exit 0
 id=$(idof "$line")
 [ "$MODE" = no-hello ] && { echo 'Loading weights... 12%'; sleep 300; }
+[ "$MODE" = mute ] && sleep 300
 # answers the first hello only: every restarted engine stays silent
 [ "$MODE" = hello-once ] && [ -e "$PIDS.started" ] && sleep 300
 [ "$MODE" = hello-once ] && { : > "$PIDS.started"; MODE=segv; }
@@ -165,7 +166,7 @@ fn rss_kib() -> u64 {
 fn a_stderr_flood_is_kept_as_a_bounded_tail() {
     let before = rss_kib();
     let (e, _) = protocol_call("stderr-flood", "x".into(), Duration::from_secs(3));
-    assert!(matches!(e, EngineError::Timeout(_)), "{e}");
+    assert!(matches!(e, EngineError::Timeout(..)), "{e}");
     let grown = rss_kib().saturating_sub(before);
     // 300 MB went through stderr; the harness keeps a few KiB of it.
     // (Other tests of this binary run alongside: one may hold a 64 MiB reply buffer.)
@@ -175,7 +176,8 @@ fn a_stderr_flood_is_kept_as_a_bounded_tail() {
 #[test]
 fn an_engine_that_stops_reading_stdin_times_out() {
     let (e, took) = protocol_call("deaf", "x".repeat(2 << 20), Duration::from_secs(1));
-    assert!(matches!(e, EngineError::Timeout(_)), "{e}");
+    assert!(matches!(e, EngineError::Timeout(..)), "{e}");
+    assert!(e.to_string().contains("stopped reading its stdin"), "{e}");
     assert!(took < Duration::from_secs(4), "{took:?}");
 }
 
@@ -192,9 +194,12 @@ fn protocol_failures_are_named() {
         let (e, _) = protocol_call(mode, "x".into(), Duration::from_millis(500));
         assert!(e.to_string().contains(words), "{mode}: {e}");
     }
+    // A plain hang read its request: it is not blamed on stdin.
+    let (e, _) = protocol_call("hang", "x".into(), Duration::from_millis(500));
+    assert!(!e.to_string().contains("stdin"), "{e}");
     // A half line is no reply: the deadline ends the wait.
     let (e, _) = protocol_call("half-line", "x".into(), Duration::from_millis(500));
-    assert!(matches!(e, EngineError::Timeout(_)), "{e}");
+    assert!(matches!(e, EngineError::Timeout(..)), "{e}");
 }
 
 /// Restarting a discarded engine is part of the next request: a restarted engine that
@@ -208,7 +213,7 @@ fn a_restarted_engine_that_never_says_hello_times_out_with_the_case() {
     assert!(matches!(r, Err(EngineError::Crashed(_))), "{r:?}");
     let started = Instant::now();
     let r = engine.parse(&parse_req("x".into()), t);
-    assert!(matches!(r, Err(EngineError::Timeout(_))), "{r:?}");
+    assert!(matches!(r, Err(EngineError::Timeout(..))), "{r:?}");
     assert!(
         started.elapsed() < Duration::from_secs(3),
         "{:?}",
@@ -226,6 +231,28 @@ fn an_engine_that_never_says_hello_leaves_nothing_behind() {
         .unwrap();
     assert!(format!("{e:#}").contains("not a protocol reply"), "{e:#}");
     assert_all_gone("no-hello", &fake.pids("no-hello"));
+}
+
+/// The first hello is bounded by the start's own timeout (`certify --hello-timeout`), and
+/// the error says which bound it was.
+#[test]
+fn a_mute_engine_fails_its_first_hello_at_the_hello_timeout() {
+    let fake = Fake::new();
+    let started = Instant::now();
+    let e = AdapterEngine::start_within(&fake.command("mute"), Duration::from_millis(300))
+        .err()
+        .unwrap();
+    let text = format!("{e:#}");
+    assert!(
+        text.contains("timed out after 0.3s") && text.contains("--hello-timeout"),
+        "{text}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_all_gone("mute", &fake.pids("mute"));
 }
 
 #[test]
@@ -303,7 +330,7 @@ fn a_profile_timeout_ends_the_grandchildren() {
     let d = tempfile::tempdir().unwrap();
     let (script, pids) = with_grandchild(d.path(), "sleep 300");
     let (r, took) = render_with(d.path(), &script, Duration::from_millis(500));
-    assert!(matches!(r, Err(EngineError::Timeout(_))), "{r:?}");
+    assert!(matches!(r, Err(EngineError::Timeout(..))), "{r:?}");
     assert!(took < Duration::from_secs(3), "{took:?}");
     assert_all_gone("profile timeout", &read_pids(&pids));
 }

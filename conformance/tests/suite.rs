@@ -16,7 +16,6 @@ use std::sync::Arc;
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
 use ds41_conformance::case::{Case, Spec};
-use ds41_conformance::gates::GateSet;
 use ds41_conformance::locations::ReleaseSnapshot;
 use ds41_conformance::outcome::Outcome;
 use ds41_conformance::protocol::AdapterEngine;
@@ -59,9 +58,12 @@ fn main() {
     let cases_dir = runner::default_cases_dir();
     let suite =
         runner::load_suite(&cases_dir).unwrap_or_else(|e| panic!("loading the suite: {e:#}"));
-    let gates = GateSet::load(&runner::default_gates_dir())
-        .unwrap_or_else(|e| panic!("loading gates: {e:#}"));
-    let xfail_path = gates.dir.join("expected-failures/ds41-reference.yaml");
+    let mut ctx = Context::in_tree(
+        work.path(),
+        "cargo test -p ds41-conformance --test suite -- '{case}' --exact",
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let xfail_path = ctx.gates.dir.join("expected-failures/ds41-reference.yaml");
     let xfail = Arc::new(if xfail_path.exists() {
         ExpectedFailures::load(&xfail_path, &suite).unwrap_or_else(|e| panic!("{e:#}"))
     } else {
@@ -83,12 +85,7 @@ fn main() {
         );
     }
     let long = std::env::var("DS41_LONG").is_ok_and(|v| v == "1");
-    let mut ctx = Context::in_tree(
-        work.path(),
-        "cargo test -p ds41-conformance --test suite -- '{case}' --exact",
-    )
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    (ctx.gates, ctx.upstream, ctx.release) = (gates, upstream, release);
+    (ctx.upstream, ctx.release) = (upstream, release);
     let ctx = Arc::new(ctx);
     let mut trials = Vec::new();
     let mut protocol_shapes = std::collections::BTreeSet::new();

@@ -56,6 +56,10 @@ pub struct Args {
     /// Expected-failure list (default: gates/expected-failures/<engine name>.yaml if present).
     #[arg(long)]
     pub expected_failures: Option<PathBuf>,
+    /// Seconds a protocol engine may take to answer its first `hello` (a restart later in the
+    /// run counts against the case's own timeout).
+    #[arg(long, default_value_t = 60.0, value_parser = parse_hello_timeout)]
+    pub hello_timeout: f64,
     /// Write report.json, junit.xml, plots/ and certificate.json here.
     #[arg(long)]
     pub report: Option<PathBuf>,
@@ -85,7 +89,18 @@ pub struct Args {
     pub verbose: bool,
 }
 
-pub fn make_engine(spec: &str, defect: Option<&str>) -> anyhow::Result<Box<dyn Engine>> {
+fn parse_hello_timeout(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 && v <= 86_400.0 => Ok(v),
+        _ => Err(format!("`{s}` is not a number of seconds in (0, 86400]")),
+    }
+}
+
+pub fn make_engine(
+    spec: &str,
+    defect: Option<&str>,
+    hello_timeout: std::time::Duration,
+) -> anyhow::Result<Box<dyn Engine>> {
     if spec == "reference" {
         return Ok(Box::new(match defect {
             None => ReferenceEngine::new(),
@@ -100,9 +115,9 @@ pub fn make_engine(spec: &str, defect: Option<&str>) -> anyhow::Result<Box<dyn E
             std::path::Path::new(spec),
         )?));
     }
-    Ok(Box::new(ds41_conformance::protocol::AdapterEngine::start(
-        spec,
-    )?))
+    Ok(Box::new(
+        ds41_conformance::protocol::AdapterEngine::start_within(spec, hello_timeout)?,
+    ))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -193,7 +208,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
         return Ok(0);
     }
-    let mut engine = make_engine(&a.engine, a.defect.as_deref())?;
+    let mut engine = make_engine(
+        &a.engine,
+        a.defect.as_deref(),
+        std::time::Duration::from_secs_f64(a.hello_timeout),
+    )?;
     let identity = engine.identity();
     let xfail_path = a.expected_failures.clone().or_else(|| {
         let p = gates

@@ -255,6 +255,21 @@ fn flips_metric(r: &mut CompareReport, rule: ExcuseRule, max: Option<usize>, eff
     );
 }
 
+/// Trace metadata naming the backbone layer of each Engram layer (config `engram_layer_ids`,
+/// comma-separated; TRACE.md). With it, an Engram hash divergence is placed at the layer
+/// that reads the hashes instead of before every block of its token.
+pub const ENGRAM_LAYERS_METADATA: &str = "engram_layer_ids";
+
+/// The golden's [`ENGRAM_LAYERS_METADATA`], when present and well formed.
+fn engram_layer_ids(golden: &TraceFile) -> Option<Vec<usize>> {
+    golden
+        .metadata
+        .get(ENGRAM_LAYERS_METADATA)?
+        .split(',')
+        .map(|x| x.trim().parse().ok())
+        .collect()
+}
+
 /// Engram hash ids: exact everywhere, never excused.
 fn compare_engram(r: &mut CompareReport, golden: &TraceFile, engine: &TraceFile) {
     let Some(g) = golden.get("engram_hash") else {
@@ -275,18 +290,28 @@ fn compare_engram(r: &mut CompareReport, golden: &TraceFile, engine: &TraceFile)
         let col = (0..n)
             .find(|&c| gv[t * n + c] != ev[t * n + c])
             .unwrap_or(0);
+        let values = format!("golden {} engine {}", gv[t * n + col], ev[t * n + col]);
+        // [T, n_engram_layers, columns]: the first differing column names its Engram layer,
+        // hence (with the layer ids) the block that reads it.
+        let located = match (g.shape.as_slice(), engram_layer_ids(golden)) {
+            (&[_, n_el, cols], Some(ids)) if ids.len() == n_el && cols > 0 => {
+                let (k, c) = (col / cols, col % cols);
+                Some((ids[k], format!("Engram layer {k}, column {c}: {values}")))
+            }
+            _ => None,
+        };
+        let (layer, detail) = match located {
+            Some((l, d)) => (Some(l), d),
+            None => (None, format!("flat column {col}: {values}")),
+        };
         r.note_divergence(Divergence {
             token: t,
-            layer: None,
+            layer,
             subop: SubOp::EngramHash,
             metric: "ids differing".into(),
             value: 1.0,
             threshold: 0.0,
-            detail: format!(
-                "flat column {col}: golden {} engine {}",
-                gv[t * n + col],
-                ev[t * n + col]
-            ),
+            detail,
         });
     }
     let status = if !bad.is_empty() {

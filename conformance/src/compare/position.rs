@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 /// A sub-op of the forward pass, in the order a block computes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum SubOp {
-    /// Engram hash ids (per token, before every block).
+    /// Engram hash ids (a function of the token ids; placed at the layer whose Engram reads
+    /// them when the trace names the Engram layers, else before every block of the token).
     EngramHash,
     /// The stream entering the block, after its Engram (`block_input`).
     BlockInput,
@@ -95,7 +96,8 @@ impl<'de> Deserialize<'de> for SubOp {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Divergence {
     pub token: usize,
-    /// None for the Engram hash ids and the logits (not inside one block).
+    /// None for the logits (not inside one block), and for Engram hash ids whose layer is
+    /// not known.
     pub layer: Option<usize>,
     pub subop: SubOp,
     pub metric: String,
@@ -129,18 +131,26 @@ impl Divergence {
         self.causal_key() < other.causal_key()
     }
 
-    /// `token 1 layer 2 sub-op `attn_out`: rel_l2 3.1e-2 > 1.5e-2 (detail)`.
+    /// `token 1 layer 2 sub-op `attn_out`: rel_l2 3.1e-2 > 1.5e-2 (detail)`; a mismatch
+    /// that is a divergence without exceeding a threshold (an exact tie decided otherwise
+    /// than the claimed canonical rule) says so instead of a false `>`.
     pub fn headline(&self) -> String {
+        let measure = if self.value > self.threshold {
+            format!("{:.3e} > {:.3e}", self.value, self.threshold)
+        } else {
+            format!(
+                "differs at golden margin {:.3e} (compared strictly)",
+                self.value
+            )
+        };
         let mut s = format!(
-            "token {}{} sub-op `{}`: {} {:.3e} > {:.3e}",
+            "token {}{} sub-op `{}`: {} {measure}",
             self.token,
             self.layer
                 .map(|l| format!(" layer {l}"))
                 .unwrap_or_default(),
             self.subop,
             self.metric,
-            self.value,
-            self.threshold,
         );
         if !self.detail.is_empty() {
             s += &format!(" ({})", self.detail);
@@ -185,6 +195,22 @@ mod tests {
             assert!(w[0].precedes(&w[1]), "{:?} before {:?}", w[0], w[1]);
             assert!(!w[1].precedes(&w[0]));
         }
+    }
+
+    #[test]
+    fn a_strict_tie_headline_claims_no_exceeded_threshold() {
+        let mut d = at(3, Some(1), SubOp::TopK);
+        d.metric = "tie order".into();
+        assert_eq!(
+            d.headline(),
+            "token 3 layer 1 sub-op `topk`: tie order differs at golden margin 0.000e0 (compared strictly)"
+        );
+        d.metric = "rel_l2".into();
+        (d.value, d.threshold) = (0.5, 0.25);
+        assert_eq!(
+            d.headline(),
+            "token 3 layer 1 sub-op `topk`: rel_l2 5.000e-1 > 2.500e-1"
+        );
     }
 
     #[test]

@@ -317,6 +317,44 @@ fn replay_logits_use_the_replay_thresholds_on_every_step() {
     assert_eq!(r.first_divergence.unwrap().subop, "logits");
 }
 
+/// With the Engram layers known, a wrong hash id is placed at the layer that reads it: after
+/// a divergence in an earlier layer of the same token, before anything in that layer.
+#[test]
+fn an_engram_hash_divergence_sits_at_its_engram_layer() {
+    let mut g = golden();
+    g.metadata.insert(ENGRAM_LAYERS_METADATA.into(), "1".into());
+    let mut e = g.clone();
+    ints(&mut e, "engram_hash")[3] = 99; // token 1, Engram layer 0 (backbone layer 1), column 1
+    let d = compare(&g, &e, &gates(ProfileName::Exact))
+        .first_divergence
+        .unwrap();
+    assert_eq!(
+        (d.token, d.layer, d.subop),
+        (1, Some(1), SubOp::EngramHash),
+        "{d:?}"
+    );
+    assert!(d.detail.contains("Engram layer 0, column 1"), "{d:?}");
+    // Layer 0 of the same token diverged first.
+    scale_cell(&mut e, "residual", 2, 1.5);
+    let d = compare(&g, &e, &gates(ProfileName::Exact))
+        .first_divergence
+        .unwrap();
+    assert_eq!(
+        (d.token, d.layer, d.subop),
+        (1, Some(0), SubOp::BlockOutput),
+        "{d:?}"
+    );
+    // Without the metadata the hash divergence comes before every block of its token.
+    let d = compare(&golden(), &e, &gates(ProfileName::Exact))
+        .first_divergence
+        .unwrap();
+    assert_eq!(
+        (d.token, d.layer, d.subop),
+        (1, None, SubOp::EngramHash),
+        "{d:?}"
+    );
+}
+
 #[test]
 fn first_divergence_is_the_earliest_point_in_causal_order() {
     // token 1: layer 1 block output diverges, and (as a consequence) its logits row.

@@ -4,10 +4,71 @@
 
 use std::path::Path;
 
-use crate::case::{Case, DataRef, DsmlSpec, ModelRef, ParseSpec, RenderSpec};
+use crate::case::{Case, DataRef, ModelRef};
 use crate::engine_api::{Capability, Engine, EngineError, ParseRequest, RenderRequest};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
+
+use serde::{Deserialize, Serialize};
+
+// ---------------------------------------------------------------------------- case spec
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RenderSpec {
+    /// Official test-case format JSON.
+    pub conversation: DataRef,
+    /// Expected prompt text (byte-exact), or...
+    #[serde(default)]
+    pub expected: Option<DataRef>,
+    /// ...an expected refusal containing this text.
+    #[serde(default)]
+    pub expect_error: Option<String>,
+    #[serde(default)]
+    pub thinking_mode: Option<String>,
+    #[serde(default)]
+    pub reasoning_effort: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParseSpec {
+    pub completion: String,
+    #[serde(default)]
+    pub thinking: bool,
+    #[serde(default)]
+    pub tolerant: bool,
+    /// Expected message (official parser shape), or...
+    #[serde(default)]
+    pub expected: Option<serde_json::Value>,
+    /// ...expected refusal containing this text.
+    #[serde(default)]
+    pub expect_error: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DsmlSpec {
+    #[serde(default)]
+    pub render: Option<RenderSpec>,
+    #[serde(default)]
+    pub parse: Option<ParseSpec>,
+    /// Every `NAME.json` with `NAME.txt` (expected prompt) or `NAME.error` (expected
+    /// refusal, `"<ExceptionType>: <message>"`) in this directory.
+    #[serde(default)]
+    pub render_dir: Option<DataRef>,
+    /// Probes of the official encoder/parser: `{inputs: DATA, results: DATA}` (the
+    /// `reference_probe_*.json` format); render and parse probes run, others are counted.
+    #[serde(default)]
+    pub probes: Option<ProbeFiles>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProbeFiles {
+    pub inputs: DataRef,
+    pub results: DataRef,
+}
 
 impl super::CheckFamily for DsmlSpec {
     fn models(&self) -> Vec<ModelRef> {

@@ -5,10 +5,75 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::case::{Case, DataRef, EngramGolden, EngramRelation, EngramSpec, ModelRef};
+use crate::case::{Case, DataRef, ModelRef};
 use crate::engine_api::{Capability, Engine, EngramHashRequest, EngramHashes};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
+
+use serde::{Deserialize, Serialize};
+
+// ---------------------------------------------------------------------------- case spec
+
+/// A model directory without weights, assembled from data files (Engram hashing needs only the
+/// config and the tokenizer): `config.json`, `tokenizer.json`, optionally the token map.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WeightlessModel {
+    pub config: DataRef,
+    pub tokenizer: DataRef,
+    /// `engram_token_map_int32.npy` (otherwise the engine builds the map from the tokenizer).
+    #[serde(default)]
+    pub token_map: Option<DataRef>,
+}
+
+/// Expected Engram hash ids: a JSON golden (`engram_hash_golden_real.json` shape: `input_ids`
+/// [1,S] and `ids` naming a [1,S,layers,cols] key; `dead` naming a list of DEAD positions) or,
+/// without `ids`, a trace-format safetensors golden (`input_ids`, `engram_hash`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngramGolden {
+    pub file: DataRef,
+    #[serde(default)]
+    pub ids: Option<String>,
+    #[serde(default)]
+    pub dead: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EngramRelation {
+    /// MODEL.md §6.6.1: at every position p, the ids with DEAD slots equal the text-only ids
+    /// of the sequence whose positions up to the last DEAD slot ≤ p all hold the pad token
+    /// (a latched block reads the pad at every longer shift). Needs no golden.
+    DeadLatches,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngramSpec {
+    /// A checkpoint whose Engram constants and token map are used, or...
+    #[serde(default)]
+    pub model: Option<ModelRef>,
+    /// ...a weightless model directory.
+    #[serde(default)]
+    pub weightless: Option<WeightlessModel>,
+    /// Compare against a golden, or...
+    #[serde(default)]
+    pub golden: Option<EngramGolden>,
+    /// ...check a relation on `tokens` with `dead` positions and `pad_token`.
+    #[serde(default)]
+    pub relation: Option<EngramRelation>,
+    #[serde(default)]
+    pub tokens: Option<Vec<u32>>,
+    #[serde(default)]
+    pub dead: Vec<usize>,
+    /// The raw token id of the Engram pad (`engram_pad_id`).
+    #[serde(default)]
+    pub pad_token: Option<u32>,
+    /// A safetensors file with an `engram_token_map` tensor to use instead of the model's map.
+    #[serde(default)]
+    pub engram_token_map: Option<DataRef>,
+}
 
 /// Ids `[tokens][layers][cols]` with the positions marked DEAD that produced them.
 struct Expected {

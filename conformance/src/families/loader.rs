@@ -3,10 +3,45 @@
 //! something only from an engine that loads the same checkpoint unmutated, so a mutant case
 //! first loads its base: an engine that refuses everything fails every mutant case.
 
-use crate::case::{Case, DataRef, LoadExpect, LoaderSpec, ModelRef};
+use crate::case::{Case, DataRef, ModelRef};
 use crate::engine_api::{Capability, Engine, EngineError, LoadRequest};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
+
+use serde::{Deserialize, Serialize};
+
+// ---------------------------------------------------------------------------- case spec
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LoadExpect {
+    Accept,
+    Refuse,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoaderSpec {
+    /// One model, or...
+    #[serde(default)]
+    pub model: Option<ModelRef>,
+    /// ...every mutant of ds41-synthetic for this `PRESET/LAYOUT` (expands to one case each).
+    #[serde(default)]
+    pub all_mutants_of: Option<String>,
+    pub expect: LoadExpect,
+    /// Checked for the reference engine only: its refusal names one of these (other engines
+    /// word their own errors; they only have to refuse).
+    #[serde(default)]
+    pub error_mentions: Vec<String>,
+    /// After opening, run the read-time payload check (`load` with `verify: true`): for
+    /// corruption an open cannot see without reading the whole expert bank.
+    #[serde(default)]
+    pub verify: bool,
+    /// With `all_mutants_of`: the mutants that are caught at read time, not at open; their
+    /// cases load with `verify: true`. Each must be a mutant of the expansion.
+    #[serde(default)]
+    pub read_time_mutants: Vec<String>,
+}
 
 impl super::CheckFamily for LoaderSpec {
     fn models(&self) -> Vec<ModelRef> {

@@ -9,15 +9,79 @@ pub mod residual;
 pub mod state;
 pub mod tokenizer;
 
+use serde::{Deserialize, Serialize};
+
 use crate::case::{Case, DataRef, ModelRef};
 use crate::engine_api::{Engine, Numerics};
 use crate::gates::ProfileName;
 use crate::outcome::Outcome;
 use crate::runner::{Context, Details};
 
-/// A check family (CONTRACT.md §1): what its cases declare and how one runs. A family is
-/// one file implementing this for its case spec, registered by its variant in `case::Family`
-/// and `case::Spec` (which parse a case file and dispatch to it).
+/// Declares the check families: for each, its variant, the name a case file gives in
+/// `family:`, and its case spec (defined in its own module, which implements
+/// [`CheckFamily`] for it). This generates `Family` (the names) and `Spec` (a parsed case's
+/// family-specific fields), their parsing and their dispatch.
+macro_rules! check_families {
+    ($( $(#[$doc:meta])* $variant:ident = $name:literal => $spec:ty, )*) => {
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum Family {
+            $( $(#[$doc])* #[serde(rename = $name)] $variant, )*
+        }
+
+        impl Family {
+            pub const ALL: &'static [Family] = &[$(Family::$variant),*];
+
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $( Family::$variant => $name, )*
+                }
+            }
+
+            /// A case's own fields (the common ones removed) as this family's spec; unknown
+            /// fields are refused, the error names the field under `at`.
+            pub(crate) fn parse_spec(self, fields: serde_yaml::Value, at: &str) -> anyhow::Result<Spec> {
+                Ok(match self {
+                    $( Family::$variant => Spec::$variant(crate::case::typed(fields, at)?), )*
+                })
+            }
+        }
+
+        /// A case's family-specific fields.
+        #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+        #[serde(untagged)]
+        pub enum Spec {
+            $( $variant($spec), )*
+        }
+
+        impl Spec {
+            /// The family that declares and runs this spec.
+            pub fn family(&self) -> &dyn CheckFamily {
+                match self {
+                    $( Spec::$variant(s) => s, )*
+                }
+            }
+        }
+    };
+}
+
+// Adding a family: its module (the spec and its `CheckFamily` impl) and one line here.
+check_families! {
+    /// Container/loader: presets load, every mutant is refused.
+    Loader = "loader" => loader::LoaderSpec,
+    /// Tokenizer: exact ids on a corpus, control tokens only on the markup path.
+    Tokenizer = "tokenizer" => tokenizer::TokenizerSpec,
+    /// DSML: render goldens byte-exact, parse results exact.
+    Dsml = "dsml" => dsml::DsmlSpec,
+    /// Session state: metamorphic relations (snapshot/restore, chunking, refusal).
+    State = "state" => state::StateSpec,
+    /// Layer residuals + discrete decisions against a golden trace.
+    Residual = "residual" => residual::ResidualSpec,
+    /// Engram hash ids from token ids alone (no weights), exact.
+    Engram = "engram" => engram::EngramSpec,
+}
+
+/// A check family (CONTRACT.md §1): what its cases declare and how one runs, implemented by
+/// each family's case spec and registered in `check_families!` above.
 pub trait CheckFamily {
     /// The checkpoints a case runs on: synthetic ones are generated up front, upstream ones
     /// make the case need `DS41_UPSTREAM`.

@@ -5,7 +5,7 @@
 
 use std::path::Path;
 
-use crate::case::{Case, DataRef, GoldenSpec, ModelRef, ResidualSpec};
+use crate::case::{Case, DataRef, ModelRef};
 use crate::compare::{compare, compare_replay, is_required, MetricStatus};
 use crate::engine_api::{Capability, Engine, ForwardRequest, RequiredCapability};
 use crate::gates::{Gates, ProfileName};
@@ -14,6 +14,103 @@ use crate::runner::{
     engine_failure, require, require_layout, timeout, Context, Details, DivergenceRecord,
 };
 use crate::trace::TraceFile;
+
+use crate::engine_api::{IndexK, Numerics};
+use serde::{Deserialize, Serialize};
+
+// ---------------------------------------------------------------------------- case spec
+
+/// `reference`, `{file: DATA}` or `{waste_oracle: {dir: DATA, variant: as_shipped|owner}}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GoldenSpec {
+    /// Computed live by the built-in reference engine (test-backend-ops style).
+    Reference,
+    /// A trace-format safetensors golden.
+    File(DataRef),
+    /// The WASTE oracle's raw f32 outputs (CONTAINER.md §10.4).
+    WasteOracle { dir: DataRef, variant: String },
+}
+
+impl<'de> Deserialize<'de> for GoldenSpec {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        use serde::de::Error;
+        #[derive(Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Waste {
+            dir: DataRef,
+            variant: String,
+        }
+        let v = serde_yaml::Value::deserialize(d)?;
+        let expected = "`reference`, `{file: DATA}` or `{waste_oracle: {dir: DATA, variant: as_shipped|owner}}`";
+        match &v {
+            serde_yaml::Value::String(s) if s == "reference" => Ok(GoldenSpec::Reference),
+            serde_yaml::Value::Mapping(m) if m.len() == 1 => {
+                let (k, inner) = m.iter().next().unwrap();
+                match k.as_str() {
+                    Some("file") => Ok(GoldenSpec::File(
+                        DataRef::deserialize(inner.clone()).map_err(D::Error::custom)?,
+                    )),
+                    Some("waste_oracle") => {
+                        let w = Waste::deserialize(inner.clone()).map_err(D::Error::custom)?;
+                        if !matches!(w.variant.as_str(), "as_shipped" | "owner") {
+                            return Err(D::Error::custom(format!(
+                                "waste_oracle variant `{}` is not as_shipped or owner",
+                                w.variant
+                            )));
+                        }
+                        Ok(GoldenSpec::WasteOracle {
+                            dir: w.dir,
+                            variant: w.variant,
+                        })
+                    }
+                    _ => Err(D::Error::custom(format!("expected {expected}"))),
+                }
+            }
+            _ => Err(D::Error::custom(format!("expected {expected}"))),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ResidualSpec {
+    pub model: ModelRef,
+    pub golden: GoldenSpec,
+    /// Token ids; omit to use the golden's `input_ids`.
+    #[serde(default)]
+    pub tokens: Option<Vec<u32>>,
+    /// First chunk size (None: all tokens in one prefill).
+    #[serde(default)]
+    pub prefill: Option<usize>,
+    pub numerics: Numerics,
+    pub index_k: IndexK,
+    /// For engines that dump the last token only: run once per prefix length.
+    #[serde(default)]
+    pub prefix_lengths: Vec<usize>,
+    /// A file with the Engram token map to use instead of the checkpoint's own (int32 `.npy`,
+    /// or a safetensors file with an `engram_token_map` tensor): a map from elsewhere, e.g.
+    /// another tokenizer's.
+    #[serde(default)]
+    pub engram_token_map: Option<DataRef>,
+    /// Dump tensors the engine must provide (a missing one is NotSupported, never Pass).
+    #[serde(default = "default_require")]
+    pub require: Vec<String>,
+    /// Teacher-forced replay (compare.py `--replay`): the engine recomputes every block from
+    /// the golden's own `block_input` / `pre_mix` (capability `replay`) and is judged per
+    /// cell by the profile's `replay` thresholds. Needs a `{file: ...}` golden carrying them.
+    #[serde(default)]
+    pub replay: bool,
+    /// The golden and every engine run on this case break exact ties by the canonical rule
+    /// (largest first, equal values -> lower index): decisions at golden margin 0 are then
+    /// compared strictly instead of excused (CONTRACT.md §4).
+    #[serde(default)]
+    pub canonical_ties: bool,
+}
+
+fn default_require() -> Vec<String> {
+    vec!["logits".into()]
+}
 
 impl super::CheckFamily for ResidualSpec {
     fn models(&self) -> Vec<ModelRef> {
@@ -107,7 +204,8 @@ impl super::CheckFamily for ResidualSpec {
             Some(d) => Some(ctx.data(d)?),
             None => None,
         };
-        let golden = load_golden(s, &model, ctx, &dir, case)?;
+        let mut golden = load_golden(s, &model, ctx, &dir, case)?;
+        note_engram_layers(&mut golden, &model);
         let tokens: Vec<u32> = match &s.tokens {
             Some(t) => t.clone(),
             None => golden
@@ -415,7 +513,8 @@ pub struct Dims {
 }
 
 /// Read vocab, layer count, hc_mult and width from `config.json` (root or `text_config`) or
-/// a container's `manifest.json` `config` (HF key names).
+/// a container's `manifest.json` `config` (HF key names). Lenient on purpose: a command
+/// profile needs only these four to lay out an engine's raw outputs.
 pub fn model_dims(model: &Path) -> anyhow::Result<Dims> {
     let (file, key) = if model.join("manifest.json").exists() {
         (model.join("manifest.json"), Some("config"))
@@ -451,4 +550,55 @@ pub fn model_dims(model: &Path) -> anyhow::Result<Dims> {
         hc: get(&["hc_mult"])?,
         dim: get(&["hidden_size", "dim"])?,
     })
+}
+
+/// Name the model's Engram layers in the golden's metadata (unless the golden names its own),
+/// so an Engram hash divergence is placed at the layer that reads it. A model whose config
+/// cannot be read leaves the golden as it is: the divergence then sits before the blocks.
+fn note_engram_layers(golden: &mut TraceFile, model: &Path) {
+    use crate::compare::ENGRAM_LAYERS_METADATA;
+    if golden.metadata.contains_key(ENGRAM_LAYERS_METADATA) {
+        return;
+    }
+    if let Ok(c) = ds41_engine::checkpoint::read_config(model) {
+        let ids: Vec<String> = c.engram_layer_ids.iter().map(usize::to_string).collect();
+        golden
+            .metadata
+            .insert(ENGRAM_LAYERS_METADATA.into(), ids.join(","));
+    }
+}
+
+#[cfg(test)]
+mod engram_layer_tests {
+    use super::*;
+
+    /// The golden learns the model's Engram layers from its config (both layouts), and keeps
+    /// layers it names itself.
+    #[test]
+    fn the_golden_is_told_the_models_engram_layers() {
+        use crate::compare::ENGRAM_LAYERS_METADATA;
+        let tmp = tempfile::tempdir().unwrap();
+        for layout in ["release", "container"] {
+            let dir = tmp.path().join(layout);
+            crate::synthetic::generate("tiny", layout, 1, &dir).unwrap();
+            let want = ds41_engine::checkpoint::read_config(&dir)
+                .unwrap()
+                .engram_layer_ids
+                .iter()
+                .map(usize::to_string)
+                .collect::<Vec<_>>()
+                .join(",");
+            assert!(!want.is_empty(), "tiny has Engram layers");
+            let mut g = TraceFile::default();
+            note_engram_layers(&mut g, &dir);
+            assert_eq!(g.metadata[ENGRAM_LAYERS_METADATA], want, "{layout}");
+            g.metadata.insert(ENGRAM_LAYERS_METADATA.into(), "7".into());
+            note_engram_layers(&mut g, &dir);
+            assert_eq!(g.metadata[ENGRAM_LAYERS_METADATA], "7");
+        }
+        // An unreadable model leaves the golden alone.
+        let mut g = TraceFile::default();
+        note_engram_layers(&mut g, tmp.path());
+        assert!(g.metadata.is_empty());
+    }
 }

@@ -5,13 +5,43 @@
 
 use std::path::Path;
 
-use crate::case::{Case, DataRef, ModelRef, Relation, StateSpec};
+use crate::case::{Case, DataRef, ModelRef};
 use crate::compare::max_abs;
 use crate::engine_api::{Capability, Engine, EngineError, ForwardRequest, RequiredCapability};
 use crate::gates::ProfileName;
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, require_layout, timeout, Context, Details};
 use crate::trace::TraceFile;
+
+use crate::engine_api::{IndexK, Numerics};
+use serde::{Deserialize, Serialize};
+
+// ---------------------------------------------------------------------------- case spec
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Relation {
+    /// prefill(split) + save + load in a fresh request + continue == uninterrupted.
+    SnapshotRestore,
+    /// prefill(split) with `tokens` vs token-at-a-time: every common logits row equal.
+    ChunkedPrefill,
+    /// A state saved on `model` is refused when loaded into `other_model`.
+    MismatchRefused,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateSpec {
+    pub model: ModelRef,
+    pub relation: Relation,
+    pub tokens: Vec<u32>,
+    /// Split points (token counts before the snapshot / prefill chunk sizes); one check each.
+    pub splits: Vec<usize>,
+    pub numerics: Numerics,
+    pub index_k: IndexK,
+    #[serde(default)]
+    pub other_model: Option<ModelRef>,
+}
 
 impl super::CheckFamily for StateSpec {
     fn models(&self) -> Vec<ModelRef> {

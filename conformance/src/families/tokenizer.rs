@@ -4,12 +4,56 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use crate::case::{Case, TokenizerCheck, TokenizerSpec};
+use crate::case::Case;
 use crate::case::{DataRef, ModelRef};
 use crate::engine_api::{Capability, Engine, TokenizeRequest};
 use crate::outcome::Outcome;
 use crate::runner::{engine_failure, require, timeout, Context, Details};
 use crate::wide_digest::{ids_record, text_record, Stream, WideDigest};
+
+use serde::{Deserialize, Serialize};
+
+// ---------------------------------------------------------------------------- case spec
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TokenizerCheck {
+    /// Ids equal the expected ids (from `corpus` or `ids`).
+    Ids,
+    /// No id is an added/control token (the text path's security boundary).
+    NoControlIds,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizerSpec {
+    /// `tokenizer.json` (or a checkpoint directory).
+    pub tokenizer: DataRef,
+    /// JSON lines with `text` and `ids` (or only `text`, with `expected_ids`).
+    #[serde(default)]
+    pub corpus: Option<DataRef>,
+    /// The expected ids of `corpus` from another JSON-lines file, line for line: `key` names
+    /// the id list of each line (goldens/tokenizer/curated_ids.jsonl: `markup`, `text`).
+    #[serde(default)]
+    pub expected_ids: Option<ExpectedIds>,
+    /// A wide-corpus digest (goldens/tokenizer/wide_*.digest.json): the corpus is regenerated
+    /// from its seed and size (TOKENIZER.md §9) and the ids are judged per chunk by sha256.
+    #[serde(default)]
+    pub wide_digest: Option<DataRef>,
+    #[serde(default)]
+    pub texts: Vec<String>,
+    #[serde(default)]
+    pub ids: Vec<Vec<u32>>,
+    pub markup: bool,
+    pub check: TokenizerCheck,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExpectedIds {
+    pub file: DataRef,
+    pub key: String,
+}
 
 pub fn run(
     case: &Case,

@@ -1332,6 +1332,40 @@ impl Checkpoint for ContainerCheckpoint {
     fn storage(&self, name: &str) -> Result<Storage> {
         Ok(self.lookup(name)?.0)
     }
+    fn stored_bytes(&self, name: &str) -> Result<Option<u64>> {
+        if let Some(e) = self.trunk_entries.get(name) {
+            // The trunk layout (CONTAINER.md §4): grouped rows are padded to whole groups,
+            // with one f16 scale per group.
+            let n: usize = e.shape.iter().product();
+            let cols = e.shape.last().copied().unwrap_or(1).max(1);
+            let rows = n / cols;
+            let groups = rows * cols.div_ceil(e.group.max(1));
+            let padded = cols.div_ceil(e.group.max(1)) * e.group;
+            return Ok(match e.storage {
+                Storage::F32 => Some(4 * n as u64),
+                Storage::F16 | Storage::Bf16 => Some(2 * n as u64),
+                Storage::Q8G => Some((rows * padded + 2 * groups) as u64),
+                Storage::Q4G => Some((rows * padded / 2 + 2 * groups) as u64),
+                _ => None,
+            });
+        }
+        match release_to_container(name) {
+            ContainerName::Expert { layer, kind, .. } => {
+                self.lookup(name)?;
+                Ok(Some(if kind == 0 {
+                    self.banks[&layer].record_size as u64
+                } else {
+                    0
+                }))
+            }
+            ContainerName::EngramTable { layer } => {
+                self.lookup(name)?;
+                let t = &self.engram_tables[&layer];
+                Ok(Some((t.rows * t.row_bytes) as u64))
+            }
+            _ => self.lookup(name).map(|_| None),
+        }
+    }
     fn tensor_f32(&self, name: &str) -> Result<Vec<f32>> {
         let (_, shape) = self.lookup(name)?;
         let mut out = vec![0.0; shape.iter().product()];

@@ -279,6 +279,13 @@ pub trait Checkpoint: Send + Sync {
     fn weight_view(&self, name: &str) -> Result<Option<WeightView<'_>>> {
         Ok(self.quant_view(name)?.map(WeightView::Quant))
     }
+    /// Bytes the tensor occupies in the checkpoint's files, as read by a forward (`None` when
+    /// the reader cannot say, e.g. in-memory doubles). A container's expert record holds all
+    /// three matrices of an expert: it is counted under `w1`, its `w2`/`w3` are 0.
+    fn stored_bytes(&self, name: &str) -> Result<Option<u64>> {
+        let _ = name;
+        Ok(None)
+    }
     /// Engram hashing constants (multipliers, primes, offsets, pad) for this checkpoint. The
     /// default applies the release recipe to `config()` (MODEL.md §6.6.1); a container states
     /// its own in `engram.json`.
@@ -310,6 +317,15 @@ pub fn open(dir: &Path) -> Result<Box<dyn Checkpoint>> {
     };
     pause_for_tests_after_open();
     Ok(ck)
+}
+
+/// The configuration of a checkpoint directory, read without opening its weights (the
+/// release's `config.json`, or a container's `manifest.json` config).
+pub fn read_config(dir: &Path) -> Result<Config> {
+    match detect_layout(dir)? {
+        Layout::Container => Config::from_container_manifest(&dir.join("manifest.json")),
+        Layout::Release => Config::from_release_json(&dir.join("config.json")),
+    }
 }
 
 /// Environment variable of the test hook in [`open`].

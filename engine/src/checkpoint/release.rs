@@ -605,6 +605,10 @@ impl Checkpoint for ReleaseCheckpoint {
         let e = self.entry(name)?;
         self.decode_rows(name, e, first, out)
     }
+    fn stored_bytes(&self, name: &str) -> Result<Option<u64>> {
+        let e = self.entry(name)?;
+        Ok(Some((e.end - e.start) as u64))
+    }
     fn weight_view(&self, name: &str) -> Result<Option<WeightView<'_>>> {
         let e = self.entry(name)?;
         let dtype = match e.storage {

@@ -4,8 +4,6 @@
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
-
 use super::cache::state::SessionState;
 use super::compressor::Compressor;
 use super::defects::Defect;
@@ -14,6 +12,7 @@ use super::indexer::Indexer;
 use super::linear::{Linear, LinearKind};
 use super::norm::{rms_scale, RmsNorm};
 use super::numerics::Numerics;
+use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::pool::PoolVec;
 use super::quant;
 use super::sparse_attention::sparse_attention;
@@ -235,72 +234,77 @@ impl Attention {
         let mut o = PoolVec::filled(rows * nh * dh, 0.0f32);
         let w = self.window;
         let total = chunk.total();
-        o.par_chunks_mut(nh * dh)
-            .enumerate()
-            .try_for_each(|(t, o_row)| {
-                let p = chunk.start + t;
-                // Window list in the upstream layout (§5.7): decode = ring slots oldest
-                // first, −1 at the front; prefill = min(T, W) entries ascending, −1 at the end.
-                let window_list: PoolVec<i64> = if chunk.decode_layout() {
-                    (0..w)
-                        .map(|i| p as i64 - w as i64 + 1 + i as i64)
-                        .map(|q| q.max(-1))
-                        .collect()
+        // Rows in parallel in a prefill; one decode row runs here (its heads may still
+        // spread over the pool in `sparse_attention`).
+        let selected = match compressed {
+            Some(_) => handoff.topk.first().map_or(0, |v| v.len()),
+            None => 0,
+        };
+        let parallel = rows > 1 && worth_parallel(rows * (total.min(w) + selected) * nh * dh);
+        try_for_each_chunk(&mut o, nh * dh, parallel, |t, o_row| {
+            let p = chunk.start + t;
+            // Window list in the upstream layout (§5.7): decode = ring slots oldest
+            // first, −1 at the front; prefill = min(T, W) entries ascending, −1 at the end.
+            let window_list: PoolVec<i64> = if chunk.decode_layout() {
+                (0..w)
+                    .map(|i| p as i64 - w as i64 + 1 + i as i64)
+                    .map(|q| q.max(-1))
+                    .collect()
+            } else {
+                let first = (p + 1).saturating_sub(w);
+                (0..total.min(w))
+                    .map(|i| first + i)
+                    .map(|q| if q > p { -1 } else { q as i64 })
+                    .collect()
+            };
+            let comp_list: &[i64] = match compressed {
+                Some(_) => handoff.topk.get(t).map(|v| v.as_slice()).unwrap_or(&[]),
+                None => &[],
+            };
+            let n = window_list.len() + comp_list.len();
+            let mut kv_buf = PoolVec::filled(n * dh, 0.0f32);
+            let mut idx = PoolVec::filled(n, -1i64);
+            for (i, &q) in window_list.iter().enumerate() {
+                if q < 0 {
+                    continue;
+                }
+                let q = q as usize;
+                let src = if q >= chunk.start {
+                    &kv[(q - chunk.start) * dh..(q - chunk.start + 1) * dh]
                 } else {
-                    let first = (p + 1).saturating_sub(w);
-                    (0..total.min(w))
-                        .map(|i| first + i)
-                        .map(|q| if q > p { -1 } else { q as i64 })
-                        .collect()
+                    &ring[(q % w) * dh..(q % w + 1) * dh]
                 };
-                let comp_list: &[i64] = match compressed {
-                    Some(_) => handoff.topk.get(t).map(|v| v.as_slice()).unwrap_or(&[]),
-                    None => &[],
-                };
-                let n = window_list.len() + comp_list.len();
-                let mut kv_buf = PoolVec::filled(n * dh, 0.0f32);
-                let mut idx = PoolVec::filled(n, -1i64);
-                for (i, &q) in window_list.iter().enumerate() {
-                    if q < 0 {
+                kv_buf[i * dh..(i + 1) * dh].copy_from_slice(src);
+                idx[i] = i as i64;
+            }
+            if let Some(cache) = compressed {
+                for (i, &j) in comp_list.iter().enumerate() {
+                    if j < 0 {
                         continue;
                     }
-                    let q = q as usize;
-                    let src = if q >= chunk.start {
-                        &kv[(q - chunk.start) * dh..(q - chunk.start + 1) * dh]
-                    } else {
-                        &ring[(q % w) * dh..(q % w + 1) * dh]
-                    };
-                    kv_buf[i * dh..(i + 1) * dh].copy_from_slice(src);
-                    idx[i] = i as i64;
-                }
-                if let Some(cache) = compressed {
-                    for (i, &j) in comp_list.iter().enumerate() {
-                        if j < 0 {
-                            continue;
-                        }
-                        let slot = window_list.len() + i;
-                        let j = j as usize;
-                        if j >= cache.len() {
-                            return Err(Error::Model(format!(
-                                "layer {}: selected compressed entry {j} but the cache holds {}",
-                                self.layer,
-                                cache.len()
-                            )));
-                        }
-                        kv_buf[slot * dh..(slot + 1) * dh].copy_from_slice(cache.latent(j));
-                        idx[slot] = slot as i64;
+                    let slot = window_list.len() + i;
+                    let j = j as usize;
+                    if j >= cache.len() {
+                        return Err(Error::Model(format!(
+                            "layer {}: selected compressed entry {j} but the cache holds {}",
+                            self.layer,
+                            cache.len()
+                        )));
                     }
+                    kv_buf[slot * dh..(slot + 1) * dh].copy_from_slice(cache.latent(j));
+                    idx[slot] = slot as i64;
                 }
-                sparse_attention(
-                    &q[t * nh * dh..(t + 1) * nh * dh],
-                    &kv_buf,
-                    &sink,
-                    &idx,
-                    scale,
-                    numerics,
-                    o_row,
-                )
-            })?;
+            }
+            sparse_attention(
+                &q[t * nh * dh..(t + 1) * nh * dh],
+                &kv_buf,
+                &sink,
+                &idx,
+                scale,
+                numerics,
+                o_row,
+            )
+        })?;
 
         // The ring keeps the newest W keys: slot p mod W.
         let ring = &mut state.layers[self.layer].window;

@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use rayon::prelude::*;
+use super::parallel::{for_each_chunk, worth_parallel};
 
 use super::cache::state::SessionState;
 use super::compressor::Emitted;
@@ -144,7 +144,9 @@ impl Indexer {
     ) -> PoolVec<f32> {
         let hd = self.head_dim;
         let mut scores = PoolVec::filled(n, 0.0f32);
-        scores.par_iter_mut().enumerate().for_each(|(t, score)| {
+        let parallel = worth_parallel(n * self.n_heads * hd);
+        for_each_chunk(&mut scores, 1, parallel, |t, score| {
+            let score = &mut score[0];
             let key = &keys[t * hd..(t + 1) * hd];
             let mut acc = 0.0f64;
             for h in 0..self.n_heads {

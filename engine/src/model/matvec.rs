@@ -19,8 +19,7 @@
 
 use std::cell::Cell;
 
-use rayon::prelude::*;
-
+use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView};
 use crate::dtype::{
@@ -75,20 +74,19 @@ pub(crate) struct MatVec<'a> {
 impl MatVec<'_> {
     /// Compute `n_out` outputs into `y`, row m at `y[m · y_stride + y_off ..][..n_out]`.
     pub fn run(&self, n_out: usize, y: &mut [f32], y_stride: usize, y_off: usize) -> Result<()> {
+        let parallel = worth_parallel(n_out * self.n_in * self.rows);
         if self.rows == 1 {
             // Decode: each task owns a contiguous slice of y.
-            return y[y_off..y_off + n_out]
-                .par_chunks_mut(TILE)
-                .enumerate()
-                .try_for_each(|(t, ych)| self.task(t * TILE, ych));
+            return try_for_each_chunk(&mut y[y_off..y_off + n_out], TILE, parallel, |t, ych| {
+                self.task(t * TILE, ych)
+            });
         }
         // Prefill: tasks fill an output-major buffer, transposed into y afterwards.
         let rows = self.rows;
         let mut yt = take(&OUTPUT_SCRATCH, n_out * rows, 0.0);
-        let r = yt
-            .par_chunks_mut(TILE * rows)
-            .enumerate()
-            .try_for_each(|(t, ych)| self.task(t * TILE, ych));
+        let r = try_for_each_chunk(&mut yt, TILE * rows, parallel, |t, ych| {
+            self.task(t * TILE, ych)
+        });
         if r.is_ok() {
             for (n, col) in yt.chunks_exact(rows).enumerate() {
                 for (m, &v) in col.iter().enumerate() {

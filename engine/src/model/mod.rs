@@ -29,6 +29,7 @@ pub mod matvec;
 pub mod moe;
 pub mod norm;
 pub mod numerics;
+mod parallel;
 pub mod pool;
 pub mod quant;
 mod record;

@@ -18,7 +18,7 @@
 
 use std::cell::Cell;
 
-use rayon::prelude::*;
+use super::parallel::{for_each_chunk, worth_parallel};
 
 use super::numerics::{dot_f64_wide, Numerics};
 use super::quant::bf16;
@@ -74,13 +74,14 @@ pub fn sparse_attention(
     }
     let kv_row = |j: i64| &kv[j as usize * dh..(j as usize + 1) * dh];
 
-    out.par_chunks_mut(dh)
-        .zip(q.par_chunks(dh))
-        .zip(sink.par_iter())
-        .for_each(|((o, qh), &sink_h)| match numerics {
+    let parallel = worth_parallel(out.len() * idx.len());
+    for_each_chunk(out, dh, parallel, |h, o| {
+        let (qh, sink_h) = (&q[h * dh..(h + 1) * dh], sink[h]);
+        match numerics {
             Numerics::Exact => exact_head(qh, idx, &kv_row, sink_h, scale, o),
             Numerics::Upstream => upstream_head(qh, idx, &kv_row, sink_h, scale, o),
-        });
+        }
+    });
     Ok(())
 }
 

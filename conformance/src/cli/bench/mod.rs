@@ -1,8 +1,11 @@
-//! `ds41 bench`: throughput of the reference engine (issue 4 item 6).
+//! `ds41 bench`: throughput of the reference engine against what the machine allows.
 //!
 //! * `--model DIR`: prefill tokens/s (one chunk of `--prefill` tokens at position 0), decode
 //!   tokens/s (`--tokens` single-token steps after it) and peak RSS (`VmHWM`), for a
-//!   checkpoint such as the synthetic `wide` preset (`ds41 synth --preset wide`).
+//!   checkpoint such as the synthetic `wide` preset (`ds41 synth --preset wide`). Next to
+//!   them, the floors: the bytes one decode token reads (`footprint`) over the read
+//!   bandwidth measured in the same run, and the multiply-adds one prefill token needs over
+//!   the measured multiply-add rate (`machine`); `--json` prints all of it as one object.
 //! * `--kernels`: the canonical linear kernels (MODEL.md §5.4 C1/C2) at release width
 //!   (5120 × 5120), on an in-memory FP8 weight (e4m3 codes + 32x32 E8M0 scales, read through
 //!   `weight_view` as from a mapped checkpoint), with 1 row (decode) and `--rows` rows
@@ -10,6 +13,9 @@
 //!
 //! Numbers are wall-clock on this machine with the current rayon pool (`RAYON_NUM_THREADS`),
 //! plus the CPU time of all threads (on a shared machine the wall clock includes waiting).
+
+mod footprint;
+mod machine;
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -21,7 +27,7 @@ use ds41_engine::checkpoint::{
 };
 use ds41_engine::config::{Config, EngramHashConstants};
 use ds41_engine::model::{IndexK, Linear, LinearKind, Model, Numerics, Options, Session};
-use ds41_engine::trace::Trace;
+use ds41_engine::trace::{Trace, TraceOptions};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -49,6 +55,9 @@ pub struct Args {
     /// Repetitions per kernel measurement (`--kernels`; the best is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
+    /// Print the model measurement as one JSON object on stdout.
+    #[arg(long)]
+    pub json: bool,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -80,7 +89,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         .map(|i| ((i * 2654435761 + 17) % cfg.vocab_size as u64) as u32)
         .collect();
     let mut session = Session::new(&model, options);
-    let mut trace = Trace::disabled();
+    // Expert ids are recorded so the footprint counts the experts these tokens were routed
+    // to; the copies a trace makes are negligible next to the weights a step reads.
+    let mut trace = Trace::new(
+        cfg,
+        TraceOptions {
+            enabled: true,
+            sub_ops: false,
+        },
+    );
     let (t, c) = (Instant::now(), cpu_seconds());
     session.prefill(&ids[..args.prefill], &mut trace)?;
     let (prefill_s, prefill_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
@@ -89,51 +106,165 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         session.decode(id, &mut trace)?;
     }
     let (decode_s, decode_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
-    println!(
-        "model      {} ({:?}, dim {}, {} layers)",
-        dir.display(),
-        model.layout(),
-        cfg.dim,
-        cfg.n_layers
-    );
-    println!(
-        "numerics   {numerics}, index-k {index_k}, threads {}",
-        rayon::current_num_threads()
-    );
-    println!("open       {:.3} s", open_s);
-    println!(
-        "prefill    {} tokens in {:.3} s = {:.2} tokens/s (cpu {:.3} s)",
-        args.prefill,
+    let (k, layers) = (cfg.n_activated_experts, cfg.n_layers);
+    let routed: Vec<Vec<Vec<usize>>> = (args.prefill..args.prefill + args.tokens)
+        .map(|t| {
+            (0..layers)
+                .map(|l| {
+                    let row = &trace.experts[(t * layers + l) * k..(t * layers + l + 1) * k];
+                    row.iter()
+                        .filter(|&&e| e >= 0)
+                        .map(|&e| e as usize)
+                        .collect()
+                })
+                .collect()
+        })
+        .collect();
+    let fp = footprint::footprint(model.checkpoint().as_ref(), &routed)?;
+    // Before the machine measurement, whose buffer would dominate it.
+    let peak_rss_mib = peak_rss_mib();
+    let bandwidth = machine::read_bandwidth();
+    let mac_rate = machine::multiply_add_rate();
+    let m = Measurement {
+        model: dir.display().to_string(),
+        layout: format!("{:?}", model.layout()).to_lowercase(),
+        dim: cfg.dim,
+        layers: cfg.n_layers,
+        numerics: numerics.to_string(),
+        index_k: index_k.to_string(),
+        threads: rayon::current_num_threads(),
+        open_s,
+        prefill_tokens: args.prefill,
         prefill_s,
-        args.prefill as f64 / prefill_s,
-        prefill_cpu
-    );
-    if args.tokens > 0 {
-        println!(
-            "decode     {} steps in {:.3} s = {:.2} tokens/s ({:.1} ms/token, cpu {:.1} ms/token)",
-            args.tokens,
-            decode_s,
-            args.tokens as f64 / decode_s,
-            decode_s * 1e3 / args.tokens as f64,
-            decode_cpu * 1e3 / args.tokens as f64
-        );
+        prefill_cpu_s: prefill_cpu,
+        prefill_cpu_ms_per_token: prefill_cpu * 1e3 / args.prefill as f64,
+        prefill_floor_ms_per_token: fp.multiply_adds as f64 / mac_rate * 1e3,
+        decode_tokens: args.tokens,
+        decode_s,
+        decode_ms_per_token: decode_s * 1e3 / args.tokens.max(1) as f64,
+        decode_cpu_ms_per_token: decode_cpu * 1e3 / args.tokens.max(1) as f64,
+        decode_floor_ms_per_token: fp.total() as f64 / bandwidth * 1e3,
+        bytes_per_decode_token: fp.total(),
+        footprint: fp,
+        read_bandwidth_gb_s: bandwidth / 1e9,
+        multiply_adds_per_s: mac_rate,
+        peak_rss_mib,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&m)?);
+    } else {
+        m.print();
     }
-    println!("peak RSS   {}", peak_rss());
     Ok(0)
 }
 
-/// `VmHWM` of this process (Linux), e.g. "123.4 MiB".
+/// One model measurement (`--json` prints it as is).
+#[derive(serde::Serialize)]
+struct Measurement {
+    model: String,
+    layout: String,
+    dim: usize,
+    layers: usize,
+    numerics: String,
+    index_k: String,
+    threads: usize,
+    open_s: f64,
+    prefill_tokens: usize,
+    prefill_s: f64,
+    prefill_cpu_s: f64,
+    prefill_cpu_ms_per_token: f64,
+    /// Multiply-adds per token over the measured rate: the compute floor of a prefill.
+    prefill_floor_ms_per_token: f64,
+    decode_tokens: usize,
+    decode_s: f64,
+    decode_ms_per_token: f64,
+    decode_cpu_ms_per_token: f64,
+    /// Bytes per decode token over the measured read bandwidth.
+    decode_floor_ms_per_token: f64,
+    bytes_per_decode_token: u64,
+    footprint: footprint::Footprint,
+    read_bandwidth_gb_s: f64,
+    multiply_adds_per_s: f64,
+    peak_rss_mib: Option<f64>,
+}
+
+impl Measurement {
+    fn print(&self) {
+        let mb = |b: u64| b as f64 / 1e6;
+        let f = &self.footprint;
+        println!(
+            "model      {} ({}, dim {}, {} layers)",
+            self.model, self.layout, self.dim, self.layers
+        );
+        println!(
+            "numerics   {}, index-k {}, threads {}",
+            self.numerics, self.index_k, self.threads
+        );
+        println!("open       {:.3} s", self.open_s);
+        println!(
+            "machine    read bandwidth {:.1} GB/s, {:.2} G multiply-adds/s (f64, all threads)",
+            self.read_bandwidth_gb_s,
+            self.multiply_adds_per_s / 1e9
+        );
+        println!(
+            "prefill    {} tokens in {:.3} s = {:.2} tokens/s (cpu {:.3} s, {:.2} ms/token; \
+             compute floor {:.2} ms/token, ratio {:.1})",
+            self.prefill_tokens,
+            self.prefill_s,
+            self.prefill_tokens as f64 / self.prefill_s,
+            self.prefill_cpu_s,
+            self.prefill_cpu_ms_per_token,
+            self.prefill_floor_ms_per_token,
+            self.prefill_s * 1e3 / self.prefill_tokens as f64 / self.prefill_floor_ms_per_token
+        );
+        if self.decode_tokens > 0 {
+            println!(
+                "decode     {} steps in {:.3} s = {:.2} tokens/s ({:.2} ms/token, cpu {:.2} ms/token)",
+                self.decode_tokens,
+                self.decode_s,
+                self.decode_tokens as f64 / self.decode_s,
+                self.decode_ms_per_token,
+                self.decode_cpu_ms_per_token
+            );
+            println!(
+                "  floor    {:.1} MB/token (trunk {:.1}, head {:.1}, embedding row {:.3}, Engram rows \
+                 {:.3}, routed experts {:.1}) / {:.1} GB/s = {:.2} ms/token; ratio {:.1}",
+                mb(f.total()),
+                mb(f.trunk),
+                mb(f.head),
+                mb(f.embedding_row),
+                mb(f.engram_rows),
+                mb(f.routed_experts),
+                self.read_bandwidth_gb_s,
+                self.decode_floor_ms_per_token,
+                self.decode_ms_per_token / self.decode_floor_ms_per_token
+            );
+        }
+        match self.peak_rss_mib {
+            Some(m) => println!("peak RSS   {m:.1} MiB"),
+            None => println!("peak RSS   unavailable (no /proc/self/status)"),
+        }
+    }
+}
+
+/// `VmHWM` of this process in MiB (Linux).
+fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = s
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+/// [`peak_rss_mib`] for a human, e.g. "123.4 MiB".
 fn peak_rss() -> String {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
-        })
-        .map_or("unavailable (no /proc/self/status)".into(), |kib| {
-            format!("{:.1} MiB", kib / 1024.0)
-        })
+    peak_rss_mib().map_or("unavailable (no /proc/self/status)".into(), |m| {
+        format!("{m:.1} MiB")
+    })
 }
 
 /// CPU time of every thread of this process so far (Linux `/proc/self/task/*/schedstat`;

@@ -1,0 +1,59 @@
+//! What this machine can do, measured in the same run as the model: read bandwidth (a plain
+//! summing loop over a buffer far larger than the caches, on the current thread pool) and the
+//! rate of f64 multiply-adds (independent chains, as the kernels run them). Best of a few
+//! repetitions, so a busy moment on a shared machine does not set the floor.
+
+use std::time::Instant;
+
+use rayon::prelude::*;
+
+/// Bytes of the buffer the bandwidth loop reads.
+const BANDWIDTH_BYTES: usize = 512 << 20;
+const REPS: usize = 3;
+
+/// Read bandwidth in bytes per second.
+pub fn read_bandwidth() -> f64 {
+    let words = BANDWIDTH_BYTES / 8;
+    // Distinct values, so no page is shared and nothing is folded away.
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let chunk = words.div_ceil(rayon::current_num_threads().max(1) * 4);
+    let mut best = f64::INFINITY;
+    let mut sink = 0u64;
+    for _ in 0..REPS {
+        let t = Instant::now();
+        sink ^= buf
+            .par_chunks(chunk)
+            .map(|c| c.iter().fold(0u64, |a, &x| a.wrapping_add(x)))
+            .reduce(|| 0, u64::wrapping_add);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(sink);
+    BANDWIDTH_BYTES as f64 / best
+}
+
+/// f64 multiply-adds per second over all threads of the pool.
+pub fn multiply_add_rate() -> f64 {
+    const CHAINS: usize = 8;
+    const STEPS: usize = 1 << 24;
+    let threads = rayon::current_num_threads().max(1);
+    let mut best = f64::INFINITY;
+    for _ in 0..REPS {
+        let t = Instant::now();
+        let s: f64 = (0..threads)
+            .into_par_iter()
+            .map(|i| {
+                let mut acc = [0.0f64; CHAINS];
+                let x = std::hint::black_box(1.000_000_1 + i as f64 * 1e-9);
+                for _ in 0..STEPS {
+                    for a in &mut acc {
+                        *a = *a * x + 1e-9;
+                    }
+                }
+                acc.iter().sum::<f64>()
+            })
+            .sum();
+        std::hint::black_box(s);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (threads * CHAINS * STEPS) as f64 / best
+}
