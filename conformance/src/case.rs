@@ -228,7 +228,8 @@ pub struct Case {
 }
 
 impl Case {
-    /// Upstream data this case reads (it is Skipped when DS41_UPSTREAM is unset).
+    /// Whether this case reads the external official_a set (`upstream:`): certify leaves it
+    /// out of a run without --upstream / DS41_UPSTREAM, the test harness reports it ignored.
     pub fn needs_upstream(&self) -> bool {
         let family = self.spec.family();
         family

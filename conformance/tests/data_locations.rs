@@ -100,6 +100,36 @@ fn without_a_snapshot_only_release_cases_are_skipped_and_say_where_to_point() {
     assert!(err.contains("PASS") && err.contains("loader::synthetic::tiny-release-loads"));
 }
 
+/// The external official_a set is opt-in: without --upstream its cases are not part of the
+/// run (not listed, not counted as skipped); --upstream DIR adds them.
+#[test]
+fn the_external_set_joins_the_run_only_with_upstream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_ds41"));
+    let (code, list, err) = run(bin, tmp.path(), &["certify", "--list"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(!list.contains("official_a"), "{list}");
+    assert!(list.contains("residual::official_tiny_s1::"), "{list}");
+    let (code, _, err) = run(bin, tmp.path(), &["certify", "--filter", "::official_a::"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("external case(s) need --upstream DIR"),
+        "{err}"
+    );
+    let upstream = tmp.path().to_str().unwrap();
+    let (code, list, err) = run(
+        bin,
+        tmp.path(),
+        &["certify", "--upstream", upstream, "--list"],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(list.contains("residual::official_a::"), "{list}");
+    assert!(
+        list.contains("loader::official_a::official-a-release-loads"),
+        "{list}"
+    );
+}
+
 #[test]
 fn a_snapshot_with_a_wrong_file_is_an_error_naming_the_file_and_the_pins() {
     let tmp = tempfile::tempdir().unwrap();

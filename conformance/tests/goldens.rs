@@ -19,6 +19,7 @@ fn options(root: &Path) -> CheckOptions {
         repo_root: root.to_path_buf(),
         goldens_dir: None,
         upstream: upstream_from_env(),
+        release: ds41_conformance::goldens::release_snapshot_dir().unwrap(),
         deep: false,
         ds41: PathBuf::from(env!("CARGO_BIN_EXE_ds41")),
     }

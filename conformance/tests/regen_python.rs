@@ -9,10 +9,13 @@
 //!   profile, bit for bit, on official_a weights (regen_python/torch_kernels.rs);
 //! * `regen_python::engram-map-vs-official` — the engine's Engram token map against the
 //!   official engram.py on every tokenizer we have (regen_python/engram_map.rs); needs
-//!   `DS41_OFFICIAL_INFERENCE`, the release `inference/` directory.
+//!   `DS41_OFFICIAL_INFERENCE`, the release `inference/` directory;
+//! * `regen_python::waste-containers-vs-make_test_container` — `ds41 synth --preset waste-tiny
+//!   --layout container --seed S` against WASTE's `make_test_container.py --ds41 --seed S`,
+//!   seeds 0-3, byte for byte; needs `DS41_WASTE`, a WASTE checkout.
 //!
 //! `DS41_PYTHON` names a Python with goldens/regen/requirements.txt installed, e.g.
-//! `DS41_PYTHON=/tmp/ds41-venv/bin/python DS41_UPSTREAM=/work/shared/upstream cargo test -p
+//! `DS41_PYTHON=/tmp/ds41-venv/bin/python DS41_RELEASE=../shared/release cargo test -p
 //! ds41-conformance --test regen_python` (about 40 s). Set but lacking the pinned packages is a
 //! failure. `DS41_UPSTREAM` and `DS41_TOKENIZER_WHEEL` are passed through (the Python tests that
 //! need them say `SKIPPED` when unset).
@@ -131,14 +134,80 @@ fn main() {
                     "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
                 ));
             };
-            let up = std::env::var_os("DS41_UPSTREAM").filter(|v| !v.is_empty());
+            let var = |v: &str| {
+                std::env::var_os(v)
+                    .filter(|v| !v.is_empty())
+                    .map(PathBuf::from)
+            };
             engram_map::engram_map_equals_official(
                 &py,
                 Path::new(&inference),
-                up.as_deref().map(Path::new),
+                var("DS41_RELEASE").as_deref(),
+                var("DS41_UPSTREAM").as_deref(),
             );
             Ok(Completion::Completed)
         }),
+        Trial::ignorable_test(
+            "regen_python::waste-containers-vs-make_test_container",
+            move || {
+                let Some(py) = need_python()? else {
+                    return Ok(skipped());
+                };
+                let Some(waste) = std::env::var_os("DS41_WASTE").filter(|v| !v.is_empty()) else {
+                    return Ok(Completion::ignored_with(
+                    "SKIPPED: DS41_WASTE not set (a WASTE checkout with tools/make_test_container.py)",
+                ));
+                };
+                waste_containers_equal_make_test_container(&py, Path::new(&waste))?;
+                Ok(Completion::Completed)
+            },
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// `ds41 synth --preset waste-tiny --layout container --seed S` equals WASTE's
+/// `tools/make_test_container.py OUT --ds41 --seed S` byte for byte, for the seeds the goldens
+/// use (0: the tests' container, 1-3: goldens/waste_oracle/).
+fn waste_containers_equal_make_test_container(python: &Path, waste: &Path) -> Result<(), Failed> {
+    let script = waste.join("tools/make_test_container.py");
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let mut bad = Vec::new();
+    for seed in 0..4u64 {
+        let theirs = tmp.path().join(format!("waste-{seed}"));
+        let out = Command::new(python)
+            .arg(&script)
+            .arg(&theirs)
+            .args(["--ds41", "--seed", &seed.to_string()])
+            .output()
+            .map_err(|e| format!("run {script:?}: {e}"))?;
+        if !out.status.success() {
+            return Err(format!(
+                "{script:?} --seed {seed} failed:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        let ours = tmp.path().join(format!("ours-{seed}"));
+        let g =
+            ds41_synthetic::generate("waste-tiny", ds41_synthetic::Layout::Container, seed, &ours)
+                .map_err(|e| e.to_string())?;
+        let mut names: Vec<String> = std::fs::read_dir(&theirs)
+            .map_err(|e| e.to_string())?
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        let want = ds41_synthetic::hash_files(&theirs, &names).map_err(|e| e.to_string())?;
+        let got = ds41_synthetic::hash_files(&ours, &g.files).map_err(|e| e.to_string())?;
+        for n in &names {
+            if got.get(n) != want.get(n) {
+                bad.push(format!("seed {seed}: {n}"));
+            }
+        }
+    }
+    if bad.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("files differing from make_test_container.py: {bad:?}").into())
+    }
 }

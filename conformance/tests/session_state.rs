@@ -123,20 +123,15 @@ fn check_splits_with(
             let ids = tokens(total, model.config().vocab_size);
             for &split in splits {
                 let what = format!("{label} {numerics} {index_k} split {split}");
-                let mut whole = traced(&model);
-                run(
-                    &mut Session::new(&model, options.clone()),
-                    &ids,
-                    split,
-                    &mut whole,
-                );
-
+                // The uninterrupted run, saved at the split on the way (saving reads the
+                // session and leaves it as it was).
                 let tmp = tempfile::tempdir().unwrap();
                 let file = tmp.path().join("s.ds41state");
-                let mut first = traced(&model);
+                let mut whole = traced(&model);
                 let mut s = Session::new(&model, options.clone());
-                run(&mut s, &ids[..split], split, &mut first);
+                run(&mut s, &ids[..split], split, &mut whole);
                 state::save(&model, &s, &file).unwrap();
+                run(&mut s, &ids[split..], 0, &mut whole);
                 drop(s);
 
                 let fresh_model = open();
@@ -146,10 +141,13 @@ fn check_splits_with(
                 let mut second = traced(&fresh_model);
                 run(&mut s2, &ids[split..], 0, &mut second);
 
-                let mut logits = first.logits.clone();
-                logits.extend_from_slice(&second.logits);
+                let steps_before = whole.logits.len() - second.logits.len();
                 assert_rows_equal(&whole, &second, split, &what);
-                assert_bits_equal(&logits, &whole.logits, &format!("{what}: logits"));
+                assert_bits_equal(
+                    &second.logits,
+                    &whole.logits[steps_before..],
+                    &format!("{what}: logits"),
+                );
             }
         }
     }
@@ -164,10 +162,14 @@ fn release_tiny_continues_bit_exactly_at_every_boundary() {
     // (12, 13, 14), and a late odd split (17).
     check_splits(
         presets().0,
-        &[Numerics::Exact, Numerics::Upstream],
+        &[Numerics::Exact],
         &[0, 1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 14, 17],
         19,
     );
+    // Where a split falls is a property of the cache geometry, not of the numerics; the
+    // upstream profile's state (its bf16-rounded caches) is checked at one split of each
+    // kind: decode only, inside a ratio-2 group, at the ring wrap, at the first removal.
+    check_splits(presets().0, &[Numerics::Upstream], &[0, 3, 8, 13], 19);
 }
 
 #[test]

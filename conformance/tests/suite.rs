@@ -4,15 +4,18 @@
 //! defect must make a declared check fail), and self-tests of the harness with engines that
 //! crash, hang, answer garbage or refuse. Filterable by name; `--list` works for nextest.
 //!
-//! Cases that read release files or upstream data are reported as ignored with the reason
-//! when no release snapshot is found (DS41_RELEASE, the hub cache) or DS41_UPSTREAM is unset; long-tier cases are `#[ignore]`d unless DS41_LONG=1.
+//! Cases that read release files or the external official_a set are reported as ignored with
+//! the reason when no release snapshot is found (DS41_RELEASE, the hub cache) or DS41_UPSTREAM
+//! is unset; long-tier cases are `#[ignore]`d unless DS41_LONG=1. Through the protocol, the
+//! default tier sends the first case of each request shape (family, case file, replay or not);
+//! DS41_LONG=1 sends every case.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use libtest_mimic::{Arguments, Completion, Failed, Trial};
 
-use ds41_conformance::case::Case;
+use ds41_conformance::case::{Case, Spec};
 use ds41_conformance::locations::ReleaseSnapshot;
 use ds41_conformance::outcome::Outcome;
 use ds41_conformance::protocol::AdapterEngine;
@@ -85,6 +88,7 @@ fn main() {
     (ctx.upstream, ctx.release) = (upstream, release);
     let ctx = Arc::new(ctx);
     let mut trials = Vec::new();
+    let mut protocol_shapes = std::collections::BTreeSet::new();
     for case in &suite {
         // In process.
         let (c, cx, x) = (case.clone(), Arc::clone(&ctx), Arc::clone(&xfail));
@@ -97,7 +101,10 @@ fn main() {
             .with_kind(case.family.as_str())
             .with_ignored_flag(case.long && !long),
         );
-        // Through the protocol, the reference as a subprocess.
+        // Through the protocol, the reference as a subprocess: in the default tier the first
+        // case of each request shape (the in-process trial above judges the engine on every
+        // case; this one the transport), every case in the long tier.
+        let first_of_shape = !case.long && protocol_shapes.insert(protocol_shape(case));
         let (c, cx, x) = (case.clone(), Arc::clone(&ctx), Arc::clone(&xfail));
         trials.push(
             Trial::ignorable_test(format!("protocol::{}", case.name), move || {
@@ -111,7 +118,7 @@ fn main() {
                 verdict(&r.outcome, &rerun, &r.details.notes)
             })
             .with_kind("protocol")
-            .with_ignored_flag(case.long && !long),
+            .with_ignored_flag(!first_of_shape && !long),
         );
     }
     negative_controls(&suite, &ctx, &mut trials);
@@ -120,6 +127,17 @@ fn main() {
     let conclusion = libtest_mimic::run(&args, trials);
     drop(work);
     conclusion.exit();
+}
+
+/// What a case sends through the protocol: its family, its case file, and for residual
+/// cases whether it is a replay (another request).
+fn protocol_shape(case: &Case) -> String {
+    let replay = matches!(&case.spec, Spec::Residual(r) if r.replay);
+    format!(
+        "{}::{}::{replay}",
+        case.family.as_str(),
+        case.file.display()
+    )
 }
 
 /// `selftest::defect::NAME`: each injectable defect makes at least one declared check fail;

@@ -116,21 +116,27 @@ fn fake_waste(root: &Path) -> PathBuf {
 }
 
 /// Cases for the profile: the repository's WASTE-shaped residual case (last-token dumps,
-/// prefix lengths) plus its load case, with a short timeout for the hanging engine.
+/// prefix lengths) plus its load case, with a 5 s timeout.
 fn cases(root: &Path) -> PathBuf {
-    let dir = root.join("cases");
+    cases_with_timeout(root, "cases", 5)
+}
+
+/// The same cases with a timeout of `timeout_s` seconds (the hanging engine needs no more
+/// than one: every request of it hangs), in `root/name`.
+fn cases_with_timeout(root: &Path, name: &str, timeout_s: u32) -> PathBuf {
+    let dir = root.join(name);
     std::fs::create_dir_all(dir.join("residual")).unwrap();
     std::fs::create_dir_all(dir.join("loader")).unwrap();
     std::fs::write(
         dir.join("residual/waste_profile.yaml"),
         format!(
-            "family: residual\ncases:\n  - name: waste-tiny-last-token\n    model: synthetic:waste-tiny/container\n    golden: reference\n    tokens: {TOKENS:?}\n    prefill: 1\n    numerics: exact\n    index_k: as-shipped\n    prefix_lengths: [1, 2, 3, 4, 12]\n    require: [logits, residual]\n    timeout_s: 5\n"
+            "family: residual\ncases:\n  - name: waste-tiny-last-token\n    model: synthetic:waste-tiny/container\n    golden: reference\n    tokens: {TOKENS:?}\n    prefill: 1\n    numerics: exact\n    index_k: as-shipped\n    prefix_lengths: [1, 2, 3, 4, 12]\n    require: [logits, residual]\n    timeout_s: {timeout_s}\n"
         ),
     )
     .unwrap();
     std::fs::write(
         dir.join("loader/waste_profile.yaml"),
-        "family: loader\ncases:\n  - name: waste-tiny-loads\n    model: synthetic:waste-tiny/container\n    expect: accept\n    timeout_s: 5\n",
+        format!("family: loader\ncases:\n  - name: waste-tiny-loads\n    model: synthetic:waste-tiny/container\n    expect: accept\n    timeout_s: {timeout_s}\n"),
     )
     .unwrap();
     dir
@@ -199,9 +205,9 @@ fn waste_profile_certifies_a_fake_test_forward_and_fails_bad_ones() {
         "{out}"
     );
 
-    let (code, out) = certify(&bin, &data, &cases, "hang");
+    let (code, out) = certify(&bin, &data, &cases_with_timeout(tmp, "hang", 1), "hang");
     assert_eq!(code, 1, "{out}");
-    assert!(out.contains("timed out after 5.0s"), "{out}");
+    assert!(out.contains("timed out after 1.0s"), "{out}");
     // the run went on to the next case after the hang
     assert!(out.contains("[2/2]"), "{out}");
 }

@@ -1,6 +1,6 @@
 //! Tokenizer throughput, engine vs the HF `tokenizers` crate (issue 5, TOKENIZER.md).
 //!
-//! `DS41_UPSTREAM=/path/to/upstream cargo bench -p ds41-engine --bench tokenizer`
+//! `DS41_RELEASE=/path/to/release-snapshot cargo bench -p ds41-engine --bench tokenizer`
 //!
 //! Workloads (each about 2 MB of UTF-8, built in memory):
 //! * `dsml`: the five official DSML golden prompts (English, code, JSON, control tokens);
@@ -46,11 +46,14 @@ fn mb_s(bytes: usize, d: Duration) -> f64 {
 }
 
 fn main() {
-    let Some(up) = std::env::var_os("DS41_UPSTREAM").map(PathBuf::from) else {
-        eprintln!("SKIPPED: DS41_UPSTREAM not set (the benchmark needs the V4.1 tokenizer.json)");
+    let Some(release) = std::env::var_os("DS41_RELEASE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+    else {
+        eprintln!("SKIPPED: DS41_RELEASE not set (the benchmark needs the release tokenizer.json)");
         return;
     };
-    let path = up.join("tokenizer/tokenizer.json");
+    let path = release.join("tokenizer.json");
     let t0 = Instant::now();
     let engine = Tokenizer::from_file(&path).expect("engine loads tokenizer.json");
     let engine_load = t0.elapsed();
@@ -60,7 +63,10 @@ fn main() {
     println!("load: engine {engine_load:.2?}, hf {hf_load:.2?}");
 
     let dsml: Vec<String> = (1..=5)
-        .map(|n| std::fs::read_to_string(up.join(format!("dsml/test_output_{n}.txt"))).unwrap())
+        .map(|n| {
+            std::fs::read_to_string(release.join(format!("encoding/tests/test_output_{n}.txt")))
+                .unwrap()
+        })
         .collect();
     let mut wide: Vec<String> = corpus::wide(20_000, 11)
         .into_iter()

@@ -152,8 +152,8 @@ fn release_layer_roles_match_model_md_section_3() {
 
 #[test]
 #[cfg_attr(
-    not(all(ds41_upstream, ds41_release)),
-    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
 )]
 fn release_engram_constants_reproduce_model_md() {
     let c = release_config();
@@ -192,10 +192,13 @@ fn release_engram_constants_reproduce_model_md() {
     );
     assert_eq!(k.pad, EngramPad::RawToken(2));
     k.check_against(&c, "release").unwrap();
-    // and the published JSON agrees field by field
-    let up = upstream();
+    // and the official engram.py's constants (goldens/engram/) agree field by field
     let v: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(up.join("engram/engram_hash_constants.json")).unwrap(),
+        &std::fs::read(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("../goldens/engram/release_constants.json"),
+        )
+        .unwrap(),
     )
     .unwrap();
     for (i, l) in k.layers.iter().enumerate() {
@@ -208,12 +211,17 @@ fn release_engram_constants_reproduce_model_md() {
     }
 }
 
+/// The ModelArgs of a 6-layer test model with Engram on layers 0 and 1 (engram_vocab_size
+/// 100, two heads, n-grams up to 3, compressed vocab 256).
+fn tiny_engram_model_args() -> serde_json::Value {
+    serde_json::json!({"max_batch_size": 1, "max_seq_len": 64, "temperature": 0.0, "dtype": "fp8", "expert_dtype": "fp4", "vocab_size": 512, "dim": 128, "moe_inter_dim": 64, "n_layers": 6, "n_mtp_layers": 0, "n_heads": 4, "n_routed_experts": 4, "n_shared_experts": 1, "n_activated_experts": 2, "score_func": "sqrtsoftplus", "gate_temp": 1.0, "norm_topk_prob": true, "route_scale": 1.5, "swiglu_limit": 1.0, "q_lora_rank": 64, "head_dim": 64, "rope_head_dim": 16, "norm_eps": 1e-20, "o_groups": 2, "o_lora_rank": 32, "window_size": 8, "compress_ratios": [0, 2, 2, 1, 1, 1], "kv_source_layers": [1, 3], "index_source_layers": [1, 3, 5], "compress_rope_theta": 160000.0, "original_seq_len": 32, "rope_theta": 10000.0, "rope_factor": 4, "beta_fast": 32, "beta_slow": 1, "index_n_heads": 16, "index_head_dim": 32, "index_topk": 8, "candidate_source_layer": 3, "candidate_topk_blocks": 3, "candidate_block_size": 4, "hc_mult": 4, "hc_sinkhorn_iters": 20, "hc_eps": 1e-06, "engram_layer_ids": [0, 1], "engram_num_embeddings": [420, 508], "engram_max_ngram_size": 3, "engram_vocab_size": 100, "engram_n_heads": 2, "engram_head_dim": 32, "engram_pad_id": 2, "engram_compressed_vocab_size": 256, "vision_n_layers": 0, "vision_dim": 1024, "vision_n_heads": 16, "vision_inter_dim": 2816, "vision_patch_size": 14, "vision_rope_theta": 10000.0, "vision_downsample_ratio": 3, "vision_max_n_token": 1024, "vision_min_pixels": 295936, "vision_max_wh_ratio": null, "image_token_id": 129264, "dspark_block_size": 0, "dspark_noise_token_id": 0, "dspark_target_layer_ids": [], "dspark_markov_rank": 256, "dspark_n_routed_experts": 0, "dspark_n_activated_experts": 0})
+}
+
 #[test]
-#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
-fn tiny_goldens_engram_constants() {
-    // golden_tiny README: layers 0,1; primes 101,103|107,109 and 113,127|131,137; cvocab 256.
-    let up = upstream();
-    let c = Config::from_inference_json(&up.join("golden_tiny/meta.json")).unwrap();
+fn tiny_engram_constants() {
+    // primes 101,103|107,109 and 113,127|131,137 (the smallest above engram_vocab_size - 1,
+    // handed out in order); multipliers from numpy default_rng(10007·layer).
+    let c = Config::from_inference_value(&tiny_engram_model_args()).unwrap();
     let k = EngramHashConstants::for_release(&c).unwrap();
     assert_eq!(k.layers[0].primes, [[101, 103], [107, 109]]);
     assert_eq!(k.layers[1].primes, [[113, 127], [131, 137]]);
@@ -225,6 +233,16 @@ fn tiny_goldens_engram_constants() {
         k.layers[1].multipliers,
         [29662608052400909, 1873410163432121, 13919202536988139]
     );
+    assert_eq!((k.layers[0].rows(), k.layers[1].rows()), (420, 508));
+}
+
+#[test]
+#[cfg_attr(
+    not(ds41_upstream),
+    ignore = "DS41_UPSTREAM not set (the official_a set)"
+)]
+fn official_a_engram_constants() {
+    let up = upstream();
     // official_a: layers 1,2, cvocab 258 (README); rows 420, 508.
     let a = Config::from_release_json(&up.join("official_a/checkpoint/config.json")).unwrap();
     let k = EngramHashConstants::for_release(&a).unwrap();
@@ -233,10 +251,11 @@ fn tiny_goldens_engram_constants() {
 }
 
 #[test]
-#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn container_config_synthetic_flat_form() {
-    let up = upstream();
-    let c = Config::from_container_manifest(&up.join("waste_ds41_synth/container")).unwrap();
+    // WASTE's synthetic test container (make_test_container.py --ds41 = waste-tiny seed 0).
+    let d = tempfile::tempdir().unwrap();
+    ds41_synthetic::waste_test_container(d.path()).unwrap();
+    let c = Config::from_container_manifest(d.path()).unwrap();
     assert_eq!((c.norm_eps, c.route_scale), (1e-5, 2.0));
     assert_eq!(
         (

@@ -5,7 +5,6 @@
 mod common;
 
 use common::container::*;
-use common::*;
 use ds41_engine::checkpoint::container::{ContainerCheckpoint, ContainerOptions};
 use ds41_engine::checkpoint::names::{expected_tensors, release_to_container, ContainerName};
 use ds41_engine::checkpoint::{self, Checkpoint, Layout, Storage};
@@ -406,12 +405,19 @@ fn every_missing_trunk_tensor_is_refused_by_name() {
     }
 }
 
-/// Values from an independent Python decode of the shipped container.
+/// WASTE's synthetic test container (`waste-tiny` seed 0, byte-identical to WASTE's
+/// make_test_container.py --ds41).
+fn waste_container() -> (tempfile::TempDir, std::path::PathBuf) {
+    let d = tempfile::tempdir().unwrap();
+    let dir = d.path().join("c");
+    ds41_synthetic::waste_test_container(&dir).unwrap();
+    (d, dir)
+}
+
+/// Values from an independent Python decode of WASTE's container.
 #[test]
-#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn waste_synthetic_container_decodes_like_the_oracle() {
-    let up = upstream();
-    let dir = up.join("waste_ds41_synth/container");
+    let (_guard, dir) = waste_container();
     let ck = ContainerCheckpoint::open(&dir).unwrap();
     assert_eq!(ck.verify_all_crc().unwrap(), 48);
     let c = ck.config();
@@ -531,10 +537,8 @@ fn waste_synthetic_container_decodes_like_the_oracle() {
 }
 
 #[test]
-#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn waste_container_without_attn_sink_is_refused() {
-    let up = upstream();
-    let src = up.join("waste_ds41_synth/container");
+    let (_guard, src) = waste_container();
     let d = tempfile::tempdir().unwrap();
     for f in std::fs::read_dir(&src).unwrap() {
         let f = f.unwrap();

@@ -1,5 +1,6 @@
 //! Prefill / decode / chunked-prefill equalities (issue 4 item 3, MODEL.md §7.3, §8) and
-//! determinism across thread counts, on the official_a checkpoint (`DS41_UPSTREAM`).
+//! determinism across thread counts, on the official_a checkpoint (`DS41_UPSTREAM`) and on
+//! WASTE's synthetic container (`waste-tiny` seed 0).
 
 mod model_common;
 use model_common as common;
@@ -14,10 +15,6 @@ use ds41_engine::trace::{Trace, TraceFile};
 
 fn open_model(dir: &Path) -> Model {
     common::official_a_model(dir)
-}
-
-fn waste(dir: &Path) -> Model {
-    Model::open(&dir.join("waste_ds41_synth/container")).unwrap()
 }
 
 const WASTE_IDS: [u32; 16] = [3, 7, 11, 5, 19, 23, 2, 41, 8, 64, 17, 90, 4, 8, 200, 31];
@@ -139,12 +136,11 @@ fn results_do_not_depend_on_the_thread_count() {
 }
 
 #[test]
-#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn waste_container_schedules() {
     // WASTE synthetic container: window 4, ratio-2 owner = layer 2, index_topk 4, so the
     // shipped hand-off first shows at the even decode position p = 10 (MODEL.md §8.2).
-    let up = common::upstream();
-    let model = waste(&up);
+    let (_guard, container) = common::waste_container();
+    let model = Model::open(&container).unwrap();
     let ids = WASTE_IDS;
     let n = ids.len();
     // Upstream numerics do not apply: q_lora_rank 48 is not a whole number of FP8 blocks.

@@ -1,11 +1,13 @@
-//! The Engram compressed token map built from the release tokenizer equals the release map
-//! `engram/engram_token_map_int32.npy` (MODEL.md §6.6.1), and the hash constants and the
-//! full-size hash golden agree with it. Needs `DS41_UPSTREAM`.
+//! The Engram compressed token map built from the release tokenizer equals the map the
+//! official engram.py builds (MODEL.md §6.6.1), and the hash constants and the full-size hash
+//! goldens agree with it: goldens/engram/ (goldens/regen/engram_release.py runs the official
+//! engram.py on the release config and tokenizer). The release tokenizer comes from
+//! `DS41_RELEASE`.
 
 use std::path::Path;
 use std::time::Instant;
 
-use ds41_engine::testing::{release, upstream};
+use ds41_engine::testing::release;
 use ds41_engine::tokenizer::engram_map::{compressed_vocab_size, normalize, token_map_from_file};
 use ds41_engine::tokenizer::Tokenizer;
 use serde_json::Value;
@@ -102,18 +104,24 @@ fn npy_reader_rejects_bad_input() {
     assert!(read_npy_i32(&write("magic.npy", b"NOTNUMPY\x01\x00")).is_err());
 }
 
+/// The official engram.py's outputs on the release files (goldens/engram/).
+fn golden(name: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../goldens/engram")
+        .join(name)
+}
+
 #[test]
 #[cfg_attr(
-    not(all(ds41_upstream, ds41_release)),
-    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
 )]
 fn engram_map_release() {
-    let up = upstream();
     let tok = Tokenizer::from_file(release().join("tokenizer.json")).unwrap();
     let t0 = Instant::now();
     let map = token_map_from_file(&release().join("tokenizer.json")).unwrap();
     eprintln!("token_map_from_file: {:?}", t0.elapsed());
-    let want = read_npy_i32(&up.join("engram/engram_token_map_int32.npy")).unwrap();
+    let want = read_npy_i32(&golden("release_token_map_int32.npy")).unwrap();
     assert_eq!(want.len(), 129_280);
     let raw: Vec<u8> = want.iter().flat_map(|v| v.to_le_bytes()).collect();
     assert_eq!(
@@ -159,10 +167,8 @@ fn is_prime(n: u64) -> bool {
 /// first; within a layer n = 2, 3, 4 and heads 0..7); sums equal `engram_num_embeddings`;
 /// offsets are their exclusive prefix sums; multipliers are odd and below 2 * bound + 1.
 #[test]
-#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
 fn engram_hash_constants_release() {
-    let up = upstream();
-    let c = json(&up.join("engram/engram_hash_constants.json"));
+    let c = json(&golden("release_constants.json"));
     let vocab = c["engram_vocab_size"].as_u64().unwrap();
     assert_eq!(vocab, 16_000_000);
     let mut candidates = (vocab..).filter(|&n| is_prime(n));
@@ -273,47 +279,50 @@ fn hash_ids(map: &[i32], c: &Value, input_ids: &[i64], dead: &[usize]) -> Vec<[[
         .collect()
 }
 
-/// Tokenizer → token map → hash ids reproduces `engram_hash_golden_real.json`.
+/// Tokenizer → token map → hash ids reproduces the official hash goldens of the project's
+/// probe texts (text only, and with a DEAD span).
 #[test]
 #[cfg_attr(
-    not(all(ds41_upstream, ds41_release)),
-    ignore = "needs DS41_UPSTREAM (upstream data) and DS41_RELEASE (a release snapshot)"
+    not(ds41_release),
+    ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
 )]
-fn engram_hash_golden_real_from_engine_map() {
-    let up = upstream();
+fn engram_hash_goldens_from_engine_map() {
     let tok = Tokenizer::from_file(release().join("tokenizer.json")).unwrap();
     let map = token_map_from_file(&release().join("tokenizer.json")).unwrap();
-    let c = json(&up.join("engram/engram_hash_constants.json"));
-    let g = json(&up.join("engram/engram_hash_golden_real.json"));
-    let input_ids = i64s(&g["input_ids"][0]);
-    let mut ours: Vec<i64> = vec![0];
-    ours.extend(
-        tok.encode_text(g["text"].as_str().unwrap())
+    let c = json(&golden("release_constants.json"));
+    for probe in ["folding", "code"] {
+        let g = json(&golden(&format!("release_hashes_{probe}.json")));
+        let input_ids = i64s(&g["input_ids"][0]);
+        let mut ours: Vec<i64> = vec![0];
+        ours.extend(
+            tok.encode_text(g["text"].as_str().unwrap())
+                .iter()
+                .map(|&x| x as i64),
+        );
+        assert_eq!(
+            ours, input_ids,
+            "{probe}: BOS + encode_text(text) equals the golden's input ids"
+        );
+        let dead: Vec<usize> = i64s(&g["dead_positions"])
             .iter()
-            .map(|&x| x as i64),
-    );
-    assert_eq!(
-        ours, input_ids,
-        "BOS + encode_text(text) equals the golden's input ids"
-    );
-    let dead: Vec<usize> = i64s(&g["dead_positions"])
-        .iter()
-        .map(|&p| p as usize)
-        .collect();
-    for (key, dead) in [
-        ("hash_prefill_then_decode", vec![]),
-        ("hash_with_dead_5_7", dead),
-    ] {
-        let got = hash_ids(&map, &c, &input_ids, &dead);
-        let want = &g[key][0];
-        assert_eq!(want.as_array().unwrap().len(), input_ids.len());
-        for (p, row) in got.iter().enumerate() {
-            for layer in 0..2 {
-                assert_eq!(
-                    row[layer].to_vec(),
-                    i64s(&want[p][layer]),
-                    "{key} position {p} layer {layer}"
-                );
+            .map(|&p| p as usize)
+            .collect();
+        assert!(!dead.is_empty());
+        for (key, dead) in [
+            ("hash_prefill_then_decode", vec![]),
+            ("hash_with_dead", dead),
+        ] {
+            let got = hash_ids(&map, &c, &input_ids, &dead);
+            let want = &g[key][0];
+            assert_eq!(want.as_array().unwrap().len(), input_ids.len());
+            for (p, row) in got.iter().enumerate() {
+                for layer in 0..2 {
+                    assert_eq!(
+                        row[layer].to_vec(),
+                        i64s(&want[p][layer]),
+                        "{probe} {key} position {p} layer {layer}"
+                    );
+                }
             }
         }
     }

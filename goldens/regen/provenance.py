@@ -13,6 +13,7 @@ from pathlib import Path
 SCHEMA = "ds41-golden-provenance/1"
 SUFFIX = ".provenance.json"
 UPSTREAM_ENV = "DS41_UPSTREAM"
+RELEASE_ENV = "DS41_RELEASE"
 
 
 def repo_root() -> Path:
@@ -40,13 +41,18 @@ def sha256_path(path: Path) -> str:
 
 
 def describe_input(name: str, path: Path) -> dict:
-    """An input record: location repo / upstream / external, decided by where the path is."""
+    """An input record: location repo / release / upstream / external, decided by where the
+    path is (the release snapshot is $DS41_RELEASE)."""
     path = path.resolve()
     digest = sha256_path(path)
     root = repo_root()
     upstream = os.environ.get(UPSTREAM_ENV)
     if path.is_relative_to(root):
         return {"name": name, "location": "repo", "path": path.relative_to(root).as_posix(), "sha256": digest}
+    release = os.environ.get(RELEASE_ENV)
+    if release and path.is_relative_to(Path(release).resolve()):
+        rel = path.relative_to(Path(release).resolve()).as_posix()
+        return {"name": name, "location": "release", "path": rel, "sha256": digest}
     if upstream and path.is_relative_to(Path(upstream).resolve()):
         rel = path.relative_to(Path(upstream).resolve()).as_posix()
         return {"name": name, "location": "upstream", "path": rel, "sha256": digest}

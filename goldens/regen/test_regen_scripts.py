@@ -225,23 +225,28 @@ class WasteOracle(unittest.TestCase):
             side = json.loads((root / "t.safetensors.provenance.json").read_text())
             self.assertEqual(side["errata"]["waste_schedule"], "token-at-a-time")
 
-    def test_converts_the_upstream_oracle_files(self):
-        import os
-        upstream = os.environ.get("DS41_UPSTREAM")
-        if not upstream:
-            print("SKIPPED: DS41_UPSTREAM not set", file=sys.stderr)
-            self.skipTest("DS41_UPSTREAM not set")
+    def test_converts_oracle_files(self):
+        # The oracle's own file format (raw f32 logits per prefix, token-major hidden streams),
+        # written from the committed seed-0 golden, converts back to the same trace.
         from safetensors.numpy import load_file
-        base = Path(upstream) / "waste_ds41_synth"
+        golden = load_file(str(HERE.parent / "waste_oracle" / "waste-tiny_s0_n12.safetensors"))
         with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "w.safetensors"
-            proc = subprocess.run([sys.executable, str(HERE / "waste_oracle.py"), "--from-oracle-files", str(base / "oracle"),
-                                   "--variant", "as_shipped", "--container", str(base / "container"),
+            root = Path(tmp)
+            (root / "oracle").mkdir()
+            golden["logits"].astype("<f4").tofile(root / "oracle" / "logits_prefix_as_shipped.f32")
+            golden["residual"].astype("<f4").tofile(root / "oracle" / "hidden_as_shipped.f32")
+            (root / "c").mkdir()
+            (root / "c" / "manifest.json").write_text(json.dumps({"config": {
+                "vocab_size": 256, "num_hidden_layers": 6, "hc_mult": 4, "hidden_size": 128}}))
+            out = root / "w.safetensors"
+            proc = subprocess.run([sys.executable, str(HERE / "waste_oracle.py"), "--from-oracle-files", str(root / "oracle"),
+                                   "--variant", "as_shipped", "--container", str(root / "c"),
                                    "--ids", "3,7,11,5,19,23,2,41,8,64,17,90", "--out", str(out)], capture_output=True, text=True)
             self.assertEqual(proc.returncode, 0, proc.stderr)
             t = load_file(str(out))
             self.assertEqual(t["logits"].shape, (12, 256))
             self.assertEqual(t["residual"].shape, (12, 6, 4, 128))
+            self.assertTrue((t["logits"] == golden["logits"]).all() and (t["residual"] == golden["residual"]).all())
             # CONTAINER.md §10.4: argmax per prefix length, and the 12-token top logit 36 (+10.2078)
             self.assertEqual(t["logits"].argmax(-1).tolist(), [29, 42, 12, 27, 4, 220, 51, 211, 54, 145, 7, 36])
             self.assertAlmostEqual(float(t["logits"][11, 36]), 10.2078, places=3)

@@ -13,17 +13,16 @@ Two goldens, both read by the engine's tokenizer tests:
 * wide (optional, `--wide-seed S --wide-n N`): the random and whitespace strings of the wide
   corpus recipe (TOKENIZER.md §9) rebuilt from the seed, tokenized on the markup path and
   stored as a digest — counts, sha256 of the canonical text and id streams, and per-1000-string
-  chunk hashes so a mismatch is localised — instead of the 6.5 MB corpus, which stays upstream.
+  chunk hashes so a mismatch is localised — instead of the 6.5 MB corpus.
   `--wide-compare FILE` checks the rebuilt texts and ids against the upstream JSON-lines file.
 
 Canonical streams (for the digest): per string, texts as `u32le(len(utf8)) ++ utf8`, ids as
 `u32le(count) ++ u32le(id)...`.
 
 Usage (from the repository root; prints what changed and rewrites the provenance sidecars):
-  python3 goldens/regen/tokenizer_ids.py --tokenizer "$DS41_UPSTREAM/tokenizer/tokenizer.json" \
+  DS41_RELEASE=SNAPSHOT python3 goldens/regen/tokenizer_ids.py --tokenizer "$DS41_RELEASE/tokenizer.json" \
       --corpus goldens/tokenizer/curated_corpus.jsonl --out goldens/tokenizer \
-      --wide-seed 11 --wide-n 20000 \
-      --wide-compare "$DS41_UPSTREAM/tokenizer/wide_corpus_seed11_n20000.jsonl"
+      --wide-seed 11 --wide-n 20000
 """
 import argparse
 import hashlib
@@ -129,7 +128,7 @@ def compare_with_upstream(strings, all_ids, path: Path):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--tokenizer", type=Path, required=True, help="tokenizer.json (e.g. $DS41_UPSTREAM/tokenizer/tokenizer.json)")
+    ap.add_argument("--tokenizer", type=Path, required=True, help="tokenizer.json (e.g. $DS41_RELEASE/tokenizer.json)")
     ap.add_argument("--corpus", type=Path, required=True, help="curated corpus, JSON lines with `text`")
     ap.add_argument("--out", type=Path, required=True, help="output directory (goldens/tokenizer)")
     ap.add_argument("--wide-seed", type=int)

@@ -13,12 +13,15 @@ as-shipped index_k hand-off only (errata `index_k_handoff`), so its trace corres
   schedule prefill 1, tie rule of the oracle (torch.topk, unstated).
 
 `--from-oracle-files DIR --variant NAME` converts already-made outputs instead
-(`logits_prefix_NAME.f32`, `hidden_NAME.f32`, as in `$DS41_UPSTREAM/waste_ds41_synth/oracle/`).
-Nothing from WASTE is vendored. Not run against a WASTE checkout here (none in this sandbox).
+(`logits_prefix_NAME.f32`, `hidden_NAME.f32`: the oracle's raw little-endian f32 dumps).
+Nothing from WASTE is vendored: --waste names a checkout.
 
-Example:
-  python3 goldens/regen/waste_oracle.py --waste ~/src/warp --container "$DS41_UPSTREAM/waste_ds41_synth/container" \\
-      --ids 3,7,11,5,19,23,2,41,8,64,17,90 --out /tmp/waste_trace.safetensors --provenance
+Example (goldens/waste_oracle/waste-tiny_s0_n12.safetensors; seed 0 is WASTE's own container):
+  ds41 synth --preset waste-tiny --layout container --seed 0 --out /tmp/wc0
+  python3 goldens/regen/waste_oracle.py --waste ~/src/warp --container /tmp/wc0 \\
+      --ids 3,7,11,5,19,23,2,41,8,64,17,90 --out goldens/waste_oracle/waste-tiny_s0_n12.safetensors \\
+      --synth-command "ds41 synth --preset waste-tiny --layout container --seed 0 --out {out}" \\
+      --synth-preset waste-tiny --synth-seed 0 --provenance
 """
 import argparse
 import json

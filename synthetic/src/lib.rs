@@ -124,6 +124,14 @@ pub fn list_presets() -> Vec<PresetInfo> {
         .collect()
 }
 
+/// WASTE's own synthetic DS41 test container: `waste-tiny` seed 0 in the container layout is
+/// byte-identical to WASTE's `tools/make_test_container.py OUT --ds41` (default seed 0) at
+/// Penguinjanator/warp 8d5405d8 (pinned by tests/waste_compat.rs), so tests and goldens use it
+/// wherever they need that container.
+pub fn waste_test_container(out_dir: &Path) -> Result<Generated, SynthError> {
+    generate("waste-tiny", Layout::Container, 0, out_dir)
+}
+
 /// Write `preset` in `layout` with `seed` into `out_dir` (created if missing; must be empty).
 pub fn generate(
     preset: &str,

@@ -74,8 +74,8 @@ pub struct Args {
     /// their pins. Without one, only the cases reading release files are skipped.
     #[arg(long)]
     pub release: Option<PathBuf>,
-    /// The external upstream data set (default: $DS41_UPSTREAM); cases reading it are
-    /// skipped without it.
+    /// The external upstream data set (default: $DS41_UPSTREAM): the official_a goldens. Its
+    /// cases join the run only when it is given.
     #[arg(long)]
     pub upstream: Option<PathBuf>,
     /// Keep generated models and engine outputs here instead of a temporary directory.
@@ -173,12 +173,29 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         )
     })?;
     let all = runner::load_suite(&cases_dir)?;
-    let cases = runner::select(all.clone(), &a.filter, a.exact, a.long);
+    let upstream = a.upstream.clone().or_else(|| {
+        std::env::var_os("DS41_UPSTREAM")
+            .filter(|v| !v.is_empty())
+            .map(PathBuf::from)
+    });
+    // The external set is opt-in: without --upstream its cases are not part of the run (not
+    // run, not counted as skipped); the run header says how many it would add.
+    let (external, suite): (Vec<_>, Vec<_>) = all
+        .iter()
+        .cloned()
+        .partition(|c| c.needs_upstream() && upstream.is_none());
+    let cases = runner::select(suite, &a.filter, a.exact, a.long);
+    let external = runner::select(external, &a.filter, a.exact, a.long).len();
     if cases.is_empty() {
         bail!(
-            "no case selected (filters {:?}{}; {} cases in {})",
+            "no case selected (filters {:?}{}{}; {} cases in {})",
             a.filter,
             if a.long { "" } else { ", long tier excluded" },
+            if external > 0 {
+                format!(", {external} external case(s) need --upstream DIR")
+            } else {
+                String::new()
+            },
             all.len(),
             cases_dir.display()
         );
@@ -191,11 +208,6 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         }
         return Ok(0);
     }
-    let upstream = a.upstream.clone().or_else(|| {
-        std::env::var_os("DS41_UPSTREAM")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
     let mut engine = make_engine(
         &a.engine,
         a.defect.as_deref(),
@@ -258,7 +270,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         identity.driver,
         run_profile,
     );
-    let _ = writeln!(err, "{}", data_roots_line(&ctx, &cases));
+    let _ = writeln!(err, "{}", data_roots_line(&ctx, &cases, external));
     runner::pregenerate(&cases, &ctx, |line| {
         let _ = writeln!(err, "{line}");
     });
@@ -333,7 +345,11 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
 }
 
 /// Where the release files and the upstream set come from, and what is skipped without them.
-fn data_roots_line(ctx: &Context, cases: &[ds41_conformance::case::Case]) -> String {
+fn data_roots_line(
+    ctx: &Context,
+    cases: &[ds41_conformance::case::Case],
+    external: usize,
+) -> String {
     use ds41_conformance::locations::Found;
     let release = match &ctx.release {
         Some(r) => {
@@ -351,9 +367,9 @@ fn data_roots_line(ctx: &Context, cases: &[ds41_conformance::case::Case]) -> Str
     };
     let upstream = match &ctx.upstream {
         Some(u) => u.display().to_string(),
+        None if external == 0 => "not given".to_string(),
         None => format!(
-            "not given ({} case(s) reading it are skipped)",
-            cases.iter().filter(|c| c.needs_upstream()).count()
+            "not given ({external} external case(s) not in this run; --upstream DIR adds them)"
         ),
     };
     format!("release snapshot: {release}; upstream set: {upstream}")

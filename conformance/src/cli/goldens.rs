@@ -91,6 +91,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 repo_root: root.clone(),
                 goldens_dir: None,
                 upstream: common.upstream.or_else(goldens::upstream_from_env),
+                release: goldens::release_snapshot_dir()?,
                 deep,
                 ds41,
             };

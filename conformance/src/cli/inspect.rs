@@ -386,19 +386,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
 mod tests {
     use super::*;
 
-    fn upstream() -> Option<PathBuf> {
-        let p = std::env::var_os("DS41_UPSTREAM").map(PathBuf::from);
-        if p.is_none() {
-            eprintln!("SKIPPED: DS41_UPSTREAM not set");
-        }
-        p
-    }
-
     /// MODEL.md §3 on the real release config.json.
     #[test]
+    #[cfg_attr(
+        not(ds41_release),
+        ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+    )]
     fn release_config_roles() {
-        let Some(up) = upstream() else { return };
-        let r = report(&up.join("config/config.json"), false).unwrap();
+        let release = ds41_engine::testing::release();
+        let r = report(&release.join("config.json"), false).unwrap();
         assert_eq!(r.layout, "config");
         assert_eq!(r.roles.len(), 43);
         let role = |l: usize| r.roles[l].role.as_str();
@@ -450,8 +446,12 @@ mod tests {
     }
 
     #[test]
-    fn official_a_and_container_directories() {
-        let Some(up) = upstream() else { return };
+    #[cfg_attr(
+        not(ds41_upstream),
+        ignore = "DS41_UPSTREAM not set (the official_a set)"
+    )]
+    fn official_a_directory() {
+        let up = ds41_engine::testing::upstream();
         let r = report(&up.join("official_a/checkpoint"), false).unwrap();
         assert_eq!(r.layout, "release");
         assert_eq!(r.storage["Fp4"], 84);
@@ -459,15 +459,32 @@ mod tests {
             r.roles[6].role,
             "index source (index-only), candidate consumer"
         );
-        let r = report(&up.join("waste_ds41_synth/container"), true).unwrap();
+    }
+
+    /// WASTE's synthetic test container (`waste-tiny` seed 0) as a directory and as a bare
+    /// manifest.
+    #[test]
+    fn container_directory_and_manifest() {
+        let d = tempfile::tempdir().unwrap();
+        ds41_synthetic::waste_test_container(d.path()).unwrap();
+        let r = report(d.path(), true).unwrap();
         assert_eq!(r.layout, "container");
         assert_eq!(r.crc_verified, Some(48));
         assert_eq!(r.storage["Vq3r"], 6 * 8 * 3);
         assert!(r.warnings.iter().any(|w| w.contains("item 8")));
-        let r = report(&up.join("waste_ds41_synth/container/manifest.json"), false).unwrap();
+        let r = report(&d.path().join("manifest.json"), false).unwrap();
         assert_eq!(r.layout, "config");
         assert_eq!(r.config.norm_eps, 1e-5);
-        let r = report(&up.join("config/inference_config.json"), false).unwrap();
+    }
+
+    #[test]
+    #[cfg_attr(
+        not(ds41_release),
+        ignore = "DS41_RELEASE not set (a DeepSeek-V4.1-Flash release snapshot)"
+    )]
+    fn release_inference_config() {
+        let release = ds41_engine::testing::release();
+        let r = report(&release.join("inference/config.json"), false).unwrap();
         assert_eq!(r.config.kv_source_layers, [2, 8, 14, 20]);
     }
 

@@ -50,6 +50,7 @@ pub fn bless(opts: &BlessOptions) -> Result<Vec<Blessed>, GoldenError> {
         repo_root: opts.repo_root.clone(),
         goldens_dir: Some(goldens_dir.clone()),
         upstream: opts.upstream.clone(),
+        release: super::release_snapshot_dir()?,
         deep: true,
         ds41: opts.ds41.clone(),
     };
@@ -106,6 +107,19 @@ fn bless_one(
                         "{}: input `{}` is upstream data: set DS41_UPSTREAM",
                         sidecar.display(),
                         input.name
+                    ))
+                })?;
+                let p = root.join(&input.path);
+                let h = sha256_path(&p)?;
+                (p, h)
+            }
+            Location::Release => {
+                let root = opts.release.as_ref().ok_or_else(|| {
+                    GoldenError::Refused(format!(
+                        "{}: input `{}` is a release file: {}",
+                        sidecar.display(),
+                        input.name,
+                        crate::locations::no_release_reason()
                     ))
                 })?;
                 let p = root.join(&input.path);

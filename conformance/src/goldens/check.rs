@@ -30,6 +30,8 @@ pub struct CheckOptions {
     /// Defaults to `<repo_root>/goldens`.
     pub goldens_dir: Option<PathBuf>,
     pub upstream: Option<PathBuf>,
+    /// The release snapshot directory, if one was found (`release` inputs).
+    pub release: Option<PathBuf>,
     /// Rebuild generated inputs (e.g. `ds41 synth`) and compare their hashes.
     pub deep: bool,
     /// The `ds41` binary used for `ds41 ...` commands in `--deep` mode.
@@ -242,6 +244,20 @@ fn check_inputs(record: &Provenance, sidecar: &Path, opts: &CheckOptions, report
                         Status::Skip,
                         sidecar,
                         format!("{label}: SKIPPED: DS41_UPSTREAM not set"),
+                    );
+                    continue;
+                }
+            },
+            Location::Release => match &opts.release {
+                Some(r) => r.join(&input.path),
+                None => {
+                    report.push(
+                        Status::Skip,
+                        sidecar,
+                        format!(
+                            "{label}: SKIPPED: {}",
+                            crate::locations::no_release_reason()
+                        ),
                     );
                     continue;
                 }

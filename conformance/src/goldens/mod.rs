@@ -71,6 +71,14 @@ pub fn find_repo_root(start: &Path) -> Option<PathBuf> {
 }
 
 /// `$DS41_UPSTREAM` if set and non-empty.
+/// The release snapshot `ds41 goldens` verifies `release` inputs against (DS41_RELEASE, else
+/// the hub cache); a set DS41_RELEASE that is not a directory is an error.
+pub fn release_snapshot_dir() -> Result<Option<PathBuf>, GoldenError> {
+    crate::locations::ReleaseSnapshot::locate(None)
+        .map(|r| r.map(|r| r.dir))
+        .map_err(|e| GoldenError::Refused(format!("{e:#}")))
+}
+
 pub fn upstream_from_env() -> Option<PathBuf> {
     std::env::var_os(UPSTREAM_ENV)
         .filter(|v| !v.is_empty())

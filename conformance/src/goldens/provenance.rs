@@ -77,7 +77,8 @@ pub struct Input {
     /// Name used by `{input:NAME}` in the command.
     pub name: String,
     pub location: Location,
-    /// Relative to the location's root (repository root, `$DS41_UPSTREAM`, the external
+    /// Relative to the location's root (repository root, `$DS41_UPSTREAM`, the release
+    /// snapshot, the external
     /// tree's root); for `generated`, a label.
     pub path: String,
     /// sha256 of the file, or the tree hash of a directory (hashing.rs).
@@ -94,6 +95,9 @@ pub enum Location {
     Repo,
     /// Below `$DS41_UPSTREAM`; verified when it is set, else reported as skipped.
     Upstream,
+    /// A file of the DeepSeek-V4.1-Flash release snapshot (`DS41_RELEASE` or the Hugging
+    /// Face hub cache, crate::locations); verified when one is found, else reported as skipped.
+    Release,
     /// Outside both (a release checkout, a WASTE checkout): recorded, not verifiable here.
     External,
     /// Produced by `command` (e.g. `ds41 synth`); verified by `goldens check --deep`.

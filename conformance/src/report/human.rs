@@ -117,7 +117,10 @@ pub fn summary_table(out: &mut impl Write, report: &RunReport) {
         caveats.push(format!("{} not supported", s.not_supported));
     }
     if s.skipped > 0 {
-        caveats.push(format!("{} skipped (missing upstream data)", s.skipped));
+        caveats.push(format!(
+            "{} skipped (missing data: see the reasons above)",
+            s.skipped
+        ));
     }
     if s.waived > 0 {
         caveats.push(format!("{} waived", s.waived));

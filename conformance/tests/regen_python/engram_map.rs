@@ -1,8 +1,9 @@
 //! The engine's Engram token map against the official `build_compressed_token_map`, run by
 //! goldens/regen/engram_token_map.py from the release `inference/` directory named by
 //! `DS41_OFFICIAL_INFERENCE`: on the committed tokenizers of goldens/engram_maps/ (whose
-//! committed maps must also be what the official code builds today) and on every
-//! tokenizer.json under `DS41_UPSTREAM` when it is set.
+//! committed maps must also be what the official code builds today), on the release
+//! tokenizer.json when a release snapshot is given (`DS41_RELEASE`) and on official_a's
+//! tokenizer when the external set is (`DS41_UPSTREAM`).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -27,14 +28,18 @@ fn tokenizer_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-pub fn engram_map_equals_official(python: &Path, inference: &Path, upstream: Option<&Path>) {
+pub fn engram_map_equals_official(
+    python: &Path,
+    inference: &Path,
+    release: Option<&Path>,
+    upstream: Option<&Path>,
+) {
     let root = super::repo_root();
     let goldens = root.join("goldens/engram_maps");
     let mut files = Vec::new();
     tokenizer_files(&goldens, &mut files);
-    if let Some(up) = upstream {
-        tokenizer_files(up, &mut files);
-    }
+    files.extend(release.map(|r| r.join("tokenizer.json")));
+    files.extend(upstream.map(|u| u.join("official_a/checkpoint/tokenizer.json")));
     files.sort();
     assert!(files.len() >= 3, "no tokenizers found");
     let out = Command::new(python)

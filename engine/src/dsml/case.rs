@@ -9,8 +9,9 @@
 //! missing`). Beyond plain shape errors, inputs for which the reference would render a Python
 //! accident are refused here, explicitly: a `null` user/tool/reminder content (the reference
 //! crashes or writes the text `None`), non-string content, reasoning or ids (it would write
-//! their Python `repr`), and unknown roles including `developer`. Unknown keys are ignored, as
-//! the reference ignores them (e.g. `mask` in official case 4).
+//! their Python `repr`), unknown roles including `developer`, and `content_blocks` given
+//! together with `content`. Unknown keys are ignored, as the reference ignores them (e.g. `mask`
+//! in official case 4); a message's own `content_blocks` is read like list content.
 
 use super::json_py;
 use super::message::*;
@@ -230,6 +231,34 @@ pub fn message_from_json(value: &Value, path: &str) -> Result<Message, Error> {
         }
     };
     let content_path = format!("{path}.content");
+    // A message's own `content_blocks` (DSML.md §1 step 1): the reference reads a non-empty
+    // list exactly as it reads list `content`. With a `content` beside it the reference
+    // renders a user turn from the blocks and other roles from the `content`, so that pair
+    // is refused rather than guessed.
+    let blocks_path = format!("{path}.content_blocks");
+    let own_blocks = match obj.get("content_blocks") {
+        None | Some(Value::Null) => None,
+        Some(Value::Array(items)) if items.is_empty() => None,
+        Some(Value::Array(items)) => Some(blocks_from_json(items, &blocks_path)?),
+        Some(other) => {
+            return Err(Error::input(
+                &blocks_path,
+                format!(
+                    "expected a list of content blocks, got {}",
+                    type_name(other)
+                ),
+            ))
+        }
+    };
+    if let Some(blocks) = own_blocks {
+        if obj.get("content").is_some_and(|c| !c.is_null()) {
+            return Err(Error::input(
+                &blocks_path,
+                "given together with `content`: give the blocks as `content` or as `content_blocks`, not both",
+            ));
+        }
+        return message_with_content(obj, path, role, Some(Content::Blocks(blocks)));
+    }
     let content = match obj.get("content") {
         None => match role {
             Role::LatestReminder => {
@@ -261,6 +290,16 @@ pub fn message_from_json(value: &Value, path: &str) -> Result<Message, Error> {
             ))
         }
     };
+    message_with_content(obj, path, role, content)
+}
+
+/// The rest of a message, once its role and content are known.
+fn message_with_content(
+    obj: &Map<String, Value>,
+    path: &str,
+    role: Role,
+    content: Option<Content>,
+) -> Result<Message, Error> {
     let reasoning_content = opt_string(obj, "reasoning_content", path)?;
     let tools = match obj.get("tools") {
         None | Some(Value::Null) => Vec::new(),
@@ -581,6 +620,25 @@ mod tests {
         assert!(err
             .to_string()
             .contains("A case with tools must contain at least one message"));
+    }
+    #[test]
+    fn own_content_blocks_read_like_list_content() {
+        let blocks = r#"[{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]"#;
+        let own = load_case(&format!(
+            r#"[{{"role": "user", "content_blocks": {blocks}}}]"#
+        ))
+        .unwrap();
+        let list = load_case(&format!(r#"[{{"role": "user", "content": {blocks}}}]"#)).unwrap();
+        assert_eq!(own, list);
+        let empty =
+            load_case(r#"[{"role": "user", "content": "x", "content_blocks": []}]"#).unwrap();
+        assert_eq!(
+            empty,
+            load_case(r#"[{"role": "user", "content": "x"}]"#).unwrap()
+        );
+        let both = format!(r#"[{{"role": "user", "content": "x", "content_blocks": {blocks}}}]"#);
+        let err = load_case(&both).unwrap_err().to_string();
+        assert!(err.contains("messages[0].content_blocks"), "{err}");
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! Shared helpers of the model tests: comparing
-//! arrays, and opening the official_a checkpoint.
+//! Shared helpers of the model tests: comparing arrays, opening the official_a checkpoint,
+//! and writing WASTE's synthetic test container.
 
 #![allow(dead_code)]
 
@@ -15,7 +15,24 @@ pub fn official_a_model(up: &Path) -> Model {
     Model::open(&up.join("official_a/checkpoint")).unwrap()
 }
 
+#[allow(unused_imports)]
 pub use ds41_engine::testing::upstream;
+
+/// WASTE's synthetic DS41 test container ([`ds41_synthetic::waste_test_container`]); the
+/// directory lives as long as the returned guard.
+pub fn waste_container() -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("waste-tiny-s0");
+    ds41_synthetic::waste_test_container(&out).unwrap();
+    (dir, out)
+}
+
+/// A golden of this repository (`goldens/REL`).
+pub fn golden(rel: &str) -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../goldens")
+        .join(rel)
+}
 
 pub fn rel_l2(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());

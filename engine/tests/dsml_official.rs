@@ -1,10 +1,11 @@
-//! DSML against the official data in `$DS41_UPSTREAM/dsml/` (DSML.md §2.5, §3.1): the five
-//! official cases byte for byte, and all 67 reference probes (same accepted/rejected, same
-//! output, same exception class and message). Skipped, with a printed reason, when
-//! `DS41_UPSTREAM` is unset.
+//! DSML against the official encoder/parser (DSML.md §2.5, §3.1): the five official cases of
+//! the release snapshot's encoding/tests byte for byte (`DS41_RELEASE`), and the project's
+//! probes with what the official encoding.py answers to each (goldens/dsml_probes/, made by
+//! goldens/regen/dsml_probes.py): same accepted/rejected, same output, same exception class
+//! and message.
 
 use ds41_engine::dsml::{self, case, json_py, ParseMode, RenderOptions, ThinkingMode};
-use ds41_engine::testing::{release, upstream};
+use ds41_engine::testing::release;
 use serde_json::Value;
 use std::path::PathBuf;
 
@@ -44,32 +45,6 @@ fn official_cases_render_byte_for_byte() {
             assert_eq!(prompt.images[0]["url"], "examples/images/carrots.jpeg");
         }
     }
-}
-
-#[test]
-#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
-fn official_cases_match_the_upstream_spotchecks() {
-    let dir = upstream().join("dsml");
-    let spot: Value = serde_json::from_str(&read(dir.join("expected_spotchecks.json"))).unwrap();
-    let inputs: Value = serde_json::from_str(&read(dir.join("inputs.json"))).unwrap();
-    let mut checked = 0;
-    for (key, want) in spot.as_object().unwrap() {
-        let want = want.as_str().unwrap();
-        let n = &key[..1];
-        let case = dsml::load_case(&inputs[n].to_string()).unwrap();
-        let got = dsml::render(&case.conversation, &case.options(ThinkingMode::Chat, None))
-            .unwrap()
-            .to_string();
-        let ok = match &key[1..] {
-            "" => got == want,
-            "_head" => got.starts_with(want),
-            "_tail" => got.ends_with(want),
-            _ => got.contains(want),
-        };
-        assert!(ok, "spotcheck {key} fails");
-        checked += 1;
-    }
-    assert!(checked >= 7, "only {checked} spotchecks");
 }
 
 /// Runs one probe: `Ok(value)` in the probe-result form or `Err("<Exception>: message")`.
@@ -131,13 +106,10 @@ fn run_probe(probe: &Value) -> Result<Value, String> {
 }
 
 #[test]
-#[cfg_attr(not(ds41_upstream), ignore = "DS41_UPSTREAM not set (upstream data)")]
-fn all_reference_probes_agree() {
-    let dir = upstream().join("dsml");
-    let inputs: Value =
-        serde_json::from_str(&read(dir.join("reference_probe_inputs.json"))).unwrap();
-    let results: Value =
-        serde_json::from_str(&read(dir.join("reference_probe_results.json"))).unwrap();
+fn all_official_probes_agree() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../goldens/dsml_probes");
+    let inputs: Value = serde_json::from_str(&read(dir.join("probe_inputs.json"))).unwrap();
+    let results: Value = serde_json::from_str(&read(dir.join("probe_results.json"))).unwrap();
     let probes = inputs["probes"].as_object().unwrap();
     let mut agree = 0;
     let mut failures = Vec::new();
@@ -156,8 +128,8 @@ fn all_reference_probes_agree() {
             failures.push(format!("{name}: got {got:?}, want {want}"));
         }
     }
-    eprintln!("reference probes: {agree}/{} agree", probes.len());
-    assert_eq!(probes.len(), 67, "the probe file holds 67 probes");
+    eprintln!("official probes: {agree}/{} agree", probes.len());
+    assert!(probes.len() >= 60, "only {} probes", probes.len());
     assert!(
         failures.is_empty(),
         "{} probes disagree:\n{}",
