@@ -624,6 +624,14 @@ fn write_reply(
 mod tests {
     use super::*;
 
+    /// The reply lines a serve loop wrote.
+    fn replies(out: &[u8]) -> Vec<Reply> {
+        out.split(|&b| b == b'\n')
+            .filter(|l| !l.is_empty())
+            .map(|l| serde_json::from_slice(l).unwrap())
+            .collect()
+    }
+
     /// A request line that is not UTF-8 gets an error reply, and the requests after it are
     /// still answered (as for malformed JSON).
     #[test]
@@ -635,11 +643,7 @@ mod tests {
         );
         let mut out = Vec::new();
         serve(&mut engine, &input[..], &mut out).unwrap();
-        let replies: Vec<Reply> = out
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_slice(l).unwrap())
-            .collect();
+        let replies = replies(&out);
         assert_eq!(replies.len(), 2, "{}", String::from_utf8_lossy(&out));
         let err = replies[0].error.as_ref().unwrap();
         assert!(
@@ -662,11 +666,7 @@ mod tests {
         let reader = std::io::BufReader::with_capacity(7, &input[..]);
         let mut out = Vec::new();
         serve_lines_up_to(&mut engine, reader, &mut out, 100).unwrap();
-        let replies: Vec<Reply> = out
-            .split(|&b| b == b'\n')
-            .filter(|l| !l.is_empty())
-            .map(|l| serde_json::from_slice(l).unwrap())
-            .collect();
+        let replies = replies(&out);
         assert_eq!(replies.len(), 2, "{}", String::from_utf8_lossy(&out));
         let err = replies[0].error.as_ref().unwrap();
         assert!(err.message.contains("10000 bytes"), "{err:?}");
