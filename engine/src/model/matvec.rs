@@ -305,14 +305,16 @@ impl MatVec<'_> {
                                 wk[i] = f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
                             }
                         }
-                        DenseDtype::Bf16 | DenseDtype::F16 => {
-                            let f = if dtype == DenseDtype::Bf16 {
-                                bf16_to_f32
-                            } else {
-                                f16_to_f32
-                            };
+                        // One loop per dtype: a conversion chosen through a function
+                        // pointer is called per weight instead of inlined.
+                        DenseDtype::Bf16 => {
                             for (wk, c) in w.iter_mut().zip(row.chunks_exact(2)) {
-                                wk[i] = f64::from(f(u16::from_le_bytes([c[0], c[1]])));
+                                wk[i] = f64::from(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
+                            }
+                        }
+                        DenseDtype::F16 => {
+                            for (wk, c) in w.iter_mut().zip(row.chunks_exact(2)) {
+                                wk[i] = f64::from(f16_to_f32(u16::from_le_bytes([c[0], c[1]])));
                             }
                         }
                     }
