@@ -334,10 +334,17 @@ impl MatVec<'_> {
                     let r = r0 + i;
                     let data = &codes[r * row_bytes..][..row_bytes];
                     let sc = &scales[r * groups * 2..][..groups * 2];
+                    // A 32-column block lies in one or two groups: convert each group's f16
+                    // scale once, not once per weight.
+                    let scale =
+                        |g: usize| f16_to_f32(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
+                    let (mut g_now, mut s) = (k0 / group, scale(k0 / group));
                     for (k, wk) in w.iter_mut().enumerate().take(len) {
                         let c = k0 + k;
                         let g = c / group;
-                        let s = f16_to_f32(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
+                        if g != g_now {
+                            (g_now, s) = (g, scale(g));
+                        }
                         let q = if bits == 8 {
                             i32::from(data[c] as i8)
                         } else {
