@@ -8,16 +8,27 @@
 use std::path::Path;
 use std::process::Command;
 
-/// Run `bin args` in `cwd` with no external data configured.
+/// Run `bin args` in `cwd` with no external data configured. A freshly copied binary can be
+/// "busy" for a moment: a process another test thread forks while the copy is open for
+/// writing holds that descriptor until it execs, so the run is retried briefly.
 fn run(bin: &Path, cwd: &Path, args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(bin)
-        .args(args)
-        .current_dir(cwd)
-        .env_remove("DS41_UPSTREAM")
-        .env_remove("DS41_RELEASE")
-        .env("HF_HUB_CACHE", cwd.join("no-hub-cache"))
-        .output()
-        .expect("run ds41");
+    let mut tries = 0;
+    let out = loop {
+        let r = Command::new(bin)
+            .args(args)
+            .current_dir(cwd)
+            .env_remove("DS41_UPSTREAM")
+            .env_remove("DS41_RELEASE")
+            .env("HF_HUB_CACHE", cwd.join("no-hub-cache"))
+            .output();
+        match r {
+            Err(e) if e.kind() == std::io::ErrorKind::ExecutableFileBusy && tries < 100 => {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => break r.expect("run ds41"),
+        }
+    };
     (
         out.status.code().unwrap_or(-1),
         String::from_utf8_lossy(&out.stdout).into_owned(),

@@ -227,6 +227,7 @@ fn known_non_canonical(x: &str, parsed: &ParsedMessage) -> bool {
         || x.contains("\">\n\n<｜DSML｜ parameter")
         || x.contains("<\n/｜DSML｜ parameter")
         || (x.contains("\n\n<｜DSML｜ calls") && !x.contains("</｜DSML｜ calls>"))
+        || (x.contains("\n\n<｜DSML｜ calls") && parsed.tool_calls.is_empty())
         || !x.ends_with(Control::Eos.text())
         || non_canonical_value
 }

@@ -16,6 +16,8 @@
 //! * a completion that stops right after a parameter's `>\n`, or right after
 //!   `\n\n<｜DSML｜ calls`, without closing the block (the reference's loop runs out of text);
 //! * a complete block without the final EOS (probe `tool_no_eos`; the renderer adds the EOS);
+//! * an empty block, `\n\n<｜DSML｜ calls>\n</｜DSML｜ calls>`: the reference parses it to
+//!   `tool_calls: []`, the same message as no block, which renders without one;
 //! * a `string="false"` value that is not the canonical `json.dumps` text of its JSON value
 //!   (`[1,2]`, `1.00`, a JSON string, or no JSON at all: `{"a": not json}`).
 //!

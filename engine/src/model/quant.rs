@@ -67,10 +67,20 @@ pub fn pow2ceil(t: f32) -> f32 {
 }
 
 /// Round `a ≥ 0` (finite) to the nearest multiple of `quantum` (a power of two), ties to even
-/// multiple. Exact: `a / quantum` is exact in f64 and `round_ties_even` is exact.
+/// multiple. Exact: `a / quantum` is exact in f64, and for 0 ≤ v < 2^51 adding and removing
+/// 2^52 rounds v to an integer with the FPU's round-to-nearest-even, which is
+/// `round_ties_even` without the library call it compiles to on baseline x86-64 (larger
+/// values, which only saturate, take the library call).
 #[inline]
 fn round_to_quantum(a: f64, quantum: f64) -> f64 {
-    (a / quantum).round_ties_even()
+    const TWO_52: f64 = 4_503_599_627_370_496.0;
+    let v = a / quantum;
+    debug_assert!(v >= 0.0, "{a} / {quantum}");
+    if v < TWO_52 / 2.0 {
+        (v + TWO_52) - TWO_52
+    } else {
+        v.round_ties_even()
+    }
 }
 
 /// Encode an f32 as an OCP float8 e4m3fn byte: explicit clamp to ±448, then round to nearest,
@@ -97,10 +107,12 @@ pub fn e4m3_quantise(x: f32) -> (u8, f32) {
         // exponent of an f64 normal: exact floor(log2 a)
         ((a.to_bits() >> 52) & 0x7FF) as i32 - 1023
     };
+    // 2^(e-3) built from its exponent bits (e - 3 ∈ [-9, 5]): `powi` with a run-time
+    // exponent is a library call, once per quantised activation.
     let quantum = if e < -6 {
         2f64.powi(-9)
     } else {
-        2f64.powi(e - 3)
+        f64::from_bits(((e - 3 + 1023) as u64) << 52)
     };
     let n = round_to_quantum(a, quantum); // subnormal: 0..=8; normal: 8..=16
     let value = n * quantum;
