@@ -106,8 +106,11 @@ fn mode() -> impl Strategy<Value = ThinkingMode> {
     prop_oneof![Just(ThinkingMode::Chat), Just(ThinkingMode::Thinking)]
 }
 
+// Every property runs from a fixed seed, so the default tests are deterministic; new inputs
+// come from the fuzz campaign (fuzz/: dsml_strict, dsml_tolerant), and any shrunk failure is
+// kept in dsml_roundtrip.proptest-regressions.
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(400))]
+    #![proptest_config(ProptestConfig { cases: 400, rng_seed: proptest::test_runner::RngSeed::Fixed(41), ..ProptestConfig::default() })]
 
     /// parse(render(m)) == m for every canonical assistant message.
     #[test]
@@ -233,7 +236,7 @@ fn known_non_canonical(x: &str, parsed: &ParsedMessage) -> bool {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(3000))]
+    #![proptest_config(ProptestConfig { cases: 3000, rng_seed: proptest::test_runner::RngSeed::Fixed(41), ..ProptestConfig::default() })]
 
     /// For every completion the strict grammar accepts: re-rendering reproduces it byte for
     /// byte (unless it is one of the documented non-canonical forms), and the re-rendered text
@@ -321,7 +324,7 @@ fn shape_fuzz_reaches_accepted_completions() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(2000))]
+    #![proptest_config(ProptestConfig { cases: 2000, rng_seed: proptest::test_runner::RngSeed::Fixed(41), ..ProptestConfig::default() })]
 
     /// The tolerant grammar is total: any text, including cut-off and mangled DSML, gives a
     /// message (never a panic), and a strict-accepted canonical completion parses the same.
