@@ -133,11 +133,28 @@ impl WeightBytes {
     pub fn expert(&self, layer: usize, expert: usize) -> u64 {
         self.experts.get(&(layer, expert)).map_or(0, |e| e.0)
     }
+}
 
-    /// Bytes every token reads whatever it is routed to.
-    pub fn per_token_fixed(&self) -> u64 {
-        self.trunk + self.head + self.embedding_row + self.engram_rows
+/// The routed expert sets `[token][layer]` of a flat `experts` record [tokens, layers, k]
+/// (a trace's layout; −1 pads a slot without an expert). No layers or k = 0: no tokens.
+pub fn routed_sets(flat: &[i64], layers: usize, k: usize) -> Vec<Vec<Vec<usize>>> {
+    if layers == 0 || k == 0 {
+        return Vec::new();
     }
+    flat.chunks(layers * k)
+        .map(|token| {
+            token
+                .chunks(k)
+                .map(|slots| {
+                    slots
+                        .iter()
+                        .filter(|&&e| e >= 0)
+                        .map(|&e| e as usize)
+                        .collect()
+                })
+                .collect()
+        })
+        .collect()
 }
 
 /// The footprint of one decode token, with `experts[t][l]` the routed experts of measured
@@ -205,6 +222,15 @@ mod tests {
             "{f:?}"
         );
         assert_eq!(f.embedding_row, embed / cfg.vocab_size as u64);
+    }
+
+    #[test]
+    fn routed_sets_drop_padding_and_keep_token_and_layer_order() {
+        let flat = [0, 3, 1, -1, 2, 2, -1, -1];
+        assert_eq!(
+            routed_sets(&flat, 2, 2),
+            vec![vec![vec![0, 3], vec![1]], vec![vec![2, 2], vec![]]]
+        );
     }
 
     #[test]

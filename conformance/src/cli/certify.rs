@@ -58,7 +58,7 @@ pub struct Args {
     pub expected_failures: Option<PathBuf>,
     /// Seconds a protocol engine may take to answer its first `hello` (a restart later in the
     /// run counts against the case's own timeout).
-    #[arg(long, default_value_t = 60.0, value_parser = parse_hello_timeout)]
+    #[arg(long, default_value_t = ds41_conformance::protocol::DEFAULT_HELLO_TIMEOUT.as_secs_f64(), value_parser = parse_hello_timeout)]
     pub hello_timeout: f64,
     /// Write report.json, junit.xml, plots/ and certificate.json here.
     #[arg(long)]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 
-use ds41_conformance::footprint::WeightBytes;
+use ds41_conformance::footprint::{footprint, routed_sets, WeightBytes};
 use ds41_conformance::spec_window::{plot, spec_window};
 use ds41_conformance::trace::TraceFile;
 
@@ -80,6 +80,13 @@ fn spec_window_gate(a: SpecWindowArgs) -> anyhow::Result<i32> {
             t.shape
         );
     };
+    if k == 0 || k > ckpt.config().n_routed_experts {
+        bail!(
+            "{}: `experts` holds {k} experts per token and layer, the model routes to 1..={}",
+            a.trace.display(),
+            ckpt.config().n_routed_experts
+        );
+    }
     if layers != ckpt.config().n_layers {
         bail!(
             "{}: `experts` covers {layers} layers, the model at {} has {}",
@@ -96,26 +103,15 @@ fn spec_window_gate(a: SpecWindowArgs) -> anyhow::Result<i32> {
     }
     let ids = t.as_i64();
     let n_experts = ckpt.config().n_routed_experts as i64;
-    let mut routed = Vec::with_capacity(tokens - a.first_token);
-    for tok in a.first_token..tokens {
-        let mut per_layer = Vec::with_capacity(layers);
-        for l in 0..layers {
-            let row = &ids[(tok * layers + l) * k..(tok * layers + l + 1) * k];
-            if let Some(bad) = row.iter().find(|&&e| e < -1 || e >= n_experts) {
-                bail!(
-                    "{}: `experts` token {tok} layer {l} names expert {bad}, outside -1..{n_experts}",
-                    a.trace.display()
-                );
-            }
-            per_layer.push(
-                row.iter()
-                    .filter(|&&e| e >= 0)
-                    .map(|&e| e as usize)
-                    .collect(),
-            );
-        }
-        routed.push(per_layer);
+    if let Some(at) = ids.iter().position(|&e| e < -1 || e >= n_experts) {
+        let (tok, l) = (at / (layers * k), at / k % layers);
+        bail!(
+            "{}: `experts` token {tok} layer {l} names expert {}, outside -1..{n_experts}",
+            a.trace.display(),
+            ids[at]
+        );
     }
+    let routed = routed_sets(&ids[a.first_token * layers * k..], layers, k);
     let rows = spec_window(&weights, &routed, a.max_k, a.acceptance);
     if let Some(dir) = &a.report {
         std::fs::create_dir_all(dir)?;
@@ -137,9 +133,7 @@ fn spec_window_gate(a: SpecWindowArgs) -> anyhow::Result<i32> {
     println!(
         "{} decode tokens, {layers} layers, top-{k}; one token reads {:.2} MB ({:.2} MB trunk + head)",
         routed.len(),
-        (weights.per_token_fixed() as f64
-            + rows.first().map_or(0.0, |_| mean_expert_bytes(&weights, &routed)))
-            / 1e6,
+        footprint(&weights, &routed).total() as f64 / 1e6,
         (weights.trunk + weights.head) as f64 / 1e6
     );
     println!(
@@ -166,14 +160,4 @@ fn spec_window_gate(a: SpecWindowArgs) -> anyhow::Result<i32> {
         );
     }
     Ok(0)
-}
-
-/// Mean routed-expert bytes of one token.
-fn mean_expert_bytes(w: &WeightBytes, routed: &[Vec<Vec<usize>>]) -> f64 {
-    let sum: u64 = routed
-        .iter()
-        .flat_map(|t| t.iter().enumerate())
-        .flat_map(|(l, es)| es.iter().map(move |&e| w.expert(l, e)))
-        .sum();
-    sum as f64 / routed.len().max(1) as f64
 }

@@ -107,19 +107,11 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     }
     let (decode_s, decode_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
     let (k, layers) = (cfg.n_activated_experts, cfg.n_layers);
-    let routed: Vec<Vec<Vec<usize>>> = (args.prefill..args.prefill + args.tokens)
-        .map(|t| {
-            (0..layers)
-                .map(|l| {
-                    let row = &trace.experts[(t * layers + l) * k..(t * layers + l + 1) * k];
-                    row.iter()
-                        .filter(|&&e| e >= 0)
-                        .map(|&e| e as usize)
-                        .collect()
-                })
-                .collect()
-        })
+    let decoded: Vec<i64> = trace.experts[args.prefill * layers * k..]
+        .iter()
+        .map(|&e| i64::from(e))
         .collect();
+    let routed = footprint::routed_sets(&decoded, layers, k);
     let fp = footprint::footprint(&WeightBytes::of(model.checkpoint().as_ref())?, &routed);
     // Before the machine measurement, whose buffer would dominate it.
     let peak_rss_mib = peak_rss_mib();
