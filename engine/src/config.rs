@@ -96,6 +96,26 @@ pub struct Config {
     /// refused ([`Config::check_positions`]).
     #[serde(default)]
     pub max_position: Option<usize>,
+    /// The DSpark draft head's arguments (MODEL.md §10.1) when the model has MTP stages
+    /// (`n_mtp_layers > 0` and `dspark_block_size > 0`); `None` otherwise.
+    #[serde(default)]
+    pub dspark: Option<DsparkConfig>,
+}
+
+/// The `dspark_*` model arguments (MODEL.md §2.1, §10.1; `ModelArgs` of the official code).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DsparkConfig {
+    /// Draft positions per block: the last sampled id, then `block_size - 1` noise ids.
+    pub block_size: usize,
+    pub noise_token_id: u32,
+    /// Backbone layers whose *input* stream (after Engram, averaged over the hc copies) is
+    /// concatenated into `main_hidden`, in this order.
+    pub target_layer_ids: Vec<usize>,
+    pub markov_rank: usize,
+    /// Routed experts of the stages' MoE; 0 = the backbone's `n_routed_experts`.
+    pub n_routed_experts: usize,
+    /// Experts per token of the stages' MoE; 0 = the backbone's `n_activated_experts`.
+    pub n_activated_experts: usize,
 }
 
 /// `vision_config` of the release (MODEL.md §2.1, last rows).
@@ -210,6 +230,18 @@ impl Config {
         self.engram_layer_ids.iter().position(|&e| e == l)
     }
 
+    /// Routed and activated expert counts of layer `l`: the backbone's, or for an MTP stage
+    /// (`l >= n_layers`) the DSpark ones where they are set (`ModelArgs.get_moe_config`).
+    pub fn moe_experts(&self, l: usize) -> (usize, usize) {
+        match (&self.dspark, l >= self.n_layers) {
+            (Some(d), true) => (
+                non_zero_or(d.n_routed_experts, self.n_routed_experts),
+                non_zero_or(d.n_activated_experts, self.n_activated_experts),
+            ),
+            _ => (self.n_routed_experts, self.n_activated_experts),
+        }
+    }
+
     /// Rows of the mHC mixing matrices: pre (hc) + post (hc) + comb (hc²) = (2 + hc)·hc.
     pub fn hc_mix_rows(&self) -> usize {
         (2 + self.hc_mult) * self.hc_mult
@@ -256,5 +288,13 @@ impl Config {
         (0..self.n_layers + self.n_mtp_layers)
             .map(|l| self.layer_role(l))
             .collect()
+    }
+}
+
+fn non_zero_or(v: usize, default: usize) -> usize {
+    if v == 0 {
+        default
+    } else {
+        v
     }
 }

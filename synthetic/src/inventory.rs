@@ -245,16 +245,18 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
                 ]);
             }
         }
+        // MTP stages may route over their own expert count (`dspark_n_routed_experts`).
+        let n_routed = g.moe_experts(l).0;
         add(vec![
             (
                 "ffn.gate.weight",
-                vec![g.n_routed_experts, d],
+                vec![n_routed, d],
                 Bf16,
                 Linear(2.0),
             ),
             (
                 "ffn.gate.bias",
-                vec![g.n_routed_experts],
+                vec![n_routed],
                 F32,
                 Uniform(-0.5, 0.5),
             ),
@@ -262,7 +264,7 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
         if g.routing_bias_vl {
             add(vec![(
                 "ffn.gate.bias_vl",
-                vec![g.n_routed_experts],
+                vec![n_routed],
                 F32,
                 Uniform(-3.0, 3.0),
             )]);
@@ -276,7 +278,7 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
             let name = format!("ffn.shared_experts.{w}.weight");
             add(vec![(&name, shape.clone(), Fp8, Linear(EXPERT_GAIN))]);
         }
-        for e in 0..g.n_routed_experts {
+        for e in 0..n_routed {
             for (w, shape) in &experts {
                 let name = format!("ffn.experts.{e}.{w}.weight");
                 add(vec![(&name, shape.clone(), Fp4, Linear(EXPERT_GAIN))]);

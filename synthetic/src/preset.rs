@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use ds41_engine::config::{release_primes, Config};
+use ds41_engine::config::{release_primes, Config, DsparkConfig};
 
 use crate::tokenizer::{TokenizerKind, Vocab};
 
@@ -18,8 +18,6 @@ pub struct Geometry {
     pub args: Config,
     /// `pad_token_id` of the tokenizer files (not a `ModelArgs` field).
     pub pad_token_id: u32,
-    /// The DSpark (MTP) stages' own arguments when `n_mtp_layers > 0` (MODEL.md §2.1, §10.1).
-    pub dspark: Option<Dspark>,
     /// Routed experts whose router entries are copies of another's (none for most presets).
     pub router_ties: Vec<RouterTie>,
 }
@@ -36,17 +34,6 @@ pub struct RouterTie {
     pub layer: usize,
     pub expert: usize,
     pub copy: usize,
-}
-
-/// The `dspark_*` model arguments of a geometry with MTP stages (`mtp.{s}.*` tensors). The
-/// stages use the backbone's expert count (`dspark_n_routed_experts` 0 = inherit).
-#[derive(Debug, Clone, PartialEq)]
-pub struct Dspark {
-    pub block_size: usize,
-    pub noise_token_id: u32,
-    /// Layers whose input stream feeds `mtp.0.main_proj` (one `dim` slice each).
-    pub target_layer_ids: Vec<usize>,
-    pub markov_rank: usize,
 }
 
 impl std::ops::Deref for Geometry {
@@ -75,18 +62,18 @@ impl Geometry {
         Geometry {
             args,
             pad_token_id,
-            dspark: None,
             router_ties: Vec::new(),
         }
     }
 
-    /// The same geometry with `n_mtp` DSpark stages appended (window-only, ratio 0).
-    fn with_dspark(mut self, n_mtp: usize, dspark: Dspark) -> Geometry {
+    /// The same geometry with `n_mtp` DSpark stages appended (window-only, ratio 0), stored
+    /// as `mtp.{s}.*` tensors.
+    fn with_dspark(mut self, n_mtp: usize, dspark: DsparkConfig) -> Geometry {
         self.args.n_mtp_layers = n_mtp;
         self.args
             .compress_ratios
             .extend(std::iter::repeat_n(0, n_mtp));
-        self.dspark = Some(dspark);
+        self.args.dspark = Some(dspark);
         self
     }
 
@@ -136,11 +123,12 @@ pub struct Preset {
 }
 
 /// Names of every preset, in listing order.
-pub const PRESET_NAMES: [&str; 7] = [
+pub const PRESET_NAMES: [&str; 8] = [
     "tiny",
     "tiny-sharded",
     "grouped",
     "window-mtp",
+    "dspark",
     "tied-router",
     "waste-tiny",
     "wide",
@@ -153,6 +141,7 @@ impl Preset {
             "tiny-sharded" => tiny(Sharding::ReleaseLike, "tiny-sharded"),
             "grouped" => grouped(),
             "window-mtp" => window_mtp(),
+            "dspark" => dspark(),
             "tied-router" => tied_router(),
             "waste-tiny" => waste_tiny(),
             "wide" => wide(),
@@ -233,6 +222,7 @@ fn tiny_args() -> Config {
         vision: None,
         engram_pad_is_compressed: false,
         max_position: None,
+        dspark: None,
     }
 }
 
@@ -325,11 +315,13 @@ fn window_mtp() -> Preset {
     )
     .with_dspark(
         1,
-        Dspark {
+        DsparkConfig {
             block_size: 2,
             noise_token_id: 3,
             target_layer_ids: vec![2, 3],
             markov_rank: 32,
+            n_routed_experts: 0,
+            n_activated_experts: 0,
         },
     );
     Preset {
@@ -344,6 +336,65 @@ fn window_mtp() -> Preset {
         reach: "An attention row holds up to 32 window + 40 compressed entries (> 64 from p ≥ 32 on the \
 ratio-1 layers), the ratio-1 indexers select from p ≥ 40, the candidate filter (6 blocks of 8 = 48 > 40) \
 from p ≥ 48; YaRN from p ≥ 16. The MTP stage is stored but not run by a main-model forward.",
+    }
+}
+
+/// A DSpark head shaped like the release's (three stages, block 5, the last three layers as
+/// targets, fewer and sparser experts in the stages than in the backbone), at test scale.
+fn dspark() -> Preset {
+    let g = Geometry::new(
+        Config {
+            dim: 64,
+            moe_inter_dim: 32,
+            n_layers: 5,
+            n_heads: 4,
+            n_routed_experts: 8,
+            n_activated_experts: 3,
+            q_lora_rank: 32,
+            head_dim: 32,
+            rope_head_dim: 8,
+            o_groups: 2,
+            o_lora_rank: 16,
+            window_size: 16,
+            compress_ratios: vec![0, 2, 2, 1, 1],
+            kv_source_layers: vec![1, 3],
+            index_source_layers: vec![1, 3],
+            candidate_source_layer: None,
+            candidate_topk_blocks: 0,
+            candidate_block_size: 0,
+            index_n_heads: 4,
+            index_head_dim: 32,
+            index_topk: 8,
+            engram_layer_ids: vec![0, 2],
+            ..tiny_args() // every other argument as in `tiny`
+        },
+        2,
+        TokenizerKind::ByteBpe,
+    )
+    .with_dspark(
+        3,
+        DsparkConfig {
+            block_size: 5,
+            noise_token_id: 300,
+            target_layer_ids: vec![2, 3, 4],
+            markov_rank: 16,
+            n_routed_experts: 4,
+            n_activated_experts: 2,
+        },
+    );
+    Preset {
+        name: "dspark",
+        description: "a release-shaped DSpark head at test scale: three stages `mtp.0..2`, block 5, noise id 300, targets = the last three of 5 layers (Engram on target 2), Markov rank 16, stages route top-2 of 4 experts (backbone top-3 of 8); dim 64, 4 heads of 32 (rope 8), window 16",
+        geometry: g,
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding: Sharding::Single,
+        waste_compat: false,
+        large: false,
+        no_release: None,
+        reach: "A prefill longer than the window (17+) seeds the stages' rings wrapped; decode steps then \
+write each main position into slot p mod 16 and draft 5 positions through three non-causal stages; every \
+Markov step after the first reads a drafted id. The backbone reaches a ratio-2 and a ratio-1 selection \
+(p >= 16 and p >= 8); the container layout drops the stages (CONTAINER.md §8).",
     }
 }
 

@@ -7,7 +7,8 @@
 
 use crate::draw::{self, E4M3_CODE_RMS, FP4_CODE_RMS};
 use crate::inventory::{copy_slices, engram_rows, logical_tensors, Kind, Logical};
-use crate::preset::{decimal, Dspark, Geometry, Preset, Sharding};
+use crate::preset::{decimal, Geometry, Preset, Sharding};
+use ds41_engine::config::DsparkConfig;
 use crate::rng::SplitMix64;
 use crate::tokenizer::Vocab;
 use crate::SynthError;
@@ -305,12 +306,14 @@ pub fn plan_files(p: &Preset) -> Vec<(String, Vec<Stored>)> {
 
 /// The `dspark_*` arguments to write: the geometry's, or the values a model without DSpark
 /// stages carries (block size 0 = no stages built).
-fn dspark_args(g: &Geometry) -> Dspark {
-    g.dspark.clone().unwrap_or(Dspark {
+fn dspark_args(g: &Geometry) -> DsparkConfig {
+    g.dspark.clone().unwrap_or(DsparkConfig {
         block_size: 0,
         noise_token_id: 0,
         target_layer_ids: Vec::new(),
         markov_rank: 256,
+        n_routed_experts: 0,
+        n_activated_experts: 0,
     })
 }
 
@@ -396,8 +399,8 @@ pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
             "dspark_noise_token_id": dspark.noise_token_id,
             "dspark_target_layer_ids": dspark.target_layer_ids,
             "dspark_markov_rank": dspark.markov_rank,
-            "dspark_n_routed_experts": 0,
-            "dspark_num_experts_per_tok": 0
+            "dspark_n_routed_experts": dspark.n_routed_experts,
+            "dspark_num_experts_per_tok": dspark.n_activated_experts
         }
     })
 }
@@ -415,8 +418,8 @@ pub fn inference_config(g: &Geometry, compressed_vocab: usize) -> Value {
         "dspark_noise_token_id": dspark.noise_token_id,
         "dspark_target_layer_ids": dspark.target_layer_ids,
         "dspark_markov_rank": dspark.markov_rank,
-        "dspark_n_routed_experts": 0,
-        "dspark_n_activated_experts": 0,
+        "dspark_n_routed_experts": dspark.n_routed_experts,
+        "dspark_n_activated_experts": dspark.n_activated_experts,
         "n_heads": g.n_heads,
         "n_routed_experts": g.n_routed_experts,
         "n_shared_experts": 1,

@@ -5,7 +5,7 @@
 //! differently (`num_experts` / `n_routed_experts`, ...), both spellings are accepted and, if
 //! both are present, must agree.
 
-use super::{Config, VisionConfig};
+use super::{Config, DsparkConfig, VisionConfig};
 use crate::{Error, Result};
 use serde_json::{Map, Value};
 use std::path::Path;
@@ -413,6 +413,11 @@ fn parse_hf(t: &Keys, root: &Keys) -> Result<Config> {
         vision,
         engram_pad_is_compressed: false,
         max_position: t.opt_usize(&["max_position_embeddings"])?,
+        dspark: dspark_args(
+            t.opt_usize(&["num_nextn_predict_layers"])?.unwrap_or(0),
+            t,
+            &["dspark_num_experts_per_tok"],
+        )?,
     })
 }
 
@@ -505,5 +510,33 @@ fn parse_inference(k: &Keys) -> Result<Config> {
         engram_pad_is_compressed: false,
         // `max_seq_len` of ModelArgs only sizes the reference's caches (MODEL.md §2.1).
         max_position: None,
+        dspark: dspark_args(
+            k.usize(&["n_mtp_layers"])?,
+            k,
+            &["dspark_n_activated_experts"],
+        )?,
     })
+}
+
+/// The `dspark_*` arguments (same names in both config files but the activated-expert count):
+/// `None` without MTP stages or with `dspark_block_size` 0 or absent.
+fn dspark_args(n_mtp: usize, k: &Keys, activated: &[&str]) -> Result<Option<DsparkConfig>> {
+    let block_size = k.opt_usize(&["dspark_block_size"])?.unwrap_or(0);
+    if n_mtp == 0 || block_size == 0 {
+        return Ok(None);
+    }
+    let noise = k.usize(&["dspark_noise_token_id"])?;
+    Ok(Some(DsparkConfig {
+        block_size,
+        noise_token_id: u32::try_from(noise).map_err(|_| {
+            cfg_err(
+                &k.path("dspark_noise_token_id"),
+                format!("{noise} is not a token id"),
+            )
+        })?,
+        target_layer_ids: k.vec_usize(&["dspark_target_layer_ids"])?,
+        markov_rank: k.usize(&["dspark_markov_rank"])?,
+        n_routed_experts: k.opt_usize(&["dspark_n_routed_experts"])?.unwrap_or(0),
+        n_activated_experts: k.opt_usize(activated)?.unwrap_or(0),
+    }))
 }

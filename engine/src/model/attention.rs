@@ -75,7 +75,16 @@ pub struct Attention {
 
 impl Attention {
     pub fn load(ckpt: &Arc<dyn Checkpoint>, cfg: &Config, layer: usize) -> Result<Attention> {
-        let p = format!("layers.{layer}.attn.");
+        Attention::load_at(ckpt, cfg, layer, &format!("layers.{layer}.attn."))
+    }
+
+    /// The attention of layer `layer` with tensors named `{p}...`.
+    pub fn load_at(
+        ckpt: &Arc<dyn Checkpoint>,
+        cfg: &Config,
+        layer: usize,
+        p: &str,
+    ) -> Result<Attention> {
         let ratio = cfg.compress_ratios[layer];
         let kv_source = if ratio > 0 {
             super::roles::most_recent(&cfg.kv_source_layers, layer)
@@ -88,8 +97,10 @@ impl Attention {
                 rule: format!("layer {layer} has ratio {ratio} but no KV source at or below it"),
             });
         }
-        let is_kv_source = cfg.kv_source_layers.contains(&layer);
-        let is_index_source = cfg.index_source_layers.contains(&layer);
+        // MTP stages never compress or index, whatever the source lists say (model.py).
+        let backbone = layer < cfg.n_layers;
+        let is_kv_source = backbone && cfg.kv_source_layers.contains(&layer);
+        let is_index_source = backbone && cfg.index_source_layers.contains(&layer);
         let sink = ckpt.tensor_f32(&format!("{p}attn_sink"))?;
         super::expect_len(
             ckpt.as_ref(),
@@ -143,33 +154,9 @@ impl Attention {
         let upstream = numerics == Numerics::Upstream;
         let fp4_ties = quant::Fp4Ties::for_defects(ctx.defects);
 
-        // §6.4.1 query path.
-        let mut qr = PoolVec::filled(rows * self.q_lora, 0.0f32);
-        self.wq_a.forward(u, rows, &mut qr, numerics)?;
-        self.q_norm.forward_inplace(&mut qr, numerics);
-        let mut q = PoolVec::filled(rows * nh * dh, 0.0f32);
-        self.wq_b.forward(&qr, rows, &mut q, numerics)?;
-        if ctx.defects.has(Defect::PerHeadQueryNorm) {
-            for head in q.chunks_exact_mut(dh) {
-                let r = rms_scale(head, self.norm_eps);
-                head.iter_mut().for_each(|v| *v *= r);
-                numerics.round(head);
-            }
-        }
-        for (t, row) in q.chunks_exact_mut(nh * dh).enumerate() {
-            ctx.rope.rotate(row, dh, chunk.start + t, false, numerics);
-        }
-
-        // §6.4.2 window key of every row.
-        let mut kv = PoolVec::filled(rows * dh, 0.0f32);
-        self.wkv.forward(u, rows, &mut kv, numerics)?;
-        self.kv_norm.forward_inplace(&mut kv, numerics);
-        for (t, row) in kv.chunks_exact_mut(dh).enumerate() {
-            ctx.rope.rotate(row, dh, chunk.start + t, false, numerics);
-            if upstream {
-                quant::act_quant_fp8_inplace(row);
-            }
-        }
+        // §6.4.1 query path, §6.4.2 window key of every row.
+        let (qr, q) = self.queries(ctx, u, rows, chunk.start)?;
+        let kv = self.window_keys(ctx, u, rows, chunk.start)?;
 
         // §6.4.3 compressor and the owner's index keys (§6.4.4), then publish (§8).
         if let Some(comp) = &self.compressor {
@@ -225,11 +212,7 @@ impl Attention {
             None => None,
         };
         let ring = &state.layers[self.layer].window;
-        let sink: PoolVec<f32> = if ctx.defects.has(Defect::NoAttentionSink) {
-            PoolVec::filled(nh, f32::NEG_INFINITY)
-        } else {
-            PoolVec::from_slice(&self.sink)
-        };
+        let sink = self.sink(ctx);
         let scale = (dh as f64).powf(-0.5) as f32;
         let mut o = PoolVec::filled(rows * nh * dh, 0.0f32);
         let w = self.window;
@@ -313,14 +296,94 @@ impl Attention {
             ring[slot * dh..(slot + 1) * dh].copy_from_slice(&kv[t * dh..(t + 1) * dh]);
         }
 
-        // Inverse rope of the output, then the grouped low-rank projection.
+        self.project_output(ctx, &mut o, rows, chunk.start, out)
+    }
+
+    /// §6.4.1: the normed low-rank query `qr` [rows, q_lora] and the roped queries
+    /// [rows, heads, head_dim] of rows at positions `start ..`.
+    pub(super) fn queries(
+        &self,
+        ctx: &LayerCtx,
+        u: &[f32],
+        rows: usize,
+        start: usize,
+    ) -> Result<(PoolVec<f32>, PoolVec<f32>)> {
+        let (nh, dh, numerics) = (self.n_heads, self.head_dim, ctx.numerics);
+        let mut qr = PoolVec::filled(rows * self.q_lora, 0.0f32);
+        self.wq_a.forward(u, rows, &mut qr, numerics)?;
+        self.q_norm.forward_inplace(&mut qr, numerics);
+        let mut q = PoolVec::filled(rows * nh * dh, 0.0f32);
+        self.wq_b.forward(&qr, rows, &mut q, numerics)?;
+        if ctx.defects.has(Defect::PerHeadQueryNorm) {
+            for head in q.chunks_exact_mut(dh) {
+                let r = rms_scale(head, self.norm_eps);
+                head.iter_mut().for_each(|v| *v *= r);
+                numerics.round(head);
+            }
+        }
+        for (t, row) in q.chunks_exact_mut(nh * dh).enumerate() {
+            ctx.rope.rotate(row, dh, start + t, false, numerics);
+        }
+        Ok((qr, q))
+    }
+
+    /// §6.4.2: the window key of every row, [rows, head_dim]: `kv_norm(wkv u)` roped at its
+    /// position, FP8 fake-quantised over the whole vector upstream.
+    pub(super) fn window_keys(
+        &self,
+        ctx: &LayerCtx,
+        u: &[f32],
+        rows: usize,
+        start: usize,
+    ) -> Result<PoolVec<f32>> {
+        let (dh, numerics) = (self.head_dim, ctx.numerics);
+        let mut kv = PoolVec::filled(rows * dh, 0.0f32);
+        self.wkv.forward(u, rows, &mut kv, numerics)?;
+        self.kv_norm.forward_inplace(&mut kv, numerics);
+        for (t, row) in kv.chunks_exact_mut(dh).enumerate() {
+            ctx.rope.rotate(row, dh, start + t, false, numerics);
+            if numerics == Numerics::Upstream {
+                quant::act_quant_fp8_inplace(row);
+            }
+        }
+        Ok(kv)
+    }
+
+    /// §6.4.7 after the softmax: inverse rope of the attention output `o` [rows, heads,
+    /// head_dim] at positions `start ..`, then the grouped low-rank projection into `out`.
+    pub(super) fn project_output(
+        &self,
+        ctx: &LayerCtx,
+        o: &mut [f32],
+        rows: usize,
+        start: usize,
+        out: &mut [f32],
+    ) -> Result<()> {
+        let (nh, dh, numerics) = (self.n_heads, self.head_dim, ctx.numerics);
         if !ctx.defects.has(Defect::NoInverseRope) {
             for (t, row) in o.chunks_exact_mut(nh * dh).enumerate() {
-                ctx.rope.rotate(row, dh, chunk.start + t, true, numerics);
+                ctx.rope.rotate(row, dh, start + t, true, numerics);
             }
         }
         let mut z = PoolVec::filled(rows * self.wo_a.groups * self.wo_a.rank, 0.0f32);
-        self.wo_a.forward(&o, rows, &mut z, numerics)?;
+        self.wo_a.forward(o, rows, &mut z, numerics)?;
         self.wo_b.forward(&z, rows, out, numerics)
+    }
+
+    /// The per-head sink logits (−∞ under the no-sink defect: the sink never joins).
+    pub(super) fn sink(&self, ctx: &LayerCtx) -> PoolVec<f32> {
+        if ctx.defects.has(Defect::NoAttentionSink) {
+            PoolVec::filled(self.n_heads, f32::NEG_INFINITY)
+        } else {
+            PoolVec::from_slice(&self.sink)
+        }
+    }
+
+    pub(super) fn heads(&self) -> (usize, usize) {
+        (self.n_heads, self.head_dim)
+    }
+
+    pub(super) fn window(&self) -> usize {
+        self.window
     }
 }

@@ -49,15 +49,25 @@ pub struct BlockOutput {
 
 impl Block {
     pub fn load(ckpt: &Arc<dyn Checkpoint>, cfg: &Config, layer: usize) -> Result<Block> {
-        let p = format!("layers.{layer}.");
+        Block::load_at(ckpt, cfg, layer, &format!("layers.{layer}."))
+    }
+
+    /// A block whose tensors are named `{p}...`: `layers.{layer}.` for the backbone,
+    /// `mtp.{s}.` for DSpark stage s (layer id `n_layers + s`, MODEL.md §4.4).
+    pub fn load_at(
+        ckpt: &Arc<dyn Checkpoint>,
+        cfg: &Config,
+        layer: usize,
+        p: &str,
+    ) -> Result<Block> {
         Ok(Block {
             layer,
             attn_norm: RmsNorm::load(ckpt.as_ref(), &format!("{p}attn_norm.weight"), cfg.norm_eps)?,
             ffn_norm: RmsNorm::load(ckpt.as_ref(), &format!("{p}ffn_norm.weight"), cfg.norm_eps)?,
             hc_attn: HcSite::load(ckpt, &p, "attn", cfg.hc_mult, cfg.hc_eps, cfg.norm_eps)?,
             hc_ffn: HcSite::load(ckpt, &p, "ffn", cfg.hc_mult, cfg.hc_eps, cfg.norm_eps)?,
-            attn: Attention::load(ckpt, cfg, layer)?,
-            moe: Moe::load(ckpt, cfg, layer)?,
+            attn: Attention::load_at(ckpt, cfg, layer, &format!("{p}attn."))?,
+            moe: Moe::load_at(ckpt, cfg, layer, &format!("{p}ffn."))?,
             hc: cfg.hc_mult,
             dim: cfg.dim,
         })
@@ -73,7 +83,23 @@ impl Block {
         state: &mut SessionState,
         handoff: &mut Handoff,
     ) -> Result<BlockOutput> {
-        let (rows, hc, d) = (chunk.rows, self.hc, self.dim);
+        self.forward_with(ctx, chunk.rows, x, pre_in, |u, out| {
+            self.attn.forward(ctx, chunk, u, state, handoff, out)
+        })
+    }
+
+    /// The block around a given attention: `attention(u, out)` maps the normed collapsed
+    /// rows `u` [rows, dim] to the attention output `out` [rows, dim] (the backbone's CSA2
+    /// attention, or a DSpark stage's draft attention).
+    pub fn forward_with(
+        &self,
+        ctx: &LayerCtx,
+        rows: usize,
+        x: &[f32],
+        pre_in: &[f32],
+        attention: impl FnOnce(&[f32], &mut [f32]) -> Result<()>,
+    ) -> Result<BlockOutput> {
+        let (hc, d) = (self.hc, self.dim);
         let numerics = ctx.numerics;
         let staggered = !ctx.defects.has(Defect::PreNotStaggered);
         let iters = ctx.defects.sinkhorn_iters(ctx.cfg.hc_sinkhorn_iters);
@@ -96,8 +122,7 @@ impl Block {
         }
         self.attn_norm.forward_inplace(&mut u, numerics);
         let mut attn_out = PoolVec::filled(rows * d, 0.0f32);
-        self.attn
-            .forward(ctx, chunk, &u, state, handoff, &mut attn_out)?;
+        attention(&u, &mut attn_out)?;
         let mut mid = PoolVec::filled(rows * hc * d, 0.0f32);
         for t in 0..rows {
             let span = t * hc * d..(t + 1) * hc * d;

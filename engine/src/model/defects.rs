@@ -47,6 +47,15 @@ pub enum Defect {
     /// rows and scores of a ratio-r group not yet emitted), as a snapshot that saved only the
     /// emitted latents would.
     StateWithoutPoolingGroup,
+    /// §10.1: a causal mask inside the DSpark draft block (draft row i attends draft keys
+    /// 0..=i only; the block is non-causal).
+    DraftCausalMask,
+    /// §10.1: every Markov bias step reads the block's first id (the last sampled id) instead
+    /// of the id sampled at the previous step.
+    MarkovBiasFromFirstId,
+    /// §10.1: `main_hidden` from the streams leaving the target layers (their block output)
+    /// instead of the streams entering them.
+    MainHiddenAfterBlock,
 }
 
 impl Defect {
@@ -68,6 +77,9 @@ impl Defect {
         "topk-ties-reversed",
         "gate-ties-reversed",
         "state-without-pooling-group",
+        "draft-causal-mask",
+        "markov-bias-from-first-id",
+        "main-hidden-after-block",
     ];
 }
 
@@ -91,6 +103,9 @@ impl fmt::Display for Defect {
             Defect::TopkTiesReversed => "topk-ties-reversed",
             Defect::GateTiesReversed => "gate-ties-reversed",
             Defect::StateWithoutPoolingGroup => "state-without-pooling-group",
+            Defect::DraftCausalMask => "draft-causal-mask",
+            Defect::MarkovBiasFromFirstId => "markov-bias-from-first-id",
+            Defect::MainHiddenAfterBlock => "main-hidden-after-block",
         };
         f.write_str(s)
     }
@@ -122,6 +137,9 @@ impl FromStr for Defect {
             "topk-ties-reversed" => Defect::TopkTiesReversed,
             "gate-ties-reversed" => Defect::GateTiesReversed,
             "state-without-pooling-group" => Defect::StateWithoutPoolingGroup,
+            "draft-causal-mask" => Defect::DraftCausalMask,
+            "markov-bias-from-first-id" => Defect::MarkovBiasFromFirstId,
+            "main-hidden-after-block" => Defect::MainHiddenAfterBlock,
             _ => {
                 return Err(format!(
                     "unknown defect `{s}` (known: {})",

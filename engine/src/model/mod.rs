@@ -19,6 +19,7 @@ pub mod block;
 pub mod cache;
 pub mod compressor;
 pub mod defects;
+pub mod dspark;
 pub mod engram;
 pub mod handoff;
 pub mod hyper_connection;
@@ -142,6 +143,8 @@ pub struct Model {
     hasher: Option<EngramHasher>,
     norm: norm::RmsNorm,
     head: Linear,
+    /// The DSpark draft head (release layout with `mtp.*` stages and `dspark_*` arguments).
+    dspark: Option<dspark::Dspark>,
 }
 
 impl Model {
@@ -179,7 +182,9 @@ impl Model {
             .map(|&l| Engram::load(&ckpt, &cfg, l).map(|e| (l, e)))
             .collect::<Result<Vec<_>>>()?;
         expect_shape(ckpt.as_ref(), "embed.weight", &[cfg.vocab_size, cfg.dim])?;
+        let dspark = dspark::Dspark::load(&ckpt, &cfg)?;
         Ok(Model {
+            dspark,
             norm: norm::RmsNorm::load(ckpt.as_ref(), "norm.weight", cfg.norm_eps)?,
             head: Linear::load(&ckpt, "head.weight", LinearKind::F32)?,
             cfg,
@@ -204,6 +209,24 @@ impl Model {
 
     pub fn block(&self, layer: usize) -> &Block {
         &self.blocks[layer]
+    }
+
+    /// The output head (`head.weight`, f32), shared by the DSpark draft head.
+    pub fn head(&self) -> &Linear {
+        &self.head
+    }
+
+    /// The DSpark draft head, or why this model has none.
+    pub fn dspark(&self) -> Result<&dspark::Dspark> {
+        self.dspark.as_ref().ok_or_else(|| {
+            Error::Model(match (&self.cfg.dspark, self.layout()) {
+                (None, _) => "this model has no DSpark stages (n_mtp_layers or                               dspark_block_size is 0)"
+                    .into(),
+                (Some(_), layout) => format!(
+                    "DSpark runs on the release layout only: the {layout:?} layout drops the                      MTP stages (CONTAINER.md §8)"
+                ),
+            })
+        })
     }
 
     pub fn engram_hasher(&self) -> Option<&EngramHasher> {

@@ -115,15 +115,21 @@ pub struct Moe {
 
 impl Moe {
     pub fn load(ckpt: &Arc<dyn Checkpoint>, cfg: &Config, layer: usize) -> Result<Moe> {
-        let p = format!("layers.{layer}.ffn.");
+        Moe::load_at(ckpt, cfg, layer, &format!("layers.{layer}.ffn."))
+    }
+
+    /// The MoE of layer `layer` with tensors named `{p}...` (an MTP stage routes over its
+    /// own expert counts, [`Config::moe_experts`]).
+    pub fn load_at(ckpt: &Arc<dyn Checkpoint>, cfg: &Config, layer: usize, p: &str) -> Result<Moe> {
+        let (n_routed, top_k) = cfg.moe_experts(layer);
         let bias = ckpt.tensor_f32(&format!("{p}gate.bias"))?;
         super::expect_len(
             ckpt.as_ref(),
             &format!("{p}gate.bias"),
             bias.len(),
-            cfg.n_routed_experts,
+            n_routed,
         )?;
-        let experts = (0..cfg.n_routed_experts)
+        let experts = (0..n_routed)
             .map(|e| {
                 Expert::load(
                     ckpt,
@@ -143,8 +149,8 @@ impl Moe {
                 LinearKind::Fp8,
                 cfg.moe_inter_dim,
             )?,
-            n_routed: cfg.n_routed_experts,
-            top_k: cfg.n_activated_experts,
+            n_routed: n_routed,
+            top_k,
             route_scale: cfg.route_scale,
             swiglu_limit: cfg.swiglu_limit,
             norm_topk_prob: cfg.norm_topk_prob,

@@ -59,6 +59,9 @@ pub struct Session<'m> {
     ropes: Vec<Rope>,
     state: SessionState,
     logits: Vec<f32>,
+    /// DSpark `main_hidden` of the last forward's rows, [rows, targets · dim] (empty without
+    /// DSpark stages).
+    main_hidden: Vec<f32>,
 }
 
 impl<'m> Session<'m> {
@@ -85,6 +88,7 @@ impl<'m> Session<'m> {
             ropes,
             state: SessionState::new(cfg),
             logits: Vec::new(),
+            main_hidden: Vec::new(),
             options,
         }
     }
@@ -107,6 +111,13 @@ impl<'m> Session<'m> {
     /// The logits of the last position of the last forward.
     pub fn logits(&self) -> &[f32] {
         &self.logits
+    }
+
+    /// DSpark `main_hidden` of the last forward's rows, [rows, targets · dim]: the streams
+    /// entering the target layers (after Engram), averaged over the hc copies (MODEL.md
+    /// §10.1; empty when the model has no DSpark stages).
+    pub fn main_hidden(&self) -> &[f32] {
+        &self.main_hidden
     }
 
     pub fn state(&self) -> &SessionState {
@@ -241,6 +252,14 @@ impl<'m> Session<'m> {
             pre[r * hc] = 1.0;
         }
 
+        let targets: &[usize] = match &model.dspark {
+            Some(ds) => &ds.cfg.target_layer_ids,
+            None => &[],
+        };
+        let hidden_after = self.options.defects.has(Defect::MainHiddenAfterBlock);
+        let width = targets.len() * d;
+        self.main_hidden.clear();
+        self.main_hidden.resize(rows * width, 0.0);
         let mut handoff = Handoff::default();
         for l in 0..cfg.n_layers {
             // §6.6.2 Engram adds to the stream entering the block.
@@ -259,6 +278,18 @@ impl<'m> Session<'m> {
             observer.block_input(chunk, l, &mut x, &mut pre);
             let out = self.run_block(l, chunk, &x, &pre, &mut handoff)?;
             observer.block_output(l, &out, &handoff);
+            for (i, _) in targets.iter().enumerate().filter(|(_, &t)| t == l) {
+                let stream = if hidden_after { &out.stream } else { &x };
+                for r in 0..rows {
+                    let o = r * width + i * d;
+                    super::dspark::mean_over_copies(
+                        &stream[r * hc * d..(r + 1) * hc * d],
+                        hc,
+                        &mut self.main_hidden[o..o + d],
+                        numerics,
+                    );
+                }
+            }
             x = out.stream;
             pre = out.pre;
         }

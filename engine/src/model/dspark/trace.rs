@@ -1,0 +1,490 @@
+//! The DSpark trace (docs/TRACE.md "DSpark"): what a draft step computes, recorded under the
+//! names the official goldens use (goldens/regen/model/run_dspark.py), teacher-forced replay
+//! from such a golden, and the first divergence between two traces.
+//!
+//! Per token of the main model: `dspark.main_hidden` [N, targets·dim], `dspark.main_x`
+//! [N, dim]. Per draft step (a decode step at position p, `dspark.positions`): the draft ids
+//! `dspark.input_ids` [steps, block]; per stage `block_input`, `mid`, `residual` [steps,
+//! stages, block, hc, dim], `pre_mix`, `out_pre` [.., hc], `attn_out`, `moe_out` [.., dim],
+//! `experts`, `expert_weights` [.., k]; then `final_pre` [steps, block, hc], `hidden` (the
+//! collapsed rows) [steps, block, dim], `head_logits`, `markov_bias`, `logits` [steps, block,
+//! vocab], `markov_embed` [steps, block, rank], `output_ids` [steps, block + 1], `confidence`
+//! [steps, block].
+
+use std::collections::BTreeMap;
+
+use super::super::block::BlockOutput;
+use super::super::pool::PoolVec;
+use super::super::{Chunk, Model, Options, Session};
+use super::{Draft, DraftObserver, Drafter};
+use crate::trace::{TraceFile, TraceTensor};
+use crate::{Error, Result};
+
+/// One recorded tensor: the values of every step appended, and the shape of one step.
+#[derive(Default)]
+struct Column {
+    cell: Vec<usize>,
+    f32: Vec<f32>,
+    i64: Vec<i64>,
+    rows: usize,
+}
+
+/// Records a DSpark run (an observer); with a golden, also forces it (teacher-forced replay:
+/// the golden's `main_hidden`, draft ids, stage inputs and Markov ids replace the run's own).
+pub struct DraftRecorder<'g> {
+    dims: Dims,
+    columns: BTreeMap<&'static str, Column>,
+    forcing: Option<&'g TraceFile>,
+    step: usize,
+    sampled_own: Vec<u32>,
+}
+
+/// The widths a DSpark trace's cells have ([`super::Drafter::dims`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    pub stages: usize,
+    pub block: usize,
+    pub hc: usize,
+    pub dim: usize,
+    pub vocab: usize,
+    pub rank: usize,
+}
+
+impl<'g> DraftRecorder<'g> {
+    pub fn new(dims: Dims) -> DraftRecorder<'g> {
+        DraftRecorder {
+            dims,
+            columns: BTreeMap::new(),
+            forcing: None,
+            step: 0,
+            sampled_own: Vec::new(),
+        }
+    }
+
+    /// A recorder that replays `golden` (teacher-forced).
+    pub fn replaying(dims: Dims, golden: &'g TraceFile) -> DraftRecorder<'g> {
+        DraftRecorder {
+            forcing: Some(golden),
+            ..DraftRecorder::new(dims)
+        }
+    }
+
+    fn put_f32(&mut self, name: &'static str, cell: &[usize], v: &[f32]) {
+        let c = self.columns.entry(name).or_default();
+        c.cell = cell.to_vec();
+        c.f32.extend_from_slice(v);
+        c.rows += 1;
+    }
+
+    fn put_i64(&mut self, name: &'static str, cell: &[usize], v: impl IntoIterator<Item = i64>) {
+        let c = self.columns.entry(name).or_default();
+        c.cell = cell.to_vec();
+        c.i64.extend(v);
+        c.rows += 1;
+    }
+
+    /// Row `index` (along the first axis) of the golden's tensor `name`.
+    fn golden_row(&self, name: &str, index: usize) -> Option<Vec<f32>> {
+        let t = self.forcing?.get(name)?;
+        let v = t.as_f64();
+        let n = t.len() / t.shape().first().copied().unwrap_or(1).max(1);
+        let (lo, hi) = (index * n, (index + 1) * n);
+        (hi <= v.len()).then(|| v[lo..hi].iter().map(|&x| x as f32).collect())
+    }
+
+    fn golden_stage(&self, name: &str, stage: usize, stages: usize) -> Option<Vec<f32>> {
+        let t = self.forcing?.get(name)?;
+        let per_step = t.len() / t.shape().first().copied().unwrap_or(1).max(1);
+        let n = per_step / stages.max(1);
+        let lo = self.step * per_step + stage * n;
+        let v = t.as_f64();
+        (lo + n <= v.len()).then(|| v[lo..lo + n].iter().map(|&x| x as f32).collect())
+    }
+
+    /// The trace: every column as one tensor [rows, cell...].
+    pub fn into_trace(self) -> TraceFile {
+        let stages = self.dims.stages;
+        let mut out = TraceFile::default();
+        for (name, c) in self.columns {
+            let per_stage = matches!(
+                name,
+                "dspark.block_input"
+                    | "dspark.pre_mix"
+                    | "dspark.mid"
+                    | "dspark.attn_out"
+                    | "dspark.moe_out"
+                    | "dspark.residual"
+                    | "dspark.out_pre"
+                    | "dspark.experts"
+                    | "dspark.expert_weights"
+            );
+            let mut shape = if per_stage {
+                vec![c.rows / stages.max(1), stages]
+            } else {
+                vec![c.rows]
+            };
+            shape.extend(&c.cell);
+            let t = if c.i64.is_empty() && !c.f32.is_empty() {
+                TraceTensor::f32(shape, c.f32)
+            } else {
+                TraceTensor::i64(shape, c.i64)
+            };
+            out.tensors.insert(name.to_string(), t);
+        }
+        out.metadata
+            .insert("format".into(), "ds41-dspark-trace/1".into());
+        out
+    }
+}
+
+impl DraftObserver for DraftRecorder<'_> {
+    fn main_hidden(&mut self, chunk: Chunk, main_hidden: &mut PoolVec<f32>) {
+        let width = main_hidden.len() / chunk.rows.max(1);
+        for r in 0..chunk.rows {
+            if let Some(g) = self.golden_row("dspark.main_hidden", chunk.start + r) {
+                if g.len() == width {
+                    main_hidden[r * width..(r + 1) * width].copy_from_slice(&g);
+                }
+            }
+            let row = main_hidden[r * width..(r + 1) * width].to_vec();
+            self.put_f32("dspark.main_hidden", &[width], &row);
+        }
+    }
+
+    fn main_x(&mut self, chunk: Chunk, main_x: &[f32]) {
+        let d = main_x.len() / chunk.rows.max(1);
+        for r in 0..chunk.rows {
+            self.put_f32("dspark.main_x", &[d], &main_x[r * d..(r + 1) * d]);
+        }
+    }
+
+    fn draft_ids(&mut self, position: usize, ids: &mut [u32]) {
+        if let Some(g) = self.golden_row("dspark.input_ids", self.step) {
+            if g.len() == ids.len() {
+                ids.iter_mut().zip(&g).for_each(|(i, &v)| *i = v as u32);
+            }
+        }
+        self.put_i64("dspark.positions", &[], [position as i64]);
+        self.put_i64("dspark.input_ids", &[ids.len()], ids.iter().map(|&i| i64::from(i)));
+    }
+
+    fn stage_input(&mut self, stage: usize, stream: &mut PoolVec<f32>, pre: &mut PoolVec<f32>) {
+        let stages = self.dims.stages;
+        if let Some(g) = self.golden_stage("dspark.block_input", stage, stages) {
+            if g.len() == stream.len() {
+                stream.copy_from_slice(&g);
+            }
+        }
+        if let Some(g) = self.golden_stage("dspark.pre_mix", stage, stages) {
+            if g.len() == pre.len() {
+                pre.copy_from_slice(&g);
+            }
+        }
+        let (b, hc, d) = (self.dims.block, self.dims.hc, self.dims.dim);
+        self.put_f32("dspark.block_input", &[b, hc, d], stream);
+        self.put_f32("dspark.pre_mix", &[b, hc], pre);
+    }
+
+    fn stage_output(&mut self, _stage: usize, out: &BlockOutput) {
+        let (b, hc, d) = (self.dims.block, self.dims.hc, self.dims.dim);
+        self.put_f32("dspark.attn_out", &[b, d], &out.attn_out);
+        self.put_f32("dspark.mid", &[b, hc, d], &out.mid);
+        self.put_f32("dspark.moe_out", &[b, d], &out.moe_out);
+        self.put_f32("dspark.residual", &[b, hc, d], &out.stream);
+        self.put_f32("dspark.out_pre", &[b, hc], &out.pre);
+        let k = out.routes.first().map_or(0, |r| r.experts.len());
+        let experts: Vec<i64> = out
+            .routes
+            .iter()
+            .flat_map(|r| r.experts.iter().map(|&e| e as i64))
+            .collect();
+        let weights: Vec<f32> = out
+            .routes
+            .iter()
+            .flat_map(|r| r.weights.iter().copied())
+            .collect();
+        self.put_i64("dspark.experts", &[b, k], experts);
+        self.put_f32("dspark.expert_weights", &[b, k], &weights);
+    }
+
+    fn head(&mut self, pre: &[f32], hidden: &[f32], logits: &[f32]) {
+        let (b, hc, d, v) = (self.dims.block, self.dims.hc, self.dims.dim, self.dims.vocab);
+        self.put_f32("dspark.final_pre", &[b, hc], pre);
+        self.put_f32("dspark.hidden", &[b, d], hidden);
+        self.put_f32("dspark.head_logits", &[b, v], logits);
+    }
+
+    fn sampled(&mut self, step: usize, id: &mut u32) {
+        // recorded as sampled (in `draft`); only the next steps read the golden's
+        self.sampled_own.push(*id);
+        if let Some(g) = self.golden_row("dspark.output_ids", self.step) {
+            if let Some(&v) = g.get(step + 1) {
+                *id = v as u32;
+            }
+        }
+    }
+
+    fn markov(&mut self, _step: usize, bias: &[f32], embed: &[f32]) {
+        let c = self.columns.entry("dspark.markov_bias").or_default();
+        c.f32.extend_from_slice(bias);
+        let c = self.columns.entry("dspark.markov_embed").or_default();
+        c.f32.extend_from_slice(embed);
+    }
+
+    fn draft(&mut self, draft: &Draft) {
+        let (b, v, rank) = (self.dims.block, self.dims.vocab, self.dims.rank);
+        self.put_f32("dspark.logits", &[b, v], &draft.logits);
+        self.put_f32("dspark.confidence", &[b], &draft.confidence);
+        // The ids this run sampled (under replay, the golden's went on to the next steps).
+        let own = std::mem::take(&mut self.sampled_own);
+        let ids = draft.ids[..1].iter().chain(&own).map(|&i| i64::from(i));
+        self.put_i64("dspark.output_ids", &[b + 1], ids);
+        for (name, cell) in [("dspark.markov_bias", [b, v]), ("dspark.markov_embed", [b, rank])] {
+            let c = self.columns.entry(name).or_default();
+            c.rows += 1;
+            c.cell = cell.to_vec();
+        }
+        self.step += 1;
+    }
+}
+
+/// How far a cell of one tensor may be from the golden: the largest |Δ| and the relative
+/// L2 distance `‖Δ‖ / ‖golden‖` (a cell fails when either is exceeded).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit {
+    pub max_abs: f64,
+    pub rel_l2: f64,
+}
+
+impl Limit {
+    /// Bit for bit (integers: equal).
+    pub const EXACT: Limit = Limit {
+        max_abs: 0.0,
+        rel_l2: 0.0,
+    };
+}
+
+/// Where a DSpark trace first leaves a golden: the tensor, the draft step (or token, for
+/// `main_hidden` / `main_x`), the stage where it has one, and the largest difference there.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Divergence {
+    pub tensor: String,
+    /// The draft step (the token for `main_hidden` / `main_x`).
+    pub step: usize,
+    pub stage: Option<usize>,
+    pub max_abs: f64,
+    pub rel_l2: f64,
+    pub limit: Limit,
+}
+
+impl std::fmt::Display for Divergence {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let stage = self.stage.map(|s| format!(" stage {s}")).unwrap_or_default();
+        let at = if matches!(self.tensor.as_str(), "dspark.main_hidden" | "dspark.main_x") {
+            "token"
+        } else {
+            "step"
+        };
+        write!(
+            f,
+            "`{}` first differs at {at} {}{stage}: max |Δ| {:.3e} (limit {:.1e}), rel L2 {:.3e} \
+             (limit {:.1e})",
+            self.tensor, self.step, self.max_abs, self.limit.max_abs, self.rel_l2, self.limit.rel_l2
+        )
+    }
+}
+
+/// The order a draft step computes in: a divergence is reported at the earliest of these.
+pub const ORDER: &[&str] = &[
+    "dspark.main_hidden",
+    "dspark.main_x",
+    "dspark.input_ids",
+    "dspark.attn_out",
+    "dspark.mid",
+    "dspark.experts",
+    "dspark.moe_out",
+    "dspark.residual",
+    "dspark.out_pre",
+    "dspark.final_pre",
+    "dspark.hidden",
+    "dspark.head_logits",
+    "dspark.markov_bias",
+    "dspark.logits",
+    "dspark.output_ids",
+    "dspark.confidence",
+];
+
+const PER_STAGE: &[&str] = &[
+    "dspark.attn_out",
+    "dspark.mid",
+    "dspark.experts",
+    "dspark.moe_out",
+    "dspark.residual",
+    "dspark.out_pre",
+];
+
+/// The first cell (in computation order: step, then stage, then [`ORDER`]) where `got`
+/// differs from `golden` by more than `limit(tensor)` allows. A tensor missing from `got`, or
+/// of another shape, is a divergence at step 0 with an infinite difference.
+pub fn first_divergence(
+    golden: &TraceFile,
+    got: &TraceFile,
+    limit: impl Fn(&str) -> Limit,
+) -> Option<Divergence> {
+    let missing = |tensor: String, name: &str| Divergence {
+        tensor,
+        step: 0,
+        stage: None,
+        max_abs: f64::INFINITY,
+        rel_l2: f64::INFINITY,
+        limit: limit(name),
+    };
+    let steps = golden.get("dspark.positions").map_or(0, |t| t.len());
+    let tokens = golden.get("dspark.main_x").map_or(0, |t| t.shape()[0]);
+    let mut found: Option<(usize, usize, usize, Divergence)> = None;
+    for (order, &name) in ORDER.iter().enumerate() {
+        let (Some(g), Some(o)) = (golden.get(name), got.get(name)) else {
+            if golden.get(name).is_some() {
+                return Some(missing(format!("{name} (not reported)"), name));
+            }
+            continue;
+        };
+        if g.shape() != o.shape() {
+            let what = format!("{name} (shape {:?}, golden {:?})", o.shape(), g.shape());
+            return Some(missing(what, name));
+        }
+        let per_token = matches!(name, "dspark.main_hidden" | "dspark.main_x");
+        let rows = if per_token { tokens } else { steps };
+        let stages = if PER_STAGE.contains(&name) {
+            g.shape()[1]
+        } else {
+            1
+        };
+        let (gv, ov) = (g.as_f64(), o.as_f64());
+        let n = gv.len() / (rows * stages).max(1);
+        for r in 0..rows {
+            for s in 0..stages {
+                let span = (r * stages + s) * n..(r * stages + s + 1) * n;
+                let (worst, rel) = cell_distance(&gv[span.clone()], &ov[span]);
+                let lim = limit(name);
+                if worst > lim.max_abs || rel > lim.rel_l2 || worst.is_nan() {
+                    // main_x of token t belongs before the draft step at position t.
+                    let step_key = if per_token {
+                        golden_step_of_token(golden, r)
+                    } else {
+                        r
+                    };
+                    let key = (step_key, s, order);
+                    if found.as_ref().is_none_or(|f| key < (f.0, f.1, f.2)) {
+                        found = Some((
+                            key.0,
+                            key.1,
+                            key.2,
+                            Divergence {
+                                tensor: name.into(),
+                                step: r,
+                                stage: (stages > 1 || PER_STAGE.contains(&name)).then_some(s),
+                                max_abs: worst,
+                                rel_l2: rel,
+                                limit: lim,
+                            },
+                        ));
+                    }
+                    break;
+                }
+            }
+        }
+    }
+    found.map(|f| f.3)
+}
+
+/// Max |Δ| and relative L2 distance of a cell (0 for bit-equal values, NaN-propagating).
+fn cell_distance(golden: &[f64], got: &[f64]) -> (f64, f64) {
+    let (mut worst, mut num, mut den) = (0.0f64, 0.0f64, 0.0f64);
+    for (&a, &b) in golden.iter().zip(got) {
+        let d = if a.to_bits() == b.to_bits() {
+            0.0
+        } else {
+            (a - b).abs()
+        };
+        if d.is_nan() || d > worst {
+            worst = d;
+        }
+        num += d * d;
+        den += a * a;
+    }
+    let rel = if num == 0.0 {
+        0.0
+    } else {
+        (num / den).sqrt()
+    };
+    (worst, rel)
+}
+
+/// The draft step that first reads token `t`'s `main_x` (every step at a position ≥ t does,
+/// through the ring; the step at position t first).
+fn golden_step_of_token(golden: &TraceFile, t: usize) -> usize {
+    let Some(p) = golden.get("dspark.positions") else {
+        return 0;
+    };
+    p.as_i64()
+        .iter()
+        .position(|&x| x as usize >= t)
+        .unwrap_or(usize::MAX)
+}
+
+/// Run the main model over `tokens` (a prefill of `prefill`, then single-token decode steps)
+/// with a [`Drafter`] following it, and return the DSpark trace. With `replay`, the drafter
+/// is teacher-forced from that golden (its `main_hidden`, draft ids, stage inputs and Markov
+/// ids); the main model still runs, but only its positions matter then.
+pub fn run(
+    model: &Model,
+    options: &Options,
+    tokens: &[u32],
+    prefill: usize,
+    replay: Option<&TraceFile>,
+) -> Result<TraceFile> {
+    if prefill == 0 || prefill > tokens.len() {
+        return Err(Error::Model(format!(
+            "DSpark run: prefill {prefill} outside 1..={}",
+            tokens.len()
+        )));
+    }
+    let mut session = Session::new(model, options.clone());
+    let mut drafter = Drafter::new(model, options.clone())?;
+    let dims = drafter.dims();
+    let mut rec = match replay {
+        Some(g) => DraftRecorder::replaying(dims, g),
+        None => DraftRecorder::new(dims),
+    };
+    session.reserve(tokens.len());
+    let mut start = 0;
+    for (i, chunk) in std::iter::once(&tokens[..prefill])
+        .chain(tokens[prefill..].chunks(1))
+        .enumerate()
+    {
+        if i == 0 {
+            session.prefill(chunk, &mut crate::model::session::Unobserved)?;
+        } else {
+            session.decode(chunk[0], &mut crate::model::session::Unobserved)?;
+        }
+        let last = super::argmax(session.logits());
+        let rows = chunk.len();
+        drafter.step(Chunk { start, rows }, session.main_hidden(), last, &mut rec)?;
+        start += rows;
+    }
+    let mut trace = rec.into_trace();
+    trace.tensors.insert(
+        "input_ids".into(),
+        TraceTensor::i64(vec![tokens.len()], tokens.iter().map(|&t| i64::from(t)).collect()),
+    );
+    trace.metadata.insert("prefill".into(), prefill.to_string());
+    trace
+        .metadata
+        .insert("numerics".into(), options.numerics.as_str().into());
+    trace.metadata.insert(
+        "mode".into(),
+        if replay.is_some() { "replay" } else { "forward" }.into(),
+    );
+    Ok(trace)
+}
