@@ -491,7 +491,8 @@ pub fn flat_config(g: &Geometry, compressed_vocab: usize, rows: &[u64]) -> Value
         "hc_mult": g.hc_mult,
         "hc_sinkhorn_iters": g.hc_sinkhorn_iters,
         "hc_eps": decimal(g.hc_eps),
-        "compress_ratios": g.compress_ratios,
+        // The container drops the MTP stages (CONTAINER.md §8), and with them their ratios.
+        "compress_ratios": g.compress_ratios[..g.n_layers],
         "kv_source_layer_ids": g.kv_source_layers,
         "index_source_layer_ids": g.index_source_layers,
         "candidate_source_layer_id": g.candidate_source_layer.map(|c| c as i64).unwrap_or(-1),

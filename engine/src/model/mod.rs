@@ -219,12 +219,13 @@ impl Model {
     /// The DSpark draft head, or why this model has none.
     pub fn dspark(&self) -> Result<&dspark::Dspark> {
         self.dspark.as_ref().ok_or_else(|| {
-            Error::Model(match (&self.cfg.dspark, self.layout()) {
-                (None, _) => "this model has no DSpark stages (n_mtp_layers or                               dspark_block_size is 0)"
+            Error::Model(match self.layout() {
+                Layout::Release => "this model has no DSpark stages (n_mtp_layers or \
+                                    dspark_block_size is 0)"
                     .into(),
-                (Some(_), layout) => format!(
-                    "DSpark runs on the release layout only: the {layout:?} layout drops the                      MTP stages (CONTAINER.md §8)"
-                ),
+                Layout::Container => "DSpark runs on the release layout only: the container \
+                                      layout drops the MTP stages (CONTAINER.md §8)"
+                    .into(),
             })
         })
     }

@@ -187,7 +187,7 @@ class SpecRecorder:
         return out
 
 
-def run(module, args, state_dict, tokens, prefill, threads, tokenizer=None):
+def run(module, args, state_dict, tokens, prefill, threads, tokenizer=None, standin=None):
     args.temperature = 0.0  # model.py's `sample` is argmax at temperature 0
     model = ro.load_model(module, args, state_dict, tokenizer, threads)
     if len(model.mtp) == 0:
@@ -197,7 +197,7 @@ def run(module, args, state_dict, tokens, prefill, threads, tokenizer=None):
         if hasattr(shared, field):
             setattr(shared, field, None)
     rec = SpecRecorder(model)
-    with ro.deterministic_topk(), torch.inference_mode():
+    with ro.deterministic_topk(), ro.standin_numerics(module, standin), torch.inference_mode():
         ids = torch.tensor([tokens], dtype=torch.long)
         output_ids, _, main_hidden = model.forward(ids[:, :prefill], 0)
         model.forward_spec(output_ids, main_hidden, 0)
@@ -221,6 +221,11 @@ def main(argv=None):
     ap.add_argument("--sets", type=Path, help="remake the committed sets (SETS) under this directory")
     ap.add_argument("--set", action="append", choices=sorted(SETS), help="with --sets: only these (default: all)")
     ap.add_argument("--ds41", default="ds41", help="with --sets: the ds41 binary (for `ds41 synth`)")
+    ap.add_argument("--standin", choices=sorted(ro.STANDINS),
+                    help="calibration only: another valid summation order (run_official.py STANDINS)")
+    ap.add_argument("--calibrate", action="store_true",
+                    help="with --sets: run every stand-in on every schedule and write NAME/dspark_calibration.json "
+                         "(worst deviation per tensor from the golden)")
     ap.add_argument("--prefill", type=int, help="tokens in the first forward (default: all but one)")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--threads", type=int, default=1)
@@ -252,7 +257,7 @@ def main(argv=None):
         module = ro.import_model(a.inference.resolve(), kernels)
         model_args, _ = ro.build_args(module, cfg, len(tokens) + int(cfg.get("dspark_block_size", 0)))
         tokenizer = ro.FastTokenizer(a.checkpoint / "tokenizer.json") if model_args.engram_layer_ids else None
-        tensors = run(module, model_args, state, tokens, prefill, a.threads, tokenizer)
+        tensors = run(module, model_args, state, tokens, prefill, a.threads, tokenizer, a.standin)
     except ro.DriverError as e:
         print(f"run_dspark: error: {e}", file=sys.stderr)
         return 2
@@ -264,6 +269,7 @@ def main(argv=None):
         "format": TRACE_FORMAT, "model_py_sha256": pins["model.py"],
         "kernels": a.kernels, "kernels_sha256": provenance.sha256_file(kernels_path),
         "torch": torch.__version__, "threads": str(a.threads),
+        **({"standin": a.standin} if a.standin else {}),
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
     old = load_file(str(a.out)) if a.out.exists() else None
@@ -297,6 +303,75 @@ def main(argv=None):
     return 0
 
 
+# Cells of the calibration: per token (main_hidden, main_x), per draft step and stage, per step.
+PER_TOKEN = ("dspark.main_hidden", "dspark.main_x")
+
+
+def deviations(golden: dict, got: dict) -> dict:
+    """Per float tensor, the worst cell's max |d| and relative L2 distance, and for the ids the
+    number of steps whose sampled ids differ."""
+    out = {}
+    for name, g in golden.items():
+        if not name.startswith("dspark.") or name not in got:
+            continue
+        o = got[name]
+        if not g.is_floating_point():
+            out[name] = {"cells_differ": int((g != o).flatten(1).any(dim=1).sum()) if g.dim() > 1 else int((g != o).sum())}
+            continue
+        cells = 2 if g.dim() > 2 and name.split(".")[1] in PER_STAGE else 1
+        gd, od = g.double().flatten(cells), o.double().flatten(cells)
+        d = (gd - od).abs()
+        rel = (d.square().sum(-1) / gd.square().sum(-1).clamp_min(1e-300)).sqrt()
+        out[name] = {"max_abs": float(d.max()), "rel_l2": float(rel.max())}
+    return out
+
+
+def calibrate(a, name, spec, ckpt, tokens, synth):
+    """Every stand-in of run_official.py on every schedule, against the committed golden."""
+    import json
+    from safetensors.torch import load_file
+    n = spec["tokens"][1]
+    results, worst = {}, {}
+    for prefill in spec["prefills"]:
+        sched = f"dspark_p{prefill:02d}_d{n - prefill:02d}"
+        golden = load_file(str(a.sets / name / f"{sched}.safetensors"))
+        for standin in sorted(ro.STANDINS):
+            with tempfile.TemporaryDirectory() as tmp:
+                out = Path(tmp) / "standin.safetensors"
+                if main(["--inference", str(a.inference), "--checkpoint", str(ckpt), "--tokens", tokens,
+                         "--prefill", str(prefill), "--kernels", a.kernels, "--out", str(out),
+                         "--standin", standin]) != 0:
+                    raise SystemExit(f"stand-in {standin} on {sched} failed")
+                dev = deviations(golden, load_file(str(out)))
+            results[f"{standin}/{sched}"] = dev
+            for tensor, v in dev.items():
+                w = worst.setdefault(tensor, {})
+                for k, x in v.items():
+                    w[k] = max(w.get(k, 0), x)
+    target = a.sets / name / "dspark_calibration.json"
+    target.write_text(json.dumps({"set": name, "worst": worst, "results": results}, indent=1, sort_keys=True) + "\n")
+    inputs = [{"name": "checkpoint", "location": "generated", "path": ckpt.name,
+               "sha256": provenance.tree_sha256(ckpt), "command": synth},
+              provenance.describe_input("driver", HERE / "run_dspark.py"),
+              provenance.describe_input("driver_base", HERE / "run_official.py")]
+    inputs += [provenance.describe_input(f"dspark_p{p:02d}_d{n - p:02d}.safetensors",
+                                         a.sets / name / f"dspark_p{p:02d}_d{n - p:02d}.safetensors")
+               for p in spec["prefills"]]
+    provenance.write_sidecar(
+        target.with_name(target.name + provenance.SUFFIX),
+        description=f"DSpark gate calibration of set {name}: worst deviation from the committed DSpark goldens of "
+                    f"the official model.py under other valid summation orders (stand-ins "
+                    f"{', '.join(sorted(ro.STANDINS))}), per tensor; an end-to-end threshold is twice the worst.",
+        generator={"kind": "official-code", "name": "inference/model.py", "version": ro.PINNED["model.py"][:12],
+                   "environment": provenance.environment(torch=torch.__version__, threads=1)},
+        command=(f"python3 goldens/regen/model/run_dspark.py --inference <release>/inference --ds41 ds41 "
+                 f"--sets {{out}}/.. --set {name} --calibrate"),
+        inputs=inputs, outputs=[target.name],
+        synthetic={"preset": spec["preset"], "seed": spec["seed"]},
+    )
+    print(f"{target}: {json.dumps(worst)}")
+
+
 def make_sets(a):
     """Synthesise each set's checkpoint and run this script on it for every schedule."""
     import subprocess
@@ -310,6 +385,9 @@ def make_sets(a):
             subprocess.run([a.ds41, "synth", "--preset", spec["preset"], "--layout", "release", "--seed",
                             str(spec["seed"]), "--out", str(ckpt)], check=True, capture_output=True)
             synth = f"ds41 synth --preset {spec['preset']} --layout release --seed {spec['seed']} --out {{out}}"
+            if a.calibrate:
+                calibrate(a, name, spec, ckpt, tokens, synth)
+                continue
             for prefill in spec["prefills"]:
                 out = a.sets / name / f"dspark_p{prefill:02d}_d{n - prefill:02d}.safetensors"
                 argv = ["--inference", str(a.inference), "--checkpoint", str(ckpt), "--tokens", tokens,

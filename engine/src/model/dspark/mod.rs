@@ -324,7 +324,7 @@ impl<'m> Drafter<'m> {
         // previous step sampled.
         let rank = self.dspark.cfg.markov_rank;
         let mut out_ids = Vec::with_capacity(block + 1);
-        out_ids.push(last_id);
+        out_ids.push(ids[0]); // the block's first id, as the observer left it
         let mut embeds = PoolVec::filled(block * rank, 0.0f32);
         let mut bias = PoolVec::filled(vocab, 0.0f32);
         for i in 0..block {

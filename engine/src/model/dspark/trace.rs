@@ -17,7 +17,7 @@ use super::super::block::BlockOutput;
 use super::super::pool::PoolVec;
 use super::super::{Chunk, Model, Options, Session};
 use super::{Draft, DraftObserver, Drafter};
-use crate::trace::{TraceFile, TraceTensor};
+use crate::trace::{TraceData, TraceFile, TraceTensor};
 use crate::{Error, Result};
 
 /// One recorded tensor: the values of every step appended, and the shape of one step.
@@ -488,3 +488,79 @@ pub fn run(
     );
     Ok(trace)
 }
+
+/// End to end, a draft row may sample another id than the golden where the golden's top
+/// two are closer than the drift the row's logits show (a near tie that a bf16-correct
+/// engine may flip, as the official code itself does under another summation order; see
+/// goldens/official/*/dspark_calibration.json). Such a flip is excused when the golden's
+/// margin between its id and ours is within twice the row's max |Δ| of the final logits;
+/// the rows after it in its block are fed by the other id (Markov bias, confidence) and are
+/// not compared. Returns `got` with those rows replaced by the golden's, and one note per
+/// excused flip; an unexcused flip is left in place for [`first_divergence`] to report.
+pub fn excuse_draft_flips(golden: &TraceFile, got: &TraceFile) -> (TraceFile, Vec<String>) {
+    let mut out = got.clone();
+    let mut notes = Vec::new();
+    let (Some(g_ids), Some(o_ids), Some(g_log), Some(o_log)) = (
+        golden.i64("dspark.output_ids"),
+        got.i64("dspark.output_ids"),
+        golden.f32("dspark.logits"),
+        got.f32("dspark.logits"),
+    ) else {
+        return (out, notes);
+    };
+    if g_ids.0 != o_ids.0 || g_log.0 != o_log.0 || g_log.0.len() != 3 {
+        return (out, notes);
+    }
+    let (steps, block, vocab) = (g_log.0[0], g_log.0[1], g_log.0[2]);
+    let mut masked: Vec<(usize, usize)> = Vec::new();
+    for s in 0..steps {
+        for r in 0..block {
+            let (gi, oi) = (g_ids.1[s * (block + 1) + r + 1], o_ids.1[s * (block + 1) + r + 1]);
+            if gi == oi {
+                continue;
+            }
+            let row = (s * block + r) * vocab;
+            let (gl, ol) = (&g_log.1[row..row + vocab], &o_log.1[row..row + vocab]);
+            let drift = gl
+                .iter()
+                .zip(ol)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            let margin = gl[gi as usize] - gl.get(oi as usize).copied().unwrap_or(f32::NAN);
+            if margin.is_finite() && margin <= 2.0 * drift {
+                notes.push(format!(
+                    "step {s} row {r}: sampled {oi}, golden {gi} (golden margin {margin:.3e} \
+                     within twice the row's drift {drift:.3e}); rows after it not compared"
+                ));
+                masked.push((s, r));
+            }
+            break;
+        }
+    }
+    // The excused id and every row after it in its block: the golden's values.
+    for (name, rows, first) in [
+        ("dspark.output_ids", block + 1, 1),
+        ("dspark.markov_bias", block, 0),
+        ("dspark.logits", block, 0),
+        ("dspark.confidence", block, 0),
+    ] {
+        let (Some(g), Some(o)) = (golden.get(name), out.tensors.get_mut(name)) else {
+            continue;
+        };
+        let width = g.len() / (steps * rows).max(1);
+        for &(s, r) in &masked {
+            let span = (s * rows + r + first) * width..(s + 1) * rows * width;
+            match (&g.data, &mut o.data) {
+                (TraceData::F32(g), TraceData::F32(o)) => {
+                    o[span.clone()].copy_from_slice(&g[span])
+                }
+                (TraceData::I64(g), TraceData::I64(o)) => {
+                    o[span.clone()].copy_from_slice(&g[span])
+                }
+                _ => {}
+            }
+        }
+    }
+    (out, notes)
+}
+
