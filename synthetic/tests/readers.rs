@@ -189,6 +189,7 @@ fn unmutated_presets_read_completely() {
         ("tiny-sharded", Layout::Release),
         ("grouped", Layout::Release),
         ("window-mtp", Layout::Release),
+        ("dspark", Layout::Release),
         ("tiny", Layout::Container),
         ("waste-tiny", Layout::Container),
     ] {
