@@ -298,7 +298,7 @@ def main(argv=None):
                      f"--kernels {a.kernels} --out {{out}}/{a.out.name}"),
             inputs=inputs, outputs=[a.out.name],
             synthetic={"preset": a.synth_preset, "seed": a.synth_seed} if a.synth_preset else None,
-            errata={"topk_tie_order": "lower-index", "dspark_temperature": "0 (argmax)"},
+            errata={"topk_tie_order": "lower-index", "dspark_sampling": "argmax", "dspark_outline": "model-py"},
         )
     return 0
 
