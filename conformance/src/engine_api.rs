@@ -78,10 +78,14 @@ pub enum Capability {
     /// Engram hash ids from token ids alone (no weights): `engram_hash`.
     #[serde(rename = "engram_hash")]
     EngramHash,
+    /// The DSpark draft head (MODEL.md §10.1): `dspark` writes a DSpark trace (docs/TRACE.md
+    /// "DSpark"); with `replay`, teacher-forced from a golden. Release layout only.
+    #[serde(rename = "dspark")]
+    Dspark,
 }
 
 impl Capability {
-    pub const ALL: [Capability; 23] = [
+    pub const ALL: [Capability; 24] = [
         Capability::Load,
         Capability::LoadVerify,
         Capability::LayoutRelease,
@@ -105,6 +109,7 @@ impl Capability {
         Capability::IndexKAsShipped,
         Capability::IndexKOwner,
         Capability::EngramHash,
+        Capability::Dspark,
     ];
     /// The per-tensor trace capabilities the shorthand `trace` stands for.
     pub const TRACE_PARTS: [Capability; 6] = [
@@ -140,6 +145,7 @@ impl Capability {
             Capability::IndexKAsShipped => "index_k.as_shipped",
             Capability::IndexKOwner => "index_k.owner",
             Capability::EngramHash => "engram_hash",
+            Capability::Dspark => "dspark",
         }
     }
     pub fn parse(s: &str) -> Option<Capability> {
@@ -321,6 +327,24 @@ pub struct ForwardRequest {
     pub engram_token_map: Option<PathBuf>,
 }
 
+/// The DSpark draft head over a schedule of the main model (PROTOCOL.md `dspark`): a prefill
+/// of `prefill` tokens, then single-token decode steps, a draft block after every decode step
+/// (temperature 0: argmax ids, errata `dspark_sampling`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DsparkRequest {
+    /// A release-layout checkpoint with `mtp.*` stages.
+    pub model: PathBuf,
+    pub tokens: Vec<u32>,
+    pub prefill: usize,
+    pub numerics: Numerics,
+    /// Where the engine writes its DSpark trace (safetensors, docs/TRACE.md "DSpark").
+    pub out: PathBuf,
+    /// Teacher-forced: take `main_hidden`, the draft ids, every stage's input stream and
+    /// `pre`, and the ids sampled before each Markov step from this golden.
+    #[serde(default)]
+    pub replay: Option<PathBuf>,
+}
+
 /// Engram hash ids (MODEL.md §6.6.1) of a token sequence, without weights (PROTOCOL.md
 /// `engram_hash`): the constants and the compressed token map are those of `model`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -408,5 +432,10 @@ pub trait Engine: Send {
         _timeout: Duration,
     ) -> EngineResult<EngramHashes> {
         Err(EngineError::Unsupported(Capability::EngramHash, None))
+    }
+    /// Run the DSpark draft head; on success the trace file `req.out` exists. Engines without
+    /// the capability keep the default.
+    fn dspark(&mut self, _req: &DsparkRequest, _timeout: Duration) -> EngineResult<()> {
+        Err(EngineError::Unsupported(Capability::Dspark, None))
     }
 }

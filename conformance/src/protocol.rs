@@ -35,6 +35,7 @@ pub enum Request {
     Parse(ParseRequest),
     Forward(ForwardRequest),
     EngramHash(EngramHashRequest),
+    Dspark(DsparkRequest),
     Shutdown,
 }
 
@@ -348,6 +349,19 @@ fn field<T: serde::de::DeserializeOwned>(v: serde_json::Value, name: &str) -> En
         .map_err(|e| EngineError::Garbage(format!("result field `{name}`: {e}")))
 }
 
+/// An `ok` answer to a request that writes a trace must have written it (a regular file).
+fn trace_written(op: &str, out: &std::path::Path) -> EngineResult<()> {
+    if !out.exists() {
+        return Err(EngineError::Garbage(format!(
+            "{op} answered ok but wrote no trace at {}",
+            out.display()
+        )));
+    }
+    crate::trace::regular_file_len(out)
+        .map_err(|e| EngineError::Garbage(format!("{op} trace: {e:#}")))?;
+    Ok(())
+}
+
 impl Engine for AdapterEngine {
     fn identity(&self) -> EngineIdentity {
         self.identity.clone()
@@ -378,15 +392,12 @@ impl Engine for AdapterEngine {
     fn forward(&mut self, req: &ForwardRequest, timeout: Duration) -> EngineResult<()> {
         self.need(Capability::Forward)?;
         self.call(Request::Forward(req.clone()), timeout)?;
-        if !req.out.exists() {
-            return Err(EngineError::Garbage(format!(
-                "forward answered ok but wrote no trace at {}",
-                req.out.display()
-            )));
-        }
-        crate::trace::regular_file_len(&req.out)
-            .map_err(|e| EngineError::Garbage(format!("forward trace: {e:#}")))?;
-        Ok(())
+        trace_written("forward", &req.out)
+    }
+    fn dspark(&mut self, req: &DsparkRequest, timeout: Duration) -> EngineResult<()> {
+        self.need(Capability::Dspark)?;
+        self.call(Request::Dspark(req.clone()), timeout)?;
+        trace_written("dspark", &req.out)
     }
     fn engram_hash(
         &mut self,
@@ -524,6 +535,9 @@ fn serve_lines_up_to(
             Request::EngramHash(r) => engine
                 .engram_hash(&r, no_timeout)
                 .map(|ids| serde_json::json!({ "ids": ids })),
+            Request::Dspark(r) => engine
+                .dspark(&r, no_timeout)
+                .map(|_| serde_json::json!({ "trace": r.out })),
         };
         let r = result.map_err(|e| match e {
             EngineError::Refused(m) => ReplyError {

@@ -135,6 +135,7 @@ impl Engine for ReferenceEngine {
             IndexKAsShipped,
             IndexKOwner,
             EngramHash,
+            Dspark,
         ]
         .into_iter()
         .collect()
@@ -264,6 +265,33 @@ impl Engine for ReferenceEngine {
         let defect = self.defect.clone();
         with_timeout(timeout, move || engram_hash(&req, defect.as_deref()))
     }
+
+    fn dspark(&mut self, req: &DsparkRequest, timeout: Duration) -> EngineResult<()> {
+        let req = req.clone();
+        let defect = self.defect.clone();
+        with_timeout(timeout, move || dspark(&req, defect.as_deref()))
+    }
+}
+
+/// The DSpark draft head over the request's schedule (PROTOCOL.md `dspark`): bad input (no
+/// DSpark stages, a container, a prefill outside the tokens) is refused with the reason.
+fn dspark(req: &DsparkRequest, defect: Option<&str>) -> EngineResult<()> {
+    use ds41_engine::model::{dspark::trace, Model, Options};
+    let refused = |e: ds41_engine::Error| EngineError::Refused(e.to_string());
+    let model = Model::open(&req.model).map_err(refused)?;
+    let golden = match &req.replay {
+        Some(p) => Some(ds41_engine::trace::TraceFile::read(p).map_err(refused)?),
+        None => None,
+    };
+    let options = Options {
+        numerics: req.numerics,
+        defects: forward_defects(defect),
+        ..Options::default()
+    };
+    let t = trace::run(&model, &options, &req.tokens, req.prefill, golden.as_ref())
+        .map_err(refused)?;
+    t.write(&req.out)
+        .map_err(|e| EngineError::Failed(e.to_string()))
 }
 
 /// The defects of the forward pass named by `defect` (adapter defects act elsewhere).

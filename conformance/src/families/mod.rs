@@ -3,6 +3,7 @@
 //! how it runs (returning the case's outcome, filling `details` for the report).
 
 pub mod dsml;
+pub mod dspark;
 pub mod engram;
 pub mod loader;
 pub mod residual;
@@ -78,6 +79,8 @@ check_families! {
     Residual = "residual" => residual::ResidualSpec,
     /// Engram hash ids from token ids alone (no weights), exact.
     Engram = "engram" => engram::EngramSpec,
+    /// DSpark draft head against the official code's DSpark goldens (release layout).
+    Dspark = "dspark" => dspark::DsparkSpec,
 }
 
 /// A check family (CONTRACT.md §1): what its cases declare and how one runs, implemented by
