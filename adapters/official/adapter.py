@@ -10,7 +10,8 @@ replaced by a torch CPU port -- and records the trace with forward hooks: logits
 outputs, routed experts, indexer selections, Engram hash ids, the sub-op tensors
 (`block_input`, `pre_mix`, `attn_out`, `moe_out`) and the selection margin of every top-k
 decision. It supports prefill + decode schedules, both index-key hand-offs, teacher-forced
-replay from a golden, session state save/restore and Engram hashing without weights.
+replay from a golden, session state save/restore, Engram hashing without weights and the
+DSpark draft head (`dspark`, goldens/regen/model/run_dspark.py's schedule).
 
 The upstream code is never part of this repository: `--inference DIR` (or the environment
 variable DS41_OFFICIAL_INFERENCE) names a release `inference/` directory holding `model.py`,
@@ -28,7 +29,7 @@ upstream files are never edited), to show the harness catches it: `no-sink` (the
 sink is dropped), `no-yarn` (YaRN off on compressed layers), `owner-in-as-shipped` (the owner
 hand-off is used when the as-shipped one is asked for), `gate-ties-reversed` (exact ties in
 the MoE router go to the higher expert id), `ties-reversed` (the same for every top-k: router,
-indexer, candidate blocks).
+indexer, candidate blocks), `draft-causal` (a causal mask inside the DSpark draft block).
 """
 import argparse
 import contextlib
@@ -48,13 +49,14 @@ sys.path.insert(0, str(REPO / "goldens" / "regen" / "model"))
 import protocol  # noqa: E402
 from protocol import Refused, Unsupported  # noqa: E402
 import ds41_kernels  # noqa: E402
+import run_dspark  # noqa: E402
 import run_official  # noqa: E402
 
-BUGS = ("no-sink", "no-yarn", "owner-in-as-shipped", "gate-ties-reversed", "ties-reversed")
+BUGS = ("no-sink", "no-yarn", "owner-in-as-shipped", "gate-ties-reversed", "ties-reversed", "draft-causal")
 CAPABILITIES = [
     "load", "layout.release", "forward", "trace.logits", "trace.residual", "trace.experts",
     "trace.topk", "trace.engram_hash", "trace.sub_ops", "prefill", "state", "replay",
-    "numerics.upstream", "index_k.as_shipped", "index_k.owner", "engram_hash",
+    "numerics.upstream", "index_k.as_shipped", "index_k.owner", "engram_hash", "dspark",
 ]
 STATE_FORMAT = "ds41-official-adapter-state/1"
 # How a release user converts a checkpoint (the release convert.py's own arguments).
@@ -119,6 +121,16 @@ class Official(protocol.Engine):
         if "no-yarn" in self.bugs:
             real = module.precompute_freqs_cis
             module.precompute_freqs_cis = lambda dim, seqlen, original_seq_len, *rest: real(dim, seqlen, 0, *rest)
+        if "draft-causal" in self.bugs:
+            shared = module.get_dspark_topk_idxs
+
+            def causal(window_size, bsz, block_size, start_pos):
+                idxs = shared(window_size, bsz, block_size, start_pos).clone()
+                filled = min(window_size, start_pos + 1)
+                for i in range(block_size):  # draft row i sees draft keys 0..i only
+                    idxs[:, i, filled + i + 1:] = -1
+                return idxs
+            module.get_dspark_topk_idxs = causal
         return module
 
     def _convert(self, model_dir: Path):
@@ -236,6 +248,44 @@ class Official(protocol.Engine):
             mask[0, d] = False
         hashes = state(ids, 0, mask if dead else None)
         return {"ids": hashes[0].tolist()}
+
+    def dspark(self, req):
+        """The DSpark draft head (PROTOCOL.md `dspark`): goldens/regen/model/run_dspark.py's
+        schedule (forward_spec after every forward, temperature 0), teacher-forced from a
+        golden with `replay`. Top-k ties by the canonical rule; of `--inject`, `no-yarn` (no
+        effect: the stages are ratio 0) and `draft-causal` act here."""
+        model_dir = Path(req["model"])
+        if (model_dir / "manifest.json").is_file():
+            raise Unsupported("layout.container", "the container drops the MTP stages (CONTAINER.md §8)")
+        if req.get("numerics") != "upstream":
+            raise Unsupported(f"numerics.{req.get('numerics')}", "the official code runs bf16 (upstream) only")
+        tokens = [int(t) for t in req["tokens"]]
+        prefill = int(req["prefill"])
+        if not 1 <= prefill <= len(tokens):
+            raise Refused(f"prefill {prefill} outside 1..{len(tokens)}")
+        state, _ = self._convert(model_dir)
+        cfg = json.loads((model_dir / "inference" / "config.json").read_text())
+        if not cfg.get("dspark_block_size") or not cfg.get("n_mtp_layers"):
+            raise Refused(f"{model_dir}: the model has no DSpark stages")
+        args, _ = run_official.build_args(self.module, cfg, max(MIN_SEQ_LEN, len(tokens) + cfg["dspark_block_size"]))
+        tokenizer = run_official.FastTokenizer(model_dir / "tokenizer.json") if args.engram_layer_ids else None
+        forcing = None
+        if req.get("replay"):
+            from safetensors.torch import load_file
+            forcing = load_file(str(req["replay"]))
+        self._reset_shared()
+        try:
+            tensors = run_dspark.run(self.module, args, state, tokens, prefill, self.threads, tokenizer,
+                                     forcing=forcing)
+        except run_official.DriverError as e:
+            raise Refused(f"{model_dir}: {e}") from None
+        meta = self._metadata(model_dir, "as-shipped", prefill, len(tokens), "replay" if forcing else "forward")
+        meta["format"] = run_dspark.TRACE_FORMAT
+        from safetensors.torch import save_file
+        out = Path(req["out"])
+        out.parent.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in tensors.items()}, str(out), metadata=meta)
+        return {"trace": str(out)}
 
     # -------------------------------------------------------------------------- engram args
 

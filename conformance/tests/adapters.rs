@@ -85,6 +85,16 @@ fn adapters() -> Vec<Adapter> {
                 ),
                 // official_a (needs DS41_UPSTREAM): bit for bit, forward and replay.
                 ("residual::official_a::p37-d11-as-shipped", AS_GOLDENS, Pass),
+                // The DSpark draft head through the protocol: the official code meets its own
+                // DSpark goldens end to end and replayed (bit for bit with these kernels).
+                ("dspark::official::dspark-s6-p18-d06", AS_GOLDENS, Pass),
+                ("dspark::official::dspark-s6-p18-d06-replay", AS_GOLDENS, Pass),
+                ("dspark::official::window-mtp-s4-p37-d11-replay", AS_GOLDENS, Pass),
+                (
+                    "dspark::official::dspark-s6-p18-d06-replay",
+                    "--ties canonical --kernels tt-metal --inject draft-causal",
+                    FailAt("`dspark.attn_out` first differs at step 0 stage 0"),
+                ),
                 (
                     "residual::official_a::p37-d11-owner-replay",
                     AS_GOLDENS,

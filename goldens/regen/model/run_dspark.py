@@ -56,12 +56,13 @@ PER_STAGE = ("block_input", "pre_mix", "mid", "attn_out", "moe_out", "residual",
 class SpecRecorder:
     """Collects the DSpark trace: `rows` holds, per name, one tensor per decode step."""
 
-    def __init__(self, model):
+    def __init__(self, model, forcing=None):
         self.model = model
         self.drafting = False    # inside a forward_spec at start_pos > 0
         self.step = {}
         self.steps = []
         self.main = {"main_hidden": [], "main_x": []}
+        self.forcing = forcing   # replay: the golden's tensors (docs/TRACE.md "DSpark")
         self._hook()
 
     def put(self, name, value):
@@ -97,17 +98,37 @@ class SpecRecorder:
             self.put("final_pre", pre_mix[0])
             output_ids, logits, confidence = real_head(x, pre_mix, input_ids)
             self.put("logits", logits[0])
-            self.put("output_ids", output_ids[0])
+            own = self.step.pop("own_ids", None)  # replay: what this run sampled, not the forced ids
+            self.put("output_ids", output_ids[0] if own is None else torch.stack([output_ids[0, 0], *own]))
             self.put("confidence", confidence[0])
             return output_ids, logits, confidence
         last.forward_head = forward_head
 
     def _block_pre(self, s):
         def hook(module, args):
-            if self.drafting:
-                self.put(f"block_input.S{s}", args[0][0])
-                self.put(f"pre_mix.S{s}", args[2][0])
+            if not self.drafting:
+                return None
+            if self.forcing is not None:  # replay: the stage starts from the golden's stream and pre
+                n = len(self.steps)
+                x = self.forcing["dspark.block_input"][n, s].to(args[0].dtype)[None].contiguous()
+                pre = self.forcing["dspark.pre_mix"][n, s].to(args[2].dtype)[None].contiguous()
+                args = (x, args[1], pre, *args[3:])
+            self.put(f"block_input.S{s}", args[0][0])
+            self.put(f"pre_mix.S{s}", args[2][0])
+            return args
         return hook
+
+    def forced_sample(self, real):
+        """model.py's `sample`, recording this run's id and, in replay, handing the golden's on."""
+        def sample(logits, temperature=1.0):
+            own = real(logits, temperature)
+            if not self.drafting or self.forcing is None:
+                return own
+            ids = self.step.setdefault("own_ids", [])
+            ids.append(own[0])
+            golden = self.forcing["dspark.output_ids"][len(self.steps), len(ids)]
+            return torch.full_like(own, int(golden))
+        return sample
 
     def _block_post(self, s):
         def hook(module, args, output):
@@ -187,7 +208,9 @@ class SpecRecorder:
         return out
 
 
-def run(module, args, state_dict, tokens, prefill, threads, tokenizer=None, standin=None):
+def run(module, args, state_dict, tokens, prefill, threads, tokenizer=None, standin=None, forcing=None):
+    """The schedule with forward_spec after every forward; `forcing` (replay): a DSpark golden
+    whose main_hidden, draft ids, stage inputs and sampled ids are forced in (docs/TRACE.md)."""
     args.temperature = 0.0  # model.py's `sample` is argmax at temperature 0
     model = ro.load_model(module, args, state_dict, tokenizer, threads)
     if len(model.mtp) == 0:
@@ -196,16 +219,30 @@ def run(module, args, state_dict, tokens, prefill, threads, tokenizer=None, stan
     for field in ("compress_kv", "index_k", "topk_idxs", "candidates"):
         if hasattr(shared, field):
             setattr(shared, field, None)
-    rec = SpecRecorder(model)
-    with ro.deterministic_topk(), ro.standin_numerics(module, standin), torch.inference_mode():
-        ids = torch.tensor([tokens], dtype=torch.long)
-        output_ids, _, main_hidden = model.forward(ids[:, :prefill], 0)
-        model.forward_spec(output_ids, main_hidden, 0)
-        for p in range(prefill, len(tokens)):
-            output_ids, _, main_hidden = model.forward(ids[:, p:p + 1], p)
-            rec.begin_draft(p)
-            model.forward_spec(output_ids, main_hidden, p)
-            rec.end_draft()
+    rec = SpecRecorder(model, forcing)
+
+    def forced(main_hidden, output_ids, start, rows, step):
+        """forward_spec's (input_ids, main_hidden), the golden's in replay."""
+        if forcing is None:
+            return output_ids, main_hidden
+        hidden = forcing["dspark.main_hidden"][start:start + rows].to(main_hidden.dtype)[None].contiguous()
+        first = output_ids if step is None else torch.full_like(output_ids, int(forcing["dspark.input_ids"][step, 0]))
+        return first, hidden
+
+    real_sample = module.sample
+    module.sample = rec.forced_sample(real_sample)
+    try:
+        with ro.deterministic_topk(), ro.standin_numerics(module, standin), torch.inference_mode():
+            ids = torch.tensor([tokens], dtype=torch.long)
+            output_ids, _, main_hidden = model.forward(ids[:, :prefill], 0)
+            model.forward_spec(*forced(main_hidden, output_ids, 0, prefill, None), 0)
+            for p in range(prefill, len(tokens)):
+                output_ids, _, main_hidden = model.forward(ids[:, p:p + 1], p)
+                rec.begin_draft(p)
+                model.forward_spec(*forced(main_hidden, output_ids, p, 1, p - prefill), p)
+                rec.end_draft()
+    finally:
+        module.sample = real_sample
     out = rec.tensors(tokens, len(model.mtp))
     noise = args.dspark_noise_token_id
     if "dspark.input_ids" in out:
@@ -221,6 +258,7 @@ def main(argv=None):
     ap.add_argument("--sets", type=Path, help="remake the committed sets (SETS) under this directory")
     ap.add_argument("--set", action="append", choices=sorted(SETS), help="with --sets: only these (default: all)")
     ap.add_argument("--ds41", default="ds41", help="with --sets: the ds41 binary (for `ds41 synth`)")
+    ap.add_argument("--replay", type=Path, help="teacher-forced from this DSpark golden")
     ap.add_argument("--standin", choices=sorted(ro.STANDINS),
                     help="calibration only: another valid summation order (run_official.py STANDINS)")
     ap.add_argument("--calibrate", action="store_true",
@@ -257,7 +295,8 @@ def main(argv=None):
         module = ro.import_model(a.inference.resolve(), kernels)
         model_args, _ = ro.build_args(module, cfg, len(tokens) + int(cfg.get("dspark_block_size", 0)))
         tokenizer = ro.FastTokenizer(a.checkpoint / "tokenizer.json") if model_args.engram_layer_ids else None
-        tensors = run(module, model_args, state, tokens, prefill, a.threads, tokenizer, a.standin)
+        forcing = load_file(str(a.replay)) if a.replay else None
+        tensors = run(module, model_args, state, tokens, prefill, a.threads, tokenizer, a.standin, forcing)
     except ro.DriverError as e:
         print(f"run_dspark: error: {e}", file=sys.stderr)
         return 2
@@ -268,7 +307,7 @@ def main(argv=None):
         "temperature": "0", "prefill": str(prefill), "decode_steps": str(len(tokens) - prefill),
         "format": TRACE_FORMAT, "model_py_sha256": pins["model.py"],
         "kernels": a.kernels, "kernels_sha256": provenance.sha256_file(kernels_path),
-        "torch": torch.__version__, "threads": str(a.threads),
+        "torch": torch.__version__, "threads": str(a.threads), "mode": "replay" if a.replay else "forward",
         **({"standin": a.standin} if a.standin else {}),
     }
     a.out.parent.mkdir(parents=True, exist_ok=True)
