@@ -10,6 +10,10 @@
 //! * `regen_python::engram-map-vs-official` — the engine's Engram token map against the
 //!   official engram.py on every tokenizer we have (regen_python/engram_map.rs); needs
 //!   `DS41_OFFICIAL_INFERENCE`, the release `inference/` directory;
+//! * `regen_python::dspark-goldens-reproduce` — goldens/regen/model/run_dspark.py on a freshly
+//!   synthesised `dspark` seed 6 reproduces the committed DSpark golden `dspark_p18_d06` tensor
+//!   for tensor, and its teacher-forced run from that golden gives it back bit for bit; needs
+//!   `DS41_OFFICIAL_INFERENCE`;
 //! * `regen_python::waste-containers-vs-make_test_container` — `ds41 synth --preset waste-tiny
 //!   --layout container --seed S` against WASTE's `make_test_container.py --ds41 --seed S`,
 //!   seeds 0-3, byte for byte; needs `DS41_WASTE`, a WASTE checkout.
@@ -147,6 +151,20 @@ fn main() {
             );
             Ok(Completion::Completed)
         }),
+        Trial::ignorable_test("regen_python::dspark-goldens-reproduce", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let Some(inference) =
+                std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
+            else {
+                return Ok(Completion::ignored_with(
+                    "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
+                ));
+            };
+            dspark_goldens_reproduce(&py, Path::new(&inference))?;
+            Ok(Completion::Completed)
+        }),
         Trial::ignorable_test(
             "regen_python::waste-containers-vs-make_test_container",
             move || {
@@ -164,6 +182,46 @@ fn main() {
         ),
     ];
     libtest_mimic::run(&args, trials).exit();
+}
+
+/// run_dspark.py reproduces goldens/official/dspark_s6/dspark_p18_d06 (forward and replay).
+fn dspark_goldens_reproduce(python: &Path, inference: &Path) -> Result<(), Failed> {
+    let root = repo_root();
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let ckpt = tmp.path().join("dspark-seed6");
+    ds41_synthetic::generate("dspark", ds41_engine::checkpoint::Layout::Release, 6, &ckpt)
+        .map_err(|e| e.to_string())?;
+    let golden = root.join("goldens/official/dspark_s6/dspark_p18_d06.safetensors");
+    let want = ds41_engine::trace::TraceFile::read(&golden).map_err(|e| e.to_string())?;
+    let tokens: Vec<String> = want.i64("input_ids").unwrap().1.iter().map(|t| t.to_string()).collect();
+    for replay in [false, true] {
+        let out = tmp.path().join(format!("dspark-{replay}.safetensors"));
+        let mut cmd = Command::new(python);
+        cmd.arg(root.join("goldens/regen/model/run_dspark.py"))
+            .arg("--inference")
+            .arg(inference)
+            .arg("--checkpoint")
+            .arg(&ckpt)
+            .args(["--tokens", &tokens.join(","), "--prefill", "18", "--out"])
+            .arg(&out);
+        if replay {
+            cmd.arg("--replay").arg(&golden);
+        }
+        let run = cmd.output().map_err(|e| e.to_string())?;
+        if !run.status.success() {
+            return Err(format!("run_dspark.py failed:\n{}", String::from_utf8_lossy(&run.stderr)).into());
+        }
+        let got = ds41_engine::trace::TraceFile::read(&out).map_err(|e| e.to_string())?;
+        if got.tensors != want.tensors {
+            let differ: Vec<&String> = want
+                .tensors
+                .keys()
+                .filter(|k| got.tensors.get(*k) != want.tensors.get(*k))
+                .collect();
+            return Err(format!("replay {replay}: tensors differ from the golden: {differ:?}").into());
+        }
+    }
+    Ok(())
 }
 
 /// `ds41 synth --preset waste-tiny --layout container --seed S` equals WASTE's
