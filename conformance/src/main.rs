@@ -30,6 +30,9 @@ enum Command {
     Synth(cli::synth::Args),
     /// Run the reference forward pass and write a trace (safetensors).
     Forward(cli::forward::Args),
+    /// Run the reference's DSpark draft head over a schedule and write a DSpark trace; with
+    /// --replay, teacher-forced from a DSpark golden and judged against it.
+    Dspark(cli::dspark::Args),
     /// Benchmark the reference engine (prefill/decode tokens/s, peak RSS) or its kernels.
     Bench(cli::bench::Args),
     /// Gates computed from an engine's outputs (`spec-window`: does speculation pay in bytes).
@@ -90,6 +93,7 @@ fn main() {
         Command::Inspect(a) => cli::inspect::run(a),
         Command::Synth(a) => cli::synth::run(a),
         Command::Forward(a) => cli::forward::run(a),
+        Command::Dspark(a) => cli::dspark::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::Gate(a) => cli::gate::run(a),
         Command::Tokenize(a) => cli::tokenize::run(a),

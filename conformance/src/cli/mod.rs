@@ -4,6 +4,7 @@
 pub mod bench;
 pub mod certify;
 pub mod corpus;
+pub mod dspark;
 pub mod forward;
 pub mod gate;
 pub mod goldens;
