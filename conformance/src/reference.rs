@@ -288,8 +288,8 @@ fn dspark(req: &DsparkRequest, defect: Option<&str>) -> EngineResult<()> {
         defects: forward_defects(defect),
         ..Options::default()
     };
-    let t = trace::run(&model, &options, &req.tokens, req.prefill, golden.as_ref())
-        .map_err(refused)?;
+    let t =
+        trace::run(&model, &options, &req.tokens, req.prefill, golden.as_ref()).map_err(refused)?;
     t.write(&req.out)
         .map_err(|e| EngineError::Failed(e.to_string()))
 }

@@ -193,7 +193,13 @@ fn dspark_goldens_reproduce(python: &Path, inference: &Path) -> Result<(), Faile
         .map_err(|e| e.to_string())?;
     let golden = root.join("goldens/official/dspark_s6/dspark_p18_d06.safetensors");
     let want = ds41_engine::trace::TraceFile::read(&golden).map_err(|e| e.to_string())?;
-    let tokens: Vec<String> = want.i64("input_ids").unwrap().1.iter().map(|t| t.to_string()).collect();
+    let tokens: Vec<String> = want
+        .i64("input_ids")
+        .unwrap()
+        .1
+        .iter()
+        .map(|t| t.to_string())
+        .collect();
     for replay in [false, true] {
         let out = tmp.path().join(format!("dspark-{replay}.safetensors"));
         let mut cmd = Command::new(python);
@@ -209,7 +215,11 @@ fn dspark_goldens_reproduce(python: &Path, inference: &Path) -> Result<(), Faile
         }
         let run = cmd.output().map_err(|e| e.to_string())?;
         if !run.status.success() {
-            return Err(format!("run_dspark.py failed:\n{}", String::from_utf8_lossy(&run.stderr)).into());
+            return Err(format!(
+                "run_dspark.py failed:\n{}",
+                String::from_utf8_lossy(&run.stderr)
+            )
+            .into());
         }
         let got = ds41_engine::trace::TraceFile::read(&out).map_err(|e| e.to_string())?;
         if got.tensors != want.tensors {
@@ -218,7 +228,9 @@ fn dspark_goldens_reproduce(python: &Path, inference: &Path) -> Result<(), Faile
                 .keys()
                 .filter(|k| got.tensors.get(*k) != want.tensors.get(*k))
                 .collect();
-            return Err(format!("replay {replay}: tensors differ from the golden: {differ:?}").into());
+            return Err(
+                format!("replay {replay}: tensors differ from the golden: {differ:?}").into(),
+            );
         }
     }
     Ok(())

@@ -26,7 +26,12 @@ const SETS: &[(&str, &str, u64, &[&str])] = &[
         4,
         &["dspark_p37_d11", "dspark_p05_d43"],
     ),
-    ("dspark_s6", "dspark", 6, &["dspark_p18_d06", "dspark_p09_d15"]),
+    (
+        "dspark_s6",
+        "dspark",
+        6,
+        &["dspark_p18_d06", "dspark_p09_d15"],
+    ),
 ];
 
 /// Tensors that must be bit-exact in replay: every discrete decision and every bf16 tensor
@@ -64,8 +69,20 @@ fn model(preset: &str, seed: u64) -> (tempfile::TempDir, Model) {
 
 /// The golden's schedule run by the reference, teacher-forced from the golden (`replay`)
 /// or end to end.
-fn run_on(model: &Model, g: &TraceFile, numerics: Numerics, defects: DefectSet, replay: bool) -> TraceFile {
-    let ids: Vec<u32> = g.i64("input_ids").unwrap().1.iter().map(|&t| t as u32).collect();
+fn run_on(
+    model: &Model,
+    g: &TraceFile,
+    numerics: Numerics,
+    defects: DefectSet,
+    replay: bool,
+) -> TraceFile {
+    let ids: Vec<u32> = g
+        .i64("input_ids")
+        .unwrap()
+        .1
+        .iter()
+        .map(|&t| t as u32)
+        .collect();
     let prefill = g.metadata["prefill"].parse().unwrap();
     let options = Options {
         numerics,
@@ -132,7 +149,10 @@ fn e2e_limit(name: &str) -> Limit {
 fn inexact(g: &TraceFile, t: &TraceFile, name: &str) -> usize {
     let (a, b) = (g.get(name).unwrap().as_f64(), t.get(name).unwrap().as_f64());
     assert_eq!(a.len(), b.len(), "{name}");
-    a.iter().zip(&b).filter(|(x, y)| x.to_bits() != y.to_bits()).count()
+    a.iter()
+        .zip(&b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
 }
 
 #[test]
@@ -163,7 +183,10 @@ fn end_to_end_is_within_the_upstream_gates() {
         let (_dir, model) = model(preset, seed);
         for schedule in schedules {
             let g = golden(set, schedule);
-            let (t, notes) = excuse_draft_flips(&g, &forward(&model, &g, Numerics::Upstream, DefectSet::none()));
+            let (t, notes) = excuse_draft_flips(
+                &g,
+                &forward(&model, &g, Numerics::Upstream, DefectSet::none()),
+            );
             for n in &notes {
                 eprintln!("{set}/{schedule}: excused {n}");
             }
@@ -177,7 +200,11 @@ fn end_to_end_is_within_the_upstream_gates() {
 fn caught(d: Option<Divergence>, tensor: &str, step: usize, stage: Option<usize>) {
     let d = d.expect("the defect must be caught");
     eprintln!("caught: {d}");
-    assert_eq!((d.tensor.as_str(), d.step, d.stage), (tensor, step, stage), "{d}");
+    assert_eq!(
+        (d.tensor.as_str(), d.step, d.stage),
+        (tensor, step, stage),
+        "{d}"
+    );
 }
 
 #[test]
@@ -186,16 +213,46 @@ fn negative_controls_are_caught_at_the_sub_op_they_break() {
     let (_dir, model) = model(preset, seed);
     let g = golden(set, schedules[0]);
     // A causal mask inside the block: the first stage's attention of the first draft step.
-    let t = replay(&model, &g, Numerics::Upstream, DefectSet::new([Defect::DraftCausalMask]));
-    caught(first_divergence(&g, &t, replay_limit), "dspark.attn_out", 0, Some(0));
+    let t = replay(
+        &model,
+        &g,
+        Numerics::Upstream,
+        DefectSet::new([Defect::DraftCausalMask]),
+    );
+    caught(
+        first_divergence(&g, &t, replay_limit),
+        "dspark.attn_out",
+        0,
+        Some(0),
+    );
     // Every Markov step biased from the last id: the bias of the first step (its rows after
     // the first read a drafted id).
-    let t = replay(&model, &g, Numerics::Upstream, DefectSet::new([Defect::MarkovBiasFromFirstId]));
-    caught(first_divergence(&g, &t, replay_limit), "dspark.markov_bias", 0, None);
+    let t = replay(
+        &model,
+        &g,
+        Numerics::Upstream,
+        DefectSet::new([Defect::MarkovBiasFromFirstId]),
+    );
+    caught(
+        first_divergence(&g, &t, replay_limit),
+        "dspark.markov_bias",
+        0,
+        None,
+    );
     // main_hidden from the target layers' outputs: the first token's main_hidden, even end
     // to end within the upstream gates.
-    let t = forward(&model, &g, Numerics::Upstream, DefectSet::new([Defect::MainHiddenAfterBlock]));
-    caught(first_divergence(&g, &t, e2e_limit), "dspark.main_hidden", 0, None);
+    let t = forward(
+        &model,
+        &g,
+        Numerics::Upstream,
+        DefectSet::new([Defect::MainHiddenAfterBlock]),
+    );
+    caught(
+        first_divergence(&g, &t, e2e_limit),
+        "dspark.main_hidden",
+        0,
+        None,
+    );
 }
 
 /// The `exact` profile (pure f32) runs the same draft path: there is no f32 oracle of the
@@ -211,14 +268,47 @@ fn exact_profile_runs_the_draft_path_and_its_negative_controls_are_caught() {
     assert_eq!(clean.metadata["numerics"], "exact");
     let same = |_: &str| Limit::EXACT;
     let again = replay(&model, &g, Numerics::Exact, DefectSet::none());
-    assert!(first_divergence(&clean, &again, same).is_none(), "deterministic");
-    let t = replay(&model, &g, Numerics::Exact, DefectSet::new([Defect::DraftCausalMask]));
-    caught(first_divergence(&clean, &t, same), "dspark.attn_out", 0, Some(0));
-    let t = replay(&model, &g, Numerics::Exact, DefectSet::new([Defect::MarkovBiasFromFirstId]));
-    caught(first_divergence(&clean, &t, same), "dspark.markov_bias", 0, None);
+    assert!(
+        first_divergence(&clean, &again, same).is_none(),
+        "deterministic"
+    );
+    let t = replay(
+        &model,
+        &g,
+        Numerics::Exact,
+        DefectSet::new([Defect::DraftCausalMask]),
+    );
+    caught(
+        first_divergence(&clean, &t, same),
+        "dspark.attn_out",
+        0,
+        Some(0),
+    );
+    let t = replay(
+        &model,
+        &g,
+        Numerics::Exact,
+        DefectSet::new([Defect::MarkovBiasFromFirstId]),
+    );
+    caught(
+        first_divergence(&clean, &t, same),
+        "dspark.markov_bias",
+        0,
+        None,
+    );
     let clean = forward(&model, &g, Numerics::Exact, DefectSet::none());
-    let t = forward(&model, &g, Numerics::Exact, DefectSet::new([Defect::MainHiddenAfterBlock]));
-    caught(first_divergence(&clean, &t, same), "dspark.main_hidden", 0, None);
+    let t = forward(
+        &model,
+        &g,
+        Numerics::Exact,
+        DefectSet::new([Defect::MainHiddenAfterBlock]),
+    );
+    caught(
+        first_divergence(&clean, &t, same),
+        "dspark.main_hidden",
+        0,
+        None,
+    );
 }
 
 /// The container layout drops the MTP stages (CONTAINER.md §8): asking it for a drafter is
@@ -233,5 +323,8 @@ fn container_layout_has_no_drafter_and_says_why() {
         .err()
         .expect("no drafter on a container")
         .to_string();
-    assert!(err.contains("release layout only") && err.contains("CONTAINER.md §8"), "{err}");
+    assert!(
+        err.contains("release layout only") && err.contains("CONTAINER.md §8"),
+        "{err}"
+    );
 }

@@ -248,18 +248,8 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
         // MTP stages may route over their own expert count (`dspark_n_routed_experts`).
         let n_routed = g.moe_experts(l).0;
         add(vec![
-            (
-                "ffn.gate.weight",
-                vec![n_routed, d],
-                Bf16,
-                Linear(2.0),
-            ),
-            (
-                "ffn.gate.bias",
-                vec![n_routed],
-                F32,
-                Uniform(-0.5, 0.5),
-            ),
+            ("ffn.gate.weight", vec![n_routed, d], Bf16, Linear(2.0)),
+            ("ffn.gate.bias", vec![n_routed], F32, Uniform(-0.5, 0.5)),
         ]);
         if g.routing_bias_vl {
             add(vec![(

@@ -8,10 +8,10 @@
 use crate::draw::{self, E4M3_CODE_RMS, FP4_CODE_RMS};
 use crate::inventory::{copy_slices, engram_rows, logical_tensors, Kind, Logical};
 use crate::preset::{decimal, Geometry, Preset, Sharding};
-use ds41_engine::config::DsparkConfig;
 use crate::rng::SplitMix64;
 use crate::tokenizer::Vocab;
 use crate::SynthError;
+use ds41_engine::config::DsparkConfig;
 use serde_json::{json, Value};
 use std::io::{BufWriter, Write};
 use std::path::Path;

@@ -7,10 +7,10 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use ds41_engine::model::dspark::trace;
-use ds41_engine::model::{Defect, DefectSet, Model, Options};
 use ds41_conformance::families::dspark::replay_limit;
 use ds41_conformance::gates::Gates;
+use ds41_engine::model::dspark::trace;
+use ds41_engine::model::{Defect, DefectSet, Model, Options};
 use ds41_engine::trace::TraceFile;
 
 #[derive(clap::Args)]
@@ -65,7 +65,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         (None, None) => tokens.len().saturating_sub(1).max(1),
     };
     let options = Options {
-        numerics: args.numerics.parse().map_err(|e: String| anyhow::anyhow!(e))?,
+        numerics: args
+            .numerics
+            .parse()
+            .map_err(|e: String| anyhow::anyhow!(e))?,
         defects: DefectSet::new(
             args.defects
                 .iter()

@@ -75,8 +75,8 @@ impl super::CheckFamily for DsparkSpec {
         let model = ctx.checkpoint(&self.model, details)?;
         let dir = ctx.scratch(case)?;
         let golden_path = ctx.data(&self.golden)?;
-        let golden = TraceFile::read(&golden_path)
-            .map_err(|e| Outcome::error(format!("golden: {e:#}")))?;
+        let golden =
+            TraceFile::read(&golden_path).map_err(|e| Outcome::error(format!("golden: {e:#}")))?;
         let tokens: Vec<u32> = golden
             .get("input_ids")
             .ok_or_else(|| Outcome::error("the golden has no `input_ids`"))?
@@ -103,7 +103,11 @@ impl super::CheckFamily for DsparkSpec {
         let trace = TraceFile::read(&req.out)
             .map_err(|e| Outcome::fail(format!("dspark: unreadable trace: {e:#}")))?;
         let (trace, excused) = excuse_draft_flips(&golden, &trace);
-        details.notes.extend(excused.iter().map(|n| format!("excused draft id flip: {n}")));
+        details.notes.extend(
+            excused
+                .iter()
+                .map(|n| format!("excused draft id flip: {n}")),
+        );
         let gates = ctx.gates_for(case);
         let limit = |name: &str| {
             if self.replay {

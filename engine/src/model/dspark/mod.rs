@@ -66,7 +66,10 @@ impl Dspark {
         if let Some(&bad) = d.target_layer_ids.iter().find(|&&l| l >= cfg.n_layers) {
             return Err(Error::Config {
                 field: "dspark_target_layer_ids".into(),
-                rule: format!("layer {bad} is not a backbone layer (n_layers {})", cfg.n_layers),
+                rule: format!(
+                    "layer {bad} is not a backbone layer (n_layers {})",
+                    cfg.n_layers
+                ),
             });
         }
         if d.noise_token_id as usize >= cfg.vocab_size {
@@ -83,7 +86,11 @@ impl Dspark {
         let width = cfg.dim * d.target_layer_ids.len();
         super::expect_shape(ckpt.as_ref(), "mtp.0.main_proj.weight", &[cfg.dim, width])?;
         let markov_embed = format!("{last}markov_head.embed.weight");
-        super::expect_shape(ckpt.as_ref(), &markov_embed, &[cfg.vocab_size, d.markov_rank])?;
+        super::expect_shape(
+            ckpt.as_ref(),
+            &markov_embed,
+            &[cfg.vocab_size, d.markov_rank],
+        )?;
         let confidence = format!("{last}confidence_head.proj.weight");
         super::expect_shape(ckpt.as_ref(), &confidence, &[1, cfg.dim + d.markov_rank])?;
         Ok(Some(Dspark {
@@ -232,15 +239,18 @@ impl<'m> Drafter<'m> {
         if chunk.start == 0 {
             for s in 0..self.dspark.stages.len() {
                 let ctx = self.ctx();
-                let keys =
-                    self.dspark.stages[s]
-                        .attn
-                        .window_keys(&ctx, &main_x, chunk.rows, chunk.start)?;
+                let keys = self.dspark.stages[s].attn.window_keys(
+                    &ctx,
+                    &main_x,
+                    chunk.rows,
+                    chunk.start,
+                )?;
                 attention::write_ring(&mut self.rings[s], &keys, chunk, cfg.head_dim);
             }
             return Ok(None);
         }
-        self.draft(chunk.start, &main_x, last_id, observer).map(Some)
+        self.draft(chunk.start, &main_x, last_id, observer)
+            .map(Some)
     }
 
     /// The widths of this drafter's trace cells.
@@ -280,7 +290,9 @@ impl<'m> Drafter<'m> {
         let mut x = PoolVec::filled(block * hc * d, 0.0f32);
         let mut emb = PoolVec::filled(d, 0.0f32);
         for (r, &t) in ids.iter().enumerate() {
-            model.checkpoint().rows_f32("embed.weight", t as usize, &mut emb)?;
+            model
+                .checkpoint()
+                .rows_f32("embed.weight", t as usize, &mut emb)?;
             numerics.round(&mut emb);
             for k in 0..hc {
                 x[(r * hc + k) * d..(r * hc + k + 1) * d].copy_from_slice(&emb);
@@ -317,7 +329,9 @@ impl<'m> Drafter<'m> {
         let mut normed = PoolVec::from_slice(&hidden);
         self.dspark.norm.forward_inplace(&mut normed, numerics);
         let mut logits = vec![0.0f32; block * vocab];
-        model.head().forward(&normed, block, &mut logits, numerics)?;
+        model
+            .head()
+            .forward(&normed, block, &mut logits, numerics)?;
         observer.head(&pre, &hidden, &logits);
 
         // The Markov head, sequential over the block: each step's bias comes from the id the

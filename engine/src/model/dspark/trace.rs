@@ -165,7 +165,11 @@ impl DraftObserver for DraftRecorder<'_> {
             }
         }
         self.put_i64("dspark.positions", &[], [position as i64]);
-        self.put_i64("dspark.input_ids", &[ids.len()], ids.iter().map(|&i| i64::from(i)));
+        self.put_i64(
+            "dspark.input_ids",
+            &[ids.len()],
+            ids.iter().map(|&i| i64::from(i)),
+        );
     }
 
     fn stage_input(&mut self, stage: usize, stream: &mut PoolVec<f32>, pre: &mut PoolVec<f32>) {
@@ -208,7 +212,12 @@ impl DraftObserver for DraftRecorder<'_> {
     }
 
     fn head(&mut self, pre: &[f32], hidden: &[f32], logits: &[f32]) {
-        let (b, hc, d, v) = (self.dims.block, self.dims.hc, self.dims.dim, self.dims.vocab);
+        let (b, hc, d, v) = (
+            self.dims.block,
+            self.dims.hc,
+            self.dims.dim,
+            self.dims.vocab,
+        );
         self.put_f32("dspark.final_pre", &[b, hc], pre);
         self.put_f32("dspark.hidden", &[b, d], hidden);
         self.put_f32("dspark.head_logits", &[b, v], logits);
@@ -239,7 +248,10 @@ impl DraftObserver for DraftRecorder<'_> {
         let own = std::mem::take(&mut self.sampled_own);
         let ids = draft.ids[..1].iter().chain(&own).map(|&i| i64::from(i));
         self.put_i64("dspark.output_ids", &[b + 1], ids);
-        for (name, cell) in [("dspark.markov_bias", [b, v]), ("dspark.markov_embed", [b, rank])] {
+        for (name, cell) in [
+            ("dspark.markov_bias", [b, v]),
+            ("dspark.markov_embed", [b, rank]),
+        ] {
             let c = self.columns.entry(name).or_default();
             c.rows += 1;
             c.cell = cell.to_vec();
@@ -279,7 +291,10 @@ pub struct Divergence {
 
 impl std::fmt::Display for Divergence {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let stage = self.stage.map(|s| format!(" stage {s}")).unwrap_or_default();
+        let stage = self
+            .stage
+            .map(|s| format!(" stage {s}"))
+            .unwrap_or_default();
         let at = if matches!(self.tensor.as_str(), "dspark.main_hidden" | "dspark.main_x") {
             "token"
         } else {
@@ -289,7 +304,12 @@ impl std::fmt::Display for Divergence {
             f,
             "`{}` first differs at {at} {}{stage}: max |Δ| {:.3e} (limit {:.1e}), rel L2 {:.3e} \
              (limit {:.1e})",
-            self.tensor, self.step, self.max_abs, self.limit.max_abs, self.rel_l2, self.limit.rel_l2
+            self.tensor,
+            self.step,
+            self.max_abs,
+            self.limit.max_abs,
+            self.rel_l2,
+            self.limit.rel_l2
         )
     }
 }
@@ -413,11 +433,7 @@ fn cell_distance(golden: &[f64], got: &[f64]) -> (f64, f64) {
         num += d * d;
         den += a * a;
     }
-    let rel = if num == 0.0 {
-        0.0
-    } else {
-        (num / den).sqrt()
-    };
+    let rel = if num == 0.0 { 0.0 } else { (num / den).sqrt() };
     (worst, rel)
 }
 
@@ -476,7 +492,10 @@ pub fn run(
     let mut trace = rec.into_trace();
     trace.tensors.insert(
         "input_ids".into(),
-        TraceTensor::i64(vec![tokens.len()], tokens.iter().map(|&t| i64::from(t)).collect()),
+        TraceTensor::i64(
+            vec![tokens.len()],
+            tokens.iter().map(|&t| i64::from(t)).collect(),
+        ),
     );
     trace.metadata.insert("prefill".into(), prefill.to_string());
     trace
@@ -484,7 +503,12 @@ pub fn run(
         .insert("numerics".into(), options.numerics.as_str().into());
     trace.metadata.insert(
         "mode".into(),
-        if replay.is_some() { "replay" } else { "forward" }.into(),
+        if replay.is_some() {
+            "replay"
+        } else {
+            "forward"
+        }
+        .into(),
     );
     Ok(trace)
 }
@@ -515,7 +539,10 @@ pub fn excuse_draft_flips(golden: &TraceFile, got: &TraceFile) -> (TraceFile, Ve
     let mut masked: Vec<(usize, usize)> = Vec::new();
     for s in 0..steps {
         for r in 0..block {
-            let (gi, oi) = (g_ids.1[s * (block + 1) + r + 1], o_ids.1[s * (block + 1) + r + 1]);
+            let (gi, oi) = (
+                g_ids.1[s * (block + 1) + r + 1],
+                o_ids.1[s * (block + 1) + r + 1],
+            );
             if gi == oi {
                 continue;
             }
@@ -551,16 +578,11 @@ pub fn excuse_draft_flips(golden: &TraceFile, got: &TraceFile) -> (TraceFile, Ve
         for &(s, r) in &masked {
             let span = (s * rows + r + first) * width..(s + 1) * rows * width;
             match (&g.data, &mut o.data) {
-                (TraceData::F32(g), TraceData::F32(o)) => {
-                    o[span.clone()].copy_from_slice(&g[span])
-                }
-                (TraceData::I64(g), TraceData::I64(o)) => {
-                    o[span.clone()].copy_from_slice(&g[span])
-                }
+                (TraceData::F32(g), TraceData::F32(o)) => o[span.clone()].copy_from_slice(&g[span]),
+                (TraceData::I64(g), TraceData::I64(o)) => o[span.clone()].copy_from_slice(&g[span]),
                 _ => {}
             }
         }
     }
     (out, notes)
 }
-
