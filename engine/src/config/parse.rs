@@ -530,7 +530,7 @@ fn dspark_args(n_mtp: usize, k: &Keys, activated: &[&str]) -> Result<Option<Dspa
         block_size,
         noise_token_id: u32::try_from(noise).map_err(|_| {
             cfg_err(
-                &k.path("dspark_noise_token_id"),
+                k.path("dspark_noise_token_id"),
                 format!("{noise} is not a token id"),
             )
         })?,

@@ -149,7 +149,7 @@ impl Moe {
                 LinearKind::Fp8,
                 cfg.moe_inter_dim,
             )?,
-            n_routed: n_routed,
+            n_routed,
             top_k,
             route_scale: cfg.route_scale,
             swiglu_limit: cfg.swiglu_limit,
