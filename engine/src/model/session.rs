@@ -237,20 +237,7 @@ impl<'m> Session<'m> {
         }
         observer.engram_hashes(&hashes);
 
-        // §6.1 embedding, expanded to hc copies; pre of layer 0 is one-hot.
-        let mut x = PoolVec::filled(rows * hc * d, 0.0f32);
-        let mut emb = PoolVec::filled(d, 0.0f32);
-        for (r, &t) in tokens.iter().enumerate() {
-            model.ckpt.rows_f32("embed.weight", t as usize, &mut emb)?;
-            numerics.round(&mut emb);
-            for k in 0..hc {
-                x[(r * hc + k) * d..(r * hc + k + 1) * d].copy_from_slice(&emb);
-            }
-        }
-        let mut pre = PoolVec::filled(rows * hc, 0.0f32);
-        for r in 0..rows {
-            pre[r * hc] = 1.0;
-        }
+        let (mut x, mut pre) = embed_expanded(model, tokens, numerics)?;
 
         let targets: &[usize] = match &model.dspark {
             Some(ds) => &ds.cfg.target_layer_ids,
@@ -308,6 +295,31 @@ impl<'m> Session<'m> {
         observer.logits(chunk.start + last, &self.logits);
         Ok(())
     }
+}
+
+/// §6.1: the embedding rows of `tokens`, expanded to hc copies ([rows, hc, dim]), and the
+/// one-hot `pre` ([rows, hc]) the first block collapses with. The DSpark draft block starts
+/// the same way (§10.1).
+pub(super) fn embed_expanded(
+    model: &Model,
+    tokens: &[u32],
+    numerics: super::Numerics,
+) -> Result<(PoolVec<f32>, PoolVec<f32>)> {
+    let (hc, d, rows) = (model.cfg.hc_mult, model.cfg.dim, tokens.len());
+    let mut x = PoolVec::filled(rows * hc * d, 0.0f32);
+    let mut emb = PoolVec::filled(d, 0.0f32);
+    for (r, &t) in tokens.iter().enumerate() {
+        model.ckpt.rows_f32("embed.weight", t as usize, &mut emb)?;
+        numerics.round(&mut emb);
+        for k in 0..hc {
+            x[(r * hc + k) * d..(r * hc + k + 1) * d].copy_from_slice(&emb);
+        }
+    }
+    let mut pre = PoolVec::filled(rows * hc, 0.0f32);
+    for r in 0..rows {
+        pre[r * hc] = 1.0;
+    }
+    Ok((x, pre))
 }
 
 /// The hash ids of Engram layer number `li` for every row, [rows, cols].

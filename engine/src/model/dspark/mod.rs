@@ -287,21 +287,12 @@ impl<'m> Drafter<'m> {
         let mut ids = vec![self.dspark.cfg.noise_token_id; block];
         ids[0] = last_id;
         observer.draft_ids(p, &mut ids);
-        let mut x = PoolVec::filled(block * hc * d, 0.0f32);
-        let mut emb = PoolVec::filled(d, 0.0f32);
-        for (r, &t) in ids.iter().enumerate() {
-            model
-                .checkpoint()
-                .rows_f32("embed.weight", t as usize, &mut emb)?;
-            numerics.round(&mut emb);
-            for k in 0..hc {
-                x[(r * hc + k) * d..(r * hc + k + 1) * d].copy_from_slice(&emb);
-            }
+        if let Some(&bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Model(format!(
+                "DSpark: draft id {bad} is outside the vocabulary"
+            )));
         }
-        let mut pre = PoolVec::filled(block * hc, 0.0f32);
-        for r in 0..block {
-            pre[r * hc] = 1.0;
-        }
+        let (mut x, mut pre) = super::session::embed_expanded(model, &ids, numerics)?;
 
         for s in 0..self.dspark.stages.len() {
             observer.stage_input(s, &mut x, &mut pre);

@@ -106,19 +106,7 @@ impl<'g> DraftRecorder<'g> {
         let stages = self.dims.stages;
         let mut out = TraceFile::default();
         for (name, c) in self.columns {
-            let per_stage = matches!(
-                name,
-                "dspark.block_input"
-                    | "dspark.pre_mix"
-                    | "dspark.mid"
-                    | "dspark.attn_out"
-                    | "dspark.moe_out"
-                    | "dspark.residual"
-                    | "dspark.out_pre"
-                    | "dspark.experts"
-                    | "dspark.expert_weights"
-            );
-            let mut shape = if per_stage {
+            let mut shape = if PER_STAGE.contains(&name) {
                 vec![c.rows / stages.max(1), stages]
             } else {
                 vec![c.rows]
@@ -334,10 +322,14 @@ pub const ORDER: &[&str] = &[
     "dspark.confidence",
 ];
 
+/// The tensors with a stage axis ([steps, stages, ...]).
 const PER_STAGE: &[&str] = &[
+    "dspark.block_input",
+    "dspark.pre_mix",
     "dspark.attn_out",
     "dspark.mid",
     "dspark.experts",
+    "dspark.expert_weights",
     "dspark.moe_out",
     "dspark.residual",
     "dspark.out_pre",
