@@ -405,9 +405,8 @@ pub fn argmax(row: &[f32]) -> u32 {
     best as u32
 }
 
-/// `main_hidden` of one row: the mean over the hc copies of each target layer's input stream,
-/// concatenated in `dspark_target_layer_ids` order. `stream_of(l)` gives layer l's stream
-/// [hc, dim] for that row. torch's bf16 `mean` accumulates in f32, then rounds.
+/// One target layer's slice of `main_hidden` for one row: the mean over the hc copies of the
+/// stream [hc, dim] (`Tensor.mean` of bf16 accumulates in f32, then rounds).
 pub fn mean_over_copies(stream: &[f32], hc: usize, out: &mut [f32], numerics: Numerics) {
     let d = out.len();
     let scale = 1.0 / hc as f32;
