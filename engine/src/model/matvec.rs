@@ -137,6 +137,8 @@ impl MatVec<'_> {
         // Rows ≥ nw of a short last task stay zero and are never written out.
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         let r0 = self.w_first + first;
+        // The baseline (SSE2) has too few registers for GROUP rows' chains: one at a time.
+        let grouped = level == Level::Avx2;
         match self.rule {
             Rule::C1 => {
                 out.fill(0.0);
@@ -148,7 +150,7 @@ impl MatVec<'_> {
                     let mut m = 0;
                     while m < rows {
                         let mut blocks = [[0f64; TILE]; GROUP];
-                        let n = if rows - m >= GROUP {
+                        let n = if grouped && rows - m >= GROUP {
                             let xs = std::array::from_fn(|j| self.xs(m + j, k0, len));
                             dot_rows(&mut blocks, xs, &w, level);
                             GROUP
@@ -177,7 +179,11 @@ impl MatVec<'_> {
                     self.decode(&row_buf, r0, nw, k0, len, &mut w);
                     let mut m = 0;
                     while m < rows {
-                        let n = if rows - m >= GROUP { GROUP } else { 1 };
+                        let n = if grouped && rows - m >= GROUP {
+                            GROUP
+                        } else {
+                            1
+                        };
                         let a = &mut acc[m * TILE..(m + n) * TILE];
                         let mut chains = [[0f64; TILE]; GROUP];
                         for (c, a) in chains.iter_mut().zip(a.chunks_exact(TILE)) {
