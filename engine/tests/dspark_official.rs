@@ -328,3 +328,24 @@ fn container_layout_has_no_drafter_and_says_why() {
         "{err}"
     );
 }
+
+/// Same inputs, same bits, whatever the thread count (a one-thread pool against a four-thread
+/// one, end to end on the three-stage geometry). At these widths most loops stay below the
+/// pool's work threshold (model/parallel.rs); the head's vocabulary rows and the main
+/// model's prefill are what can spread.
+#[test]
+fn drafts_do_not_depend_on_the_thread_count() {
+    let (set, preset, seed, schedules) = SETS[1];
+    let (_dir, model) = model(preset, seed);
+    let g = golden(set, schedules[1]);
+    let on = |threads: usize| {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| forward(&model, &g, Numerics::Upstream, DefectSet::none()))
+    };
+    let (one, four) = (on(1), on(4));
+    assert!(first_divergence(&one, &four, |_| Limit::EXACT).is_none());
+    assert_eq!(one.tensors, four.tensors);
+}
