@@ -349,3 +349,16 @@ fn drafts_do_not_depend_on_the_thread_count() {
     assert!(first_divergence(&one, &four, |_| Limit::EXACT).is_none());
     assert_eq!(one.tensors, four.tensors);
 }
+
+/// A replay golden of another geometry is refused with the tensor named, never half forced.
+#[test]
+fn a_golden_of_another_geometry_is_refused() {
+    let (_dir, model) = model("dspark", 6);
+    let g = golden("window_mtp_s4", "dspark_p37_d11");
+    let ids: Vec<u32> = g.i64("input_ids").unwrap().1.iter().map(|&t| t as u32).collect();
+    let err = run(&model, &Options::default(), &ids, 37, Some(&g))
+        .err()
+        .expect("refused")
+        .to_string();
+    assert!(err.contains("`dspark.main_hidden` has shape"), "{err}");
+}

@@ -263,6 +263,7 @@ impl<'m> Drafter<'m> {
             dim: cfg.dim,
             vocab: cfg.vocab_size,
             rank: self.dspark.cfg.markov_rank,
+            targets: self.dspark.cfg.target_layer_ids.len(),
         }
     }
 

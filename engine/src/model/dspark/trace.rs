@@ -48,6 +48,8 @@ pub struct Dims {
     pub dim: usize,
     pub vocab: usize,
     pub rank: usize,
+    /// Target layers (`main_hidden` holds `targets · dim` values per token).
+    pub targets: usize,
 }
 
 impl<'g> DraftRecorder<'g> {
@@ -441,6 +443,32 @@ fn golden_step_of_token(golden: &TraceFile, t: usize) -> usize {
         .unwrap_or(usize::MAX)
 }
 
+/// A replay golden must hold every forced tensor in this model's and schedule's shape (a
+/// golden of another geometry is refused, never half forced).
+fn check_forcing(g: &TraceFile, d: Dims, tokens: usize, prefill: usize) -> Result<()> {
+    let steps = tokens - prefill;
+    let want: [(&str, Vec<usize>); 5] = [
+        ("dspark.main_hidden", vec![tokens, d.targets * d.dim]),
+        ("dspark.input_ids", vec![steps, d.block]),
+        (
+            "dspark.block_input",
+            vec![steps, d.stages, d.block, d.hc, d.dim],
+        ),
+        ("dspark.pre_mix", vec![steps, d.stages, d.block, d.hc]),
+        ("dspark.output_ids", vec![steps, d.block + 1]),
+    ];
+    for (name, shape) in want {
+        let got = g.get(name).map(|t| t.shape().to_vec());
+        if got.as_deref() != Some(shape.as_slice()) {
+            return Err(Error::Model(format!(
+                "replay golden {}: `{name}` has shape {got:?}, this model and schedule need {shape:?}",
+                g.path.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Run the main model over `tokens` (a prefill of `prefill`, then single-token decode steps)
 /// with a [`Drafter`] following it, and return the DSpark trace. With `replay`, the drafter
 /// is teacher-forced from that golden (its `main_hidden`, draft ids, stage inputs and Markov
@@ -461,6 +489,9 @@ pub fn run(
     let mut session = Session::new(model, options.clone());
     let mut drafter = Drafter::new(model, options.clone())?;
     let dims = drafter.dims();
+    if let Some(g) = replay {
+        check_forcing(g, dims, tokens.len(), prefill)?;
+    }
     let mut rec = match replay {
         Some(g) => DraftRecorder::replaying(dims, g),
         None => DraftRecorder::new(dims),
