@@ -14,8 +14,8 @@ pub struct Args {
     /// New (or empty) output directory for the container.
     #[arg(long, required_unless_present = "list_defects")]
     pub out: Option<PathBuf>,
-    /// Bits of the bulk of the trunk: 4 (Q4G, as WASTE's converter) or 8 (Q8G).
-    #[arg(long, default_value_t = 4)]
+    /// Bits of the bulk of the trunk: 8 (Q8G) or 4 (Q4G, as WASTE's converter).
+    #[arg(long, default_value_t = 8)]
     pub trunk_bits: u8,
     /// Engram table bits: 4 or 8.
     #[arg(long, default_value_t = 4)]

@@ -20,8 +20,8 @@ pub fn run(a: ConverterArgs) -> anyhow::Result<i32> {
     };
     let g = ConverterGates::load(&dir)?;
     let profiles = GateSet::load(&dir)?;
-    let forward = (!a.no_forward).then(|| profiles.get(g.forward.profile));
-    let report = converter_gate::run(&a.release, &a.container, &g, forward)?;
+    let forward = (!a.no_forward).then(|| g.forward.apply(profiles.get(g.forward.profile)));
+    let report = converter_gate::run(&a.release, &a.container, &g, forward.as_ref())?;
     if let Some(dir) = &a.report {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         let path = dir.join("converter.json");
@@ -140,19 +140,30 @@ fn print_report(r: &ConverterReport, g: &ConverterGates) {
             );
         }
         if let Some(f) = &r.forward {
-            let c = &f.comparison;
             println!(
-                "forward ({} profile, exact numerics, {} tokens, prefill {}): {}; {} decision flips excused",
+                "forward ({} profile, exact numerics, {} tokens, prefill {}):",
                 f.profile,
                 f.tokens.len(),
-                f.prefill,
-                c.first_divergence
-                    .as_ref()
-                    .map_or("no divergence".into(), |d| format!("first divergence {}", d.headline())),
-                c.excused_flips()
+                f.prefill
             );
-            for m in &c.metrics {
-                println!("  {:<24} {:?} {}", m.name, m.status, m.text);
+            let e2e = if f.end_to_end_judged {
+                "end to end"
+            } else {
+                "end to end (reported, not judged)"
+            };
+            for (what, c) in [("replay", &f.replay), (e2e, &f.end_to_end)] {
+                println!(
+                    "  {what}: {}{}; {} decision flips excused",
+                    if c.failed() { "FAIL, " } else { "" },
+                    c.first_divergence.as_ref().map_or("no divergence".into(), |d| format!(
+                        "first divergence {}",
+                        d.headline()
+                    )),
+                    c.excused_flips()
+                );
+                for m in &c.metrics {
+                    println!("    {:<16} {:<8} {}", m.name, format!("{:?}", m.status), m.text);
+                }
             }
         }
     }

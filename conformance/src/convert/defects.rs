@@ -21,7 +21,7 @@ pub enum ConverterDefect {
     MisScaledTrunk,
     /// `layers.0.attn.wq_a.weight` is written transposed, with the transposed shape.
     TransposedTrunk,
-    /// The last token's Engram compressed id is changed.
+    /// The last token trades Engram compressed ids with the nearest token that has another.
     ShiftedTokenMap,
 }
 
@@ -81,7 +81,7 @@ pub const DEFECTS: &[DefectInfo] = &[
     DefectInfo {
         defect: ConverterDefect::ShiftedTokenMap,
         name: "shifted-token-map",
-        description: "the last token's Engram compressed id is changed in engram-tokmap.bin",
+        description: "in engram-tokmap.bin the last token trades compressed ids with the nearest token that has another",
         named: &["engram-tokmap.bin"],
     },
 ];

@@ -1,9 +1,12 @@
 //! Release → WASTE v0 container conversion (`ds41 convert`), the project's own converter:
 //! what the converter gate (`ds41 gate converter`) is proven on.
 //!
-//! * Trunk (CONTAINER.md §3): Q8G for the embedding, the head and the `hc_*_fn` mixes, Q4G
-//!   for the other matrices, F32 for vectors, the Engram `q_weight`/`k_weight`, and tensors
-//!   under `--f32-below` elements (WASTE's converter keeps tensors under 65,536 in F32).
+//! * Trunk (CONTAINER.md §3): Q8G for the embedding, the head and the `hc_*_fn` mixes, and by
+//!   default for the other matrices too (`--trunk-bits 4`: Q4G for those, WASTE's choice;
+//!   on the synthetic presets it moves attention outputs and index selections well beyond
+//!   the `quantized` profile, see gates/README.md), F32 for vectors, the Engram
+//!   `q_weight`/`k_weight`, and tensors under `--f32-below` elements (WASTE's converter
+//!   keeps tensors under 65,536 in F32).
 //! * Experts (§4–§5): VQ3R, codebooks fit per (layer, kind) by deterministic k-means
 //!   ([`vq`]); one expert matrix is read at a time, twice (sample, then encode).
 //! * Engram (§6): tables requantised to 4 or 8 bits in groups of 32; `engram.json` from the
@@ -43,7 +46,7 @@ use vq::{encode_matrix, row_rms, Codebooks, VqParams};
 /// Conversion settings.
 #[derive(Debug, Clone)]
 pub struct ConvertOptions {
-    /// Bits of the bulk of the trunk: 4 (Q4G, WASTE's default) or 8 (Q8G).
+    /// Bits of the bulk of the trunk: 8 (Q8G, the default) or 4 (Q4G, WASTE's choice).
     pub trunk_bits: u8,
     /// Engram table bits (4 or 8).
     pub engram_bits: u8,
@@ -58,7 +61,7 @@ pub struct ConvertOptions {
 impl Default for ConvertOptions {
     fn default() -> Self {
         ConvertOptions {
-            trunk_bits: 4,
+            trunk_bits: 8,
             engram_bits: 4,
             f32_below: 0,
             vq: VqParams::default(),
@@ -572,8 +575,12 @@ fn write_engram(
             reason: format!("{} is not a token of the map", cfg.engram_pad_id),
         })?;
     if o.defect == Some(ConverterDefect::ShiftedTokenMap) {
+        // The last token trades compressed ids with the nearest token that has another one:
+        // every compressed id stays in use, so only a comparison with the release sees it.
         let last = map.len() - 1;
-        map[last] = (map[last] + 1) % cfg.engram_compressed_vocab_size.max(1) as i32;
+        if let Some(j) = (0..last).rev().find(|&j| map[j] != map[last]) {
+            map.swap(j, last);
+        }
     }
     let layers: Vec<Value> = consts
         .layers

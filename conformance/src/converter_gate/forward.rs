@@ -1,9 +1,14 @@
 //! Forward agreement of the two layouts: the reference runs the release and the container on
 //! the same tokens (exact numerics, so the only difference is the container's quantisation),
-//! and the container's trace is compared with the release's as an engine's trace with a
-//! golden, by the harness's own comparison (`compare::compare`) in a tolerance profile
-//! (`gates/<profile>.yaml`, normally `quantized`): logits rows, per-layer residual cells, the
-//! discrete decisions with the profile's fragile-flip excuse.
+//! and the container's traces are compared with the release's as an engine's with a golden,
+//! by the harness's own comparisons in a tolerance profile (`gates/<profile>.yaml`, normally
+//! `quantized`):
+//! * teacher-forced replay (`compare::compare_replay`): every block of the container
+//!   recomputed from the release's own block inputs, so each (token, layer) cell shows the
+//!   quantisation's local effect, nothing cascades and every cell is compared;
+//! * end to end (`compare::compare`): logits rows, residual cells and decisions with the
+//!   profile's fragile-flip excuse (an excused flip excludes what it feeds, so on a model with
+//!   a near-tied early decision this may compare little; the replay always compares all).
 
 use std::path::Path;
 
@@ -12,7 +17,7 @@ use ds41_engine::trace::TraceFile;
 use ds41_synthetic::rng::SplitMix64;
 use serde::Serialize;
 
-use crate::compare::{compare as compare_traces, CompareReport};
+use crate::compare::{compare as compare_traces, compare_replay, CompareReport};
 use crate::gates::Gates;
 
 #[derive(Debug, Clone, Serialize)]
@@ -20,7 +25,10 @@ pub struct ForwardReport {
     pub profile: String,
     pub tokens: Vec<u32>,
     pub prefill: usize,
-    pub comparison: CompareReport,
+    pub replay: CompareReport,
+    pub end_to_end: CompareReport,
+    /// Whether `end_to_end` counts in the verdict (`gates/converter.yaml`).
+    pub end_to_end_judged: bool,
     /// One line per failing metric (the first divergence first).
     pub failures: Vec<String>,
 }
@@ -31,7 +39,12 @@ pub fn gate_tokens(n: usize, vocab: usize) -> Vec<u32> {
     (0..n).map(|_| r.below(vocab as u64) as u32).collect()
 }
 
-fn run(model: &Path, tokens: &[u32], prefill: usize) -> anyhow::Result<TraceFile> {
+fn run(
+    model: &Path,
+    tokens: &[u32],
+    prefill: usize,
+    replay: Option<&Path>,
+) -> anyhow::Result<TraceFile> {
     let job = ForwardJob {
         model: model.to_path_buf(),
         tokens: tokens.to_vec(),
@@ -42,7 +55,7 @@ fn run(model: &Path, tokens: &[u32], prefill: usize) -> anyhow::Result<TraceFile
             ..Options::default()
         },
         token_map: TokenMap::FromCheckpoint,
-        replay: None,
+        replay: replay.map(Path::to_path_buf),
         load_state: None,
         save_state: None,
         sub_ops: true,
@@ -60,24 +73,34 @@ pub fn compare(
     tokens: &[u32],
     prefill: usize,
     gates: &Gates,
+    judge_end_to_end: bool,
 ) -> anyhow::Result<ForwardReport> {
-    let golden = run(release, tokens, prefill)?;
-    let engine = run(container, tokens, prefill)?;
-    let comparison = compare_traces(&golden, &engine, gates);
-    let failures = if comparison.failed() {
-        comparison
-            .failure_summary()
-            .lines()
-            .map(|l| format!("forward ({} profile): {l}", gates.profile))
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let golden = run(release, tokens, prefill, None)?;
+    let dir = tempfile::Builder::new().prefix("ds41-converter-gate-").tempdir()?;
+    let golden_path = dir.path().join("release.safetensors");
+    golden.write(&golden_path)?;
+    let forced = run(container, &[], prefill, Some(&golden_path))?;
+    let engine = run(container, tokens, prefill, None)?;
+    let replay = compare_replay(&golden, &forced, gates);
+    let end_to_end = compare_traces(&golden, &engine, gates);
+    let mut failures = Vec::new();
+    let judged = [("replay", &replay, true), ("end to end", &end_to_end, judge_end_to_end)];
+    for (what, c, _) in judged.iter().filter(|j| j.2) {
+        if c.failed() {
+            failures.extend(
+                c.failure_summary()
+                    .lines()
+                    .map(|l| format!("forward {what} ({} profile): {l}", gates.profile)),
+            );
+        }
+    }
     Ok(ForwardReport {
         profile: gates.profile.to_string(),
         tokens: tokens.to_vec(),
         prefill,
-        comparison,
+        replay,
+        end_to_end,
+        end_to_end_judged: judge_end_to_end,
         failures,
     })
 }

@@ -168,7 +168,14 @@ pub fn run(
     if let Some(profile) = forward {
         let cfg = release.config();
         let tokens = forward::gate_tokens(g.forward.tokens, cfg.vocab_size);
-        match forward::compare(release_dir, container_dir, &tokens, g.forward.prefill, profile) {
+        match forward::compare(
+            release_dir,
+            container_dir,
+            &tokens,
+            g.forward.prefill,
+            profile,
+            g.forward.judge_end_to_end,
+        ) {
             Ok(f) => {
                 failures.extend(f.failures.iter().cloned());
                 report.forward = Some(f);

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::gates::{check_threshold, ProfileName};
+use crate::gates::{check_threshold, Gates, ProfileName};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -38,6 +38,33 @@ pub struct ForwardSettings {
     pub profile: ProfileName,
     pub tokens: usize,
     pub prefill: usize,
+    /// Whether the end-to-end comparison decides the verdict (false: it is reported only,
+    /// and the teacher-forced replay, which compares every cell, decides).
+    pub judge_end_to_end: bool,
+    /// The profile's teacher-forced per-cell limits, replaced for a container's own
+    /// quantisation (3-bit VQ experts, 4-bit Engram rows).
+    pub replay: ReplayLimits,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayLimits {
+    pub attn_rel_l2: f64,
+    pub moe_rel_l2: f64,
+    pub residual_rel_l2: f64,
+    pub engram_rel_l2: f64,
+}
+
+impl ForwardSettings {
+    /// `profile` with the replay limits replaced.
+    pub fn apply(&self, profile: &Gates) -> Gates {
+        let mut g = profile.clone();
+        g.replay.attn_rel_l2 = self.replay.attn_rel_l2;
+        g.replay.moe_rel_l2 = self.replay.moe_rel_l2;
+        g.replay.residual_rel_l2 = self.replay.residual_rel_l2;
+        g.replay.engram_rel_l2 = self.replay.engram_rel_l2;
+        g
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,6 +105,10 @@ impl ConverterGates {
             ("engram.rel_l2_8bit", g.engram.rel_l2_8bit),
             ("engram.max_steps", g.engram.max_steps),
             ("row_factor", g.row_factor),
+            ("forward.replay.attn_rel_l2", g.forward.replay.attn_rel_l2),
+            ("forward.replay.moe_rel_l2", g.forward.replay.moe_rel_l2),
+            ("forward.replay.residual_rel_l2", g.forward.replay.residual_rel_l2),
+            ("forward.replay.engram_rel_l2", g.forward.replay.engram_rel_l2),
         ];
         for (name, v) in fields {
             check_threshold(name, v).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;

@@ -1,0 +1,159 @@
+//! The converter gate (`ds41 gate converter`) proven on synthetic pairs: the project's own
+//! converter (`ds41 convert`) makes a faithful container of a synthetic release, which passes
+//! (tensor accounting, per-tensor round trip, Engram statements, forward agreement); every
+//! converter defect is refused with the tensor or file it concerns named; bad input is a
+//! typed error naming the file.
+
+use std::path::{Path, PathBuf};
+
+use ds41_conformance::convert::vq::VqParams;
+use ds41_conformance::convert::{convert, ConvertError, ConvertOptions, DEFECTS};
+use ds41_conformance::converter_gate::{self, ConverterGates, ConverterReport};
+use ds41_conformance::gates::GateSet;
+use ds41_synthetic::Layout;
+
+fn gates_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../gates")
+}
+
+fn release(preset: &str, dir: &Path) -> PathBuf {
+    let out = dir.join(format!("{preset}-release"));
+    ds41_synthetic::generate(preset, Layout::Release, 5, &out).unwrap();
+    out
+}
+
+fn gate(rel: &Path, con: &Path, forward: bool) -> ConverterReport {
+    let g = ConverterGates::load(&gates_dir()).unwrap();
+    let profiles = GateSet::load(&gates_dir()).unwrap();
+    let f = forward.then(|| g.forward.apply(profiles.get(g.forward.profile)));
+    converter_gate::run(rel, con, &g, f.as_ref()).unwrap()
+}
+
+/// Fewer k-means iterations: the defects are judged by what they break, not by the fit.
+fn quick() -> ConvertOptions {
+    ConvertOptions {
+        vq: VqParams {
+            iters: 2,
+            ..VqParams::default()
+        },
+        ..ConvertOptions::default()
+    }
+}
+
+#[test]
+fn a_faithful_conversion_passes_with_every_tensor_accounted_for() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rel = release("tiny", tmp.path());
+    let con = tmp.path().join("container");
+    let done = convert(&rel, &con, &ConvertOptions::default()).unwrap();
+    assert!(done.dropped.iter().all(|(n, _)| n.ends_with(".scale")), "{:?}", done.dropped);
+    let r = gate(&rel, &con, true);
+    assert!(r.pass, "{:#?}", r.failures);
+    let a = &r.accounting;
+    assert!(a.unrenamed.is_empty() && a.missing.is_empty() && a.extra.is_empty());
+    assert_eq!(a.real_names, a.renamed_trunk + a.renamed_expert_matrices + a.renamed_engram_tables);
+    assert_eq!(a.real_names + a.scale_companions, a.release_tensors);
+    assert_eq!(a.renamed_expert_matrices, 6 * 4 * 3);
+    let formats: Vec<&str> = r.formats.iter().map(|f| f.format.as_str()).collect();
+    assert_eq!(formats, ["Engram4", "F32", "Q8G", "VQ3R"]);
+    let f32s = r.formats.iter().find(|f| f.format == "F32").unwrap();
+    assert_eq!(f32s.max, 0.0, "F32 holds the release's values exactly");
+    let fwd = r.forward.as_ref().unwrap();
+    assert!(!fwd.replay.failed());
+    // The replay compares every cell: the pass is not vacuous.
+    let residual = fwd.replay.metrics.iter().find(|m| m.name == "residual").unwrap();
+    assert!(residual.text.starts_with("14"), "{}", residual.text);
+    // The figures, for the record (`cargo test -- --nocapture`).
+    for f in &r.formats {
+        eprintln!("{:<8} {:>4} tensors, rel L2 {:.4} .. {:.4} (median {:.4})", f.format, f.tensors, f.min, f.max, f.median);
+    }
+    eprintln!("{:?}", r.experts);
+}
+
+#[test]
+fn mtp_stages_are_dropped_deliberately_and_an_eight_bit_engram_passes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rel = release("window-mtp", tmp.path());
+    let con = tmp.path().join("container");
+    convert(&rel, &con, &ConvertOptions { engram_bits: 8, ..quick() }).unwrap();
+    let r = gate(&rel, &con, false);
+    assert!(r.pass, "{:#?}", r.failures);
+    assert!(!r.accounting.dropped.is_empty());
+    assert!(r.accounting.dropped.iter().all(|d| d.name.starts_with("mtp.")));
+    assert!(r.formats.iter().any(|f| f.format == "Engram8" && f.max < 0.02));
+}
+
+#[test]
+fn every_converter_defect_is_refused_with_its_tensor_named() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rel = release("tiny", tmp.path());
+    // The gate must see the faithful conversion pass with the same settings first.
+    let good = tmp.path().join("good");
+    convert(&rel, &good, &quick()).unwrap();
+    let r = gate(&rel, &good, false);
+    assert!(r.pass, "{:#?}", r.failures);
+    for d in DEFECTS {
+        let con = tmp.path().join(d.name);
+        convert(&rel, &con, &ConvertOptions { defect: Some(d.defect), ..quick() }).unwrap();
+        let r = gate(&rel, &con, false);
+        assert!(!r.pass, "defect `{}` passed the gate", d.name);
+        eprintln!("{}: {}", d.name, r.failures[0]);
+        for want in d.named {
+            assert!(
+                r.failures.iter().any(|f| f.contains(want)),
+                "defect `{}`: no failure names `{want}`:\n{}",
+                d.name,
+                r.failures.join("\n")
+            );
+        }
+    }
+}
+
+#[test]
+fn conversion_is_deterministic_whatever_the_thread_count() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rel = release("tiny", tmp.path());
+    let one = tmp.path().join("one");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    pool.install(|| convert(&rel, &one, &quick())).unwrap();
+    let two = tmp.path().join("two");
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    pool.install(|| convert(&rel, &two, &quick())).unwrap();
+    for f in std::fs::read_dir(&one).unwrap() {
+        let name = f.unwrap().file_name();
+        assert_eq!(
+            std::fs::read(one.join(&name)).unwrap(),
+            std::fs::read(two.join(&name)).unwrap(),
+            "{name:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_input_is_a_typed_error_naming_the_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rel = release("tiny", tmp.path());
+    let con = tmp.path().join("container");
+    convert(&rel, &con, &quick()).unwrap();
+    // Nothing is overwritten.
+    let e = convert(&rel, &con, &quick()).unwrap_err();
+    assert!(matches!(e, ConvertError::OutNotEmpty(_)), "{e}");
+    // A container is not a release.
+    let e = convert(&con, &tmp.path().join("x"), &quick()).unwrap_err();
+    assert!(matches!(e, ConvertError::NotRelease(_)), "{e}");
+    let e = convert(&rel, &tmp.path().join("y"), &ConvertOptions { engram_bits: 3, ..quick() })
+        .unwrap_err();
+    assert!(e.to_string().contains("--engram-bits"), "{e}");
+    // The gate: a missing container, a manifest that is not JSON, a release that is not one.
+    let g = ConverterGates::load(&gates_dir()).unwrap();
+    let missing = tmp.path().join("nowhere");
+    let e = converter_gate::run(&rel, &missing, &g, None).unwrap_err();
+    assert!(format!("{e:#}").contains("nowhere"), "{e:#}");
+    let broken = tmp.path().join("broken");
+    std::fs::create_dir(&broken).unwrap();
+    std::fs::write(broken.join("manifest.json"), "{not json").unwrap();
+    let e = converter_gate::run(&rel, &broken, &g, None).unwrap_err();
+    assert!(format!("{e:#}").contains("manifest.json"), "{e:#}");
+    let e = converter_gate::run(&con, &con, &g, None).unwrap_err();
+    assert!(format!("{e:#}").contains("--release"), "{e:#}");
+}
