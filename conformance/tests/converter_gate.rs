@@ -157,3 +157,49 @@ fn bad_input_is_a_typed_error_naming_the_file() {
     let e = converter_gate::run(&con, &con, &g, None).unwrap_err();
     assert!(format!("{e:#}").contains("--release"), "{e:#}");
 }
+
+#[test]
+fn the_commands_exit_0_1_2_and_report_as_table_or_json() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rel = release("tiny", tmp.path());
+    let ds41 = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_ds41"))
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let s = |p: &Path| p.to_str().unwrap().to_string();
+    let (good, bad) = (tmp.path().join("good"), tmp.path().join("bad"));
+    for (out, defect) in [(&good, None), (&bad, Some("dropped-tensor"))] {
+        let mut args = vec!["convert".to_string(), "--release".into(), s(&rel), "--out".into(), s(out)];
+        args.extend(["--vq-iters".into(), "2".into()]);
+        if let Some(d) = defect {
+            args.extend(["--defect".into(), d.into()]);
+        }
+        let o = ds41(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    }
+    let gates = s(&gates_dir());
+    let run = |con: &Path, json: bool| {
+        let mut a = vec!["gate", "converter", "--no-forward", "--gates", &gates];
+        let (r, c) = (s(&rel), s(con));
+        a.extend(["--release", &r, "--container", &c]);
+        if json {
+            a.push("--json");
+        }
+        ds41(&a)
+    };
+    let o = run(&good, true);
+    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["pass"], true);
+    assert_eq!(v["accounting"]["unrenamed"].as_array().unwrap().len(), 0);
+    let o = run(&bad, false);
+    assert_eq!(o.status.code(), Some(1));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("0 unrenamed") && text.contains("missing 1"), "{text}");
+    assert!(text.contains("`layers.0.attn.wq_b.weight`: missing from the container"), "{text}");
+    let o = run(&tmp.path().join("nowhere"), false);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere"));
+}
