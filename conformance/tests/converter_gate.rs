@@ -46,12 +46,19 @@ fn a_faithful_conversion_passes_with_every_tensor_accounted_for() {
     let rel = release("tiny", tmp.path());
     let con = tmp.path().join("container");
     let done = convert(&rel, &con, &ConvertOptions::default()).unwrap();
-    assert!(done.dropped.iter().all(|(n, _)| n.ends_with(".scale")), "{:?}", done.dropped);
+    assert!(
+        done.dropped.iter().all(|(n, _)| n.ends_with(".scale")),
+        "{:?}",
+        done.dropped
+    );
     let r = gate(&rel, &con, true);
     assert!(r.pass, "{:#?}", r.failures);
     let a = &r.accounting;
     assert!(a.unrenamed.is_empty() && a.missing.is_empty() && a.extra.is_empty());
-    assert_eq!(a.real_names, a.renamed_trunk + a.renamed_expert_matrices + a.renamed_engram_tables);
+    assert_eq!(
+        a.real_names,
+        a.renamed_trunk + a.renamed_expert_matrices + a.renamed_engram_tables
+    );
     assert_eq!(a.real_names + a.scale_companions, a.release_tensors);
     assert_eq!(a.renamed_expert_matrices, 6 * 4 * 3);
     let formats: Vec<&str> = r.formats.iter().map(|f| f.format.as_str()).collect();
@@ -61,11 +68,19 @@ fn a_faithful_conversion_passes_with_every_tensor_accounted_for() {
     let fwd = r.forward.as_ref().unwrap();
     assert!(!fwd.replay.failed());
     // The replay compares every cell: the pass is not vacuous.
-    let residual = fwd.replay.metrics.iter().find(|m| m.name == "residual").unwrap();
+    let residual = fwd
+        .replay
+        .metrics
+        .iter()
+        .find(|m| m.name == "residual")
+        .unwrap();
     assert!(residual.text.starts_with("14"), "{}", residual.text);
     // The figures, for the record (`cargo test -- --nocapture`).
     for f in &r.formats {
-        eprintln!("{:<8} {:>4} tensors, rel L2 {:.4} .. {:.4} (median {:.4})", f.format, f.tensors, f.min, f.max, f.median);
+        eprintln!(
+            "{:<8} {:>4} tensors, rel L2 {:.4} .. {:.4} (median {:.4})",
+            f.format, f.tensors, f.min, f.max, f.median
+        );
     }
     eprintln!("{:?}", r.experts);
 }
@@ -75,12 +90,27 @@ fn mtp_stages_are_dropped_deliberately_and_an_eight_bit_engram_passes() {
     let tmp = tempfile::tempdir().unwrap();
     let rel = release("window-mtp", tmp.path());
     let con = tmp.path().join("container");
-    convert(&rel, &con, &ConvertOptions { engram_bits: 8, ..quick() }).unwrap();
+    convert(
+        &rel,
+        &con,
+        &ConvertOptions {
+            engram_bits: 8,
+            ..quick()
+        },
+    )
+    .unwrap();
     let r = gate(&rel, &con, false);
     assert!(r.pass, "{:#?}", r.failures);
     assert!(!r.accounting.dropped.is_empty());
-    assert!(r.accounting.dropped.iter().all(|d| d.name.starts_with("mtp.")));
-    assert!(r.formats.iter().any(|f| f.format == "Engram8" && f.max < 0.02));
+    assert!(r
+        .accounting
+        .dropped
+        .iter()
+        .all(|d| d.name.starts_with("mtp.")));
+    assert!(r
+        .formats
+        .iter()
+        .any(|f| f.format == "Engram8" && f.max < 0.02));
 }
 
 #[test]
@@ -94,7 +124,15 @@ fn every_converter_defect_is_refused_with_its_tensor_named() {
     assert!(r.pass, "{:#?}", r.failures);
     for d in DEFECTS {
         let con = tmp.path().join(d.name);
-        convert(&rel, &con, &ConvertOptions { defect: Some(d.defect), ..quick() }).unwrap();
+        convert(
+            &rel,
+            &con,
+            &ConvertOptions {
+                defect: Some(d.defect),
+                ..quick()
+            },
+        )
+        .unwrap();
         let r = gate(&rel, &con, false);
         assert!(!r.pass, "defect `{}` passed the gate", d.name);
         eprintln!("{}: {}", d.name, r.failures[0]);
@@ -114,10 +152,16 @@ fn conversion_is_deterministic_whatever_the_thread_count() {
     let tmp = tempfile::tempdir().unwrap();
     let rel = release("tiny", tmp.path());
     let one = tmp.path().join("one");
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
     pool.install(|| convert(&rel, &one, &quick())).unwrap();
     let two = tmp.path().join("two");
-    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(3)
+        .build()
+        .unwrap();
     pool.install(|| convert(&rel, &two, &quick())).unwrap();
     for f in std::fs::read_dir(&one).unwrap() {
         let name = f.unwrap().file_name();
@@ -141,8 +185,15 @@ fn bad_input_is_a_typed_error_naming_the_file() {
     // A container is not a release.
     let e = convert(&con, &tmp.path().join("x"), &quick()).unwrap_err();
     assert!(matches!(e, ConvertError::NotRelease(_)), "{e}");
-    let e = convert(&rel, &tmp.path().join("y"), &ConvertOptions { engram_bits: 3, ..quick() })
-        .unwrap_err();
+    let e = convert(
+        &rel,
+        &tmp.path().join("y"),
+        &ConvertOptions {
+            engram_bits: 3,
+            ..quick()
+        },
+    )
+    .unwrap_err();
     assert!(e.to_string().contains("--engram-bits"), "{e}");
     // The gate: a missing container, a manifest that is not JSON, a release that is not one.
     let g = ConverterGates::load(&gates_dir()).unwrap();
@@ -171,7 +222,13 @@ fn the_commands_exit_0_1_2_and_report_as_table_or_json() {
     let s = |p: &Path| p.to_str().unwrap().to_string();
     let (good, bad) = (tmp.path().join("good"), tmp.path().join("bad"));
     for (out, defect) in [(&good, None), (&bad, Some("dropped-tensor"))] {
-        let mut args = vec!["convert".to_string(), "--release".into(), s(&rel), "--out".into(), s(out)];
+        let mut args = vec![
+            "convert".to_string(),
+            "--release".into(),
+            s(&rel),
+            "--out".into(),
+            s(out),
+        ];
         args.extend(["--vq-iters".into(), "2".into()]);
         if let Some(d) = defect {
             args.extend(["--defect".into(), d.into()]);
@@ -190,15 +247,26 @@ fn the_commands_exit_0_1_2_and_report_as_table_or_json() {
         ds41(&a)
     };
     let o = run(&good, true);
-    assert_eq!(o.status.code(), Some(0), "{}", String::from_utf8_lossy(&o.stdout));
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["pass"], true);
     assert_eq!(v["accounting"]["unrenamed"].as_array().unwrap().len(), 0);
     let o = run(&bad, false);
     assert_eq!(o.status.code(), Some(1));
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.contains("0 unrenamed") && text.contains("missing 1"), "{text}");
-    assert!(text.contains("`layers.0.attn.wq_b.weight`: missing from the container"), "{text}");
+    assert!(
+        text.contains("0 unrenamed") && text.contains("missing 1"),
+        "{text}"
+    );
+    assert!(
+        text.contains("`layers.0.attn.wq_b.weight`: missing from the container"),
+        "{text}"
+    );
     let o = run(&tmp.path().join("nowhere"), false);
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere"));

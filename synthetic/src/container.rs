@@ -560,6 +560,7 @@ pub fn codebook_record(id: usize, entries: &[u16]) -> Vec<u8> {
 /// three kinds' index blocks (`idx[kind][stage][row · (N/8) + vector]`, placed into the
 /// `[ceil(M/64)][N/8][64][stages]` blocking), their f16 row scales, zero padding.
 /// `kinds` are the (M, N) of gate, up, down.
+#[allow(clippy::needless_range_loop)] // index loops mirror the blocking formula
 pub fn expert_record(
     layer: usize,
     expert: usize,

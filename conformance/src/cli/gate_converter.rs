@@ -155,14 +155,21 @@ fn print_report(r: &ConverterReport, g: &ConverterGates) {
                 println!(
                     "  {what}: {}{}; {} decision flips excused",
                     if c.failed() { "FAIL, " } else { "" },
-                    c.first_divergence.as_ref().map_or("no divergence".into(), |d| format!(
-                        "first divergence {}",
-                        d.headline()
-                    )),
+                    c.first_divergence
+                        .as_ref()
+                        .map_or("no divergence".into(), |d| format!(
+                            "first divergence {}",
+                            d.headline()
+                        )),
                     c.excused_flips()
                 );
                 for m in &c.metrics {
-                    println!("    {:<16} {:<8} {}", m.name, format!("{:?}", m.status), m.text);
+                    println!(
+                        "    {:<16} {:<8} {}",
+                        m.name,
+                        format!("{:?}", m.status),
+                        m.text
+                    );
                 }
             }
         }

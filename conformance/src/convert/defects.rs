@@ -98,11 +98,19 @@ impl ConverterDefect {
 impl std::str::FromStr for ConverterDefect {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
-        DEFECTS.iter().find(|d| d.name == s).map(|d| d.defect).ok_or_else(|| {
-            format!(
-                "unknown converter defect `{s}` (known: {})",
-                DEFECTS.iter().map(|d| d.name).collect::<Vec<_>>().join(", ")
-            )
-        })
+        DEFECTS
+            .iter()
+            .find(|d| d.name == s)
+            .map(|d| d.defect)
+            .ok_or_else(|| {
+                format!(
+                    "unknown converter defect `{s}` (known: {})",
+                    DEFECTS
+                        .iter()
+                        .map(|d| d.name)
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
     }
 }

@@ -172,7 +172,10 @@ fn chunk_rows(cols: usize) -> usize {
 
 /// Convert the release in `release` into a new container in `out`.
 pub fn convert(release: &Path, out: &Path, o: &ConvertOptions) -> Result<Converted, ConvertError> {
-    for (field, bits) in [("--trunk-bits", o.trunk_bits), ("--engram-bits", o.engram_bits)] {
+    for (field, bits) in [
+        ("--trunk-bits", o.trunk_bits),
+        ("--engram-bits", o.engram_bits),
+    ] {
         if !matches!(bits, 4 | 8) {
             return Err(ConvertError::Unsupported {
                 field: field.into(),
@@ -219,15 +222,18 @@ pub fn convert(release: &Path, out: &Path, o: &ConvertOptions) -> Result<Convert
     let trunk = write_trunk(ckpt, &names, out, o, &mut done)?;
     let (layers, codebooks) = write_experts(ckpt, &cfg, out, o, &mut done)?;
     let (engram, rows) = write_engram(ckpt, &cfg, release, out, o, &mut done)?;
-    std::fs::write(out.join("codebooks.bin"), &codebooks).map_err(io(&out.join("codebooks.bin")))?;
+    std::fs::write(out.join("codebooks.bin"), &codebooks)
+        .map_err(io(&out.join("codebooks.bin")))?;
     done.files.push("codebooks.bin".into());
 
     let config_path = release.join("config.json");
-    let root: Value = serde_json::from_slice(&std::fs::read(&config_path).map_err(io(&config_path))?)
-        .map_err(|e| ConvertError::Unsupported {
-            field: config_path.display().to_string(),
-            reason: format!("not JSON: {e}"),
-        })?;
+    let root: Value = serde_json::from_slice(
+        &std::fs::read(&config_path).map_err(io(&config_path))?,
+    )
+    .map_err(|e| ConvertError::Unsupported {
+        field: config_path.display().to_string(),
+        reason: format!("not JSON: {e}"),
+    })?;
     let manifest = json!({
         "format_version": 0,
         "arch": "deepseek_v41_text",
@@ -240,7 +246,8 @@ pub fn convert(release: &Path, out: &Path, o: &ConvertOptions) -> Result<Convert
         "engram": engram,
     });
     let path = out.join("manifest.json");
-    std::fs::write(&path, json_py::dumps_with(&manifest, DumpOptions::file(1))).map_err(io(&path))?;
+    std::fs::write(&path, json_py::dumps_with(&manifest, DumpOptions::file(1)))
+        .map_err(io(&path))?;
     done.files.push("manifest.json".into());
     done.files.sort();
     Ok(done)
@@ -257,7 +264,10 @@ fn container_config(root: &Value, cfg: &Config, engram_rows: &[u64]) -> Value {
         top.insert("_outer".into(), root.clone());
     }
     top.insert("num_experts".into(), json!(cfg.n_routed_experts));
-    top.insert("num_experts_per_token".into(), json!(cfg.n_activated_experts));
+    top.insert(
+        "num_experts_per_token".into(),
+        json!(cfg.n_activated_experts),
+    );
     top.insert("num_shared_experts".into(), json!(cfg.n_shared_experts));
     top.insert("moe_renormalize".into(), json!(cfg.norm_topk_prob));
     top.insert("routing_bias_vl".into(), json!(cfg.routing_bias_vl));
@@ -284,7 +294,9 @@ fn write_trunk(
         .collect();
     let mut rest: Vec<String> = names
         .iter()
-        .filter(|n| matches!(release_to_container(n), ContainerName::Trunk(_)) && !order.contains(n))
+        .filter(|n| {
+            matches!(release_to_container(n), ContainerName::Trunk(_)) && !order.contains(n)
+        })
         .cloned()
         .collect();
     rest.sort();
@@ -308,7 +320,12 @@ fn write_trunk(
         let whole_t = if transposed {
             let w = ckpt.tensor_f32(&name)?;
             shape = vec![cols, rows];
-            Some((0..cols).flat_map(|c| (0..rows).map(move |r| (r, c))).map(|(r, c)| w[r * cols + c]).collect::<Vec<f32>>())
+            Some(
+                (0..cols)
+                    .flat_map(|c| (0..rows).map(move |r| (r, c)))
+                    .map(|(r, c)| w[r * cols + c])
+                    .collect::<Vec<f32>>(),
+            )
         } else {
             None
         };
@@ -353,7 +370,9 @@ fn write_trunk(
             }
         }
         if fmt != Fmt::F32 {
-            if o.defect == Some(ConverterDefect::MisScaledTrunk) && name == "layers.1.attn.wo_b.weight" {
+            if o.defect == Some(ConverterDefect::MisScaledTrunk)
+                && name == "layers.1.attn.wo_b.weight"
+            {
                 for s in &mut scales {
                     *s = half::f16::from_f32(2.0 * half::f16::from_bits(*s).to_f32()).to_bits();
                 }
@@ -396,7 +415,10 @@ fn expert_values(
     let w = ckpt.tensor_f32(&name)?;
     if o.defect == Some(ConverterDefect::TransposedExpert) && (l, e, kind) == (0, 1, 2) {
         // The [n, m] transpose, laid out row-major and stored as if it were [m, n].
-        return Ok((0..n).flat_map(|c| (0..m).map(move |r| (r, c))).map(|(r, c)| w[r * n + c]).collect());
+        return Ok((0..n)
+            .flat_map(|c| (0..m).map(move |r| (r, c)))
+            .map(|(r, c)| w[r * n + c])
+            .collect());
     }
     Ok(w)
 }
@@ -436,8 +458,10 @@ fn write_experts(
                         continue;
                     }
                     for v in 0..nv {
-                        if ((e * m + r) * nv + v) % stride == 0 {
-                            train.extend(row[v * VEC_DIM..(v + 1) * VEC_DIM].iter().map(|x| x / rms));
+                        if ((e * m + r) * nv + v).is_multiple_of(stride) {
+                            train.extend(
+                                row[v * VEC_DIM..(v + 1) * VEC_DIM].iter().map(|x| x / rms),
+                            );
                         }
                     }
                 }
@@ -496,7 +520,7 @@ fn write_engram(
         return Ok((manifest, rows_all));
     }
     let dim = cfg.engram_head_dim;
-    if dim % ENGRAM_GROUP != 0 {
+    if !dim.is_multiple_of(ENGRAM_GROUP) {
         return Err(ConvertError::Unsupported {
             field: "engram_head_dim".into(),
             reason: format!("{dim} is not a multiple of the Engram group {ENGRAM_GROUP}"),
@@ -535,13 +559,19 @@ fn write_engram(
             let q = quantise_rows(&buf, cols, cols, ENGRAM_GROUP, bits).map_err(|(r, c)| {
                 ConvertError::Tensor {
                     tensor: name.clone(),
-                    reason: format!("row {} from column {c}: not finite or too large for an f16 scale", first + r),
+                    reason: format!(
+                        "row {} from column {c}: not finite or too large for an f16 scale",
+                        first + r
+                    ),
                 }
             })?;
             let groups = cols / ENGRAM_GROUP;
             for j in 0..n {
                 table.put(&pack_grouped(&q.ints[j * cols..(j + 1) * cols], bits))?;
-                let s: Vec<u8> = q.scales[j * groups..(j + 1) * groups].iter().flat_map(|s| s.to_le_bytes()).collect();
+                let s: Vec<u8> = q.scales[j * groups..(j + 1) * groups]
+                    .iter()
+                    .flat_map(|s| s.to_le_bytes())
+                    .collect();
                 table.put(&s)?;
             }
         }
@@ -596,7 +626,11 @@ fn write_engram(
         "layers": layers,
     });
     let path = out.join("engram.json");
-    std::fs::write(&path, json_py::dumps_with(&engram_json, DumpOptions::file(1))).map_err(io(&path))?;
+    std::fs::write(
+        &path,
+        json_py::dumps_with(&engram_json, DumpOptions::file(1)),
+    )
+    .map_err(io(&path))?;
     done.files.push("engram.json".into());
     let path = out.join("engram-tokmap.bin");
     let bytes: Vec<u8> = map.iter().flat_map(|x| x.to_le_bytes()).collect();

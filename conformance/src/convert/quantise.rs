@@ -36,7 +36,11 @@ pub fn quantise_rows(
 ) -> Result<GroupedRows, (usize, usize)> {
     let rows = values.len() / cols.max(1);
     let groups = padded_cols / group;
-    let (lo, hi) = if bits == 8 { (-128.0, 127.0) } else { (-8.0, 7.0) };
+    let (lo, hi) = if bits == 8 {
+        (-128.0, 127.0)
+    } else {
+        (-8.0, 7.0)
+    };
     let mut out = GroupedRows {
         ints: vec![0; rows * padded_cols],
         scales: vec![0; rows * groups],
@@ -67,7 +71,13 @@ pub fn quantise_rows(
 }
 
 /// The values a [`GroupedRows`] decodes to (CONTAINER.md §3): `int · f32(scale)`.
-pub fn dequantise_row(q: &GroupedRows, r: usize, cols: usize, padded_cols: usize, group: usize) -> Vec<f32> {
+pub fn dequantise_row(
+    q: &GroupedRows,
+    r: usize,
+    cols: usize,
+    padded_cols: usize,
+    group: usize,
+) -> Vec<f32> {
     let groups = padded_cols / group;
     (0..cols)
         .map(|c| {
@@ -84,7 +94,9 @@ mod tests {
     #[test]
     fn round_trip_within_half_a_step_and_padding_is_zero() {
         let cols = 200;
-        let values: Vec<f32> = (0..2 * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let values: Vec<f32> = (0..2 * cols)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0)
+            .collect();
         for bits in [4u8, 8] {
             let q = quantise_rows(&values, cols, 256, 128, bits).unwrap();
             assert_eq!(q.ints.len(), 2 * 256);
@@ -93,7 +105,10 @@ mod tests {
                 let back = dequantise_row(&q, r, cols, 256, 128);
                 for (c, (&b, &v)) in back.iter().zip(&values[r * cols..]).enumerate() {
                     let step = f16::from_bits(q.scales[r * 2 + c / 128]).to_f32();
-                    assert!((b - v).abs() <= 0.5 * step * 1.001, "bits {bits} r {r} c {c}");
+                    assert!(
+                        (b - v).abs() <= 0.5 * step * 1.001,
+                        "bits {bits} r {r} c {c}"
+                    );
                 }
             }
         }

@@ -197,9 +197,15 @@ pub fn encode_matrix(books: &Codebooks, w: &[f32], n: usize) -> EncodedMatrix {
                 })
                 .collect();
             // Least-squares row scale onto the decoded unit-scale row.
-            let (num, den) = row.iter().zip(&decoded).fold((0f64, 0f64), |(a, b), (&x, &q)| {
-                (a + f64::from(x) * f64::from(q), b + f64::from(q) * f64::from(q))
-            });
+            let (num, den) = row
+                .iter()
+                .zip(&decoded)
+                .fold((0f64, 0f64), |(a, b), (&x, &q)| {
+                    (
+                        a + f64::from(x) * f64::from(q),
+                        b + f64::from(q) * f64::from(q),
+                    )
+                });
             let scale = if den > 0.0 { num / den } else { 0.0 };
             (idx, f16::from_f64(scale).to_bits())
         })
@@ -223,15 +229,23 @@ mod tests {
 
     fn data(n: usize, seed: u64) -> Vec<f32> {
         let mut r = SplitMix64::new(seed);
-        (0..n * VEC_DIM).map(|_| r.uniform(-1.0, 1.0) as f32).collect()
+        (0..n * VEC_DIM)
+            .map(|_| r.uniform(-1.0, 1.0) as f32)
+            .collect()
     }
 
     #[test]
     fn fit_is_deterministic_and_thread_count_independent() {
         let train = data(3000, 7);
-        let p = VqParams { iters: 4, ..VqParams::default() };
+        let p = VqParams {
+            iters: 4,
+            ..VqParams::default()
+        };
         let a = Codebooks::fit(&train, &p, "L0.k0");
-        let pool = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap();
         let b = pool.install(|| Codebooks::fit(&train, &p, "L0.k0"));
         assert_eq!(a.stages, b.stages);
         let c = Codebooks::fit(&train, &VqParams { seed: 1, ..p }, "L0.k0");
@@ -248,13 +262,20 @@ mod tests {
             for v in w.chunks_exact(VEC_DIM) {
                 let mut dec = [0f32; VEC_DIM];
                 part.encode(v, &mut dec);
-                d += v.iter().zip(&dec).map(|(a, b)| f64::from(a - b).powi(2)).sum::<f64>();
+                d += v
+                    .iter()
+                    .zip(&dec)
+                    .map(|(a, b)| f64::from(a - b).powi(2))
+                    .sum::<f64>();
             }
             d
         };
         let (e1, e2, e3) = (err_after(1), err_after(2), err_after(3));
         assert!(e1 > e2 && e2 > e3, "{e1} {e2} {e3}");
         let enc = encode_matrix(&books, &w, 64);
-        assert_eq!((enc.idx.len(), enc.idx[0].len(), enc.scales.len()), (3, 64 * 8, 64));
+        assert_eq!(
+            (enc.idx.len(), enc.idx[0].len(), enc.scales.len()),
+            (3, 64 * 8, 64)
+        );
     }
 }

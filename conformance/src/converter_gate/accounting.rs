@@ -56,9 +56,16 @@ impl Accounting {
     pub fn failures(&self) -> Vec<String> {
         let mut out = Vec::new();
         for n in &self.unrenamed {
-            out.push(format!("`{n}`: release tensor with no container name (CONTAINER.md §8)"));
+            out.push(format!(
+                "`{n}`: release tensor with no container name (CONTAINER.md §8)"
+            ));
         }
-        for m in self.missing.iter().chain(&self.extra).chain(&self.shape_mismatch) {
+        for m in self
+            .missing
+            .iter()
+            .chain(&self.extra)
+            .chain(&self.shape_mismatch)
+        {
             out.push(format!("`{}`: {}", m.name, m.why));
         }
         out
@@ -110,8 +117,7 @@ pub fn manifest_places(
                     }
                     None => extra.push(Named {
                         name: name.into(),
-                        why: "container trunk tensor with no release name (CONTAINER.md §8)"
-                            .into(),
+                        why: "container trunk tensor with no release name (CONTAINER.md §8)".into(),
                     }),
                 }
             }

@@ -43,8 +43,9 @@ pub fn check(
     {
         Ok(m) => m,
         Err(e) => {
-            r.failures
-                .push(format!("the release's Engram token map cannot be built: {e}"));
+            r.failures.push(format!(
+                "the release's Engram token map cannot be built: {e}"
+            ));
             return r;
         }
     };
@@ -94,7 +95,11 @@ pub fn check(
         rk.max_ngram_size.to_string(),
         ck.max_ngram_size.to_string(),
     );
-    diff("n_heads".into(), rk.n_heads.to_string(), ck.n_heads.to_string());
+    diff(
+        "n_heads".into(),
+        rk.n_heads.to_string(),
+        ck.n_heads.to_string(),
+    );
     diff(
         "compressed_vocab_size".into(),
         rk.compressed_vocab_size.to_string(),
@@ -122,7 +127,11 @@ pub fn check(
         );
     }
     for (i, (a, b)) in rk.layers.iter().zip(&ck.layers).enumerate() {
-        diff(format!("layers[{i}].layer"), a.layer.to_string(), b.layer.to_string());
+        diff(
+            format!("layers[{i}].layer"),
+            a.layer.to_string(),
+            b.layer.to_string(),
+        );
         diff(
             format!("layers[{i}].multipliers"),
             format!("{:?}", a.multipliers),
@@ -226,7 +235,8 @@ impl StepSource for EngramSteps {
             let at = t.dim * t.bits / 8;
             for c in 0..t.dim {
                 let o = at + 2 * (c / t.group);
-                out[j * t.dim + c] = f16::from_bits(u16::from_le_bytes([row[o], row[o + 1]])).to_f32();
+                out[j * t.dim + c] =
+                    f16::from_bits(u16::from_le_bytes([row[o], row[o + 1]])).to_f32();
             }
         }
         Some(())

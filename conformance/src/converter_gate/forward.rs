@@ -76,7 +76,9 @@ pub fn compare(
     judge_end_to_end: bool,
 ) -> anyhow::Result<ForwardReport> {
     let golden = run(release, tokens, prefill, None)?;
-    let dir = tempfile::Builder::new().prefix("ds41-converter-gate-").tempdir()?;
+    let dir = tempfile::Builder::new()
+        .prefix("ds41-converter-gate-")
+        .tempdir()?;
     let golden_path = dir.path().join("release.safetensors");
     golden.write(&golden_path)?;
     let forced = run(container, &[], prefill, Some(&golden_path))?;
@@ -84,7 +86,10 @@ pub fn compare(
     let replay = compare_replay(&golden, &forced, gates);
     let end_to_end = compare_traces(&golden, &engine, gates);
     let mut failures = Vec::new();
-    let judged = [("replay", &replay, true), ("end to end", &end_to_end, judge_end_to_end)];
+    let judged = [
+        ("replay", &replay, true),
+        ("end to end", &end_to_end, judge_end_to_end),
+    ];
     for (what, c, _) in judged.iter().filter(|j| j.2) {
         if c.failed() {
             failures.extend(

@@ -60,7 +60,10 @@ pub struct ConverterReport {
 /// (compared with the token map, [`engram`]), and the MTP stages may be dropped.
 const CONFIG_EXEMPT: &[&str] = &["engram_pad_id", "engram_pad_is_compressed", "n_mtp_layers"];
 
-fn config_differences(release: &dyn Checkpoint, container: &dyn Checkpoint) -> Vec<(String, String, String)> {
+fn config_differences(
+    release: &dyn Checkpoint,
+    container: &dyn Checkpoint,
+) -> Vec<(String, String, String)> {
     let (Ok(Value::Object(a)), Ok(Value::Object(b))) = (
         serde_json::to_value(release.config()),
         serde_json::to_value(container.config()),
@@ -99,7 +102,8 @@ pub fn run(
     }
     let manifest_path = container_dir.join("manifest.json");
     let manifest: Value = serde_json::from_slice(
-        &std::fs::read(&manifest_path).with_context(|| format!("reading {}", manifest_path.display()))?,
+        &std::fs::read(&manifest_path)
+            .with_context(|| format!("reading {}", manifest_path.display()))?,
     )
     .with_context(|| format!("{}: not JSON", manifest_path.display()))?;
 
@@ -108,7 +112,11 @@ pub fn run(
         accounting::manifest_places(&manifest, release.config().n_routed_experts, &mut notes);
     let accounting = accounting::account(release.as_ref(), &placed, extra);
     let mut failures = accounting.failures();
-    failures.extend(notes.into_iter().map(|n| format!("{}: {n}", manifest_path.display())));
+    failures.extend(
+        notes
+            .into_iter()
+            .map(|n| format!("{}: {n}", manifest_path.display())),
+    );
 
     let mut report = ConverterReport {
         release: release_dir.to_path_buf(),
@@ -131,7 +139,10 @@ pub fn run(
             container_dir.display()
         ),
         Err(e) => {
-            let why = format!("the container reader refuses {}: {e}", container_dir.display());
+            let why = format!(
+                "the container reader refuses {}: {e}",
+                container_dir.display()
+            );
             failures.push(why.clone());
             report.container_refused = Some(why);
             report.failures = failures;

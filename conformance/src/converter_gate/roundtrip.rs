@@ -117,7 +117,13 @@ fn one(
                 nn += y * y;
                 if have_steps {
                     let s = f64::from(s_buf[c]);
-                    let k = if e == 0.0 { 0.0 } else if s > 0.0 { e.abs() / s } else { f64::INFINITY };
+                    let k = if e == 0.0 {
+                        0.0
+                    } else if s > 0.0 {
+                        e.abs() / s
+                    } else {
+                        f64::INFINITY
+                    };
                     max_steps = Some(max_steps.map_or(k, |m: f64| m.max(k)));
                 }
             }
@@ -132,16 +138,18 @@ fn one(
     }
     let rel_l2 = rel(d_all, n_all);
     let row_limit = g.row_factor * limit;
-    let failure = if !(rel_l2 <= limit) {
+    // NaN fails every limit.
+    let over = |x: f64, limit: f64| x.is_nan() || x > limit;
+    let failure = if over(rel_l2, limit) {
         Some(format!("{format} round trip rel L2 {rel_l2:.4} > {limit}"))
-    } else if !(worst <= row_limit) {
+    } else if over(worst, row_limit) {
         Some(format!(
             "{format} row {worst_row} rel L2 {worst:.4} > {row_limit} ({} × the tensor limit)",
             g.row_factor
         ))
     } else {
         match max_steps {
-            Some(k) if !(k <= g.engram.max_steps) => Some(format!(
+            Some(k) if over(k, g.engram.max_steps) => Some(format!(
                 "a value is {k:.2} quantisation steps from the release's (limit {})",
                 g.engram.max_steps
             )),
@@ -267,10 +275,8 @@ pub fn expert_summary(t: &[TensorError]) -> Option<ExpertSummary> {
     if per.is_empty() {
         return None;
     }
-    let mut v: Vec<(f64, (usize, usize))> = per
-        .into_iter()
-        .map(|(k, (d, n))| (rel(d, n), k))
-        .collect();
+    let mut v: Vec<(f64, (usize, usize))> =
+        per.into_iter().map(|(k, (d, n))| (rel(d, n), k)).collect();
     v.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (worst, (l, e)) = v[v.len() - 1];
     Some(ExpertSummary {

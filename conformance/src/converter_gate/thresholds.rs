@@ -107,14 +107,19 @@ impl ConverterGates {
             ("row_factor", g.row_factor),
             ("forward.replay.attn_rel_l2", g.forward.replay.attn_rel_l2),
             ("forward.replay.moe_rel_l2", g.forward.replay.moe_rel_l2),
-            ("forward.replay.residual_rel_l2", g.forward.replay.residual_rel_l2),
-            ("forward.replay.engram_rel_l2", g.forward.replay.engram_rel_l2),
+            (
+                "forward.replay.residual_rel_l2",
+                g.forward.replay.residual_rel_l2,
+            ),
+            (
+                "forward.replay.engram_rel_l2",
+                g.forward.replay.engram_rel_l2,
+            ),
         ];
         for (name, v) in fields {
             check_threshold(name, v).map_err(|e| anyhow::anyhow!("{}: {e}", file.display()))?;
         }
-        if g.forward.tokens == 0 || g.forward.prefill == 0 || g.forward.prefill > g.forward.tokens
-        {
+        if g.forward.tokens == 0 || g.forward.prefill == 0 || g.forward.prefill > g.forward.tokens {
             anyhow::bail!(
                 "{}: field `forward`: prefill {} must be between 1 and tokens {}",
                 file.display(),
@@ -145,10 +150,14 @@ mod tests {
         assert_eq!(g.forward.profile, ProfileName::Quantized);
         let text = std::fs::read_to_string(dir.join(FILE)).unwrap();
         let bad = text.replace("q4g_rel_l2: 0.20", "q4g_rel_l2: -1");
-        let e = ConverterGates::parse(&bad, Path::new("x.yaml")).unwrap_err().to_string();
+        let e = ConverterGates::parse(&bad, Path::new("x.yaml"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("trunk.q4g_rel_l2"), "{e}");
         let bad = text.replace("row_factor:", "row_factr:");
-        let e = ConverterGates::parse(&bad, Path::new("x.yaml")).unwrap_err().to_string();
+        let e = ConverterGates::parse(&bad, Path::new("x.yaml"))
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("row_factr"), "{e}");
     }
 }
