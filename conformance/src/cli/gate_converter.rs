@@ -102,6 +102,12 @@ fn print_report(r: &ConverterReport, g: &ConverterGates) {
                 pct(e.median),
                 e.worst
             );
+            let layers: Vec<String> = e
+                .per_layer
+                .iter()
+                .map(|(l, a, b)| format!("L{l} {}–{}", pct(*a), pct(*b)))
+                .collect();
+            println!("    by layer: {}", layers.join(", "));
         }
         let mut worst: Vec<_> = r.tensors.iter().filter(|t| t.limit > 0.0).collect();
         worst.sort_by(|x, y| (y.rel_l2 / y.limit).total_cmp(&(x.rel_l2 / x.limit)));

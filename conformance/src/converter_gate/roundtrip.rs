@@ -260,6 +260,8 @@ pub struct ExpertSummary {
     pub max: f64,
     /// The expert with the largest error, `layers.L.ffn.experts.E`.
     pub worst: String,
+    /// (layer, min, max) of the per-expert figures, layer by layer.
+    pub per_layer: Vec<(usize, f64, f64)>,
 }
 
 /// Per expert: the rel L2 of its three matrices together.
@@ -279,7 +281,13 @@ pub fn expert_summary(t: &[TensorError]) -> Option<ExpertSummary> {
         per.into_iter().map(|(k, (d, n))| (rel(d, n), k)).collect();
     v.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (worst, (l, e)) = v[v.len() - 1];
+    let mut per_layer: BTreeMap<usize, (f64, f64)> = BTreeMap::new();
+    for &(x, (layer, _)) in &v {
+        let r = per_layer.entry(layer).or_insert((x, x));
+        *r = (r.0.min(x), r.1.max(x));
+    }
     Some(ExpertSummary {
+        per_layer: per_layer.into_iter().map(|(l, (a, b))| (l, a, b)).collect(),
         experts: v.len(),
         min: v[0].0,
         median: v[v.len() / 2].0,
