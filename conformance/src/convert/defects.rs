@@ -21,6 +21,8 @@ pub enum ConverterDefect {
     MisScaledTrunk,
     /// `layers.0.attn.wq_a.weight` is written transposed, with the transposed shape.
     TransposedTrunk,
+    /// `layers.0.attn.wkv.weight` (Q8G) is declared Q4G: its int8 codes are read as nibbles.
+    WrongDtype,
     /// The last token trades Engram compressed ids with the nearest token that has another.
     ShiftedTokenMap,
 }
@@ -77,6 +79,12 @@ pub const DEFECTS: &[DefectInfo] = &[
         name: "transposed-trunk",
         description: "`layers.0.attn.wq_a.weight` is written transposed, with the transposed shape",
         named: &["layers.0.attn.wq_a.weight"],
+    },
+    DefectInfo {
+        defect: ConverterDefect::WrongDtype,
+        name: "wrong-dtype",
+        description: "`layers.0.attn.wkv.weight` is written as Q8G codes but declared Q4G (fmt 3), with the Q4G byte count",
+        named: &["layers.0.attn.wkv.weight"],
     },
     DefectInfo {
         defect: ConverterDefect::ShiftedTokenMap,

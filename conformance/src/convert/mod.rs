@@ -333,7 +333,11 @@ fn write_trunk(
         let off = trunk.len;
         let mut e = Map::new();
         e.insert("name".into(), json!(cname));
-        e.insert("fmt".into(), json!(fmt as u8));
+        let wrong_dtype = o.defect == Some(ConverterDefect::WrongDtype)
+            && name == "layers.0.attn.wkv.weight"
+            && fmt == Fmt::Q8G;
+        let declared = if wrong_dtype { Fmt::Q4G } else { fmt };
+        e.insert("fmt".into(), json!(declared as u8));
         e.insert("off".into(), json!(off));
         e.insert("shape".into(), json!(shape));
         let groups = cols.div_ceil(GROUP);
@@ -364,7 +368,12 @@ fn write_trunk(
                             ),
                         }
                     })?;
-                    trunk.put(&pack_grouped(&q.ints, bits))?;
+                    let mut codes = pack_grouped(&q.ints, bits);
+                    if wrong_dtype {
+                        // Int8 codes where Q4G nibbles are declared: as many bytes as Q4G needs.
+                        codes.truncate(codes.len() / 2);
+                    }
+                    trunk.put(&codes)?;
                     scales.extend(q.scales);
                 }
             }
