@@ -271,3 +271,29 @@ fn the_commands_exit_0_1_2_and_report_as_table_or_json() {
     assert_eq!(o.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&o.stderr).contains("nowhere"));
 }
+
+/// Set the first stored byte of `tensor` in a single-file release to `byte`.
+fn poke(release: &Path, tensor: &str, byte: u8) {
+    let path = release.join("model.safetensors");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let start = header[tensor]["data_offsets"][0].as_u64().unwrap() as usize;
+    bytes[8 + n + start] = byte;
+    std::fs::write(&path, bytes).unwrap();
+}
+
+#[test]
+fn a_failed_conversion_leaves_nothing_behind_and_names_the_tensor() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rel = release("tiny", tmp.path());
+    poke(&rel, "layers.0.attn.wq_a.weight", 0x7F); // e4m3 NaN
+    let out = tmp.path().join("out").join("container");
+    let e = convert(&rel, &out, &quick()).unwrap_err();
+    assert!(
+        matches!(&e, ConvertError::Tensor { tensor, .. } if tensor == "layers.0.attn.wq_a.weight"),
+        "{e}"
+    );
+    let left: Vec<_> = std::fs::read_dir(tmp.path().join("out")).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -34,7 +34,7 @@ use ds41_engine::config::Config;
 use ds41_engine::dsml::json_py::{self, DumpOptions};
 use ds41_engine::model::TokenMap;
 use ds41_synthetic::container::{
-    codebook_record, expert_record, pack_grouped, record_bytes, ENGRAM_GROUP, ENTRIES, GROUP,
+    codebook_record, expert_record, pack_grouped, record_bytes, Fmt, ENGRAM_GROUP, ENTRIES, GROUP,
     INDEX_BLOCK, STAGES, VEC_DIM,
 };
 use serde_json::{json, Map, Value};
@@ -109,13 +109,6 @@ pub struct Converted {
 }
 
 /// Trunk storage of a release tensor (module doc).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Fmt {
-    F32 = 0,
-    Q8G = 2,
-    Q4G = 3,
-}
-
 fn trunk_format(name: &str, shape: &[usize], o: &ConvertOptions) -> Fmt {
     let n: usize = shape.iter().product();
     let hc_fn = name.ends_with("hc_attn_fn") || name.ends_with("hc_ffn_fn");
@@ -194,7 +187,21 @@ pub fn convert(release: &Path, out: &Path, o: &ConvertOptions) -> Result<Convert
             return Err(ConvertError::OutNotEmpty(out.to_path_buf()));
         }
     }
-    std::fs::create_dir_all(out).map_err(io(out))?;
+    // Written into a fresh sibling directory and moved to `out` when complete, so a failed or
+    // interrupted conversion never leaves a partial container under the name asked for.
+    let parent = match out.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let name = out
+        .file_name()
+        .map_or("container".into(), |n| n.to_string_lossy().into_owned());
+    let staging = Staging(parent.join(format!(".{name}.ds41-convert-{}", std::process::id())));
+    // (A directory made by create_dir gets the user's usual permissions, unlike a tempdir.)
+    std::fs::create_dir(&staging.0).map_err(io(&staging.0))?;
+    let final_out = out;
+    let out = staging.0.as_path();
     let ckpt = ckpt.as_ref();
 
     let mut done = Converted {
@@ -250,7 +257,23 @@ pub fn convert(release: &Path, out: &Path, o: &ConvertOptions) -> Result<Convert
         .map_err(io(&path))?;
     done.files.push("manifest.json".into());
     done.files.sort();
+    if final_out.exists() {
+        // Checked empty above; rename(2) does not replace a directory on every platform.
+        std::fs::remove_dir(final_out).map_err(io(final_out))?;
+    }
+    std::fs::rename(&staging.0, final_out).map_err(io(final_out))?;
     Ok(done)
+}
+
+/// A staging directory, removed with its contents unless it was renamed into place.
+struct Staging(PathBuf);
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
 }
 
 /// The manifest `config`: text keys at the top, the HF wrapper under `_outer`, WASTE's
