@@ -33,7 +33,8 @@ fn gate(rel: &Path, con: &Path, forward: bool) -> ConverterReport {
 fn quick() -> ConvertOptions {
     ConvertOptions {
         vq: VqParams {
-            iters: 2,
+            iters: 1,
+            max_train: 2048,
             ..VqParams::default()
         },
         ..ConvertOptions::default()
