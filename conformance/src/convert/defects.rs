@@ -15,6 +15,9 @@ pub enum ConverterDefect {
     MisScaledCodebook,
     /// The first Engram table's rows are rotated by one.
     ShuffledEngram,
+    /// Rows 0 and 1 of the last Engram table trade places (the table's rel L2 stays within
+    /// its limit: only the per-row and per-value checks see it).
+    SwappedEngramRows,
     /// Experts 0 and 1 of the last layer trade records.
     SwappedExperts,
     /// `layers.1.attn.wo_b.weight`'s group scales are written doubled.
@@ -61,6 +64,12 @@ pub const DEFECTS: &[DefectInfo] = &[
         name: "shuffled-engram",
         description: "the first Engram table's rows are rotated by one",
         named: &["engram.embed.weight"],
+    },
+    DefectInfo {
+        defect: ConverterDefect::SwappedEngramRows,
+        name: "swapped-engram-rows",
+        description: "rows 0 and 1 of the last Engram table trade places",
+        named: &["engram.embed.weight", "row"],
     },
     DefectInfo {
         defect: ConverterDefect::SwappedExperts,

@@ -573,17 +573,22 @@ fn write_engram(
         let file = format!("engram-L{l}.bin");
         let mut table = Out::create(out.join(&file))?;
         done.files.push(file);
-        let rotate = t == 0 && o.defect == Some(ConverterDefect::ShuffledEngram);
+        let last = t + 1 == cfg.engram_layer_ids.len();
+        // The release row each container row takes (the defects move some).
+        let source = |r: usize| match o.defect {
+            Some(ConverterDefect::ShuffledEngram) if t == 0 => (r + 1) % rows,
+            Some(ConverterDefect::SwappedEngramRows) if last && r < 2 => 1 - r,
+            _ => r,
+        };
+        let moved = (0..rows.min(2)).any(|r| source(r) != r);
         let step = chunk_rows(cols);
         let mut buf = Vec::new();
         for first in (0..rows).step_by(step) {
             let n = step.min(rows - first);
             buf.resize(n * cols, 0.0);
-            if rotate {
-                // Row r takes the release's row r + 1 (the last takes row 0).
+            if moved {
                 for j in 0..n {
-                    let src = (first + j + 1) % rows;
-                    ckpt.rows_f32(&name, src, &mut buf[j * cols..(j + 1) * cols])?;
+                    ckpt.rows_f32(&name, source(first + j), &mut buf[j * cols..(j + 1) * cols])?;
                 }
             } else {
                 ckpt.rows_f32(&name, first, &mut buf)?;

@@ -144,7 +144,7 @@ fn one(
         Some(format!("{format} round trip rel L2 {rel_l2:.4} > {limit}"))
     } else if over(worst, row_limit) {
         Some(format!(
-            "{format} row {worst_row} rel L2 {worst:.4} > {row_limit} ({} × the tensor limit)",
+            "{format} row {worst_row} rel L2 {worst:.4} > {row_limit:.4} ({} × the tensor limit)",
             g.row_factor
         ))
     } else {
