@@ -18,6 +18,8 @@ pub enum ConverterDefect {
     /// Rows 0 and 1 of the last Engram table trade places (the table's rel L2 stays within
     /// its limit: only the per-row and per-value checks see it).
     SwappedEngramRows,
+    /// Expert 2 of layer 0: a payload byte changes after its CRC-32 was taken.
+    StaleCrc,
     /// Experts 0 and 1 of the last layer trade records.
     SwappedExperts,
     /// `layers.1.attn.wo_b.weight`'s group scales are written doubled.
@@ -70,6 +72,12 @@ pub const DEFECTS: &[DefectInfo] = &[
         name: "swapped-engram-rows",
         description: "rows 0 and 1 of the last Engram table trade places",
         named: &["engram.embed.weight", "row"],
+    },
+    DefectInfo {
+        defect: ConverterDefect::StaleCrc,
+        name: "stale-crc",
+        description: "one payload byte of expert 2 in experts-L0.bin changes after its CRC-32 was taken",
+        named: &["layers.0.ffn.experts.2.", "checksum mismatch"],
     },
     DefectInfo {
         defect: ConverterDefect::SwappedExperts,

@@ -25,7 +25,8 @@ pub mod thresholds;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use ds41_engine::checkpoint::{self, Checkpoint, Layout};
+use ds41_engine::checkpoint::container::ContainerOptions;
+use ds41_engine::checkpoint::{self, Checkpoint, ContainerCheckpoint, Layout};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -132,12 +133,17 @@ pub fn run(
         failures: Vec::new(),
         pass: false,
     };
-    let container = match checkpoint::open(container_dir) {
-        Ok(c) if c.layout() == Layout::Container => c,
-        Ok(_) => anyhow::bail!(
+    if checkpoint::detect_layout(container_dir).ok() == Some(Layout::Release) {
+        anyhow::bail!(
             "{}: --container must be a WASTE container (manifest.json)",
             container_dir.display()
-        ),
+        );
+    }
+    // Every expert record's CRC-32 is checked as it is decoded (WASTE_VERIFY=1).
+    let opened =
+        ContainerCheckpoint::open_with(container_dir, ContainerOptions { verify_crc: true });
+    let container: Box<dyn Checkpoint> = match opened {
+        Ok(c) => Box::new(c),
         Err(e) => {
             let why = format!(
                 "the container reader refuses {}: {e}",
