@@ -8,10 +8,12 @@
 //! 2. Config: the container's config states the release's model (every field the engine
 //!    reads; the pad is compared as a compressed id in step 4, and MTP stages may be dropped).
 //! 3. Round trip ([`roundtrip`]): per tensor (per expert matrix), the container's dequantised
-//!    values against the release's exact dequantisation, judged by the container's storage.
+//!    values against the release's exact dequantisation, judged by the container's storage;
+//!    every expert record's CRC-32 is checked as it is decoded.
 //! 4. Engram ([`engram`]): token map and hash constants identical, tables within their
 //!    quantisation.
-//! 5. Forward ([`forward`]): the two layouts' reference forwards agree in a tolerance profile.
+//! 5. Forward ([`forward`]): the two layouts' reference forwards agree in a tolerance profile
+//!    (teacher-forced replay judged; end to end judged when `gates/converter.yaml` says so).
 //!
 //! Thresholds: `gates/converter.yaml` ([`thresholds`]). Every failure line names the tensor,
 //! file or field.
