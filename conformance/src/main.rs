@@ -35,8 +35,11 @@ enum Command {
     Dspark(cli::dspark::Args),
     /// Benchmark the reference engine (prefill/decode tokens/s, peak RSS) or its kernels.
     Bench(cli::bench::Args),
-    /// Gates computed from an engine's outputs (`spec-window`: does speculation pay in bytes).
+    /// Gates computed from an engine's outputs (`spec-window`: does speculation pay in bytes)
+    /// or a conversion (`converter`: does a container hold the release's weights).
     Gate(cli::gate::Args),
+    /// Convert a release checkpoint into a WASTE v0 container (the project's own converter).
+    Convert(cli::convert::Args),
     /// Tokenize text with a tokenizer.json.
     Tokenize(cli::tokenize::Args),
     /// Write the wide tokenizer corpus (JSON lines).
@@ -96,6 +99,7 @@ fn main() {
         Command::Dspark(a) => cli::dspark::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::Gate(a) => cli::gate::run(a),
+        Command::Convert(a) => cli::convert::run(a),
         Command::Tokenize(a) => cli::tokenize::run(a),
         Command::Corpus(a) => cli::corpus::run(a),
         Command::Render(a) => cli::render::run(a),

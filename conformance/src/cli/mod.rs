@@ -3,10 +3,12 @@
 
 pub mod bench;
 pub mod certify;
+pub mod convert;
 pub mod corpus;
 pub mod dspark;
 pub mod forward;
 pub mod gate;
+pub mod gate_converter;
 pub mod goldens;
 pub mod inspect;
 pub mod parse;
