@@ -60,8 +60,14 @@ pub struct ConverterReport {
 }
 
 /// Config fields a conversion may legitimately change: the pad becomes a compressed id
-/// (compared with the token map, [`engram`]), and the MTP stages may be dropped.
-const CONFIG_EXEMPT: &[&str] = &["engram_pad_id", "engram_pad_is_compressed", "n_mtp_layers"];
+/// (compared with the token map, [`engram`]), and the MTP stages may be dropped (with them
+/// the DSpark arguments, CONTAINER.md §8).
+const CONFIG_EXEMPT: &[&str] = &[
+    "engram_pad_id",
+    "engram_pad_is_compressed",
+    "n_mtp_layers",
+    "dspark",
+];
 
 fn config_differences(
     release: &dyn Checkpoint,
