@@ -42,6 +42,92 @@ pub fn expected_tokens(a: f64, k: usize) -> f64 {
     (0..k).map(|i| a.powi(i as i32)).sum()
 }
 
+/// Draft acceptance measured on a generated DSpark run (docs/TRACE.md "DSpark").
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct MeasuredAcceptance {
+    /// Draft steps scored (those whose block's targets all lie inside the run).
+    pub steps: usize,
+    /// Drafts per step (`dspark_block_size`).
+    pub block: usize,
+    /// Accepted drafts over drafts checked, each step checked until its first rejection.
+    pub per_draft: f64,
+    /// Mean tokens a verify pass over K tokens yields (the real one plus the drafts accepted
+    /// before the first rejection, at most K − 1), for K = 1, 2, …
+    pub tokens_per_pass: Vec<f64>,
+}
+
+/// Score the drafts of a DSpark run: step s follows main position `positions[s]`;
+/// `output_ids[s]` = `[the main model's greedy id, B draft ids]`; draft j is accepted when it
+/// equals the run's token at position p + 1 + j and every draft before it was accepted (what
+/// a greedy verify pass keeps). The run must be the model's own greedy continuation (its next
+/// token is always the model's id), else acceptance means nothing: the first step where it is
+/// not is an error.
+pub fn measured_acceptance(
+    input_ids: &[i64],
+    positions: &[i64],
+    output_ids: &[i64],
+    block: usize,
+    max_k: usize,
+) -> Result<MeasuredAcceptance, String> {
+    let n = input_ids.len();
+    let width = block + 1;
+    if block == 0 || output_ids.len() != positions.len() * width {
+        return Err(format!(
+            "`dspark.output_ids` holds {} ids, {} steps × (block {block} + 1) expected",
+            output_ids.len(),
+            positions.len()
+        ));
+    }
+    let mut accepted_per_step = Vec::new();
+    for (s, &p) in positions.iter().enumerate() {
+        let p = usize::try_from(p).map_err(|_| format!("step {s}: position {p}"))?;
+        let out = &output_ids[s * width..][..width];
+        if p + 1 < n && input_ids[p + 1] != out[0] {
+            return Err(format!(
+                "step {s} (position {p}): the run's next token is {}, the model's greedy id {}:                  not a generated run (make one with `ds41 dspark --generate N`)",
+                input_ids[p + 1],
+                out[0]
+            ));
+        }
+        if p + 1 + block < n {
+            let accepted = (1..=block)
+                .take_while(|&j| out[j] == input_ids[p + 1 + j])
+                .count();
+            accepted_per_step.push(accepted);
+        }
+    }
+    if accepted_per_step.is_empty() {
+        return Err(format!(
+            "no draft step has its {block} targets inside the run ({n} tokens): generate more"
+        ));
+    }
+    let steps = accepted_per_step.len();
+    let checked: usize = accepted_per_step.iter().map(|&a| (a + 1).min(block)).sum();
+    let accepted: usize = accepted_per_step.iter().sum();
+    let tokens_per_pass = (1..=max_k)
+        .map(|k| {
+            let sum: usize = accepted_per_step.iter().map(|&a| 1 + a.min(k - 1)).sum();
+            sum as f64 / steps as f64
+        })
+        .collect();
+    Ok(MeasuredAcceptance {
+        steps,
+        block,
+        per_draft: accepted as f64 / checked.max(1) as f64,
+        tokens_per_pass,
+    })
+}
+
+/// Replace the rows' expected tokens per pass with the measured ones (a K beyond the block
+/// plus one yields no more than the block does).
+pub fn apply_measured(rows: &mut [WindowRow], m: &MeasuredAcceptance) {
+    for r in rows {
+        let e = m.tokens_per_pass[(r.k - 1).min(m.tokens_per_pass.len() - 1)];
+        r.expected_tokens = Some(e);
+        r.pays = Some(e >= r.total_ratio);
+    }
+}
+
 /// The table for K = 1..=max_k over `experts[t][l]` (the routed experts of token t at layer
 /// l). A K longer than the trace gives no row.
 pub fn spec_window(
@@ -193,6 +279,42 @@ pub fn plot(rows: &[WindowRow], title: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn drafts_are_scored_until_the_first_rejection() {
+        // Run 0..10; steps at positions 2, 3, 4 with block 3.
+        let ids: Vec<i64> = (0..10).map(|t| 100 + t).collect();
+        let positions = [2, 3, 4];
+        let out = [
+            103, 104, 105, 999, // both first drafts right, third wrong: 2 accepted
+            104, 999, 106,
+            107, // first draft wrong: 0 accepted (a later match does not count)
+            105, 106, 107, 108, // all 3 accepted
+        ];
+        let m = measured_acceptance(&ids, &positions, &out, 3, 5).unwrap();
+        assert_eq!(m.steps, 3);
+        // checked: 3 + 1 + 3 = 7, accepted 5.
+        assert!((m.per_draft - 5.0 / 7.0).abs() < 1e-12);
+        assert_eq!(m.tokens_per_pass[0], 1.0);
+        assert!((m.tokens_per_pass[1] - (2.0 + 1.0 + 2.0) / 3.0).abs() < 1e-12);
+        assert!((m.tokens_per_pass[3] - (3.0 + 1.0 + 4.0) / 3.0).abs() < 1e-12);
+        assert_eq!(m.tokens_per_pass[4], m.tokens_per_pass[3]);
+        // A step whose targets run past the end is not scored.
+        let m = measured_acceptance(&ids[..8], &positions, &out, 3, 2).unwrap();
+        assert_eq!(m.steps, 2);
+    }
+
+    #[test]
+    fn a_teacher_forced_run_is_refused() {
+        let ids: Vec<i64> = (0..10).map(|t| 100 + t).collect();
+        let e = measured_acceptance(&ids, &[2], &[555, 1, 2, 3], 3, 4).unwrap_err();
+        assert!(
+            e.contains("step 0 (position 2)") && e.contains("--generate"),
+            "{e}"
+        );
+        let e = measured_acceptance(&ids, &[8], &[109, 1, 2, 3], 3, 4).unwrap_err();
+        assert!(e.contains("no draft step"), "{e}");
+    }
 
     /// Two layers, 4 experts of 100 bytes each, trunk+head 1000, nothing per token besides.
     fn weights() -> WeightBytes {

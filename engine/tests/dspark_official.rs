@@ -368,3 +368,49 @@ fn a_golden_of_another_geometry_is_refused() {
         .to_string();
     assert!(err.contains("`dspark.main_hidden` has shape"), "{err}");
 }
+
+#[test]
+fn a_generated_run_feeds_each_step_the_main_models_greedy_id() {
+    let (_dir, model) = model("window-mtp", 4);
+    let prompt = [5u32, 17, 42, 99, 7];
+    let t = ds41_engine::model::dspark::trace::run_and_generate(
+        &model,
+        &Options::default(),
+        &prompt,
+        prompt.len(),
+        None,
+        6,
+    )
+    .unwrap();
+    let ids = t.get("input_ids").unwrap().as_i64();
+    assert_eq!(ids.len(), prompt.len() + 6);
+    assert_eq!(&ids[..prompt.len()], &[5, 17, 42, 99, 7]);
+    let positions = t.get("dspark.positions").unwrap().as_i64();
+    let out = t.get("dspark.output_ids").unwrap();
+    let width = out.shape[1];
+    let out = out.as_i64();
+    assert_eq!(positions.len(), 6);
+    for (s, &p) in positions.iter().enumerate() {
+        let p = p as usize;
+        if p + 1 < ids.len() {
+            assert_eq!(
+                ids[p + 1],
+                out[s * width],
+                "step {s}: the next token is the model's id"
+            );
+        }
+    }
+    // A replay follows its golden and generates nothing.
+    let g = golden("window_mtp_s4", "dspark_p37_d11");
+    let e = ds41_engine::model::dspark::trace::run_and_generate(
+        &model,
+        &Options::default(),
+        &[1, 2],
+        1,
+        Some(&g),
+        1,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("generates none"), "{e}");
+}

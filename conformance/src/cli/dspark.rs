@@ -37,6 +37,10 @@ pub struct Args {
     /// Inject a defect (negative control); repeatable.
     #[arg(long = "defect")]
     pub defects: Vec<String>,
+    /// After the given tokens, decode this many more, each the main model's greedy id: a
+    /// generated run, whose drafts `ds41 gate spec-window --dspark` can score.
+    #[arg(long, default_value_t = 0)]
+    pub generate: usize,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -78,7 +82,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         ..Options::default()
     };
     let model = Model::open(&args.model)?;
-    let t = trace::run(&model, &options, &tokens, prefill, golden.as_ref())?;
+    let t = trace::run_and_generate(
+        &model,
+        &options,
+        &tokens,
+        prefill,
+        golden.as_ref(),
+        args.generate,
+    )?;
     t.write(&args.out)?;
     let drafts = t.i64("dspark.output_ids").map_or(0, |(s, _)| s[0]);
     println!(

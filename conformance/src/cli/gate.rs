@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use anyhow::{bail, Context};
 
 use ds41_conformance::footprint::{footprint, routed_sets, WeightBytes};
-use ds41_conformance::spec_window::{plot, spec_window};
+use ds41_conformance::spec_window::{
+    apply_measured, measured_acceptance, plot, spec_window, MeasuredAcceptance,
+};
 use ds41_conformance::trace::TraceFile;
 
 #[derive(clap::Args)]
@@ -64,9 +66,15 @@ pub struct SpecWindowArgs {
     /// First trace row to use (e.g. the prefill length, to use decode tokens only).
     #[arg(long, default_value_t = 0)]
     pub first_token: usize,
-    /// Per-draft acceptance rate (0..1, e.g. from a DSpark run): say whether speculation pays.
-    #[arg(long)]
+    /// Per-draft acceptance rate (0..1): say whether speculation pays, drafts being accepted
+    /// independently until the first rejection.
+    #[arg(long, conflicts_with = "dspark")]
     pub acceptance: Option<f64>,
+    /// A generated DSpark run (`ds41 dspark --generate N`, or any engine's DSpark trace of its
+    /// own greedy continuation): measure the tokens each verify pass yields and say whether
+    /// speculation pays.
+    #[arg(long)]
+    pub dspark: Option<PathBuf>,
     /// Print the table as JSON.
     #[arg(long)]
     pub json: bool,
@@ -140,7 +148,15 @@ fn spec_window_gate(a: SpecWindowArgs) -> anyhow::Result<i32> {
         );
     }
     let routed = routed_sets(&ids[a.first_token * layers * k..], layers, k);
-    let rows = spec_window(&weights, &routed, a.max_k, a.acceptance);
+    let mut rows = spec_window(&weights, &routed, a.max_k, a.acceptance);
+    let measured = match &a.dspark {
+        Some(path) => {
+            let m = dspark_acceptance(path, a.max_k)?;
+            apply_measured(&mut rows, &m);
+            Some(m)
+        }
+        None => None,
+    };
     if let Some(dir) = &a.report {
         std::fs::create_dir_all(dir)?;
         std::fs::write(
@@ -158,6 +174,12 @@ fn spec_window_gate(a: SpecWindowArgs) -> anyhow::Result<i32> {
         println!("{}", serde_json::to_string_pretty(&rows)?);
         return Ok(0);
     }
+    if let Some(m) = &measured {
+        println!(
+            "DSpark run: {} draft steps of {} scored, per-draft acceptance {:.3}",
+            m.steps, m.block, m.per_draft
+        );
+    }
     println!(
         "{} decode tokens, {layers} layers, top-{k}; one token reads {:.2} MB ({:.2} MB trunk + head)",
         routed.len(),
@@ -171,7 +193,7 @@ fn spec_window_gate(a: SpecWindowArgs) -> anyhow::Result<i32> {
         "experts ratio",
         "tokens needed",
         "drafts accepted",
-        if a.acceptance.is_some() {
+        if a.acceptance.is_some() || measured.is_some() {
             "  expected  pays"
         } else {
             ""
@@ -188,4 +210,33 @@ fn spec_window_gate(a: SpecWindowArgs) -> anyhow::Result<i32> {
         );
     }
     Ok(0)
+}
+
+/// Draft acceptance of a generated DSpark trace ([`measured_acceptance`]).
+fn dspark_acceptance(path: &std::path::Path, max_k: usize) -> anyhow::Result<MeasuredAcceptance> {
+    let trace = TraceFile::read(path).with_context(|| format!("--dspark {}", path.display()))?;
+    let get = |name: &str| {
+        trace.get(name).with_context(|| {
+            format!(
+                "{}: no `{name}` (a DSpark trace, docs/TRACE.md)",
+                path.display()
+            )
+        })
+    };
+    let out = get("dspark.output_ids")?;
+    let &[_, width] = out.shape.as_slice() else {
+        bail!(
+            "{}: `dspark.output_ids` has shape {:?}, expected [steps, block + 1]",
+            path.display(),
+            out.shape
+        );
+    };
+    measured_acceptance(
+        &get("input_ids")?.as_i64(),
+        &get("dspark.positions")?.as_i64(),
+        &out.as_i64(),
+        width.saturating_sub(1),
+        max_k,
+    )
+    .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }

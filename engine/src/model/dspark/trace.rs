@@ -480,6 +480,25 @@ pub fn run(
     prefill: usize,
     replay: Option<&TraceFile>,
 ) -> Result<TraceFile> {
+    run_and_generate(model, options, tokens, prefill, replay, 0)
+}
+
+/// [`run`], then `generate` more decode steps, each fed the main model's greedy (argmax) id
+/// of the step before: the trace's `input_ids` are then the model's own continuation, which
+/// is what measuring draft acceptance needs (`ds41 gate spec-window --dspark`).
+pub fn run_and_generate(
+    model: &Model,
+    options: &Options,
+    tokens: &[u32],
+    prefill: usize,
+    replay: Option<&TraceFile>,
+    generate: usize,
+) -> Result<TraceFile> {
+    if replay.is_some() && generate > 0 {
+        return Err(Error::Model(
+            "DSpark run: a replay follows its golden's tokens and generates none".into(),
+        ));
+    }
     if prefill == 0 || prefill > tokens.len() {
         return Err(Error::Model(format!(
             "DSpark run: prefill {prefill} outside 1..={}",
@@ -496,21 +515,24 @@ pub fn run(
         Some(g) => DraftRecorder::replaying(dims, g),
         None => DraftRecorder::new(dims),
     };
-    session.reserve(tokens.len());
+    let mut tokens = tokens.to_vec();
+    let total = tokens.len() + generate;
+    session.reserve(total);
     let mut start = 0;
-    for (i, chunk) in std::iter::once(&tokens[..prefill])
-        .chain(tokens[prefill..].chunks(1))
-        .enumerate()
-    {
-        if i == 0 {
-            session.prefill(chunk, &mut crate::model::session::Unobserved)?;
+    while start < total {
+        let rows = if start == 0 {
+            session.prefill(&tokens[..prefill], &mut crate::model::session::Unobserved)?;
+            prefill
         } else {
-            session.decode(chunk[0], &mut crate::model::session::Unobserved)?;
-        }
+            session.decode(tokens[start], &mut crate::model::session::Unobserved)?;
+            1
+        };
         let last = super::argmax(session.logits());
-        let rows = chunk.len();
         drafter.step(Chunk { start, rows }, session.main_hidden(), last, &mut rec)?;
         start += rows;
+        if start == tokens.len() && start < total {
+            tokens.push(last);
+        }
     }
     let mut trace = rec.into_trace();
     trace.tensors.insert(
