@@ -22,7 +22,11 @@ fn preprocessing_equals_the_official_pipeline_on_the_png_corpus() {
         report.pillow,
         start.elapsed().as_secs_f64()
     );
-    assert!(report.cases >= 70, "the corpus shrank: {} cases", report.cases);
+    assert!(
+        report.cases >= 70,
+        "the corpus shrank: {} cases",
+        report.cases
+    );
     assert!(
         report.failures.is_empty(),
         "{} of {} cases differ from the official pipeline:\n{}",

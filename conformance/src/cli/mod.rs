@@ -9,6 +9,7 @@ pub mod gate;
 pub mod goldens;
 pub mod inspect;
 pub mod parse;
+pub mod preprocess;
 pub mod render;
 pub mod serve_adapter;
 pub mod synth;

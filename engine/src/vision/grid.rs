@@ -93,7 +93,9 @@ pub fn plan_image_grid(width: usize, height: usize, cfg: &VisionConfig) -> Resul
     if num_image_tokens(n_llm_h, n_llm_w) > cfg.max_n_token {
         (best_height, best_width) = solve_resize_ratio(height, width, cfg);
         (n_llm_h, n_llm_w) = llm_grid(best_height, best_width, cfg);
-        if num_image_tokens(n_llm_h, n_llm_w) > cfg.max_n_token || best_height == 0 || best_width == 0
+        if num_image_tokens(n_llm_h, n_llm_w) > cfg.max_n_token
+            || best_height == 0
+            || best_width == 0
         {
             // The official code asserts here; it cannot happen for the release config.
             return Err(Error::Model(format!(
