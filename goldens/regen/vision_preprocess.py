@@ -218,6 +218,9 @@ def corpus():
     add("rgb8_3000x1999_shrink", [R, W], 3000, 1999, 8, 2, rgb_scene(3000, 1999, 15))
     add("rgb8_1333x2999_shrink", [R], 1333, 2999, 8, 2, rgb_scene(1333, 2999, 16))
     add("rgb8_601x599_odd", [R, S], 601, 599, 8, 2, rgb_scene(601, 599, 17))
+    # tall and shrunk: Pillow 13 resizes these vertically first
+    add("rgb8_900x2500_tall_shrink", [R, W], 900, 2500, 8, 2, rgb_scene(900, 2500, 18))
+    add("rgb8_60x900_tall_shrink", [S], 60, 900, 8, 2, rgb_scene(60, 900, 19))
     # every colour type and bit depth
     add("grey1_97x61", [R, S], 97, 61, 1, 0, grey_scene(97, 61, 1, 20))
     add("grey2_97x61", [R], 97, 61, 2, 0, grey_scene(97, 61, 3, 21))
@@ -379,7 +382,8 @@ def main(argv=None):
             {"name": "image_processor.py", "location": "external", "path": "inference/image_processor.py",
              "sha256": provenance.sha256_file(processor_path)},
         ],
-        outputs=outputs)
+        outputs=outputs,
+        errata={"vision_resampling": "pil", "vision_image_decoding": "png-only", "vision_grey16_clamp": "clamp"})
     return 0
 
 
