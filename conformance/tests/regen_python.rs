@@ -10,6 +10,13 @@
 //! * `regen_python::engram-map-vs-official` — the engine's Engram token map against the
 //!   official engram.py on every tokenizer we have (regen_python/engram_map.rs); needs
 //!   `DS41_OFFICIAL_INFERENCE`, the release `inference/` directory;
+//! * `regen_python::vision-preprocess-random-vs-official` — the engine's image preprocessing
+//!   against the official `image_processor.py` on a fresh random PNG corpus
+//!   (goldens/regen/vision_preprocess.py --random; seed `DS41_VISION_SEED`, default 1), bit for
+//!   bit; needs `DS41_OFFICIAL_INFERENCE`;
+//! * `regen_python::vision-tower-vs-official` — the engine's vision tower and aligner against
+//!   the official `vision.py` on small random weights (regen_python/vision_tower.rs); needs
+//!   `DS41_OFFICIAL_INFERENCE`;
 //! * `regen_python::waste-containers-vs-make_test_container` — `ds41 synth --preset waste-tiny
 //!   --layout container --seed S` against WASTE's `make_test_container.py --ds41 --seed S`,
 //!   seeds 0-3, byte for byte; needs `DS41_WASTE`, a WASTE checkout.
@@ -24,6 +31,8 @@
 mod engram_map;
 #[path = "regen_python/torch_kernels.rs"]
 mod torch_kernels;
+#[path = "regen_python/vision_tower.rs"]
+mod vision_tower;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -75,7 +84,7 @@ fn regen_python() -> Result<PathBuf, String> {
         .map(PathBuf::from)
         .ok_or("SKIPPED: DS41_PYTHON not set (a Python with goldens/regen/requirements.txt)")?;
     let probe = Command::new(&python)
-        .args(["-c", "import torch, tokenizers, safetensors, numpy"])
+        .args(["-c", "import torch, tokenizers, safetensors, numpy, PIL"])
         .output()
         .map_err(|e| format!("DS41_PYTHON={python:?} cannot be run: {e}"))?;
     if !probe.status.success() {
@@ -148,6 +157,37 @@ fn main() {
             Ok(Completion::Completed)
         }),
         Trial::ignorable_test(
+            "regen_python::vision-preprocess-random-vs-official",
+            move || {
+                let Some(py) = need_python()? else {
+                    return Ok(skipped());
+                };
+                let Some(inference) =
+                    std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
+                else {
+                    return Ok(Completion::ignored_with(
+                    "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
+                ));
+                };
+                vision_random_corpus_equals_official(&py, Path::new(&inference))?;
+                Ok(Completion::Completed)
+            },
+        ),
+        Trial::ignorable_test("regen_python::vision-tower-vs-official", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let Some(inference) =
+                std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
+            else {
+                return Ok(Completion::ignored_with(
+                    "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
+                ));
+            };
+            vision_tower::tower_matches_official(&py, Path::new(&inference));
+            Ok(Completion::Completed)
+        }),
+        Trial::ignorable_test(
             "regen_python::waste-containers-vs-make_test_container",
             move || {
                 let Some(py) = need_python()? else {
@@ -210,4 +250,47 @@ fn waste_containers_equal_make_test_container(python: &Path, waste: &Path) -> Re
     } else {
         Err(format!("files differing from make_test_container.py: {bad:?}").into())
     }
+}
+
+/// A random PNG corpus (random sizes, colour types and configs), made and run through the
+/// official `load_image` by goldens/regen/vision_preprocess.py, then checked against the engine.
+fn vision_random_corpus_equals_official(python: &Path, inference: &Path) -> Result<(), Failed> {
+    let seed = std::env::var("DS41_VISION_SEED").unwrap_or_else(|_| "1".into());
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let out = Command::new(python)
+        .args([
+            "-W",
+            "ignore",
+            "goldens/regen/vision_preprocess.py",
+            "--inference",
+        ])
+        .arg(inference)
+        .arg("--out")
+        .arg(tmp.path())
+        .args(["--random", "40", "--seed", &seed])
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("run vision_preprocess.py: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "vision_preprocess.py --random failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let report = ds41_conformance::vision_corpus::check_corpus(tmp.path())?;
+    eprintln!(
+        "random vision corpus (seed {seed}): {} images, {} of {} cases bit-exact",
+        report.images, report.exact, report.cases
+    );
+    if report.cases == 0 || !report.failures.is_empty() {
+        return Err(format!(
+            "{} of {} cases differ:\n{}",
+            report.failures.len(),
+            report.cases,
+            report.failures.join("\n")
+        )
+        .into());
+    }
+    Ok(())
 }

@@ -4,12 +4,14 @@
 //! * [`decode`] — PNG bytes → RGB, as Pillow's `open` + `convert("RGB")`;
 //! * [`grid`] — the pixel size and token grid of an image (upscale, multiples of 14, shrink);
 //! * [`resample`] — Pillow's fixed-point BICUBIC resize;
-//! * [`preprocess`] — `ImageOps.pad` on grey, bf16 normalisation, patches.
+//! * [`preprocess`] — `ImageOps.pad` on grey, bf16 normalisation, patches;
+//! * [`tower`] — the ViT and the aligner (upstream numerics, to rounding).
 
 pub mod decode;
 pub mod grid;
 pub mod preprocess;
 pub mod resample;
+pub mod tower;
 
 pub use grid::{plan_image_grid, GridPlan};
 pub use preprocess::{load_image, preprocess_bytes, preprocess_rgb, ImagePatches};
