@@ -96,6 +96,18 @@ fn regen_python() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// The release `inference/` directory named by `DS41_OFFICIAL_INFERENCE`, or the skip.
+fn official_inference() -> Result<PathBuf, Completion> {
+    std::env::var_os("DS41_OFFICIAL_INFERENCE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            Completion::ignored_with(
+                "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
+            )
+        })
+}
+
 fn main() {
     let args = Arguments::from_args();
     let upstream = std::env::var_os("DS41_UPSTREAM").filter(|v| !v.is_empty());
@@ -136,12 +148,9 @@ fn main() {
             let Some(py) = need_python()? else {
                 return Ok(skipped());
             };
-            let Some(inference) =
-                std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
-            else {
-                return Ok(Completion::ignored_with(
-                    "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
-                ));
+            let inference = match official_inference() {
+                Ok(dir) => dir,
+                Err(skip) => return Ok(skip),
             };
             let var = |v: &str| {
                 std::env::var_os(v)
@@ -150,7 +159,7 @@ fn main() {
             };
             engram_map::engram_map_equals_official(
                 &py,
-                Path::new(&inference),
+                &inference,
                 var("DS41_RELEASE").as_deref(),
                 var("DS41_UPSTREAM").as_deref(),
             );
@@ -162,14 +171,11 @@ fn main() {
                 let Some(py) = need_python()? else {
                     return Ok(skipped());
                 };
-                let Some(inference) =
-                    std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
-                else {
-                    return Ok(Completion::ignored_with(
-                    "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
-                ));
+                let inference = match official_inference() {
+                    Ok(dir) => dir,
+                    Err(skip) => return Ok(skip),
                 };
-                vision_random_corpus_equals_official(&py, Path::new(&inference))?;
+                vision_random_corpus_equals_official(&py, &inference)?;
                 Ok(Completion::Completed)
             },
         ),
@@ -177,14 +183,11 @@ fn main() {
             let Some(py) = need_python()? else {
                 return Ok(skipped());
             };
-            let Some(inference) =
-                std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
-            else {
-                return Ok(Completion::ignored_with(
-                    "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
-                ));
+            let inference = match official_inference() {
+                Ok(dir) => dir,
+                Err(skip) => return Ok(skip),
             };
-            vision_tower::tower_matches_official(&py, Path::new(&inference));
+            vision_tower::tower_matches_official(&py, &inference);
             Ok(Completion::Completed)
         }),
         Trial::ignorable_test(

@@ -133,11 +133,12 @@ fn clip8(sum: i32) -> u8 {
 const HALF: i32 = 1 << (PRECISION_BITS - 1);
 
 /// Pillow 13 runs the vertical pass first when the height shrinks by more than twice what the
-/// width shrinks by (in pixels; a growing width counts negative): `in_h > out_h && in_h − out_h
-/// > 2 · (in_w − out_w)`. Which pass comes first matters: the first pass's output is rounded to
-/// 8 bits. (Pillow ≤ 12 always ran the horizontal pass first. Found by probing Pillow 13.0.0 on
-/// 2,040 size pairs, boundaries included, and consistent with its change log: "if height is
-/// scaled down significantly more than width, resize vertically first".)
+/// width shrinks by (in pixels; a growing width counts negative):
+/// `in_h > out_h && in_h − out_h > 2 · (in_w − out_w)`. Which pass comes first matters: the
+/// first pass's output is rounded to 8 bits. (Pillow ≤ 12 always ran the horizontal pass
+/// first. Found by probing Pillow 13.0.0 on 2,040 size pairs, boundaries included, and
+/// consistent with its change log: "if height is scaled down significantly more than width,
+/// resize vertically first"; goldens/ERRATA.md, `vision_resampling`.)
 fn vertical_first(src: &RgbImage, width: usize, height: usize) -> bool {
     let shrink_h = src.height as i64 - height as i64;
     let shrink_w = src.width as i64 - width as i64;
