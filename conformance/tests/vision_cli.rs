@@ -194,6 +194,18 @@ fn damaged_pngs_never_panic() {
             bad[at] ^= 1 << (next() % 8);
             variants.push(bad);
         }
+        // Damage inside the compressed image data with the chunk's CRC made right again, so
+        // the inflater and the unfilterer see it, not just the CRC check.
+        let idat = good.windows(4).position(|w| w == b"IDAT").unwrap();
+        let len = u32::from_be_bytes(good[idat - 4..idat].try_into().unwrap()) as usize;
+        for _ in 0..150 {
+            let mut bad = good.clone();
+            let at = idat + 4 + next() % len;
+            bad[at] ^= 1 << (next() % 8);
+            let crc = crc32(&bad[idat..idat + 4 + len]);
+            bad[idat + 4 + len..idat + 8 + len].copy_from_slice(&crc.to_be_bytes());
+            variants.push(bad);
+        }
         for bad in variants {
             match ds41_engine::vision::preprocess_bytes(&bad, &path, &cfg) {
                 Ok(_) => seen.0 += 1,
@@ -204,5 +216,6 @@ fn damaged_pngs_never_panic() {
             }
         }
     }
-    assert!(seen.1 > 100, "{seen:?}");
+    assert!(seen.0 > 0 && seen.1 > 100, "(decoded, refused) = {seen:?}");
+    eprintln!("damaged PNGs: (decoded, refused) = {seen:?}");
 }
