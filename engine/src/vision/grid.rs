@@ -66,8 +66,42 @@ fn solve_resize_ratio(height: f64, width: f64, cfg: &VisionConfig) -> (usize, us
     (snap(height), snap(width))
 }
 
+/// Refuse preprocessing fields the planning arithmetic cannot use (the official code would
+/// divide by zero or plan an empty image).
+pub fn check_preprocessing_config(cfg: &VisionConfig) -> Result<()> {
+    let bad = |field: &str, rule: String| {
+        Err(Error::Config {
+            field: format!("vision_config.{field}"),
+            rule,
+        })
+    };
+    if cfg.patch_size == 0 {
+        return bad("patch_size", "must be at least 1".into());
+    }
+    if cfg.downsample_ratio == 0 {
+        return bad("downsample_ratio", "must be at least 1".into());
+    }
+    if cfg.max_n_token < 4 {
+        // The smallest span, one image token: [START] [IMAGE] [NEWLINE] [END].
+        return bad(
+            "max_image_tokens",
+            format!("{} leaves no room for an image", cfg.max_n_token),
+        );
+    }
+    if let Some(r) = cfg.max_wh_ratio {
+        if !(r.is_finite() && r > 0.0) {
+            return bad(
+                "max_wh_ratio",
+                format!("must be a positive number, got {r}"),
+            );
+        }
+    }
+    Ok(())
+}
+
 /// Plan the resize of an image of `width` × `height` pixels (`plan_image_grid` + `safe_resize`).
 pub fn plan_image_grid(width: usize, height: usize, cfg: &VisionConfig) -> Result<GridPlan> {
+    check_preprocessing_config(cfg)?;
     if width == 0 || height == 0 {
         return Err(Error::Model(format!(
             "an image of {width}x{height} pixels has no pixels to plan a grid for"
@@ -111,4 +145,60 @@ pub fn plan_image_grid(width: usize, height: usize, cfg: &VisionConfig) -> Resul
         best_height,
         best_width,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::vision::release_vision_config;
+
+    #[test]
+    fn small_images_are_upscaled_to_the_minimum_pixel_count() {
+        // 1x1: ratio 544, 544x544 -> multiples of 14: 546x546, 39x39 patches, 13x13 tokens.
+        let plan = plan_image_grid(1, 1, &release_vision_config()).unwrap();
+        assert_eq!(
+            (
+                plan.best_width,
+                plan.best_height,
+                plan.n_llm_w,
+                plan.n_llm_h
+            ),
+            (546, 546, 13, 13)
+        );
+        assert_eq!(plan.num_image_tokens(), 13 * 14 + 2);
+    }
+
+    #[test]
+    fn every_plan_fits_the_token_budget() {
+        let cfg = release_vision_config();
+        for (w, h) in [
+            (1, 100_000),
+            (100_000, 1),
+            (4000, 3000),
+            (3000, 4000),
+            (9999, 7),
+            (545, 546),
+        ] {
+            let plan = plan_image_grid(w, h, &cfg).unwrap();
+            assert!(
+                plan.num_image_tokens() <= cfg.max_n_token,
+                "{w}x{h}: {plan:?}"
+            );
+            assert!(plan.best_width % 14 == 0 && plan.best_height % 14 == 0);
+        }
+    }
+
+    #[test]
+    fn unusable_configs_are_refused_by_field() {
+        let mut cfg = release_vision_config();
+        cfg.patch_size = 0;
+        let err = plan_image_grid(10, 10, &cfg).unwrap_err().to_string();
+        assert!(err.contains("vision_config.patch_size"), "{err}");
+        let mut cfg = release_vision_config();
+        cfg.max_wh_ratio = Some(f64::NAN);
+        assert!(plan_image_grid(10, 10, &cfg).is_err());
+        let mut cfg = release_vision_config();
+        cfg.max_n_token = 2;
+        assert!(plan_image_grid(10, 10, &cfg).is_err());
+    }
 }
