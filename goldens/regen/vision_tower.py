@@ -3,8 +3,8 @@
 caller names, never copied here) on small random weights, for a per-block comparison with the
 engine.
 
-Builds `ViT` and `Aligner` under torch's bf16 default dtype (as the official model runs), with
-seeded random weights rounded to bf16, and runs them on the patches the official
+Builds `ViT` and `Aligner` under torch's bf16 default dtype (as the official model runs; or f32
+with --dtype float32, the exact profile's oracle), with seeded random weights rounded to bf16, and runs them on the patches the official
 `image_processor.load_image` makes of the given PNGs. Writes to --out:
   weights.safetensors  the tower by its release names (`vision.*`, `aligner.*`), BF16;
   IMAGE.safetensors    per image: `patches`, `embed`, each block's output `block.B`, `vit`, `aligner`
@@ -36,6 +36,8 @@ def main(argv=None):
     ap.add_argument("--inference", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--dtype", choices=["bfloat16", "float32"], default="bfloat16",
+                    help="torch default dtype: bfloat16 as the official model runs, float32 for the exact profile")
     ap.add_argument("images", nargs="+", type=Path)
     a = ap.parse_args(argv)
     import torch
@@ -44,9 +46,10 @@ def main(argv=None):
     vision = load(a.inference, "vision")
     processor = load(a.inference, "image_processor")
     args = SimpleNamespace(**SMALL)
-    torch.manual_seed(a.seed)
-    torch.set_default_dtype(torch.bfloat16)
+    dtype = getattr(torch, a.dtype)
+    torch.set_default_dtype(dtype)
     vit, aligner = vision.ViT(args), vision.Aligner(args)
+    torch.manual_seed(a.seed)  # after construction: the same weights whatever the dtype
     weights = {}
     with torch.no_grad():
         for prefix, module in (("vision", vit), ("aligner", aligner)):
@@ -66,7 +69,7 @@ def main(argv=None):
         hooks = [b.register_forward_hook(lambda m, i, o: blocks.append(o.detach().clone())) for b in vit.blocks]
         hooks.append(vit.patch_embed.register_forward_hook(lambda m, i, o: embed.append(o.detach().clone())))
         with torch.no_grad():
-            out = vit(patches, n_vit_h, n_vit_w)
+            out = vit(patches.to(dtype), n_vit_h, n_vit_w)
             aligned = aligner(out, n_vit_h, n_vit_w)
         for h in hooks:
             h.remove()

@@ -1,8 +1,9 @@
-//! The vision tower and aligner (MODEL.md §10.2), upstream numerics: what the official
-//! `inference/vision.py` computes with torch's bf16 default dtype. Every tensor torch holds in
-//! bf16 is rounded to bf16 here at the same point (linear outputs, rope, attention, SiLU·up,
-//! residual sums, norms); inside an operation the arithmetic is f32, as torch's CPU kernels do.
-//! Sums run in index order, so results agree with torch to rounding, not bit for bit.
+//! The vision tower and aligner (MODEL.md §10.2) in both numerics profiles. `Upstream` is what
+//! the official `inference/vision.py` computes with torch's bf16 default dtype: every tensor
+//! torch holds in bf16 is rounded to bf16 here at the same point (linear outputs, rope,
+//! attention, SiLU·up, residual sums, norms); `Exact` rounds nothing (the official code under
+//! an f32 default dtype). Reductions are the project's canonical ones (f64 in index order,
+//! MODEL.md §5.4 C2), so results agree with torch to rounding, not bit for bit.
 //!
 //! * ViT: `patch_embed` (Linear 588 → dim), blocks of pre-norm attention with a 2-D
 //!   split-halves rope (head dims `[0, hd/2)` rotate by row·f_i for the first hd/4 frequencies
@@ -14,17 +15,13 @@
 //!   r×r cells in row-major order, each flattened as (channel, kh, kw) → Linear → erf-GELU →
 //!   Linear.
 
-use half::bf16;
-
 use super::preprocess::ImagePatches;
 use crate::config::VisionConfig;
+use crate::model::numerics::{dot_f64_wide, mean_sq_f64};
+use crate::model::Numerics;
 use crate::{Error, Result};
 
 const NORM_EPS: f32 = 1e-6;
-
-fn bf(x: f32) -> f32 {
-    bf16::from_f32(x).to_f32()
-}
 
 /// A linear layer `y = x Wᵀ + b`, weights as f32 values (bf16 in the checkpoint).
 pub struct Linear {
@@ -35,21 +32,15 @@ pub struct Linear {
 }
 
 impl Linear {
-    /// Rows of `x` ([n, in]) → [n, out], each output rounded once to bf16 (the bias is added
-    /// before the rounding, as torch's fused addmm does).
-    fn forward(&self, x: &[f32]) -> Vec<f32> {
+    /// Rows of `x` ([n, in]) → [n, out], each output rounded once (the bias is added before
+    /// the rounding, as torch's fused addmm does).
+    fn forward(&self, x: &[f32], num: Numerics) -> Vec<f32> {
         let n = x.len() / self.in_dim;
         let mut y = Vec::with_capacity(n * self.out_dim);
         for row in x.chunks_exact(self.in_dim) {
             for (o, w) in self.weight.chunks_exact(self.in_dim).enumerate() {
-                let mut acc = 0f32;
-                for (a, b) in row.iter().zip(w) {
-                    acc += a * b;
-                }
-                if let Some(b) = &self.bias {
-                    acc += b[o];
-                }
-                y.push(bf(acc));
+                let bias = self.bias.as_ref().map_or(0.0, |b| f64::from(b[o]));
+                y.push(num.round1((dot_f64_wide(row, w) + bias) as f32));
             }
         }
         y
@@ -67,6 +58,7 @@ pub struct VisionBlock {
 
 pub struct VisionTower {
     pub config: VisionConfig,
+    pub numerics: Numerics,
     pub patch_embed: Linear,
     pub blocks: Vec<VisionBlock>,
     pub norm: Vec<f32>,
@@ -82,13 +74,12 @@ pub struct TowerOutput {
     pub aligner: Vec<f32>,
 }
 
-fn rms_norm(x: &[f32], weight: &[f32]) -> Vec<f32> {
+fn rms_norm(x: &[f32], weight: &[f32], num: Numerics) -> Vec<f32> {
     let dim = weight.len();
     let mut out = Vec::with_capacity(x.len());
     for row in x.chunks_exact(dim) {
-        let ms = row.iter().map(|v| v * v).sum::<f32>() / dim as f32;
-        let r = 1.0 / (ms + NORM_EPS).sqrt();
-        out.extend(row.iter().zip(weight).map(|(v, w)| bf(w * (v * r))));
+        let r = 1.0 / (mean_sq_f64(row) + NORM_EPS).sqrt();
+        out.extend(row.iter().zip(weight).map(|(v, w)| num.round1(w * (v * r))));
     }
     out
 }
@@ -99,6 +90,7 @@ impl VisionTower {
     pub fn load(
         config: &VisionConfig,
         llm_dim: usize,
+        numerics: Numerics,
         tensor: impl Fn(&str) -> Result<Vec<f32>>,
     ) -> Result<VisionTower> {
         let (dim, inter) = (config.dim, config.inter_dim);
@@ -141,6 +133,7 @@ impl VisionTower {
             .collect::<Result<Vec<_>>>()?;
         Ok(VisionTower {
             config: config.clone(),
+            numerics,
             patch_embed: linear("vision.patch_embed.proj", dim, patch, true)?,
             blocks,
             norm: read("vision.norm.weight", dim)?,
@@ -172,12 +165,13 @@ impl VisionTower {
     }
 
     fn attention(&self, block: &VisionBlock, x: &[f32], cos: &[f32], sin: &[f32]) -> Vec<f32> {
+        let num = self.numerics;
         let dim = self.config.dim;
         let heads = self.config.n_heads;
         let hd = dim / heads;
         let half = hd / 2;
         let n = x.len() / dim;
-        let qkv = block.wqkv.forward(&rms_norm(x, &block.norm1));
+        let qkv = block.wqkv.forward(&rms_norm(x, &block.norm1, num), num);
         // q, k rotated and rounded to bf16: [n, heads, hd]
         let rotate = |part: usize| -> Vec<f32> {
             let mut out = vec![0f32; n * dim];
@@ -188,8 +182,8 @@ impl VisionTower {
                     let dst = &mut out[t * dim + h * hd..][..hd];
                     for i in 0..half {
                         let (x1, x2) = (src[i], src[half + i]);
-                        dst[i] = bf(x1 * c[i] - x2 * s[i]);
-                        dst[half + i] = bf(x2 * c[i] + x1 * s[i]);
+                        dst[i] = num.round1(x1 * c[i] - x2 * s[i]);
+                        dst[half + i] = num.round1(x2 * c[i] + x1 * s[i]);
                     }
                 }
             }
@@ -205,7 +199,7 @@ impl VisionTower {
                 let mut max = f32::NEG_INFINITY;
                 for (j, s) in scores.iter_mut().enumerate() {
                     let kj = &k[j * dim + h * hd..][..hd];
-                    *s = qi.iter().zip(kj).map(|(a, b)| a * b).sum::<f32>() * scale;
+                    *s = dot_f64_wide(qi, kj) as f32 * scale;
                     max = max.max(*s);
                 }
                 // torch's CPU flash attention (bf16) sums the f32 exponentials for the
@@ -214,37 +208,38 @@ impl VisionTower {
                 for s in scores.iter_mut() {
                     let e = (*s - max).exp();
                     total += e;
-                    *s = bf(e);
+                    *s = num.round1(e);
                 }
                 for d in 0..hd {
                     let mut acc = 0f32;
                     for (j, p) in scores.iter().enumerate() {
                         acc += p * qkv[j * 3 * dim + 2 * dim + h * hd + d];
                     }
-                    o[i * dim + h * hd + d] = bf(acc / total);
+                    o[i * dim + h * hd + d] = num.round1(acc / total);
                 }
             }
         }
-        block.wo.forward(&o)
+        block.wo.forward(&o, num)
     }
 
     fn mlp(&self, block: &VisionBlock, x: &[f32]) -> Vec<f32> {
+        let num = self.numerics;
         let inter = self.config.inter_dim;
-        let gu = block.w1.forward(&rms_norm(x, &block.norm2));
+        let gu = block.w1.forward(&rms_norm(x, &block.norm2, num), num);
         let mut act = Vec::with_capacity(gu.len() / 2);
         for row in gu.chunks_exact(2 * inter) {
             let (gate, up) = row.split_at(inter);
             for (g, u) in gate.iter().zip(up) {
-                let silu = bf(g / (1.0 + (-g).exp()));
-                act.push(bf(silu * u));
+                let silu = num.round1(g / (1.0 + (-g).exp()));
+                act.push(num.round1(silu * u));
             }
         }
-        block.w2.forward(&act)
+        block.w2.forward(&act, num)
     }
 
     /// `patch_embed` of the patches `[n, 3·p²]`.
     pub fn embed(&self, patches: &[f32]) -> Vec<f32> {
-        self.patch_embed.forward(patches)
+        self.patch_embed.forward(patches, self.numerics)
     }
 
     /// Block `b` on its input `x` (`[n_h · n_w, dim]`, row-major grid): for a whole run, or
@@ -255,10 +250,11 @@ impl VisionTower {
     }
 
     fn block_with(&self, block: &VisionBlock, x: &[f32], cos: &[f32], sin: &[f32]) -> Vec<f32> {
+        let num = self.numerics;
         let a = self.attention(block, x, cos, sin);
-        let x: Vec<f32> = x.iter().zip(&a).map(|(p, q)| bf(p + q)).collect();
+        let x: Vec<f32> = x.iter().zip(&a).map(|(p, q)| num.round1(p + q)).collect();
         let m = self.mlp(block, &x);
-        x.iter().zip(&m).map(|(p, q)| bf(p + q)).collect()
+        x.iter().zip(&m).map(|(p, q)| num.round1(p + q)).collect()
     }
 
     /// Run the tower on one image's patches.
@@ -283,11 +279,12 @@ impl VisionTower {
 
     /// The final RMSNorm of the ViT.
     pub fn final_norm(&self, x: &[f32]) -> Vec<f32> {
-        rms_norm(x, &self.norm)
+        rms_norm(x, &self.norm, self.numerics)
     }
 
     /// The aligner: r×r cells (zero padded), features (channel, kh, kw), two linears.
     pub fn align(&self, vit: &[f32], n_h: usize, n_w: usize) -> Vec<f32> {
+        let num = self.numerics;
         let (dim, r) = (self.config.dim, self.config.downsample_ratio);
         let (cells_h, cells_w) = (n_h.div_ceil(r), n_w.div_ceil(r));
         let mut cells = Vec::with_capacity(cells_h * cells_w * dim * r * r);
@@ -308,9 +305,9 @@ impl VisionTower {
                 }
             }
         }
-        let h = self.aligner_w1.forward(&cells);
-        let g: Vec<f32> = h.iter().map(|&v| bf(gelu_erf(v))).collect();
-        self.aligner_w2.forward(&g)
+        let h = self.aligner_w1.forward(&cells, num);
+        let g: Vec<f32> = h.iter().map(|&v| num.round1(gelu_erf(v))).collect();
+        self.aligner_w2.forward(&g, num)
     }
 }
 
