@@ -118,7 +118,7 @@ fn profile_matches_official(python: &Path, inference: &Path, numerics: Numerics)
         let patches = ds41_engine::vision::load_image(&png, &config).unwrap();
         let ours: Vec<f32> = patches.patches.iter().map(|v| v.to_f32()).collect();
         assert_eq!(ours, f32s(&golden, "patches"), "{name}: patches differ");
-        let got = tower.forward(&patches);
+        let got = tower.forward(&patches).unwrap();
         let mut compared: Vec<(String, &[f32])> = got
             .blocks
             .iter()

@@ -23,15 +23,15 @@ use crate::{Error, Result};
 
 const NORM_EPS: f32 = 1e-6;
 
-/// A linear layer `y = x Wᵀ + b`, weights as f32 values (bf16 in the checkpoint).
-pub struct Linear {
+/// A dense linear layer `y = x Wᵀ + b`, weights as f32 values (bf16 in the checkpoint).
+pub struct VisionLinear {
     pub weight: Vec<f32>,
     pub bias: Option<Vec<f32>>,
     pub out_dim: usize,
     pub in_dim: usize,
 }
 
-impl Linear {
+impl VisionLinear {
     /// Rows of `x` ([n, in]) → [n, out], each output rounded once (the bias is added before
     /// the rounding, as torch's fused addmm does).
     fn forward(&self, x: &[f32], num: Numerics) -> Vec<f32> {
@@ -49,21 +49,21 @@ impl Linear {
 
 pub struct VisionBlock {
     pub norm1: Vec<f32>,
-    pub wqkv: Linear,
-    pub wo: Linear,
+    pub wqkv: VisionLinear,
+    pub wo: VisionLinear,
     pub norm2: Vec<f32>,
-    pub w1: Linear,
-    pub w2: Linear,
+    pub w1: VisionLinear,
+    pub w2: VisionLinear,
 }
 
 pub struct VisionTower {
     pub config: VisionConfig,
     pub numerics: Numerics,
-    pub patch_embed: Linear,
+    pub patch_embed: VisionLinear,
     pub blocks: Vec<VisionBlock>,
     pub norm: Vec<f32>,
-    pub aligner_w1: Linear,
-    pub aligner_w2: Linear,
+    pub aligner_w1: VisionLinear,
+    pub aligner_w2: VisionLinear,
 }
 
 /// The tower's outputs: each block's output `[n, dim]`, the final norm's, the aligner's
@@ -94,6 +94,17 @@ impl VisionTower {
         tensor: impl Fn(&str) -> Result<Vec<f32>>,
     ) -> Result<VisionTower> {
         let (dim, inter) = (config.dim, config.inter_dim);
+        // Heads split the width, and each head's rope pairs halves that split again into rows
+        // and columns.
+        if config.n_heads == 0 || dim % config.n_heads != 0 || (dim / config.n_heads) % 4 != 0 {
+            return Err(Error::Config {
+                field: "vision_config.num_attention_heads".into(),
+                rule: format!(
+                    "{} heads must split hidden_size {dim} into heads of a multiple of 4 dims",
+                    config.n_heads
+                ),
+            });
+        }
         let patch = 3 * config.patch_size * config.patch_size;
         let cell = dim * config.downsample_ratio * config.downsample_ratio;
         let read = |name: &str, len: usize| -> Result<Vec<f32>> {
@@ -106,18 +117,19 @@ impl VisionTower {
             }
             Ok(v)
         };
-        let linear = |name: &str, out_dim: usize, in_dim: usize, bias: bool| -> Result<Linear> {
-            Ok(Linear {
-                weight: read(&format!("{name}.weight"), out_dim * in_dim)?,
-                bias: if bias {
-                    Some(read(&format!("{name}.bias"), out_dim)?)
-                } else {
-                    None
-                },
-                out_dim,
-                in_dim,
-            })
-        };
+        let linear =
+            |name: &str, out_dim: usize, in_dim: usize, bias: bool| -> Result<VisionLinear> {
+                Ok(VisionLinear {
+                    weight: read(&format!("{name}.weight"), out_dim * in_dim)?,
+                    bias: if bias {
+                        Some(read(&format!("{name}.bias"), out_dim)?)
+                    } else {
+                        None
+                    },
+                    out_dim,
+                    in_dim,
+                })
+            };
         let blocks = (0..config.n_layers)
             .map(|b| {
                 let p = format!("vision.blocks.{b}");
@@ -257,8 +269,14 @@ impl VisionTower {
         x.iter().zip(&m).map(|(p, q)| num.round1(p + q)).collect()
     }
 
-    /// Run the tower on one image's patches.
-    pub fn forward(&self, image: &ImagePatches) -> TowerOutput {
+    /// Run the tower on one image's patches (preprocessed with this tower's patch size).
+    pub fn forward(&self, image: &ImagePatches) -> Result<TowerOutput> {
+        if image.patch_size != self.config.patch_size {
+            return Err(Error::Model(format!(
+                "patches of {0}x{0} pixels for a tower with patch size {1}",
+                image.patch_size, self.config.patch_size
+            )));
+        }
         let (n_h, n_w) = image.vit_grid();
         let patches: Vec<f32> = image.patches.iter().map(|v| v.to_f32()).collect();
         let mut x = self.embed(&patches);
@@ -270,11 +288,11 @@ impl VisionTower {
         }
         let vit = self.final_norm(&x);
         let aligner = self.align(&vit, n_h, n_w);
-        TowerOutput {
+        Ok(TowerOutput {
             blocks,
             vit,
             aligner,
-        }
+        })
     }
 
     /// The final RMSNorm of the ViT.
