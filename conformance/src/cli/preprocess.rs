@@ -42,7 +42,7 @@ fn token_types(n_llm_h: usize, n_llm_w: usize) -> Vec<i64> {
     const END: i64 = 3;
     let mut types = vec![START];
     for _ in 0..n_llm_h {
-        types.extend(std::iter::repeat(IMAGE).take(n_llm_w));
+        types.extend(std::iter::repeat_n(IMAGE, n_llm_w));
         types.push(NEWLINE);
     }
     types.push(END);

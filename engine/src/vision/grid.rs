@@ -184,7 +184,7 @@ mod tests {
                 plan.num_image_tokens() <= cfg.max_n_token,
                 "{w}x{h}: {plan:?}"
             );
-            assert!(plan.best_width % 14 == 0 && plan.best_height % 14 == 0);
+            assert!(plan.best_width.is_multiple_of(14) && plan.best_height.is_multiple_of(14));
         }
     }
 

@@ -96,7 +96,10 @@ impl VisionTower {
         let (dim, inter) = (config.dim, config.inter_dim);
         // Heads split the width, and each head's rope pairs halves that split again into rows
         // and columns.
-        if config.n_heads == 0 || dim % config.n_heads != 0 || (dim / config.n_heads) % 4 != 0 {
+        if config.n_heads == 0
+            || !dim.is_multiple_of(config.n_heads)
+            || !(dim / config.n_heads).is_multiple_of(4)
+        {
             return Err(Error::Config {
                 field: "vision_config.num_attention_heads".into(),
                 rule: format!(
