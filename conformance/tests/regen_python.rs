@@ -281,7 +281,7 @@ fn vision_random_corpus_equals_official(python: &Path, inference: &Path) -> Resu
         )
         .into());
     }
-    let report = ds41_conformance::vision_corpus::check_corpus(tmp.path())?;
+    let report = ds41_conformance::vision_goldens::check_corpus(tmp.path())?;
     eprintln!(
         "random vision corpus (seed {seed}): {} images, {} of {} cases bit-exact",
         report.images, report.exact, report.cases

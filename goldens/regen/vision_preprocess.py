@@ -297,11 +297,12 @@ def configs(inference: Path):
     }
 
 
-def import_image_processor(inference: Path):
-    path = inference / "image_processor.py"
+def import_official(inference: Path, name: str):
+    """The release's `inference/NAME.py` as a module, and its path."""
+    path = inference / f"{name}.py"
     if not path.is_file():
-        raise SystemExit(f"vision_preprocess: no image_processor.py in {inference}")
-    spec = importlib.util.spec_from_file_location("ds41_official_image_processor", path)
+        raise SystemExit(f"no {name}.py in {inference}")
+    spec = importlib.util.spec_from_file_location(f"ds41_official_{name}", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module, path
@@ -344,7 +345,7 @@ def main(argv=None):
     import PIL
     import torch
 
-    processor, processor_path = import_image_processor(a.inference)
+    processor, processor_path = import_official(a.inference, "image_processor")
     cfgs = configs(a.inference)
     items = random_corpus(a.random, a.seed) if a.random else corpus()
     (a.out / "images").mkdir(parents=True, exist_ok=True)
