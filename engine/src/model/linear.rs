@@ -863,6 +863,7 @@ pub(crate) mod tests {
     /// dequantised rows) for every storage, rule, row count and thread count.
     #[test]
     fn stored_byte_kernels_match_the_rows_path_bit_for_bit() {
+        use super::super::simd;
         use crate::checkpoint::{DenseDtype, QuantKind};
         let mut rng = Rng::new(11);
         let (out, inp) = (45, 96);
@@ -977,10 +978,16 @@ pub(crate) mod tests {
             let by_view = Linear::load(&view_ckpt, name, kind).unwrap();
             let n_in = by_rows.in_features();
             for numerics in [Numerics::Upstream, Numerics::Exact] {
-                for rows in [1usize, 5] {
+                // 5 and 9 rows: a group of four input rows and a single one (module `matvec`).
+                for rows in [1usize, 5, 9] {
                     let x = random_x(rows, n_in, &mut rng);
                     let mut want = vec![0f32; rows * out];
-                    by_rows.forward(&x, rows, &mut want, numerics).unwrap();
+                    // The baseline copy of the row path against the vector copy (where the
+                    // CPU has one) of the stored-byte path.
+                    simd::force_portable(true);
+                    let r = by_rows.forward(&x, rows, &mut want, numerics);
+                    simd::force_portable(false);
+                    r.unwrap();
                     for threads in [1, 2] {
                         let pool = rayon::ThreadPoolBuilder::new()
                             .num_threads(threads)

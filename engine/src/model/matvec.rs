@@ -21,6 +21,7 @@ use std::cell::Cell;
 
 use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
+use super::simd::{self, Level};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView};
 use crate::dtype::{
     bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, f16_to_f32, E2M1_PAIR_F64, E4M3_F64,
@@ -99,10 +100,29 @@ impl MatVec<'_> {
     }
 
     /// Outputs `first .. first + out.len() / rows`, output-major (`out[i · rows + m]`).
+    ///
+    /// The body is compiled twice, for the target's baseline and with the x86 vector
+    /// extensions of [`simd`], and the copy is chosen at run time; both give the same bits.
     fn task(&self, first: usize, out: &mut [f32]) -> Result<()> {
+        match simd::level() {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `level` reports Avx2 only where the CPU has its features.
+            Level::Avx2 => unsafe { self.task_avx2(first, out) },
+            _ => self.task_body(first, out, Level::Portable),
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn task_avx2(&self, first: usize, out: &mut [f32]) -> Result<()> {
+        self.task_body(first, out, Level::Avx2)
+    }
+
+    #[inline(always)]
+    fn task_body(&self, first: usize, out: &mut [f32], level: Level) -> Result<()> {
         let rows = self.rows;
         if let (1, Source::View(WeightView::Quant(view))) = (rows, &self.source) {
-            self.task_single(*view, first, out);
+            self.task_single(*view, first, out, level);
             return Ok(());
         }
         let nw = out.len() / rows;
@@ -117,18 +137,35 @@ impl MatVec<'_> {
         // Rows ≥ nw of a short last task stay zero and are never written out.
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         let r0 = self.w_first + first;
+        // The baseline (SSE2) has too few registers for GROUP rows' chains: one at a time.
+        let grouped = level == Level::Avx2;
         match self.rule {
             Rule::C1 => {
                 out.fill(0.0);
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
                     self.decode(&row_buf, r0, nw, k0, len, &mut w);
-                    for m in 0..rows {
-                        let mut block = [0f64; TILE];
-                        dot_block(&mut block, self.xs(m, k0, len), &w);
-                        for i in 0..nw {
-                            out[i * rows + m] += block[i] as f32;
+                    // Input rows go GROUP at a time: their chains are independent, so the
+                    // multiply-adds overlap instead of waiting on one chain's latency.
+                    let mut m = 0;
+                    while m < rows {
+                        let mut blocks = [[0f64; TILE]; GROUP];
+                        let n = if grouped && rows - m >= GROUP {
+                            let xs = std::array::from_fn(|j| self.xs(m + j, k0, len));
+                            dot_rows(&mut blocks, xs, &w, level);
+                            GROUP
+                        } else {
+                            let one: &mut [[f64; TILE]; 1] =
+                                (&mut blocks[..1]).try_into().expect("one row");
+                            dot_rows(one, [self.xs(m, k0, len)], &w, level);
+                            1
+                        };
+                        for (j, block) in blocks[..n].iter().enumerate() {
+                            for i in 0..nw {
+                                out[i * rows + m + j] += block[i] as f32;
+                            }
                         }
+                        m += n;
                     }
                 }
                 if self.round_out {
@@ -140,9 +177,30 @@ impl MatVec<'_> {
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
                     self.decode(&row_buf, r0, nw, k0, len, &mut w);
-                    for (m, a) in acc.chunks_exact_mut(TILE).enumerate() {
-                        let a: &mut [f64; TILE] = a.try_into().expect("chunk of TILE");
-                        dot_block(a, self.xs(m, k0, len), &w);
+                    let mut m = 0;
+                    while m < rows {
+                        let n = if grouped && rows - m >= GROUP {
+                            GROUP
+                        } else {
+                            1
+                        };
+                        let a = &mut acc[m * TILE..(m + n) * TILE];
+                        let mut chains = [[0f64; TILE]; GROUP];
+                        for (c, a) in chains.iter_mut().zip(a.chunks_exact(TILE)) {
+                            c.copy_from_slice(a);
+                        }
+                        if n == GROUP {
+                            let xs = std::array::from_fn(|j| self.xs(m + j, k0, len));
+                            dot_rows(&mut chains, xs, &w, level);
+                        } else {
+                            let one: &mut [[f64; TILE]; 1] =
+                                (&mut chains[..1]).try_into().expect("one row");
+                            dot_rows(one, [self.xs(m, k0, len)], &w, level);
+                        }
+                        for (c, a) in chains.iter().zip(a.chunks_exact_mut(TILE)) {
+                            a.copy_from_slice(c);
+                        }
+                        m += n;
                     }
                 }
                 for (m, a) in acc.chunks_exact(TILE).enumerate() {
@@ -169,7 +227,8 @@ impl MatVec<'_> {
     /// A block whose scale could overflow f32 (byte > [`SAFE_SCALE_BYTE`], never in a real
     /// checkpoint), a partial block, or a short last tile in C2 takes the generic block
     /// decode, with the same result.
-    fn task_single(&self, v: QuantView, first: usize, out: &mut [f32]) {
+    #[inline(always)]
+    fn task_single(&self, v: QuantView, first: usize, out: &mut [f32], level: Level) {
         let nw = out.len();
         let r0 = self.w_first + first;
         let x = &self.x[self.x_off..][..self.n_in];
@@ -190,22 +249,32 @@ impl MatVec<'_> {
                         let sum = if safe(r, k0) {
                             let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
                             let part = if fp4 {
-                                fp4_block_sum(
-                                    xb,
-                                    codes[k0 / 2..k0 / 2 + BLOCK / 2]
-                                        .try_into()
-                                        .expect("half block"),
-                                )
+                                let half = codes[k0 / 2..k0 / 2 + BLOCK / 2]
+                                    .try_into()
+                                    .expect("half block");
+                                match level {
+                                    #[cfg(target_arch = "x86_64")]
+                                    // SAFETY: only reached from `task_avx2`.
+                                    Level::Avx2 => unsafe { simd::x86::fp4_block_sum(xb, half) },
+                                    _ => fp4_block_sum(xb, half),
+                                }
                             } else {
-                                fp8_block_sum(xb, codes[k0..k0 + BLOCK].try_into().expect("block"))
+                                let block = codes[k0..k0 + BLOCK].try_into().expect("block");
+                                match level {
+                                    #[cfg(target_arch = "x86_64")]
+                                    // SAFETY: only reached from `task_avx2`.
+                                    Level::Avx2 => unsafe { simd::x86::fp8_block_sum(xb, block) }
+                                        .unwrap_or_else(|| fp8_block_sum(xb, block)),
+                                    _ => fp8_block_sum(xb, block),
+                                }
                             };
                             part * scale(r, k0)
                         } else {
                             let len = BLOCK.min(self.n_in - k0);
                             self.decode(&[], r, 1, k0, len, &mut w);
-                            let mut block = [0f64; TILE];
-                            dot_block(&mut block, &x[k0..k0 + len], &w);
-                            block[0]
+                            let mut block = [[0f64; TILE]];
+                            dot_rows(&mut block, [&x[k0..k0 + len]], &w, level);
+                            block[0][0]
                         };
                         acc += sum as f32;
                     }
@@ -221,13 +290,15 @@ impl MatVec<'_> {
                         let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
                         let base = &v.codes[r0 * row_bytes..][..TILE * row_bytes];
                         if fp4 {
-                            fp4_block_c2(&mut acc, xb, base, row_bytes, k0 / 2, &s);
+                            fp4_block_c2(&mut acc, xb, base, row_bytes, k0 / 2, &s, level);
                         } else {
-                            fp8_block_c2(&mut acc, xb, base, row_bytes, k0, &s);
+                            fp8_block_c2(&mut acc, xb, base, row_bytes, k0, &s, level);
                         }
                     } else {
                         self.decode(&[], r0, nw, k0, len, &mut w);
-                        dot_block(&mut acc, &x[k0..k0 + len], &w);
+                        let mut chains = [acc];
+                        dot_rows(&mut chains, [&x[k0..k0 + len]], &w, level);
+                        acc = chains[0];
                     }
                 }
                 for (o, a) in out.iter_mut().zip(acc) {
@@ -376,7 +447,7 @@ fn scale_at(v: &QuantView, r: usize, k0: usize) -> usize {
 
 /// `Σ x[k] · e4m3(code[k])` over one block, exact in f64, so four partial sums are fine.
 #[inline(always)]
-fn fp8_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK]) -> f64 {
+pub(crate) fn fp8_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK]) -> f64 {
     let mut p = [0f64; 4];
     for (xq, cq) in x.chunks_exact(4).zip(codes.chunks_exact(4)) {
         for l in 0..4 {
@@ -388,7 +459,7 @@ fn fp8_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK]) -> f64 {
 
 /// [`fp8_block_sum`] for packed FP4 (two e2m1 values per byte, low nibble first).
 #[inline(always)]
-fn fp4_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK / 2]) -> f64 {
+pub(crate) fn fp4_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK / 2]) -> f64 {
     let mut p = [0f64; 4];
     for (xq, cq) in x.chunks_exact(4).zip(codes.chunks_exact(2)) {
         let [a, b] = E2M1_PAIR_F64[usize::from(cq[0])];
@@ -411,12 +482,13 @@ fn fp8_block_c2(
     stride: usize,
     at: usize,
     s: &[f64; TILE],
+    level: Level,
 ) {
     let rows: [&[u8; BLOCK]; TILE] =
         std::array::from_fn(|i| base[i * stride + at..][..BLOCK].try_into().expect("block"));
     for (k, &xk) in x.iter().enumerate() {
         for i in 0..TILE {
-            acc[i] += xk * (E4M3_F64[usize::from(rows[i][k])] * s[i]);
+            acc[i] = madd(level, acc[i], xk, E4M3_F64[usize::from(rows[i][k])] * s[i]);
         }
     }
 }
@@ -430,6 +502,7 @@ fn fp4_block_c2(
     stride: usize,
     at: usize,
     s: &[f64; TILE],
+    level: Level,
 ) {
     let rows: [&[u8; BLOCK / 2]; TILE] = std::array::from_fn(|i| {
         base[i * stride + at..][..BLOCK / 2]
@@ -439,19 +512,56 @@ fn fp4_block_c2(
     for (j, xp) in x.chunks_exact(2).enumerate() {
         for i in 0..TILE {
             let [lo, hi] = E2M1_PAIR_F64[usize::from(rows[i][j])];
-            acc[i] += xp[0] * (lo * s[i]);
-            acc[i] += xp[1] * (hi * s[i]);
+            acc[i] = madd(level, acc[i], xp[0], lo * s[i]);
+            acc[i] = madd(level, acc[i], xp[1], hi * s[i]);
         }
     }
 }
 
-/// `acc[i] += x[k] · w[k][i]` for k in increasing order: TILE independent f64 chains.
+/// Input rows whose chains [`dot_rows`] advances together in a prefill.
+const GROUP: usize = 4;
+
+/// `acc[j][i] += x_j[k] · w[k][i]` for k in increasing order, for the input rows `x(j)`:
+/// TILE independent f64 chains per input row.
 #[inline(always)]
-fn dot_block(acc: &mut [f64; TILE], x: &[f64], w: &WeightBlock) {
-    for (&xk, wk) in x.iter().zip(w) {
-        for i in 0..TILE {
-            acc[i] += xk * wk[i];
+fn dot_rows<const R: usize>(
+    acc: &mut [[f64; TILE]; R],
+    xs: [&[f64]; R],
+    w: &WeightBlock,
+    level: Level,
+) {
+    let len = xs[0].len();
+    if len == BLOCK {
+        let xs: [&[f64; BLOCK]; R] = xs.map(|x| x.try_into().expect("full block"));
+        for (k, wk) in w.iter().enumerate() {
+            for j in 0..R {
+                let xk = xs[j][k];
+                for i in 0..TILE {
+                    acc[j][i] = madd(level, acc[j][i], xk, wk[i]);
+                }
+            }
         }
+    } else {
+        for (k, wk) in w.iter().enumerate().take(len) {
+            for j in 0..R {
+                let xk = xs[j][k];
+                for i in 0..TILE {
+                    acc[j][i] = madd(level, acc[j][i], xk, wk[i]);
+                }
+            }
+        }
+    }
+}
+
+/// `acc + x · w`. Both factors are f32 values, so the product is exact in f64 and a fused
+/// multiply-add (used where the CPU has one) rounds once, exactly like the separate
+/// multiply and add: the two copies of a kernel give the same bits.
+#[inline(always)]
+fn madd(level: Level, acc: f64, x: f64, w: f64) -> f64 {
+    if level == Level::Avx2 {
+        x.mul_add(w, acc)
+    } else {
+        acc + x * w
     }
 }
 

@@ -37,6 +37,7 @@ pub mod replay;
 pub mod roles;
 pub mod rope;
 pub mod session;
+pub mod simd;
 pub mod sparse_attention;
 pub mod topk;
 

@@ -125,6 +125,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         numerics: numerics.to_string(),
         index_k: index_k.to_string(),
         threads: rayon::current_num_threads(),
+        simd: ds41_engine::model::simd::level().name().to_string(),
         open_s,
         prefill_tokens: args.prefill,
         prefill_s,
@@ -160,6 +161,8 @@ struct Measurement {
     numerics: String,
     index_k: String,
     threads: usize,
+    /// The kernels' vector level (`DS41_SIMD=portable` forces the baseline).
+    simd: String,
     open_s: f64,
     prefill_tokens: usize,
     prefill_s: f64,
@@ -189,8 +192,8 @@ impl Measurement {
             self.model, self.layout, self.dim, self.layers
         );
         println!(
-            "numerics   {}, index-k {}, threads {}",
-            self.numerics, self.index_k, self.threads
+            "numerics   {}, index-k {}, threads {}, simd {}",
+            self.numerics, self.index_k, self.threads, self.simd
         );
         println!("open       {:.3} s", self.open_s);
         println!(
@@ -280,8 +283,9 @@ fn kernels(args: &Args, numerics: Numerics) -> anyhow::Result<i32> {
         .map(|i| (((i * 7919) % 1000) as f32 / 500.0 - 1.0) * 0.5)
         .collect();
     println!(
-        "linear kernels, weight {D} x {D}, numerics {numerics}, threads {}",
-        rayon::current_num_threads()
+        "linear kernels, weight {D} x {D}, numerics {numerics}, threads {}, simd {}",
+        rayon::current_num_threads(),
+        ds41_engine::model::simd::level().name()
     );
     let kinds = [
         ("FP8 (C1 in upstream)", "w", LinearKind::Fp8),

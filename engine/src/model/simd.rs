@@ -1,0 +1,256 @@
+//! Which vector instruction set the kernels run with, detected once at run time, and the
+//! x86 kernels that use it.
+//!
+//! A kernel either has one body compiled per level (`#[target_feature]`), or a hand-written
+//! vector copy whose operations may be reordered only where MODEL.md §5.4 makes the result
+//! order-free (the exact FP8/FP4 block sums of rule C1). Either way every level gives the same
+//! bits. `DS41_SIMD=portable` forces the baseline copies (to compare, or to rule the vector
+//! paths out when in doubt).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// The target's baseline (SSE2 on x86_64).
+    Portable,
+    /// AVX2, FMA and F16C.
+    Avx2,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Portable => "portable",
+            Level::Avx2 => "avx2",
+        }
+    }
+}
+
+static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
+
+/// Force the baseline copies from now on (`false` lifts it). Tests use it to run both copies
+/// of a kernel; since they give the same bits, a concurrent caller is not disturbed.
+pub fn force_portable(on: bool) {
+    FORCE_PORTABLE.store(on, Ordering::Relaxed);
+}
+
+/// The level the kernels use.
+pub fn level() -> Level {
+    if FORCE_PORTABLE.load(Ordering::Relaxed) {
+        Level::Portable
+    } else {
+        available()
+    }
+}
+
+/// The best level of this CPU, or the baseline when `DS41_SIMD=portable`.
+pub fn available() -> Level {
+    static LEVEL: OnceLock<Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        if std::env::var("DS41_SIMD").as_deref() == Ok("portable") {
+            Level::Portable
+        } else {
+            detected()
+        }
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn detected() -> Level {
+    if is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+    {
+        Level::Avx2
+    } else {
+        Level::Portable
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn detected() -> Level {
+    Level::Portable
+}
+
+/// C1 block sums on release FP8/FP4 codes with AVX2.
+///
+/// An e4m3 code's magnitude bits moved under an IEEE half's exponent give a half equal to the
+/// code's value times 2^−8, subnormal codes included; an e2m1 nibble likewise gives its value
+/// times 2^−14. F16C widens eight halves to f32 at once (exactly), so no table lookup is made
+/// per weight. Every product `x · value · 2^−s` is exact in f64 and so is their sum (the C1
+/// argument in `linear`), so the lanes may add in any order, and multiplying the sum by 2^s
+/// gives exactly the portable kernel's block sum.
+#[cfg(target_arch = "x86_64")]
+pub mod x86 {
+    use super::super::quant::BLOCK;
+    use std::arch::x86_64::*;
+
+    /// `Σ x[k] · e4m3(code[k])`, or `None` if a code is NaN (left to the table path).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn fp8_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK]) -> Option<f64> {
+        let c = _mm256_loadu_si256(codes.as_ptr().cast());
+        let mag = _mm256_and_si256(c, _mm256_set1_epi8(0x7F));
+        if _mm256_movemask_epi8(_mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F))) != 0 {
+            return None;
+        }
+        let mut acc = [_mm256_setzero_pd(); 4];
+        for (h, bytes) in [_mm256_castsi256_si128(c), _mm256_extracti128_si256::<1>(c)]
+            .into_iter()
+            .enumerate()
+        {
+            let w = _mm256_cvtepu8_epi16(bytes);
+            let half = _mm256_or_si256(
+                _mm256_and_si256(_mm256_slli_epi16::<7>(w), _mm256_set1_epi16(0x3F80)),
+                _mm256_and_si256(_mm256_slli_epi16::<8>(w), _mm256_set1_epi16(i16::MIN)),
+            );
+            let k = 16 * h;
+            madd8(&mut acc[..2], x, k, _mm256_castsi256_si128(half));
+            madd8(&mut acc[2..], x, k + 8, _mm256_extracti128_si256::<1>(half));
+        }
+        Some(sum(acc) * 256.0)
+    }
+
+    /// `Σ x[k] · e2m1(nibble k)` over a block of packed FP4 (low nibble first).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn fp4_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK / 2]) -> f64 {
+        let w = _mm256_cvtepu8_epi16(_mm_loadu_si128(codes.as_ptr().cast()));
+        let half = |n: __m256i| {
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_slli_epi16::<9>(n), _mm256_set1_epi16(0x0E00)),
+                _mm256_and_si256(_mm256_slli_epi16::<12>(n), _mm256_set1_epi16(i16::MIN)),
+            )
+        };
+        let lo = half(_mm256_and_si256(w, _mm256_set1_epi16(0xF)));
+        let hi = half(_mm256_srli_epi16::<4>(w));
+        // Interleaving within each 128-bit lane puts columns 0..8 and 16..24 in `a`, 8..16
+        // and 24..32 in `b`.
+        let a = _mm256_unpacklo_epi16(lo, hi);
+        let b = _mm256_unpackhi_epi16(lo, hi);
+        let mut acc = [_mm256_setzero_pd(); 4];
+        madd8(&mut acc[..2], x, 0, _mm256_castsi256_si128(a));
+        madd8(&mut acc[2..], x, 8, _mm256_castsi256_si128(b));
+        madd8(&mut acc[..2], x, 16, _mm256_extracti128_si256::<1>(a));
+        madd8(&mut acc[2..], x, 24, _mm256_extracti128_si256::<1>(b));
+        sum(acc) * 16384.0
+    }
+
+    /// `acc += x[k..k + 8] · halves` (eight halves widened to f64), two lanes of four.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn madd8(acc: &mut [__m256d], x: &[f64; BLOCK], k: usize, halves: __m128i) {
+        let f = _mm256_cvtph_ps(halves);
+        let xs = x[k..k + 8].as_ptr();
+        acc[0] = _mm256_fmadd_pd(
+            _mm256_loadu_pd(xs),
+            _mm256_cvtps_pd(_mm256_castps256_ps128(f)),
+            acc[0],
+        );
+        acc[1] = _mm256_fmadd_pd(
+            _mm256_loadu_pd(xs.add(4)),
+            _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(f)),
+            acc[1],
+        );
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn sum(acc: [__m256d; 4]) -> f64 {
+        let v = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
+        let pair = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
+        _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)))
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::super::matvec::{fp4_block_sum, fp8_block_sum};
+    use super::super::quant::BLOCK;
+    use super::{available, x86, Level};
+
+    /// Inputs of the kind C1 sums: e4m3 values times one power of two per block (an FP8
+    /// act-quant). With a scale per value instead the sum is not exact and the two orders
+    /// differ (seen: one ulp), which is why only C1 reorders.
+    fn quantised_inputs(seed: u64) -> [f64; BLOCK] {
+        let mut s = seed;
+        let scale = 2f64.powi((seed % 40) as i32 - 20);
+        std::array::from_fn(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let code = (s >> 33) as u8;
+            let v = crate::dtype::e4m3_to_f32(if code & 0x7F == 0x7F { 0x7E } else { code });
+            f64::from(v) * scale
+        })
+    }
+
+    #[test]
+    fn vector_block_sums_equal_the_table_kernels_on_every_code() {
+        if available() != Level::Avx2 {
+            eprintln!("skipped: this CPU lacks AVX2/FMA/F16C");
+            return;
+        }
+        for seed in 0..64u64 {
+            let x = quantised_inputs(seed);
+            // Every code appears at every column across the seeds' rotations.
+            let fp8: [u8; BLOCK] = std::array::from_fn(|k| (k as u64 * 8 + seed * 37) as u8);
+            let fp4: [u8; BLOCK / 2] = std::array::from_fn(|k| (k as u64 * 17 + seed * 5) as u8);
+            // SAFETY: AVX2, FMA and F16C were detected above.
+            let (got8, got4) =
+                unsafe { (x86::fp8_block_sum(&x, &fp8), x86::fp4_block_sum(&x, &fp4)) };
+            if fp8.iter().any(|c| c & 0x7F == 0x7F) {
+                assert_eq!(got8, None, "seed {seed}: a NaN code is left to the table");
+            } else {
+                assert_eq!(
+                    got8.map(f64::to_bits),
+                    Some(fp8_block_sum(&x, &fp8).to_bits()),
+                    "seed {seed}"
+                );
+            }
+            assert_eq!(
+                got4.to_bits(),
+                fp4_block_sum(&x, &fp4).to_bits(),
+                "seed {seed}"
+            );
+        }
+    }
+
+    #[test]
+    fn each_e4m3_code_alone_gives_its_value() {
+        if available() != Level::Avx2 {
+            eprintln!("skipped: this CPU lacks AVX2/FMA/F16C");
+            return;
+        }
+        for code in 0..=255u8 {
+            if code & 0x7F == 0x7F {
+                continue;
+            }
+            for k in [0, 7, 8, 15, 16, 31] {
+                let mut codes = [0u8; BLOCK];
+                codes[k] = code;
+                let mut x = [0f64; BLOCK];
+                x[k] = 1.0;
+                // SAFETY: AVX2, FMA and F16C were detected above.
+                let got = unsafe { x86::fp8_block_sum(&x, &codes) }.unwrap();
+                let want = f64::from(crate::dtype::e4m3_to_f32(code));
+                assert_eq!(got, want, "code {code:#04x} at column {k}");
+                if code < 16 {
+                    let mut packed = [0u8; BLOCK / 2];
+                    packed[k / 2] = if k % 2 == 0 { code } else { code << 4 };
+                    // SAFETY: as above.
+                    let got = unsafe { x86::fp4_block_sum(&x, &packed) };
+                    let want = f64::from(crate::dtype::e2m1_pair(code)[0]);
+                    assert_eq!(got, want, "nibble {code} at column {k}");
+                }
+            }
+        }
+    }
+}
