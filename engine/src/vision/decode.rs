@@ -11,7 +11,8 @@
 //!   change nothing.
 //!
 //! JPEG and the other formats Pillow reads are refused by name: decoders of lossy formats
-//! differ in their last bits (goldens/ERRATA.md, `vision-jpeg-decoders-differ`).
+//! differ in their last bits (goldens/ERRATA.md, `vision_image_decoding`;
+//! 16-bit grey: `vision_grey16_clamp`).
 
 use std::io::Cursor;
 use std::path::Path;
