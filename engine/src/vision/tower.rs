@@ -16,6 +16,7 @@
 //!   Linear.
 
 use super::preprocess::ImagePatches;
+use crate::checkpoint::Checkpoint;
 use crate::config::VisionConfig;
 use crate::model::numerics::{dot_f64_wide, mean_sq_f64};
 use crate::model::Numerics;
@@ -155,6 +156,22 @@ impl VisionTower {
             aligner_w1: linear("aligner.w1", llm_dim, cell, true)?,
             aligner_w2: linear("aligner.w2", llm_dim, llm_dim, true)?,
         })
+    }
+
+    /// The tower of a checkpoint in either layout (tensors by their canonical release names:
+    /// a container's `vision_tower.*` / `mm_projector.*` are mapped onto `vision.*` /
+    /// `aligner.*`), with the language model's width from its config.
+    pub fn from_checkpoint(ckpt: &dyn Checkpoint, numerics: Numerics) -> Result<VisionTower> {
+        let config = ckpt.config();
+        let vision = config
+            .vision
+            .as_ref()
+            .filter(|v| v.n_layers > 0)
+            .ok_or_else(|| Error::Config {
+                field: "vision_config.num_hidden_layers".into(),
+                rule: "the checkpoint has no vision tower".into(),
+            })?;
+        VisionTower::load(vision, config.dim, numerics, |name| ckpt.tensor_f32(name))
     }
 
     /// cos and sin `[n, hd/2]` of the 2-D rope for an `n_h × n_w` grid (`get_vision_cos_sin`).
