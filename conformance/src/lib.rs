@@ -16,6 +16,8 @@ pub const CONTRACT_VERSION: &str = "1.2.0";
 
 pub mod case;
 pub mod compare;
+pub mod convert;
+pub mod converter_gate;
 pub mod embedded;
 pub mod engine_api;
 pub mod engine_process;

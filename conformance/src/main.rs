@@ -32,8 +32,11 @@ enum Command {
     Forward(cli::forward::Args),
     /// Benchmark the reference engine (prefill/decode tokens/s, peak RSS) or its kernels.
     Bench(cli::bench::Args),
-    /// Gates computed from an engine's outputs (`spec-window`: does speculation pay in bytes).
+    /// Gates computed from an engine's outputs (`spec-window`: does speculation pay in bytes)
+    /// or a conversion (`converter`: does a container hold the release's weights).
     Gate(cli::gate::Args),
+    /// Convert a release checkpoint into a WASTE v0 container (the project's own converter).
+    Convert(cli::convert::Args),
     /// Tokenize text with a tokenizer.json.
     Tokenize(cli::tokenize::Args),
     /// Write the wide tokenizer corpus (JSON lines).
@@ -94,6 +97,7 @@ fn main() {
         Command::Forward(a) => cli::forward::run(a),
         Command::Bench(a) => cli::bench::run(a),
         Command::Gate(a) => cli::gate::run(a),
+        Command::Convert(a) => cli::convert::run(a),
         Command::Tokenize(a) => cli::tokenize::run(a),
         Command::Corpus(a) => cli::corpus::run(a),
         Command::Render(a) => cli::render::run(a),

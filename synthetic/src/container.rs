@@ -528,6 +528,90 @@ fn put_u16(b: &mut [u8], at: usize, v: u16) {
     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
 }
 
+/// Q8G (`bits` 8: two's-complement bytes) or Q4G (`bits` 4: nibble = v + 8, low nibble
+/// first) codes of whole padded rows (CONTAINER.md §3).
+pub fn pack_grouped(ints: &[i8], bits: u8) -> Vec<u8> {
+    if bits == 8 {
+        ints.iter().map(|&x| x as u8).collect()
+    } else {
+        ints.chunks(2)
+            .map(|p| {
+                let hi = p.get(1).map_or(8, |&x| (x + 8) as u8);
+                ((p[0] + 8) as u8) | (hi << 4)
+            })
+            .collect()
+    }
+}
+
+/// One `codebooks.bin` record (CONTAINER.md §5): the 16-byte WCBK header, then
+/// `ENTRIES × VEC_DIM` f16 values.
+pub fn codebook_record(id: usize, entries: &[u16]) -> Vec<u8> {
+    let mut out = vec![0u8; 16];
+    put_u32(&mut out, 0, WCBK_MAGIC);
+    put_u16(&mut out, 4, id as u16);
+    out[6] = FMT_VQ3R;
+    out[7] = VEC_DIM as u8;
+    put_u32(&mut out, 8, ENTRIES as u32);
+    out.extend(entries.iter().flat_map(|x| x.to_le_bytes()));
+    out
+}
+
+/// One VQ3R expert record of `rec` bytes (CONTAINER.md §4): the WEXP header with its CRC, the
+/// three kinds' index blocks (`idx[kind][stage][row · (N/8) + vector]`, placed into the
+/// `[ceil(M/64)][N/8][64][stages]` blocking), their f16 row scales, zero padding.
+/// `kinds` are the (M, N) of gate, up, down.
+#[allow(clippy::needless_range_loop)] // index loops mirror the blocking formula
+pub fn expert_record(
+    layer: usize,
+    expert: usize,
+    codebook_base: usize,
+    rec: usize,
+    kinds: [(usize, usize); 3],
+    idx: &[Vec<Vec<u8>>],
+    scales: &[Vec<u16>],
+) -> Vec<u8> {
+    let mut r = vec![0u8; rec];
+    let mut off = 48;
+    let mut offs = [0usize; 3];
+    for k in 0..3 {
+        offs[k] = off;
+        let (m, n) = kinds[k];
+        let nv = n / VEC_DIM;
+        for row in 0..m {
+            for v in 0..nv {
+                for s in 0..STAGES {
+                    let at = off
+                        + (((row / INDEX_BLOCK) * nv + v) * INDEX_BLOCK + row % INDEX_BLOCK)
+                            * STAGES
+                        + s;
+                    r[at] = idx[k][s][row * nv + v];
+                }
+            }
+        }
+        off += index_block_bytes(m, n);
+    }
+    let chan = off;
+    for sc in scales {
+        for s in sc {
+            r[off..off + 2].copy_from_slice(&s.to_le_bytes());
+            off += 2;
+        }
+    }
+    put_u32(&mut r, 0, WEXP_MAGIC);
+    put_u16(&mut r, 4, layer as u16);
+    put_u16(&mut r, 6, expert as u16);
+    r[8] = FMT_VQ3R;
+    put_u16(&mut r, 10, codebook_base as u16);
+    put_u32(&mut r, 16, (rec / 4096) as u32);
+    put_u32(&mut r, 20, offs[0] as u32);
+    put_u32(&mut r, 24, offs[1] as u32);
+    put_u32(&mut r, 28, offs[2] as u32);
+    put_u32(&mut r, 32, chan as u32);
+    let crc = crc32fast::hash(&r[48..off]);
+    put_u32(&mut r, 36, crc);
+    r
+}
+
 /// Bytes of one kind's index block: `[ceil(M/64)][N/8][64][stages]`.
 fn index_block_bytes(m: usize, n: usize) -> usize {
     m.div_ceil(INDEX_BLOCK) * (n / VEC_DIM) * INDEX_BLOCK * STAGES
@@ -535,7 +619,11 @@ fn index_block_bytes(m: usize, n: usize) -> usize {
 
 /// Size of one expert record (header + indices + scales, padded to 4 KiB).
 pub fn record_size(g: &Geometry) -> usize {
-    let (i, d) = (g.moe_inter_dim, g.dim);
+    record_bytes(g.moe_inter_dim, g.dim)
+}
+
+/// [`record_size`] for experts of `moe_inter_dim` i and `dim` d.
+pub fn record_bytes(i: usize, d: usize) -> usize {
     let payload = 48 + 2 * index_block_bytes(i, d) + index_block_bytes(d, i) + 2 * (2 * i + d);
     payload.div_ceil(4096) * 4096
 }
@@ -609,14 +697,7 @@ pub fn write(
                 let slice_rows = rows / t.shape[0];
                 copy_slices(&t.copies, &mut ints, slice_rows * padded);
                 copy_slices(&t.copies, &mut scales, slice_rows * groups);
-                let packed: Vec<u8> = if bits == 8 {
-                    ints.iter().map(|&x| x as u8).collect()
-                } else {
-                    ints.chunks(2)
-                        .map(|p| ((p[0] + 8) as u8) | (((p[1] + 8) as u8) << 4))
-                        .collect()
-                };
-                trunk.put(&packed)?;
+                trunk.put(&pack_grouped(&ints, bits))?;
                 let scale_off = trunk.len();
                 let scale_bytes: Vec<u8> = scales.iter().flat_map(|s| s.to_le_bytes()).collect();
                 trunk.put(&scale_bytes)?;
@@ -653,23 +734,13 @@ pub fn write(
         for k in 0..3 * STAGES {
             let id = base + k;
             let cb = draws.codebook(id);
-            let mut h = [0u8; 16];
-            put_u32(&mut h, 0, WCBK_MAGIC);
-            put_u16(&mut h, 4, id as u16);
-            h[6] = FMT_VQ3R;
-            h[7] = VEC_DIM as u8;
-            put_u32(&mut h, 8, ENTRIES as u32);
-            codebooks.extend_from_slice(&h);
-            for x in &cb {
-                codebooks.extend_from_slice(&x.to_le_bytes());
-            }
+            codebooks.extend_from_slice(&codebook_record(id, &cb));
             books.push(cb);
         }
         let file = format!("experts-L{l}.bin");
         let mut bank = Sink::create(&dir.join(&file))?;
         files.push(file.clone());
         for e in 0..g.n_routed_experts {
-            let mut r = vec![0u8; rec];
             let idx: Vec<Vec<Vec<u8>>> = (0..3)
                 .map(|k| draws.expert_indices(l, e, k, kinds[k].0, kinds[k].1))
                 .collect();
@@ -684,45 +755,7 @@ pub fn write(
                     )
                 })
                 .collect();
-            let mut off = 48;
-            let mut offs = [0usize; 3];
-            for k in 0..3 {
-                offs[k] = off;
-                let (m, n) = kinds[k];
-                let nv = n / VEC_DIM;
-                for row in 0..m {
-                    for v in 0..nv {
-                        for s in 0..STAGES {
-                            let at = off
-                                + (((row / INDEX_BLOCK) * nv + v) * INDEX_BLOCK
-                                    + row % INDEX_BLOCK)
-                                    * STAGES
-                                + s;
-                            r[at] = idx[k][s][row * nv + v];
-                        }
-                    }
-                }
-                off += index_block_bytes(m, n);
-            }
-            let chan = off;
-            for sc in &scales {
-                for s in sc {
-                    r[off..off + 2].copy_from_slice(&s.to_le_bytes());
-                    off += 2;
-                }
-            }
-            put_u32(&mut r, 0, WEXP_MAGIC);
-            put_u16(&mut r, 4, l as u16);
-            put_u16(&mut r, 6, e as u16);
-            r[8] = FMT_VQ3R;
-            put_u16(&mut r, 10, base as u16);
-            put_u32(&mut r, 16, (rec / 4096) as u32);
-            put_u32(&mut r, 20, offs[0] as u32);
-            put_u32(&mut r, 24, offs[1] as u32);
-            put_u32(&mut r, 28, offs[2] as u32);
-            put_u32(&mut r, 32, chan as u32);
-            let crc = crc32fast::hash(&r[48..off]);
-            put_u32(&mut r, 36, crc);
+            let r = expert_record(l, e, base, rec, kinds, &idx, &scales);
             if let Some(vals) = values.as_deref_mut() {
                 for k in 0..3 {
                     let (m, n) = kinds[k];

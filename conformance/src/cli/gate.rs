@@ -21,6 +21,33 @@ pub enum Gate {
     /// Bytes a verify pass over K consecutive decode tokens reads, relative to one token
     /// (the tokens per pass speculation must yield to pay), per K, per layer and overall.
     SpecWindow(SpecWindowArgs),
+    /// Whether a WASTE container holds a release's model: tensor accounting, per-tensor
+    /// round-trip error against the release's exact dequantisation, Engram statements, and
+    /// forward agreement (thresholds: gates/converter.yaml).
+    Converter(ConverterArgs),
+}
+
+#[derive(clap::Args)]
+pub struct ConverterArgs {
+    /// The release checkpoint the container was converted from.
+    #[arg(long)]
+    pub release: PathBuf,
+    /// The WASTE v0 container to certify.
+    #[arg(long)]
+    pub container: PathBuf,
+    /// Directory holding converter.yaml and the tolerance profiles (default: the gates built
+    /// into this binary).
+    #[arg(long)]
+    pub gates: Option<PathBuf>,
+    /// Skip the forward comparison of the two layouts.
+    #[arg(long)]
+    pub no_forward: bool,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+    /// Write converter.json here.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
 }
 
 #[derive(clap::Args)]
@@ -51,6 +78,7 @@ pub struct SpecWindowArgs {
 pub fn run(a: Args) -> anyhow::Result<i32> {
     match a.gate {
         Gate::SpecWindow(a) => spec_window_gate(a),
+        Gate::Converter(a) => super::gate_converter::run(a),
     }
 }
 

@@ -3,9 +3,11 @@
 
 pub mod bench;
 pub mod certify;
+pub mod convert;
 pub mod corpus;
 pub mod forward;
 pub mod gate;
+pub mod gate_converter;
 pub mod goldens;
 pub mod inspect;
 pub mod parse;

@@ -241,17 +241,27 @@ impl MatVec<'_> {
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         match self.rule {
             Rule::C1 => {
+                let code_block = if fp4 { BLOCK / 2 } else { BLOCK };
+                let full = self.n_in / BLOCK;
                 for (i, o) in out.iter_mut().enumerate() {
                     let r = r0 + i;
                     let codes = &v.codes[r * row_bytes..][..row_bytes];
+                    let scales = &v.scales[scale_at(&v, r, 0)..][..self.n_in.div_ceil(BLOCK)];
+                    // The generic block decode, for the cases named above.
+                    let mut generic = |k0: usize| {
+                        let len = BLOCK.min(self.n_in - k0);
+                        self.decode(&[], r, 1, k0, len, &mut w);
+                        let mut block = [[0f64; TILE]];
+                        dot_rows(&mut block, [&x[k0..k0 + len]], &w, level);
+                        block[0][0]
+                    };
                     let mut acc = 0f32;
-                    for k0 in (0..self.n_in).step_by(BLOCK) {
-                        let sum = if safe(r, k0) {
-                            let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+                    let blocks = x.chunks_exact(BLOCK).zip(codes.chunks_exact(code_block));
+                    for (kb, ((xb, cb), &sb)) in blocks.zip(scales).enumerate().take(full) {
+                        let sum = if sb <= SAFE_SCALE_BYTE {
+                            let xb: &[f64; BLOCK] = xb.try_into().expect("block");
                             let part = if fp4 {
-                                let half = codes[k0 / 2..k0 / 2 + BLOCK / 2]
-                                    .try_into()
-                                    .expect("half block");
+                                let half = cb.try_into().expect("half block");
                                 match level {
                                     #[cfg(target_arch = "x86_64")]
                                     // SAFETY: only reached from `task_avx2`.
@@ -259,7 +269,7 @@ impl MatVec<'_> {
                                     _ => fp4_block_sum(xb, half),
                                 }
                             } else {
-                                let block = codes[k0..k0 + BLOCK].try_into().expect("block");
+                                let block = cb.try_into().expect("block");
                                 match level {
                                     #[cfg(target_arch = "x86_64")]
                                     // SAFETY: only reached from `task_avx2`.
@@ -268,15 +278,14 @@ impl MatVec<'_> {
                                     _ => fp8_block_sum(xb, block),
                                 }
                             };
-                            part * scale(r, k0)
+                            part * f64::from(e8m0_to_f32(sb))
                         } else {
-                            let len = BLOCK.min(self.n_in - k0);
-                            self.decode(&[], r, 1, k0, len, &mut w);
-                            let mut block = [[0f64; TILE]];
-                            dot_rows(&mut block, [&x[k0..k0 + len]], &w, level);
-                            block[0][0]
+                            generic(kb * BLOCK)
                         };
                         acc += sum as f32;
+                    }
+                    if full * BLOCK < self.n_in {
+                        acc += generic(full * BLOCK) as f32;
                     }
                     *o = if self.round_out { bf16(acc) } else { acc };
                 }
