@@ -8,6 +8,7 @@
 //! * [`engine_process`] — engine subprocesses: process groups, deadlines, bounded reads;
 //! * [`goldens`] — golden provenance, check/bless and the errata register;
 //! * [`trace`], [`compare`] — trace files and the comparison metrics (fragile flips included);
+//! * [`vision_goldens`] — vision preprocessing and tower against the official code's goldens;
 
 /// The interpretation contract this harness implements (CONTRACT.md); bumped whenever a
 /// rule changes so a certificate says which rules it was judged by.
@@ -35,6 +36,7 @@ pub mod selftest;
 pub mod spec_window;
 pub mod synthetic;
 pub mod trace;
+pub mod vision_goldens;
 pub mod wide_digest;
 
 #[cfg(test)]

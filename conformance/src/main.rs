@@ -48,6 +48,8 @@ enum Command {
     Render(cli::render::Args),
     /// Parse a DSML completion into a message.
     Parse(cli::parse::Args),
+    /// Preprocess an image for the vision tower (patches + grid), exactly as the official code.
+    Preprocess(cli::preprocess::Args),
     /// Serve the built-in reference over the JSON-lines engine protocol (PROTOCOL.md).
     ServeAdapter(cli::serve_adapter::Args),
     /// Check a certificate written by `ds41 certify --report DIR`.
@@ -104,6 +106,7 @@ fn main() {
         Command::Corpus(a) => cli::corpus::run(a),
         Command::Render(a) => cli::render::run(a),
         Command::Parse(a) => cli::parse::run(a),
+        Command::Preprocess(a) => cli::preprocess::run(a),
         Command::ServeAdapter(a) => cli::serve_adapter::run(a),
         Command::VerifyCertificate(a) => cli::verify_certificate::run(a),
         Command::Goldens(a) => cli::goldens::run(a),

@@ -14,6 +14,13 @@
 //!   synthesised `dspark` seed 6 reproduces the committed DSpark golden `dspark_p18_d06` tensor
 //!   for tensor, and its teacher-forced run from that golden gives it back bit for bit; needs
 //!   `DS41_OFFICIAL_INFERENCE`;
+//! * `regen_python::vision-preprocess-random-vs-official` — the engine's image preprocessing
+//!   against the official `image_processor.py` on a fresh random PNG corpus
+//!   (goldens/regen/vision_preprocess.py --random; seed `DS41_VISION_SEED`, default 1), bit for
+//!   bit; needs `DS41_OFFICIAL_INFERENCE`;
+//! * `regen_python::vision-tower-vs-official` — the engine's vision tower and aligner against
+//!   the official `vision.py` on small random weights (regen_python/vision_tower.rs); needs
+//!   `DS41_OFFICIAL_INFERENCE`;
 //! * `regen_python::waste-containers-vs-make_test_container` — `ds41 synth --preset waste-tiny
 //!   --layout container --seed S` against WASTE's `make_test_container.py --ds41 --seed S`,
 //!   seeds 0-3, byte for byte; needs `DS41_WASTE`, a WASTE checkout.
@@ -28,6 +35,8 @@
 mod engram_map;
 #[path = "regen_python/torch_kernels.rs"]
 mod torch_kernels;
+#[path = "regen_python/vision_tower.rs"]
+mod vision_tower;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -79,7 +88,7 @@ fn regen_python() -> Result<PathBuf, String> {
         .map(PathBuf::from)
         .ok_or("SKIPPED: DS41_PYTHON not set (a Python with goldens/regen/requirements.txt)")?;
     let probe = Command::new(&python)
-        .args(["-c", "import torch, tokenizers, safetensors, numpy"])
+        .args(["-c", "import torch, tokenizers, safetensors, numpy, PIL"])
         .output()
         .map_err(|e| format!("DS41_PYTHON={python:?} cannot be run: {e}"))?;
     if !probe.status.success() {
@@ -89,6 +98,18 @@ fn regen_python() -> Result<PathBuf, String> {
         ));
     }
     Ok(python)
+}
+
+/// The release `inference/` directory named by `DS41_OFFICIAL_INFERENCE`, or the skip.
+fn official_inference() -> Result<PathBuf, Completion> {
+    std::env::var_os("DS41_OFFICIAL_INFERENCE")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .ok_or_else(|| {
+            Completion::ignored_with(
+                "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
+            )
+        })
 }
 
 fn main() {
@@ -131,12 +152,9 @@ fn main() {
             let Some(py) = need_python()? else {
                 return Ok(skipped());
             };
-            let Some(inference) =
-                std::env::var_os("DS41_OFFICIAL_INFERENCE").filter(|v| !v.is_empty())
-            else {
-                return Ok(Completion::ignored_with(
-                    "SKIPPED: DS41_OFFICIAL_INFERENCE not set (the release inference/ directory)",
-                ));
+            let inference = match official_inference() {
+                Ok(dir) => dir,
+                Err(skip) => return Ok(skip),
             };
             let var = |v: &str| {
                 std::env::var_os(v)
@@ -145,7 +163,7 @@ fn main() {
             };
             engram_map::engram_map_equals_official(
                 &py,
-                Path::new(&inference),
+                &inference,
                 var("DS41_RELEASE").as_deref(),
                 var("DS41_UPSTREAM").as_deref(),
             );
@@ -163,6 +181,31 @@ fn main() {
                 ));
             };
             dspark_goldens_reproduce(&py, Path::new(&inference))?;
+            Ok(Completion::Completed)
+        }),
+        Trial::ignorable_test(
+            "regen_python::vision-preprocess-random-vs-official",
+            move || {
+                let Some(py) = need_python()? else {
+                    return Ok(skipped());
+                };
+                let inference = match official_inference() {
+                    Ok(dir) => dir,
+                    Err(skip) => return Ok(skip),
+                };
+                vision_random_corpus_equals_official(&py, &inference)?;
+                Ok(Completion::Completed)
+            },
+        ),
+        Trial::ignorable_test("regen_python::vision-tower-vs-official", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let inference = match official_inference() {
+                Ok(dir) => dir,
+                Err(skip) => return Ok(skip),
+            };
+            vision_tower::tower_matches_official(&py, &inference);
             Ok(Completion::Completed)
         }),
         Trial::ignorable_test(
@@ -280,4 +323,47 @@ fn waste_containers_equal_make_test_container(python: &Path, waste: &Path) -> Re
     } else {
         Err(format!("files differing from make_test_container.py: {bad:?}").into())
     }
+}
+
+/// A random PNG corpus (random sizes, colour types and configs), made and run through the
+/// official `load_image` by goldens/regen/vision_preprocess.py, then checked against the engine.
+fn vision_random_corpus_equals_official(python: &Path, inference: &Path) -> Result<(), Failed> {
+    let seed = std::env::var("DS41_VISION_SEED").unwrap_or_else(|_| "1".into());
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let out = Command::new(python)
+        .args([
+            "-W",
+            "ignore",
+            "goldens/regen/vision_preprocess.py",
+            "--inference",
+        ])
+        .arg(inference)
+        .arg("--out")
+        .arg(tmp.path())
+        .args(["--random", "40", "--seed", &seed])
+        .current_dir(repo_root())
+        .output()
+        .map_err(|e| format!("run vision_preprocess.py: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "vision_preprocess.py --random failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let report = ds41_conformance::vision_goldens::check_corpus(tmp.path())?;
+    eprintln!(
+        "random vision corpus (seed {seed}): {} images, {} of {} cases bit-exact",
+        report.images, report.exact, report.cases
+    );
+    if report.cases == 0 || !report.failures.is_empty() {
+        return Err(format!(
+            "{} of {} cases differ:\n{}",
+            report.failures.len(),
+            report.cases,
+            report.failures.join("\n")
+        )
+        .into());
+    }
+    Ok(())
 }

@@ -49,6 +49,8 @@ pub enum Error {
     /// A file the engine has memory-mapped changed on disk (identity, length or modification
     /// time) after it was opened: results computed from it cannot be trusted.
     Changed { path: PathBuf, reason: String },
+    /// An image file cannot be used: corrupt, unsupported format, or too large.
+    Image { file: PathBuf, reason: String },
     /// A forward or a restored state reaches beyond the model's maximum position
     /// (`max_position_embeddings`).
     PositionLimit { end: u64, max: usize },
@@ -95,6 +97,7 @@ impl std::fmt::Display for Error {
                 "{}: changed on disk while in use ({reason}); results computed from it are not trusted",
                 path.display()
             ),
+            Error::Image { file, reason } => write!(f, "{}: image: {reason}", file.display()),
             Error::PositionLimit { end, max } => write!(
                 f,
                 "position {end} is beyond the model's maximum of {max} positions \
@@ -119,6 +122,7 @@ impl Error {
             Error::NotRegularFile { .. } => "NotRegularFile",
             Error::TooLarge { .. } => "TooLarge",
             Error::Changed { .. } => "Changed",
+            Error::Image { .. } => "Image",
             Error::PositionLimit { .. } => "PositionLimit",
         }
     }

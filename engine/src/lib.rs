@@ -5,6 +5,7 @@
 //! * [`model`] — the text forward pass and its two numerics profiles;
 //! * [`tokenizer`] — the DS41 byte-level BPE and the Engram compressed token map;
 //! * [`dsml`] — the V4.1 chat format;
+//! * [`vision`] — image preprocessing for the vision tower, exact to the official pipeline;
 //! * `testing` (feature `test-support`) — schedule helpers shared by the tests.
 
 pub mod checkpoint;
@@ -19,6 +20,7 @@ pub mod state;
 pub mod testing;
 pub mod tokenizer;
 pub mod trace;
+pub mod vision;
 
 pub use error::{Error, Result};
 

@@ -12,6 +12,7 @@ pub mod gate_converter;
 pub mod goldens;
 pub mod inspect;
 pub mod parse;
+pub mod preprocess;
 pub mod render;
 pub mod serve_adapter;
 pub mod synth;

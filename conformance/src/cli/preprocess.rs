@@ -1,0 +1,156 @@
+//! `ds41 preprocess`: an image file → the ViT's patch tensor, exactly as the official
+//! `image_processor.load_image` makes it (MODEL.md §10.2), written as safetensors:
+//!
+//! * `patches` — BF16 `[n_vit_h · n_vit_w, 3, patch, patch]`, patches in row-major grid order;
+//! * `token_types` — I64, the image's span in the LLM (IMAGE_START 0, IMAGE 1, IMAGE_NEW_LINE 2,
+//!   IMAGE_END 3): `[START] ([IMAGE]×n_llm_w [NEWLINE])×n_llm_h [END]`;
+//! * metadata (`format` = `ds41-vision-patches/1`): the grid numbers, the source size, the
+//!   image's sha256 and the vision config used.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use ds41_engine::config::VisionConfig;
+use ds41_engine::trace::{safetensors_bytes, RawTensor};
+use ds41_engine::vision::{self, ImagePatches};
+use safetensors::tensor::Dtype;
+use sha2::{Digest, Sha256};
+
+pub const FORMAT: &str = "ds41-vision-patches/1";
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Image file (PNG: every colour type and bit depth; other formats are refused).
+    #[arg(long)]
+    pub image: PathBuf,
+    /// Output file (safetensors; written atomically).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Vision config: a checkpoint directory, its `config.json` (HF names) or an
+    /// `inference/config.json` (`vision_*` names). Default: the release's values (patch 14,
+    /// 3×3 merge, at most 1024 tokens, at least 544² pixels, no aspect clamp).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+}
+
+/// The token types of an image's span (image_processor.py's IMAGE_START … IMAGE_END).
+fn token_types(n_llm_h: usize, n_llm_w: usize) -> Vec<i64> {
+    const START: i64 = 0;
+    const IMAGE: i64 = 1;
+    const NEWLINE: i64 = 2;
+    const END: i64 = 3;
+    let mut types = vec![START];
+    for _ in 0..n_llm_h {
+        types.extend(std::iter::repeat_n(IMAGE, n_llm_w));
+        types.push(NEWLINE);
+    }
+    types.push(END);
+    types
+}
+
+fn metadata(
+    args: &Args,
+    image_sha256: &str,
+    cfg: &VisionConfig,
+    p: &ImagePatches,
+) -> BTreeMap<String, String> {
+    let (n_vit_h, n_vit_w) = p.vit_grid();
+    let config_source = match &args.config {
+        Some(path) => path.display().to_string(),
+        None => "release defaults".into(),
+    };
+    [
+        ("format", FORMAT.to_string()),
+        (
+            "engine",
+            format!(
+                "{} {}",
+                ds41_engine::ENGINE_NAME,
+                ds41_engine::ENGINE_VERSION
+            ),
+        ),
+        ("image", args.image.display().to_string()),
+        ("image_sha256", image_sha256.to_string()),
+        ("source_width", p.source_width.to_string()),
+        ("source_height", p.source_height.to_string()),
+        ("pixel_width", p.plan.best_width.to_string()),
+        ("pixel_height", p.plan.best_height.to_string()),
+        ("n_vit_h", n_vit_h.to_string()),
+        ("n_vit_w", n_vit_w.to_string()),
+        ("n_llm_h", p.plan.n_llm_h.to_string()),
+        ("n_llm_w", p.plan.n_llm_w.to_string()),
+        ("num_image_tokens", p.plan.num_image_tokens().to_string()),
+        ("config", config_source),
+        ("vision_patch_size", cfg.patch_size.to_string()),
+        ("vision_downsample_ratio", cfg.downsample_ratio.to_string()),
+        ("vision_max_n_token", cfg.max_n_token.to_string()),
+        ("vision_min_pixels", cfg.min_pixels.to_string()),
+        (
+            "vision_max_wh_ratio",
+            cfg.max_wh_ratio.map_or("null".into(), |r| r.to_string()),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+pub fn run(args: Args) -> anyhow::Result<i32> {
+    // The output must never replace the input.
+    if let (Ok(a), Ok(b)) = (args.image.canonicalize(), args.out.canonicalize()) {
+        if a == b {
+            bail!(
+                "--out {} is the input image; refusing to overwrite it",
+                args.out.display()
+            );
+        }
+    }
+    let cfg = match &args.config {
+        Some(path) => vision::vision_config_from(path)?,
+        None => vision::release_vision_config(),
+    };
+    let bytes = ds41_engine::io::read_file(
+        &args.image,
+        vision::decode::MAX_IMAGE_FILE_BYTES,
+        "image file",
+    )?;
+    let patches = vision::preprocess_bytes(&bytes, &args.image, &cfg)?;
+    let image_sha256 = hex::encode(Sha256::digest(&bytes));
+    let (n_vit_h, n_vit_w) = patches.vit_grid();
+    let types = token_types(patches.plan.n_llm_h, patches.plan.n_llm_w);
+    let tensors = vec![
+        RawTensor {
+            name: "patches".into(),
+            dtype: Dtype::BF16,
+            shape: vec![n_vit_h * n_vit_w, 3, cfg.patch_size, cfg.patch_size],
+            data: patches
+                .patches
+                .iter()
+                .flat_map(|v| v.to_bits().to_le_bytes())
+                .collect(),
+        },
+        RawTensor {
+            name: "token_types".into(),
+            dtype: Dtype::I64,
+            shape: vec![types.len()],
+            data: types.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        },
+    ];
+    let out = safetensors_bytes(tensors, &metadata(&args, &image_sha256, &cfg, &patches))?;
+    ds41_engine::state::write_atomic(&args.out, &out)
+        .with_context(|| format!("writing {}", args.out.display()))?;
+    println!(
+        "{}: {}x{} -> {}x{} pixels, {n_vit_h}x{n_vit_w} patches, {}x{} tokens ({} span positions) -> {}",
+        args.image.display(),
+        patches.source_width,
+        patches.source_height,
+        patches.plan.best_width,
+        patches.plan.best_height,
+        patches.plan.n_llm_h,
+        patches.plan.n_llm_w,
+        patches.plan.num_image_tokens(),
+        args.out.display()
+    );
+    Ok(0)
+}
