@@ -207,52 +207,59 @@ fn caught(d: Option<Divergence>, tensor: &str, step: usize, stage: Option<usize>
     );
 }
 
+/// The negative controls, where each must first diverge: (defect, run end to end rather than
+/// teacher-forced, tensor, step, stage).
+const CONTROLS: [(Defect, bool, &str, usize, Option<usize>); 3] = [
+    // A causal mask inside the block: the first stage's attention of the first draft step.
+    (
+        Defect::DraftCausalMask,
+        false,
+        "dspark.attn_out",
+        0,
+        Some(0),
+    ),
+    // Every Markov step biased from the last id: the bias of the first step (its rows after
+    // the first read a drafted id).
+    (
+        Defect::MarkovBiasFromFirstId,
+        false,
+        "dspark.markov_bias",
+        0,
+        None,
+    ),
+    // main_hidden from the target layers' outputs: the first token's main_hidden, even end
+    // to end within the gates.
+    (
+        Defect::MainHiddenAfterBlock,
+        true,
+        "dspark.main_hidden",
+        0,
+        None,
+    ),
+];
+
 #[test]
 fn negative_controls_are_caught_at_the_sub_op_they_break() {
     let (set, preset, seed, schedules) = SETS[1];
     let (_dir, model) = model(preset, seed);
     let g = golden(set, schedules[0]);
-    // A causal mask inside the block: the first stage's attention of the first draft step.
-    let t = replay(
-        &model,
-        &g,
-        Numerics::Upstream,
-        DefectSet::new([Defect::DraftCausalMask]),
-    );
-    caught(
-        first_divergence(&g, &t, replay_limit),
-        "dspark.attn_out",
-        0,
-        Some(0),
-    );
-    // Every Markov step biased from the last id: the bias of the first step (its rows after
-    // the first read a drafted id).
-    let t = replay(
-        &model,
-        &g,
-        Numerics::Upstream,
-        DefectSet::new([Defect::MarkovBiasFromFirstId]),
-    );
-    caught(
-        first_divergence(&g, &t, replay_limit),
-        "dspark.markov_bias",
-        0,
-        None,
-    );
-    // main_hidden from the target layers' outputs: the first token's main_hidden, even end
-    // to end within the upstream gates.
-    let t = forward(
-        &model,
-        &g,
-        Numerics::Upstream,
-        DefectSet::new([Defect::MainHiddenAfterBlock]),
-    );
-    caught(
-        first_divergence(&g, &t, e2e_limit),
-        "dspark.main_hidden",
-        0,
-        None,
-    );
+    for (defect, end_to_end, tensor, step, stage) in CONTROLS {
+        let defects = DefectSet::new([defect]);
+        let d = if end_to_end {
+            first_divergence(
+                &g,
+                &forward(&model, &g, Numerics::Upstream, defects),
+                e2e_limit,
+            )
+        } else {
+            first_divergence(
+                &g,
+                &replay(&model, &g, Numerics::Upstream, defects),
+                replay_limit,
+            )
+        };
+        caught(d, tensor, step, stage);
+    }
 }
 
 /// The `exact` profile (pure f32) runs the same draft path: there is no f32 oracle of the
@@ -264,51 +271,29 @@ fn exact_profile_runs_the_draft_path_and_its_negative_controls_are_caught() {
     let (set, preset, seed, schedules) = SETS[1];
     let (_dir, model) = model(preset, seed);
     let g = golden(set, schedules[0]);
-    let clean = replay(&model, &g, Numerics::Exact, DefectSet::none());
-    assert_eq!(clean.metadata["numerics"], "exact");
     let same = |_: &str| Limit::EXACT;
-    let again = replay(&model, &g, Numerics::Exact, DefectSet::none());
+    let run = |end_to_end: bool, defects: DefectSet| {
+        if end_to_end {
+            forward(&model, &g, Numerics::Exact, defects)
+        } else {
+            replay(&model, &g, Numerics::Exact, defects)
+        }
+    };
+    let clean = [run(false, DefectSet::none()), run(true, DefectSet::none())];
+    assert_eq!(clean[0].metadata["numerics"], "exact");
     assert!(
-        first_divergence(&clean, &again, same).is_none(),
+        first_divergence(&clean[0], &run(false, DefectSet::none()), same).is_none(),
         "deterministic"
     );
-    let t = replay(
-        &model,
-        &g,
-        Numerics::Exact,
-        DefectSet::new([Defect::DraftCausalMask]),
-    );
-    caught(
-        first_divergence(&clean, &t, same),
-        "dspark.attn_out",
-        0,
-        Some(0),
-    );
-    let t = replay(
-        &model,
-        &g,
-        Numerics::Exact,
-        DefectSet::new([Defect::MarkovBiasFromFirstId]),
-    );
-    caught(
-        first_divergence(&clean, &t, same),
-        "dspark.markov_bias",
-        0,
-        None,
-    );
-    let clean = forward(&model, &g, Numerics::Exact, DefectSet::none());
-    let t = forward(
-        &model,
-        &g,
-        Numerics::Exact,
-        DefectSet::new([Defect::MainHiddenAfterBlock]),
-    );
-    caught(
-        first_divergence(&clean, &t, same),
-        "dspark.main_hidden",
-        0,
-        None,
-    );
+    for (defect, end_to_end, tensor, step, stage) in CONTROLS {
+        let t = run(end_to_end, DefectSet::new([defect]));
+        caught(
+            first_divergence(&clean[usize::from(end_to_end)], &t, same),
+            tensor,
+            step,
+            stage,
+        );
+    }
 }
 
 /// The container layout drops the MTP stages (CONTAINER.md §8): asking it for a drafter is
