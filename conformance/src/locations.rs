@@ -128,6 +128,12 @@ pub enum Found {
     HubCache,
 }
 
+/// `path` made absolute against the current directory (not resolved: a link stays a link);
+/// unchanged if the current directory cannot be read.
+pub fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 /// A release snapshot directory, with the files verified so far.
 #[derive(Debug)]
 pub struct ReleaseSnapshot {
@@ -165,7 +171,9 @@ pub fn search_description() -> String {
 impl ReleaseSnapshot {
     fn new(dir: PathBuf, found: Found) -> ReleaseSnapshot {
         ReleaseSnapshot {
-            dir,
+            // Absolute, so a path handed to an engine (another working directory) or linked
+            // from a scratch directory still names the file a relative `--release` meant.
+            dir: absolute(&dir),
             found,
             verified: Mutex::new(BTreeMap::new()),
         }
@@ -348,6 +356,27 @@ fn contained(root: &Path, rel: &str, what: &dyn std::fmt::Display) -> Result<Pat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_relative_release_directory_is_kept_absolute() {
+        let d = tempfile::tempdir().unwrap();
+        // The temporary directory, named relative to the current one (`../..` up to `/`).
+        let cwd = std::env::current_dir().unwrap();
+        let mut rel = PathBuf::new();
+        for _ in 1..cwd.components().count() {
+            rel.push("..");
+        }
+        let rel = rel.join(d.path().strip_prefix("/").unwrap());
+        assert!(rel.is_relative());
+        let snap = ReleaseSnapshot::locate_with(Some(&rel), &|_| None)
+            .unwrap()
+            .unwrap();
+        assert!(snap.dir.is_absolute(), "{}", snap.dir.display());
+        assert_eq!(
+            std::fs::canonicalize(&snap.dir).unwrap(),
+            std::fs::canonicalize(d.path()).unwrap()
+        );
+    }
 
     fn env_of(pairs: &[(&str, String)]) -> impl Fn(&str) -> Option<String> {
         let m: BTreeMap<String, String> = pairs

@@ -173,11 +173,15 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
         )
     })?;
     let all = runner::load_suite(&cases_dir)?;
-    let upstream = a.upstream.clone().or_else(|| {
-        std::env::var_os("DS41_UPSTREAM")
-            .filter(|v| !v.is_empty())
-            .map(PathBuf::from)
-    });
+    let upstream = a
+        .upstream
+        .clone()
+        .or_else(|| {
+            std::env::var_os("DS41_UPSTREAM")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from)
+        })
+        .map(|d| ds41_conformance::locations::absolute(&d));
     // The external set is opt-in: without --upstream its cases are not part of the run (not
     // run, not counted as skipped); the run header says how many it would add.
     let (external, suite): (Vec<_>, Vec<_>) = all
