@@ -142,7 +142,8 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
     let work_dir = match &a.work_dir {
         Some(d) => {
             std::fs::create_dir_all(d)?;
-            d.clone()
+            // Checkpoint paths under it are handed to engines, which may run elsewhere.
+            ds41_conformance::locations::absolute(d)
         }
         None => {
             _tmp = tempfile::Builder::new().prefix("ds41-certify-").tempdir()?;
