@@ -145,27 +145,14 @@ impl MatVec<'_> {
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
                     self.decode(&row_buf, r0, nw, k0, len, &mut w);
-                    // Input rows go GROUP at a time: their chains are independent, so the
-                    // multiply-adds overlap instead of waiting on one chain's latency.
-                    let mut m = 0;
-                    while m < rows {
+                    for (m, n) in row_groups(rows, grouped) {
                         let mut blocks = [[0f64; TILE]; GROUP];
-                        let n = if grouped && rows - m >= GROUP {
-                            let xs = std::array::from_fn(|j| self.xs(m + j, k0, len));
-                            dot_rows(&mut blocks, xs, &w, level);
-                            GROUP
-                        } else {
-                            let one: &mut [[f64; TILE]; 1] =
-                                (&mut blocks[..1]).try_into().expect("one row");
-                            dot_rows(one, [self.xs(m, k0, len)], &w, level);
-                            1
-                        };
+                        self.dot_group(&mut blocks, m, n, k0, len, &w, level);
                         for (j, block) in blocks[..n].iter().enumerate() {
                             for i in 0..nw {
                                 out[i * rows + m + j] += block[i] as f32;
                             }
                         }
-                        m += n;
                     }
                 }
                 if self.round_out {
@@ -177,30 +164,16 @@ impl MatVec<'_> {
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
                     self.decode(&row_buf, r0, nw, k0, len, &mut w);
-                    let mut m = 0;
-                    while m < rows {
-                        let n = if grouped && rows - m >= GROUP {
-                            GROUP
-                        } else {
-                            1
-                        };
+                    for (m, n) in row_groups(rows, grouped) {
                         let a = &mut acc[m * TILE..(m + n) * TILE];
                         let mut chains = [[0f64; TILE]; GROUP];
                         for (c, a) in chains.iter_mut().zip(a.chunks_exact(TILE)) {
                             c.copy_from_slice(a);
                         }
-                        if n == GROUP {
-                            let xs = std::array::from_fn(|j| self.xs(m + j, k0, len));
-                            dot_rows(&mut chains, xs, &w, level);
-                        } else {
-                            let one: &mut [[f64; TILE]; 1] =
-                                (&mut chains[..1]).try_into().expect("one row");
-                            dot_rows(one, [self.xs(m, k0, len)], &w, level);
-                        }
+                        self.dot_group(&mut chains, m, n, k0, len, &w, level);
                         for (c, a) in chains.iter().zip(a.chunks_exact_mut(TILE)) {
                             a.copy_from_slice(c);
                         }
-                        m += n;
                     }
                 }
                 for (m, a) in acc.chunks_exact(TILE).enumerate() {
@@ -315,6 +288,28 @@ impl MatVec<'_> {
                     *o = if self.round_out { bf16(v) } else { v };
                 }
             }
+        }
+    }
+
+    /// [`dot_rows`] for input rows `m .. m + n` (n is GROUP or 1) into `chains[..n]`.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn dot_group(
+        &self,
+        chains: &mut [[f64; TILE]; GROUP],
+        m: usize,
+        n: usize,
+        k0: usize,
+        len: usize,
+        w: &WeightBlock,
+        level: Level,
+    ) {
+        if n == GROUP {
+            let xs = std::array::from_fn(|j| self.xs(m + j, k0, len));
+            dot_rows(chains, xs, w, level);
+        } else {
+            let one: &mut [[f64; TILE]; 1] = (&mut chains[..1]).try_into().expect("one row");
+            dot_rows(one, [self.xs(m, k0, len)], w, level);
         }
     }
 
@@ -527,8 +522,26 @@ fn fp4_block_c2(
     }
 }
 
-/// Input rows whose chains [`dot_rows`] advances together in a prefill.
+/// Input rows whose chains [`dot_rows`] advances together in a prefill: independent chains,
+/// so the multiply-adds overlap instead of waiting on one chain's latency.
 const GROUP: usize = 4;
+
+/// `(first row, count)` of the groups input rows `0..rows` are taken in: GROUP at a time where
+/// `grouped`, the rest (or all) one at a time.
+fn row_groups(rows: usize, grouped: bool) -> impl Iterator<Item = (usize, usize)> {
+    let mut m = 0;
+    std::iter::from_fn(move || {
+        (m < rows).then(|| {
+            let n = if grouped && rows - m >= GROUP {
+                GROUP
+            } else {
+                1
+            };
+            m += n;
+            (m - n, n)
+        })
+    })
+}
 
 /// `acc[j][i] += x_j[k] · w[k][i]` for k in increasing order, for the input rows `x(j)`:
 /// TILE independent f64 chains per input row.
