@@ -451,7 +451,7 @@ fn scale_at(v: &QuantView, r: usize, k0: usize) -> usize {
 
 /// `Σ x[k] · e4m3(code[k])` over one block, exact in f64, so four partial sums are fine.
 #[inline(always)]
-pub(crate) fn fp8_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK]) -> f64 {
+fn fp8_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK]) -> f64 {
     let mut p = [0f64; 4];
     for (xq, cq) in x.chunks_exact(4).zip(codes.chunks_exact(4)) {
         for l in 0..4 {
@@ -463,7 +463,7 @@ pub(crate) fn fp8_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK]) -> f64 {
 
 /// [`fp8_block_sum`] for packed FP4 (two e2m1 values per byte, low nibble first).
 #[inline(always)]
-pub(crate) fn fp4_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK / 2]) -> f64 {
+fn fp4_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK / 2]) -> f64 {
     let mut p = [0f64; 4];
     for (xq, cq) in x.chunks_exact(4).zip(codes.chunks_exact(2)) {
         let [a, b] = E2M1_PAIR_F64[usize::from(cq[0])];
