@@ -583,6 +583,36 @@ impl TraceFile {
         write_atomically(path, &self.to_bytes()?)
     }
 
+    /// The run's token ids (`input_ids`), refusing a missing tensor or a negative id with
+    /// the file named.
+    pub fn input_ids(&self) -> Result<Vec<u32>> {
+        let (_, ids) = self
+            .i64("input_ids")
+            .ok_or_else(|| Error::Model(format!("{} has no input_ids", self.path.display())))?;
+        ids.iter()
+            .map(|&t| u32::try_from(t))
+            .collect::<std::result::Result<Vec<u32>, _>>()
+            .map_err(|_| {
+                Error::Model(format!(
+                    "{}: input_ids holds a negative id",
+                    self.path.display()
+                ))
+            })
+    }
+
+    /// The prefill length the run states in its metadata (`prefill`), if any; a value that is
+    /// not a count is refused.
+    pub fn prefill(&self) -> Result<Option<usize>> {
+        self.metadata
+            .get("prefill")
+            .map(|s| {
+                s.parse().map_err(|_| {
+                    Error::Model(format!("{}: metadata prefill = {s:?}", self.path.display()))
+                })
+            })
+            .transpose()
+    }
+
     pub fn get(&self, name: &str) -> Option<&TraceTensor> {
         self.tensors.get(name)
     }
@@ -691,6 +721,35 @@ fn decode(dtype: Dtype, shape: Vec<usize>, b: &[u8]) -> std::result::Result<Trac
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_runs_ids_and_prefill_are_read_or_refused_with_the_file_named() {
+        let mut t = TraceFile {
+            path: PathBuf::from("g.safetensors"),
+            tensors: BTreeMap::new(),
+            metadata: BTreeMap::new(),
+        };
+        assert!(t
+            .input_ids()
+            .unwrap_err()
+            .to_string()
+            .contains("g.safetensors has no input_ids"));
+        assert_eq!(t.prefill().unwrap(), None);
+        t.tensors
+            .insert("input_ids".into(), TraceTensor::i64(vec![3], vec![5, 0, 7]));
+        t.metadata.insert("prefill".into(), "2".into());
+        assert_eq!(t.input_ids().unwrap(), vec![5, 0, 7]);
+        assert_eq!(t.prefill().unwrap(), Some(2));
+        t.tensors
+            .insert("input_ids".into(), TraceTensor::i64(vec![2], vec![5, -1]));
+        t.metadata.insert("prefill".into(), "two".into());
+        assert!(t
+            .input_ids()
+            .unwrap_err()
+            .to_string()
+            .contains("negative id"));
+        assert!(t.prefill().unwrap_err().to_string().contains("\"two\""));
+    }
 
     fn sample() -> TraceFile {
         let mut t = TraceFile::default();

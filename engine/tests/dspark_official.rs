@@ -76,14 +76,8 @@ fn run_on(
     defects: DefectSet,
     replay: bool,
 ) -> TraceFile {
-    let ids: Vec<u32> = g
-        .i64("input_ids")
-        .unwrap()
-        .1
-        .iter()
-        .map(|&t| t as u32)
-        .collect();
-    let prefill = g.metadata["prefill"].parse().unwrap();
+    let ids = g.input_ids().unwrap();
+    let prefill = g.prefill().unwrap().unwrap();
     let options = Options {
         numerics,
         defects,
@@ -340,13 +334,7 @@ fn drafts_do_not_depend_on_the_thread_count() {
 fn a_golden_of_another_geometry_is_refused() {
     let (_dir, model) = model("dspark", 6);
     let g = golden("window_mtp_s4", "dspark_p37_d11");
-    let ids: Vec<u32> = g
-        .i64("input_ids")
-        .unwrap()
-        .1
-        .iter()
-        .map(|&t| t as u32)
-        .collect();
+    let ids = g.input_ids().unwrap();
     let err = run(&model, &Options::default(), &ids, 37, Some(&g))
         .err()
         .expect("refused")

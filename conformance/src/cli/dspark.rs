@@ -10,7 +10,7 @@ use anyhow::{bail, Context};
 use ds41_conformance::families::dspark::replay_limit;
 use ds41_conformance::gates::Gates;
 use ds41_engine::model::dspark::trace;
-use ds41_engine::model::{Defect, DefectSet, Model, Options};
+use ds41_engine::model::{DefectSet, Model, Options};
 use ds41_engine::trace::TraceFile;
 
 #[derive(clap::Args)]
@@ -49,22 +49,14 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         None => None,
     };
     let tokens: Vec<u32> = match (&golden, args.tokens.is_empty()) {
-        (Some(g), true) => g
-            .get("input_ids")
-            .context("the golden has no `input_ids`")?
-            .as_i64()
-            .iter()
-            .map(|&t| t as u32)
-            .collect(),
+        (Some(g), true) => g.input_ids()?,
         (_, false) => args.tokens.clone(),
         (None, true) => bail!("--tokens is required without --replay"),
     };
     let prefill = match (args.prefill, &golden) {
         (Some(p), _) => p,
         (None, Some(g)) => g
-            .metadata
-            .get("prefill")
-            .and_then(|p| p.parse().ok())
+            .prefill()?
             .context("the golden's metadata has no `prefill`; give --prefill")?,
         (None, None) => tokens.len().saturating_sub(1).max(1),
     };
@@ -73,12 +65,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
             .numerics
             .parse()
             .map_err(|e: String| anyhow::anyhow!(e))?,
-        defects: DefectSet::new(
-            args.defects
-                .iter()
-                .map(|d| d.parse::<Defect>().map_err(|e| anyhow::anyhow!(e)))
-                .collect::<anyhow::Result<Vec<_>>>()?,
-        ),
+        defects: DefectSet::parse(&args.defects).map_err(|e| anyhow::anyhow!(e))?,
         ..Options::default()
     };
     let model = Model::open(&args.model)?;

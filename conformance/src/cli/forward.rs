@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use ds41_engine::model::{Defect, DefectSet, ForwardJob, IndexK, Options, TokenMap};
+use ds41_engine::model::{DefectSet, ForwardJob, IndexK, Options, TokenMap};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -69,12 +69,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
                 .index_k
                 .parse::<IndexK>()
                 .map_err(|e: String| anyhow::anyhow!(e))?,
-            defects: DefectSet::new(
-                args.defects
-                    .iter()
-                    .map(|d| d.parse::<Defect>().map_err(|e| anyhow::anyhow!(e)))
-                    .collect::<anyhow::Result<Vec<_>>>()?,
-            ),
+            defects: DefectSet::parse(&args.defects).map_err(|e| anyhow::anyhow!(e))?,
         },
         token_map: args
             .engram_token_map

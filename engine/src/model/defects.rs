@@ -161,6 +161,14 @@ impl DefectSet {
     pub fn new(defects: impl IntoIterator<Item = Defect>) -> DefectSet {
         DefectSet(defects.into_iter().collect())
     }
+    /// The set named by `names` (command-line `--defect` values); an unknown name is refused.
+    pub fn parse<S: AsRef<str>>(names: &[S]) -> std::result::Result<DefectSet, String> {
+        names
+            .iter()
+            .map(|n| n.as_ref().parse::<Defect>())
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map(DefectSet)
+    }
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }

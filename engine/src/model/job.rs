@@ -68,18 +68,7 @@ impl ForwardJob {
             None => None,
         };
         let tokens = match &golden {
-            Some(g) if self.tokens.is_empty() => {
-                let (_, ids) = g.i64("input_ids").ok_or_else(|| {
-                    refused(format!(
-                        "golden {} has no input_ids; give the tokens",
-                        g.path.display()
-                    ))
-                })?;
-                ids.iter()
-                    .map(|&t| u32::try_from(t))
-                    .collect::<Result<Vec<u32>, _>>()
-                    .map_err(|_| refused("golden input_ids holds a negative id".into()))?
-            }
+            Some(g) if self.tokens.is_empty() => g.input_ids().map_err(JobError::Refused)?,
             _ => self.tokens.clone(),
         };
         let n = tokens.len();
@@ -91,13 +80,9 @@ impl ForwardJob {
         }
         let prefill = match (self.prefill, &golden) {
             (Some(p), _) => p,
-            (None, Some(g)) => {
-                let s = g.metadata.get("prefill").ok_or_else(|| {
-                    refused("the golden does not state its prefill length; give it".into())
-                })?;
-                s.parse()
-                    .map_err(|_| refused(format!("golden metadata prefill = {s:?}")))?
-            }
+            (None, Some(g)) => g.prefill().map_err(JobError::Refused)?.ok_or_else(|| {
+                refused("the golden does not state its prefill length; give it".into())
+            })?,
             (None, None) if restoring => 0,
             (None, None) => n,
         };
