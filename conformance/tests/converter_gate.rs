@@ -208,6 +208,12 @@ fn bad_input_is_a_typed_error_naming_the_file() {
     assert!(format!("{e:#}").contains("manifest.json"), "{e:#}");
     let e = converter_gate::run(&con, &con, &g, None).unwrap_err();
     assert!(format!("{e:#}").contains("--release"), "{e:#}");
+    // A release given as the container is named as such, not as a missing manifest.
+    let e = converter_gate::run(&rel, &rel, &g, None).unwrap_err();
+    assert!(
+        format!("{e:#}").contains("--container must be a WASTE container"),
+        "{e:#}"
+    );
 }
 
 #[test]

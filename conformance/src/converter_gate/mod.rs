@@ -109,6 +109,13 @@ pub fn run(
             release_dir.display()
         );
     }
+    // Before the manifest is read: a release given as --container is named as such.
+    if checkpoint::detect_layout(container_dir).ok() == Some(Layout::Release) {
+        anyhow::bail!(
+            "{}: --container must be a WASTE container (manifest.json)",
+            container_dir.display()
+        );
+    }
     let manifest_path = container_dir.join("manifest.json");
     let manifest: Value = serde_json::from_slice(
         &std::fs::read(&manifest_path)
@@ -141,12 +148,6 @@ pub fn run(
         failures: Vec::new(),
         pass: false,
     };
-    if checkpoint::detect_layout(container_dir).ok() == Some(Layout::Release) {
-        anyhow::bail!(
-            "{}: --container must be a WASTE container (manifest.json)",
-            container_dir.display()
-        );
-    }
     // Every expert record's CRC-32 is checked as it is decoded (WASTE_VERIFY=1).
     let opened =
         ContainerCheckpoint::open_with(container_dir, ContainerOptions { verify_crc: true });
