@@ -111,6 +111,17 @@ pub struct StateGates {
     pub logits_max_abs: f64,
 }
 
+/// The vision tower and aligner (the `vision` family's `tower` part), per stage (`vision.embed`,
+/// each block, `vision.norm`, `vision.aligner`), rel L2 over the stage's whole output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VisionGates {
+    /// End to end: every stage from the engine's own previous stage.
+    pub tower_rel_l2: f64,
+    /// Teacher-forced: every stage from the golden's previous stage.
+    pub tower_replay_rel_l2: f64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Gates {
@@ -121,6 +132,7 @@ pub struct Gates {
     pub decisions: DecisionGates,
     pub replay: ReplayGates,
     pub state: StateGates,
+    pub vision: VisionGates,
 }
 
 /// Per-case overrides (ONNX-style `data.json` tolerances): any field given replaces the profile
@@ -249,6 +261,11 @@ impl Gates {
             ("replay.logits_rel_l2", self.replay.logits_rel_l2),
             ("replay.logits_max_abs", self.replay.logits_max_abs),
             ("state.logits_max_abs", self.state.logits_max_abs),
+            ("vision.tower_rel_l2", self.vision.tower_rel_l2),
+            (
+                "vision.tower_replay_rel_l2",
+                self.vision.tower_replay_rel_l2,
+            ),
         ];
         for (name, v) in fields {
             check_threshold(name, v)?;

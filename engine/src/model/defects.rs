@@ -56,6 +56,12 @@ pub enum Defect {
     /// §10.1: `main_hidden` from the streams leaving the target layers (their block output)
     /// instead of the streams entering them.
     MainHiddenAfterBlock,
+    /// §10.2: the vision rope's two halves swapped: the first hd/4 frequencies rotate by the
+    /// patch's column and the rest by its row (rows first is the official order).
+    VisionRopeHalvesSwapped,
+    /// §10.2: the aligner flattens each 3×3 cell as (channel, kw, kh) instead of
+    /// (channel, kh, kw).
+    AlignerUnfoldKwKh,
 }
 
 impl Defect {
@@ -80,6 +86,8 @@ impl Defect {
         "draft-causal-mask",
         "markov-bias-from-first-id",
         "main-hidden-after-block",
+        "vision-rope-halves-swapped",
+        "aligner-unfold-kw-kh",
     ];
 }
 
@@ -106,6 +114,8 @@ impl fmt::Display for Defect {
             Defect::DraftCausalMask => "draft-causal-mask",
             Defect::MarkovBiasFromFirstId => "markov-bias-from-first-id",
             Defect::MainHiddenAfterBlock => "main-hidden-after-block",
+            Defect::VisionRopeHalvesSwapped => "vision-rope-halves-swapped",
+            Defect::AlignerUnfoldKwKh => "aligner-unfold-kw-kh",
         };
         f.write_str(s)
     }
@@ -140,6 +150,8 @@ impl FromStr for Defect {
             "draft-causal-mask" => Defect::DraftCausalMask,
             "markov-bias-from-first-id" => Defect::MarkovBiasFromFirstId,
             "main-hidden-after-block" => Defect::MainHiddenAfterBlock,
+            "vision-rope-halves-swapped" => Defect::VisionRopeHalvesSwapped,
+            "aligner-unfold-kw-kh" => Defect::AlignerUnfoldKwKh,
             _ => {
                 return Err(format!(
                     "unknown defect `{s}` (known: {})",
