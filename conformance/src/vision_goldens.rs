@@ -172,7 +172,7 @@ pub fn judge_preprocessed(case: &Case, got: &Preprocessed) -> Result<(), String>
             got.patches_shape, case.patches_shape
         ));
     }
-    let want_types = span_token_types(case.n_llm[0], case.n_llm[1]);
+    let want_types = official_span_types(case.n_llm[0], case.n_llm[1]);
     if got.token_types != want_types {
         let at = got
             .token_types
@@ -205,6 +205,21 @@ pub fn judge_preprocessed(case: &Case, got: &Preprocessed) -> Result<(), String>
         return Err("patch tensor sha256 differs (every row digest matched)".into());
     }
     Ok(())
+}
+
+/// The official span layout (`image_processor.image_token_types`) written position by position,
+/// apart from the engine's own construction so the check does not echo it: START, then rows of
+/// n_llm_w IMAGE each closed by a NEW_LINE, then END (the span goldens check the engine's).
+fn official_span_types(n_llm_h: usize, n_llm_w: usize) -> Vec<i64> {
+    let len = n_llm_h * (n_llm_w + 1) + 2;
+    (0..len)
+        .map(|i| match i {
+            0 => 0,
+            _ if i == len - 1 => 3,
+            _ if (i - 1) % (n_llm_w + 1) == n_llm_w => 2,
+            _ => 1,
+        })
+        .collect()
 }
 
 /// The corpus image of `case`, its recorded sha256 checked (the corpus must not have changed).
