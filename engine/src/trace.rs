@@ -358,7 +358,11 @@ impl Trace {
                 ("embed", vec![n, width], &t.embed),
                 ("blocks", vec![t.blocks.len(), n, width], &blocks),
                 ("vit", vec![n, width], &t.vit),
-                ("aligner", vec![lh * lw, t.aligner.len() / (lh * lw).max(1)], &t.aligner),
+                (
+                    "aligner",
+                    vec![lh * lw, t.aligner.len() / (lh * lw).max(1)],
+                    &t.aligner,
+                ),
             ];
             for (name, shape, v) in f32s {
                 tensors.push((format!("{p}.{name}"), Dtype::F32, shape, le_bytes(v)));

@@ -180,7 +180,11 @@ impl ForwardJob {
                     refused("the golden does not state its prefill length; give it".into())
                 })?;
                 // The golden counts expanded positions; here a span counts as its marker.
-                p - golden_spans.iter().filter(|&&(s, _)| s < p).map(|&(_, len)| len - 1).sum::<usize>()
+                p - golden_spans
+                    .iter()
+                    .filter(|&&(s, _)| s < p)
+                    .map(|&(_, len)| len - 1)
+                    .sum::<usize>()
             }
             (None, None) if restoring => 0,
             (None, None) => n,

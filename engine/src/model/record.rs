@@ -4,11 +4,11 @@
 use super::block::BlockOutput;
 use super::handoff::Handoff;
 use super::image_span::EncodedImage;
-use crate::vision::TokenType;
 use super::pool::PoolVec;
 use super::session::Observer;
 use super::Chunk;
 use crate::trace::Trace;
+use crate::vision::TokenType;
 
 impl Observer for Trace {
     fn begin_chunk(&mut self, _chunk: Chunk, tokens: &[u32]) {

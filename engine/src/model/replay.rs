@@ -6,13 +6,13 @@
 
 use super::block::BlockOutput;
 use super::handoff::Handoff;
+use super::image_span::EncodedImage;
 use super::pool::PoolVec;
 use super::session::{Observer, Session};
 use super::Chunk;
 use crate::config::Config;
 use crate::trace::TraceFile;
 use crate::vision::{ImageInput, TokenType};
-use super::image_span::EncodedImage;
 use crate::{Error, Result};
 
 /// The golden tensors a replay forces.

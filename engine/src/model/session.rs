@@ -325,12 +325,15 @@ impl<'m> Session<'m> {
                 }
             }
         } else {
-            self.state.engram_history.extend(
-                tokens
-                    .iter()
-                    .enumerate()
-                    .map(|(r, &t)| if dead(r) { super::engram::DEAD } else { t as i64 }),
-            );
+            self.state
+                .engram_history
+                .extend(tokens.iter().enumerate().map(|(r, &t)| {
+                    if dead(r) {
+                        super::engram::DEAD
+                    } else {
+                        t as i64
+                    }
+                }));
         }
         observer.engram_hashes(&hashes);
 

@@ -174,6 +174,9 @@ mod tests {
                 ImageEnd
             ]
         );
-        assert_eq!(span_types(4, 1).len(), super::super::grid::num_image_tokens(4, 1));
+        assert_eq!(
+            span_types(4, 1).len(),
+            super::super::grid::num_image_tokens(4, 1)
+        );
     }
 }
