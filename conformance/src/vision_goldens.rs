@@ -17,7 +17,8 @@ use std::path::Path;
 use ds41_engine::config::VisionConfig;
 use ds41_engine::model::Numerics;
 use ds41_engine::trace::{TraceFile, TraceTensor};
-use ds41_engine::vision::patch_file::{grid_values, span_token_types};
+use ds41_engine::vision::patch_file::grid_values;
+use ds41_engine::vision::span_types;
 use ds41_engine::vision::tower::{ForcedStages, VisionTower};
 use ds41_engine::vision::{preprocess_bytes, ImagePatches};
 
@@ -146,7 +147,10 @@ impl Preprocessed {
             grid: grid_values(p).to_vec(),
             patches_shape: vec![n_vit_h * n_vit_w, 3, p.patch_size, p.patch_size],
             patch_bytes: patch_bytes(p, 0..p.patches.len()),
-            token_types: span_token_types(p.plan.n_llm_h, p.plan.n_llm_w),
+            token_types: span_types(p.plan.n_llm_h, p.plan.n_llm_w)
+                .into_iter()
+                .map(|t| t.code())
+                .collect(),
         }
     }
 }

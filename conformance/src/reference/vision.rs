@@ -112,16 +112,21 @@ pub fn span(req: &VisionSpanRequest) -> EngineResult<VisionSpan> {
     let tokenizer = ds41_engine::tokenizer::Tokenizer::from_file(req.model.join("tokenizer.json"))
         .map_err(refused)?;
     let prompt = tokenizer.encode_markup(&req.prompt);
-    let plans = req
+    let images = req
         .images
         .iter()
-        .map(|p| ds41_engine::vision::load_image(p, &vision).map(|i| i.plan))
+        .map(|p| ds41_engine::vision::load_image(p, &vision))
         .collect::<ds41_engine::Result<Vec<_>>>()
         .map_err(refused)?;
-    let e =
-        ds41_engine::vision::span::expand_image_spans(&prompt, marker, &plans).map_err(refused)?;
+    let (tokens, placed) =
+        ds41_engine::vision::expand_markers(&prompt, marker, images).map_err(refused)?;
+    let types = ds41_engine::vision::span::sequence_types(&tokens, marker, &placed)
+        .map_err(failed)?
+        .into_iter()
+        .map(|t| t.code())
+        .collect();
     Ok(VisionSpan {
-        tokens: e.tokens,
-        token_types: e.token_types,
+        tokens,
+        token_types: types,
     })
 }

@@ -62,6 +62,11 @@ pub enum Defect {
     /// §10.2: the aligner flattens each 3×3 cell as (channel, kw, kh) instead of
     /// (channel, kh, kw).
     AlignerUnfoldKwKh,
+    /// §6.5, §10.2: image positions route with `gate.bias` instead of `gate.bias_vl`.
+    GateBiasForImage,
+    /// §6.6, §10.2: image positions enter the Engram history as ordinary tokens (the image
+    /// token id, not DEAD) and their Engram gate is computed instead of 0.
+    EngramImageNotDead,
 }
 
 impl Defect {
@@ -88,6 +93,8 @@ impl Defect {
         "main-hidden-after-block",
         "vision-rope-halves-swapped",
         "aligner-unfold-kw-kh",
+        "gate-bias-for-image",
+        "engram-image-not-dead",
     ];
 }
 
@@ -116,6 +123,8 @@ impl fmt::Display for Defect {
             Defect::MainHiddenAfterBlock => "main-hidden-after-block",
             Defect::VisionRopeHalvesSwapped => "vision-rope-halves-swapped",
             Defect::AlignerUnfoldKwKh => "aligner-unfold-kw-kh",
+            Defect::GateBiasForImage => "gate-bias-for-image",
+            Defect::EngramImageNotDead => "engram-image-not-dead",
         };
         f.write_str(s)
     }
@@ -152,6 +161,8 @@ impl FromStr for Defect {
             "main-hidden-after-block" => Defect::MainHiddenAfterBlock,
             "vision-rope-halves-swapped" => Defect::VisionRopeHalvesSwapped,
             "aligner-unfold-kw-kh" => Defect::AlignerUnfoldKwKh,
+            "gate-bias-for-image" => Defect::GateBiasForImage,
+            "engram-image-not-dead" => Defect::EngramImageNotDead,
             _ => {
                 return Err(format!(
                     "unknown defect `{s}` (known: {})",

@@ -6,8 +6,8 @@
 //! * [`resample`] — Pillow's fixed-point BICUBIC resize;
 //! * [`preprocess`] — `ImageOps.pad` on grey, bf16 normalisation, patches;
 //! * [`patch_file`] — a preprocessed image as safetensors (patches, grid, span token types);
-//! * [`span`] — a prompt's image markers expanded into image spans;
-//! * [`tower`] — the ViT and the aligner (upstream numerics, to rounding).
+//! * [`tower`] — the ViT and the aligner (upstream numerics, to rounding);
+//! * [`span`] — an image's token span in the language model, and prompts with image markers.
 
 pub mod decode;
 pub mod grid;
@@ -20,6 +20,7 @@ pub mod tower;
 pub use grid::{plan_image_grid, GridPlan};
 pub use preprocess::{load_image, preprocess_bytes, preprocess_rgb, ImagePatches};
 pub use resample::RgbImage;
+pub use span::{expand_markers, span_types, ImageInput, TokenType};
 
 use std::path::Path;
 

@@ -3,8 +3,8 @@
 //!
 //! * `patches` — BF16 `[n_vit_h · n_vit_w, 3, p, p]`, patches in row-major grid order;
 //! * `grid` — I64 `[6]`: `n_vit_h, n_vit_w, n_llm_h, n_llm_w, pixel_height, pixel_width`;
-//! * `token_types` — I64, the image's span in the LLM (`image_processor.py`'s IMAGE_START 0,
-//!   IMAGE 1, IMAGE_NEW_LINE 2, IMAGE_END 3): `[START] ([IMAGE]×n_llm_w [NEWLINE])×n_llm_h [END]`.
+//! * `token_types` — I64, the image's span in the LLM ([`TokenType`](super::span::TokenType)
+//!   codes): `[START] ([IMAGE]×n_llm_w [NEWLINE])×n_llm_h [END]`.
 //!
 //! The tower request reads `patches` and `grid` back ([`PatchFile::read`]).
 
@@ -14,26 +14,9 @@ use std::path::Path;
 use safetensors::Dtype;
 
 use super::preprocess::ImagePatches;
+use super::span::span_types;
 use crate::trace::{safetensors_bytes, RawTensor, TraceFile};
 use crate::{Error, Result};
-
-/// Token types of an image span (`image_processor.py`); text positions are [`TEXT`].
-pub const TEXT: i64 = -1;
-pub const IMAGE_START: i64 = 0;
-pub const IMAGE: i64 = 1;
-pub const IMAGE_NEW_LINE: i64 = 2;
-pub const IMAGE_END: i64 = 3;
-
-/// The token types of an image's span for an `n_llm_h × n_llm_w` token grid.
-pub fn span_token_types(n_llm_h: usize, n_llm_w: usize) -> Vec<i64> {
-    let mut types = vec![IMAGE_START];
-    for _ in 0..n_llm_h {
-        types.extend(std::iter::repeat_n(IMAGE, n_llm_w));
-        types.push(IMAGE_NEW_LINE);
-    }
-    types.push(IMAGE_END);
-    types
-}
 
 /// The `grid` tensor's values of preprocessed patches.
 pub fn grid_values(p: &ImagePatches) -> [i64; 6] {
@@ -52,7 +35,10 @@ pub fn grid_values(p: &ImagePatches) -> [i64; 6] {
 /// The patch file's bytes, with `metadata`.
 pub fn patch_file_bytes(p: &ImagePatches, metadata: &BTreeMap<String, String>) -> Result<Vec<u8>> {
     let (n_vit_h, n_vit_w) = p.vit_grid();
-    let types = span_token_types(p.plan.n_llm_h, p.plan.n_llm_w);
+    let types: Vec<i64> = span_types(p.plan.n_llm_h, p.plan.n_llm_w)
+        .into_iter()
+        .map(|t| t.code())
+        .collect();
     let ints = |v: &[i64]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
     let tensors = vec![
         RawTensor {

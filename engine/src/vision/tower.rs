@@ -80,6 +80,7 @@ pub struct ForcedStages<'a> {
 
 /// The tower's outputs: the patch embedding and each block's output `[n, dim]`, the final
 /// norm's, the aligner's `[cells, llm_dim]`.
+#[derive(Debug, Clone)]
 pub struct TowerOutput {
     pub embed: Vec<f32>,
     pub blocks: Vec<Vec<f32>>,
