@@ -94,10 +94,13 @@ pub enum Capability {
     /// `vision_span`: a prompt with image markers and its images → token ids and types.
     #[serde(rename = "vision.span")]
     VisionSpan,
+    /// `forward` with `images`: image spans in the language model.
+    #[serde(rename = "vision.forward")]
+    VisionForward,
 }
 
 impl Capability {
-    pub const ALL: [Capability; 28] = [
+    pub const ALL: [Capability; 29] = [
         Capability::Load,
         Capability::LoadVerify,
         Capability::LayoutRelease,
@@ -126,12 +129,14 @@ impl Capability {
         Capability::VisionPreprocess,
         Capability::VisionTower,
         Capability::VisionSpan,
+        Capability::VisionForward,
     ];
     /// The vision parts the shorthand `vision` stands for.
-    pub const VISION_PARTS: [Capability; 3] = [
+    pub const VISION_PARTS: [Capability; 4] = [
         Capability::VisionPreprocess,
         Capability::VisionTower,
         Capability::VisionSpan,
+        Capability::VisionForward,
     ];
     /// The per-tensor trace capabilities the shorthand `trace` stands for.
     pub const TRACE_PARTS: [Capability; 6] = [
@@ -172,6 +177,7 @@ impl Capability {
             Capability::VisionPreprocess => "vision.preprocess",
             Capability::VisionTower => "vision.tower",
             Capability::VisionSpan => "vision.span",
+            Capability::VisionForward => "vision.forward",
         }
     }
     pub fn parse(s: &str) -> Option<Capability> {
@@ -354,6 +360,11 @@ pub struct ForwardRequest {
     /// safetensors file with an `engram_token_map` tensor).
     #[serde(default)]
     pub engram_token_map: Option<PathBuf>,
+    /// Image files, one per image marker (`image_token_id`) of `tokens`, in order; each marker
+    /// becomes its image's span (capability `vision.forward`). Markers lie in the first chunk;
+    /// `prefill` counts a marker as one token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<PathBuf>,
 }
 
 /// The DSpark draft head over a schedule of the main model (PROTOCOL.md `dspark`): a prefill

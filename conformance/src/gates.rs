@@ -146,6 +146,10 @@ pub struct GateOverrides {
     /// For a golden set whose calibration shows correct engines (noise stand-ins) changing the
     /// top-1 of a near-tied logits row.
     pub argmax: Option<ArgmaxRule>,
+    /// Teacher-forced limit of the stream entering a block (`block_input`): for a golden with
+    /// image spans, whose layer-0 image rows are the engine's own vision tower's output and
+    /// drift with it.
+    pub replay_engram_rel_l2: Option<f64>,
 }
 
 /// Every threshold, in a profile or a case's override, is a finite number >= 0: NaN would
@@ -164,6 +168,7 @@ impl GateOverrides {
             ("tolerance.logits_rel_l2", self.logits_rel_l2),
             ("tolerance.logits_max_abs", self.logits_max_abs),
             ("tolerance.residual_rel_l2", self.residual_rel_l2),
+            ("tolerance.replay_engram_rel_l2", self.replay_engram_rel_l2),
         ];
         for (name, v) in fields {
             if let Some(v) = v {
@@ -188,6 +193,9 @@ impl Gates {
         }
         if let Some(v) = o.argmax {
             g.logits.argmax = v;
+        }
+        if let Some(v) = o.replay_engram_rel_l2 {
+            g.replay.engram_rel_l2 = v;
         }
         g
     }

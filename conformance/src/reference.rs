@@ -142,6 +142,7 @@ impl Engine for ReferenceEngine {
             VisionPreprocess,
             VisionTower,
             VisionSpan,
+            VisionForward,
         ]
         .into_iter()
         .collect()
@@ -422,7 +423,12 @@ pub fn forward_job(req: &ForwardRequest, defect: Option<&str>) -> ds41_engine::m
         load_state: req.load_state.clone(),
         save_state: req.save_state.clone(),
         sub_ops: true,
-        images: Vec::new(),
+        images: req
+            .images
+            .iter()
+            .cloned()
+            .map(ds41_engine::model::ImageSource::File)
+            .collect(),
     }
 }
 

@@ -220,6 +220,17 @@ fn replay_controls(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>) 
             "aligner-unfold-kw-kh",
             "first divergence: `vision.aligner`",
         ),
+        // Image positions in the language model: the first image's start (token 5), layer 0.
+        (
+            "residual::official_vision_s7::vision-s7-p15-d06-replay",
+            "gate-bias-for-image",
+            "first divergence at token 5 layer 0",
+        ),
+        (
+            "residual::official_vision_s7::vision-s7-p15-d06-replay",
+            "engram-image-not-dead",
+            "first divergence at token 5 layer 0",
+        ),
     ];
     for (name, defect, needle) in specs {
         let (case, cx) = (

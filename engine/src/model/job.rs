@@ -75,7 +75,7 @@ pub struct JobOutput {
 
 /// The spans of a golden's sequence ((start, length) from its `token_types`), and the
 /// sequence with each span folded to its first id (the marker).
-fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<(usize, usize)>)> {
+pub fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<(usize, usize)>)> {
     let (_, types) = g.i64("token_types").ok_or_else(|| {
         Error::Model("images were given for a golden without `token_types`".into())
     })?;
@@ -100,6 +100,16 @@ fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<(us
         }
     }
     Ok((folded, spans))
+}
+
+/// A golden's prefill (expanded positions) counted with each span of `spans` as its marker.
+pub fn folded_prefill(prefill: usize, spans: &[(usize, usize)]) -> usize {
+    prefill
+        - spans
+            .iter()
+            .filter(|&&(s, _)| s < prefill)
+            .map(|&(_, len)| len - 1)
+            .sum::<usize>()
 }
 
 impl ForwardJob {
@@ -179,12 +189,7 @@ impl ForwardJob {
                 let p = g.prefill().map_err(JobError::Refused)?.ok_or_else(|| {
                     refused("the golden does not state its prefill length; give it".into())
                 })?;
-                // The golden counts expanded positions; here a span counts as its marker.
-                p - golden_spans
-                    .iter()
-                    .filter(|&&(s, _)| s < p)
-                    .map(|&(_, len)| len - 1)
-                    .sum::<usize>()
+                folded_prefill(p, &golden_spans)
             }
             (None, None) if restoring => 0,
             (None, None) => n,
