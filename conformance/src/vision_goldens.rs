@@ -389,6 +389,46 @@ pub fn golden_stages(golden: &TraceFile, n_layers: usize) -> Result<Vec<Stage>, 
     Ok(stages)
 }
 
+/// The stages of image `i` of a forward golden with image spans (`vision.I{i}.embed`,
+/// `.blocks` [layers, n, dim], `.vit`, `.aligner`; docs/TRACE.md), in computation order.
+pub fn forward_golden_stages(
+    golden: &TraceFile,
+    i: usize,
+    n_layers: usize,
+) -> Result<Vec<Stage>, String> {
+    let mut renamed = TraceFile::default();
+    for (from, to) in [
+        ("embed", "vision.embed"),
+        ("blocks", "vision.blocks"),
+        ("vit", "vision.norm"),
+        ("aligner", "vision.aligner"),
+    ] {
+        let name = format!("vision.I{i}.{from}");
+        let t = golden
+            .get(&name)
+            .ok_or_else(|| format!("{}: no `{name}`", golden.path.display()))?;
+        renamed.tensors.insert(to.into(), t.clone());
+    }
+    trace_stages(&renamed, n_layers)
+        .map_err(|e| format!("{}: image {i}: {e}", golden.path.display()))
+}
+
+/// Does image `i` of a forward golden (its `vision.I{i}.patches`, the official patches as
+/// values) hold exactly these patches?
+pub fn forward_golden_patches_match(
+    golden: &TraceFile,
+    i: usize,
+    patches: &ImagePatches,
+) -> Result<(), String> {
+    let name = format!("vision.I{i}.patches");
+    let (_, want) = golden.f32(&name).ok_or_else(|| format!("no `{name}`"))?;
+    let ours: Vec<f32> = patches.patches.iter().map(|v| v.to_f32()).collect();
+    if ours.as_slice() != want {
+        return Err(format!("`{name}` differs from the image's patches"));
+    }
+    Ok(())
+}
+
 /// The stages of an engine's tower trace (PROTOCOL.md `vision_tower`): `vision.embed` [n, dim],
 /// `vision.blocks` [layers, n, dim], `vision.norm` [n, dim], `vision.aligner` [cells, llm_dim].
 pub fn trace_stages(trace: &TraceFile, n_layers: usize) -> Result<Vec<Stage>, String> {

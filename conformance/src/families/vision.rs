@@ -61,6 +61,10 @@ pub struct VisionSpec {
     /// tower: the numerics profile the golden was made under.
     #[serde(default)]
     pub numerics: Option<Numerics>,
+    /// tower: the image's index in a forward golden with image spans (its `vision.I{i}.*`
+    /// stages, goldens/official/vision_*); absent for a tower golden (goldens/vision/tower).
+    #[serde(default)]
+    pub golden_image: Option<usize>,
     /// tower: teacher-forced from the golden (capability `replay`).
     #[serde(default)]
     pub replay: bool,
@@ -112,6 +116,18 @@ impl super::CheckFamily for VisionSpec {
             self.tower_weights.is_some() && tower,
         )?;
         given("replay", self.replay, self.replay && tower)?;
+        given(
+            "golden_image",
+            self.golden_image.is_some(),
+            self.golden_image.is_some() && tower,
+        )?;
+        if self.golden_image.is_some() && self.tower_weights.is_some() {
+            return Err(
+                "`golden_image` names an image of a forward golden, run on `model` itself; \
+                        `tower_weights` belong to a tower golden"
+                    .into(),
+            );
+        }
         given(
             "weightless",
             self.weightless.is_some(),
@@ -238,14 +254,21 @@ impl VisionSpec {
         // own (so the tower is judged apart from the engine's preprocessing).
         let patches = ds41_engine::vision::load_image(&ctx.data(image)?, &vision)
             .map_err(|e| Outcome::error(e.to_string()))?;
-        vg::golden_patches_match(&golden, &patches)
-            .map_err(|e| Outcome::error(format!("golden and image disagree: {e}")))?;
+        match self.golden_image {
+            None => vg::golden_patches_match(&golden, &patches),
+            Some(i) => vg::forward_golden_patches_match(&golden, i, &patches),
+        }
+        .map_err(|e| Outcome::error(format!("golden and image disagree: {e}")))?;
         let patch_file = dir.join("patches.safetensors");
         let bytes =
             ds41_engine::vision::patch_file::patch_file_bytes(&patches, &Default::default())
                 .map_err(|e| Outcome::error(e.to_string()))?;
         std::fs::write(&patch_file, bytes).map_err(|e| Outcome::error(e.to_string()))?;
-        let want = vg::golden_stages(&golden, vision.n_layers).map_err(Outcome::error)?;
+        let want = match self.golden_image {
+            None => vg::golden_stages(&golden, vision.n_layers),
+            Some(i) => vg::forward_golden_stages(&golden, i, vision.n_layers),
+        }
+        .map_err(Outcome::error)?;
         let replay = if self.replay {
             let (n_h, n_w) = patches.vit_grid();
             let file = vg::replay_file(&want, &[n_h * n_w, vision.dim]);
