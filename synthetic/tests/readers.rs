@@ -174,6 +174,38 @@ fn readers_parse_the_preset_geometry_in_both_layouts() {
     }
 }
 
+/// The `vision` preset's config reads back whole, its vision part and image id included
+/// (HF `vision_config` and `inference/config.json`'s `vision_*` keys agree), and the tower is
+/// stored by its release names; the container layout is refused with the reason.
+#[test]
+fn vision_release_reads_back_its_tower_and_refuses_the_container() {
+    let g = Preset::by_name("vision").unwrap().geometry;
+    let tmp = gen("vision", Layout::Release, 0);
+    let dir = tmp.path().join("ck");
+    let ck = checkpoint::open(&dir).unwrap();
+    let mut read = ck.config().clone();
+    read.max_position = g.max_position;
+    assert_eq!(read, g.args);
+    let inference = ds41_engine::vision::vision_config_from(&dir.join("inference/config.json")).unwrap();
+    assert_eq!(Some(inference), g.vision);
+    for name in [
+        "vision.patch_embed.proj.weight",
+        "vision.blocks.1.attn.wqkv.bias",
+        "vision.blocks.1.mlp.w1.weight",
+        "vision.norm.weight",
+        "aligner.w1.weight",
+        "aligner.w2.bias",
+        "image_newline",
+        "layers.4.ffn.gate.bias_vl",
+    ] {
+        assert!(ck.contains(name), "{name}");
+    }
+    let e = ds41_synthetic::generate("vision", Layout::Container, 0, &tmp.path().join("c"))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no container layout") && e.contains("vision.json"), "{e}");
+}
+
 #[test]
 fn container_specials_decode_from_their_escapes() {
     let tmp = gen("tiny", Layout::Container, 0);
@@ -190,6 +222,7 @@ fn unmutated_presets_read_completely() {
         ("grouped", Layout::Release),
         ("window-mtp", Layout::Release),
         ("dspark", Layout::Release),
+        ("vision", Layout::Release),
         ("tiny", Layout::Container),
         ("waste-tiny", Layout::Container),
     ] {
