@@ -183,6 +183,17 @@ fn main() {
             dspark_goldens_reproduce(&py, Path::new(&inference))?;
             Ok(Completion::Completed)
         }),
+        Trial::ignorable_test("regen_python::vision-golden-reproduces", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let inference = match official_inference() {
+                Ok(dir) => dir,
+                Err(skip) => return Ok(skip),
+            };
+            vision_golden_reproduces(&py, &inference)?;
+            Ok(Completion::Completed)
+        }),
         Trial::ignorable_test(
             "regen_python::vision-preprocess-random-vs-official",
             move || {
@@ -260,6 +271,78 @@ fn dspark_goldens_reproduce(python: &Path, inference: &Path) -> Result<(), Faile
         if !run.status.success() {
             return Err(format!(
                 "run_dspark.py failed:\n{}",
+                String::from_utf8_lossy(&run.stderr)
+            )
+            .into());
+        }
+        let got = ds41_engine::trace::TraceFile::read(&out).map_err(|e| e.to_string())?;
+        if got.tensors != want.tensors {
+            let differ: Vec<&String> = want
+                .tensors
+                .keys()
+                .filter(|k| got.tensors.get(*k) != want.tensors.get(*k))
+                .collect();
+            return Err(
+                format!("replay {replay}: tensors differ from the golden: {differ:?}").into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// run_vision.py reproduces goldens/official/vision_s7/p15_d06 from a fresh checkpoint, the
+/// PNGs and the prompt its provenance names (forward and teacher-forced replay).
+fn vision_golden_reproduces(python: &Path, inference: &Path) -> Result<(), Failed> {
+    let root = repo_root();
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let ckpt = tmp.path().join("vision-seed7");
+    ds41_synthetic::generate("vision", ds41_engine::checkpoint::Layout::Release, 7, &ckpt)
+        .map_err(|e| e.to_string())?;
+    let golden = root.join("goldens/official/vision_s7/p15_d06.safetensors");
+    let want = ds41_engine::trace::TraceFile::read(&golden).map_err(|e| e.to_string())?;
+    let provenance: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(golden.with_file_name("p15_d06.safetensors.provenance.json"))
+            .map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
+    let command = provenance["command"].as_str().unwrap_or_default();
+    let tokens = command
+        .split_whitespace()
+        .skip_while(|w| *w != "--tokens")
+        .nth(1)
+        .ok_or("provenance command without --tokens")?;
+    let images: Vec<String> = provenance["inputs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| {
+            i["name"].as_str().is_some_and(|n| {
+                n.strip_prefix("image")
+                    .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+            })
+        })
+        .map(|i| i["path"].as_str().unwrap_or_default().to_string())
+        .collect();
+    for replay in [false, true] {
+        let out = tmp.path().join(format!("vision-{replay}.safetensors"));
+        let mut cmd = Command::new(python);
+        cmd.arg(root.join("goldens/regen/model/run_vision.py"))
+            .arg("--inference")
+            .arg(inference)
+            .arg("--checkpoint")
+            .arg(&ckpt)
+            .args(["--tokens", tokens, "--prefill", "15", "--out"])
+            .arg(&out);
+        for image in &images {
+            cmd.arg("--image").arg(root.join(image));
+        }
+        if replay {
+            cmd.arg("--replay").arg(&golden);
+        }
+        let run = cmd.output().map_err(|e| e.to_string())?;
+        if !run.status.success() {
+            return Err(format!(
+                "run_vision.py failed:\n{}",
                 String::from_utf8_lossy(&run.stderr)
             )
             .into());

@@ -186,7 +186,8 @@ fn vision_release_reads_back_its_tower_and_refuses_the_container() {
     let mut read = ck.config().clone();
     read.max_position = g.max_position;
     assert_eq!(read, g.args);
-    let inference = ds41_engine::vision::vision_config_from(&dir.join("inference/config.json")).unwrap();
+    let inference =
+        ds41_engine::vision::vision_config_from(&dir.join("inference/config.json")).unwrap();
     assert_eq!(Some(inference), g.vision);
     for name in [
         "vision.patch_embed.proj.weight",
@@ -203,7 +204,10 @@ fn vision_release_reads_back_its_tower_and_refuses_the_container() {
     let e = ds41_synthetic::generate("vision", Layout::Container, 0, &tmp.path().join("c"))
         .unwrap_err()
         .to_string();
-    assert!(e.contains("no container layout") && e.contains("vision.json"), "{e}");
+    assert!(
+        e.contains("no container layout") && e.contains("vision.json"),
+        "{e}"
+    );
 }
 
 #[test]
