@@ -73,9 +73,12 @@ pub struct JobOutput {
     pub prefill: usize,
 }
 
-/// The spans of a golden's sequence ((start, length) from its `token_types`), and the
-/// sequence with each span folded to its first id (the marker).
-fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<(usize, usize)>)> {
+/// Where an image span lies in a sequence: (start, length).
+type SpanRange = (usize, usize);
+
+/// The spans of a golden's sequence (from its `token_types`), and the sequence with each span
+/// folded to its first id (the marker).
+fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<SpanRange>)> {
     let (_, types) = g.i64("token_types").ok_or_else(|| {
         Error::Model("images were given for a golden without `token_types`".into())
     })?;
@@ -156,12 +159,15 @@ impl ForwardJob {
             Some(g) if self.tokens.is_empty() => g.input_ids().map_err(JobError::Refused)?,
             _ => self.tokens.clone(),
         };
-        // A golden's sequence holds expanded spans: fold each back to one marker.
-        let from_golden = golden.is_some() && self.tokens.is_empty();
+        // A golden's sequence holds expanded spans: its prefill counts them whole, and with
+        // no tokens given each span folds back to its marker.
         let golden_spans = match &golden {
-            Some(g) if from_golden && !self.images.is_empty() => {
-                let (folded, spans) = fold_spans(g, &tokens).map_err(JobError::Refused)?;
-                tokens = folded;
+            Some(g) if !self.images.is_empty() => {
+                let ids = g.input_ids().map_err(JobError::Refused)?;
+                let (folded, spans) = fold_spans(g, &ids).map_err(JobError::Refused)?;
+                if self.tokens.is_empty() {
+                    tokens = folded;
+                }
                 spans
             }
             _ => Vec::new(),
@@ -180,11 +186,12 @@ impl ForwardJob {
                     refused("the golden does not state its prefill length; give it".into())
                 })?;
                 // The golden counts expanded positions; here a span counts as its marker.
-                p - golden_spans
+                let folded: usize = golden_spans
                     .iter()
-                    .filter(|&&(s, _)| s < p)
+                    .filter(|&&(start, _)| start < p)
                     .map(|&(_, len)| len - 1)
-                    .sum::<usize>()
+                    .sum();
+                p.saturating_sub(folded)
             }
             (None, None) if restoring => 0,
             (None, None) => n,
