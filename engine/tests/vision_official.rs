@@ -666,3 +666,24 @@ fn sessions_refuse_image_spans_after_position_zero() {
         .to_string();
     assert!(e.contains("first prefill chunk"), "{e}");
 }
+
+/// The container layout (CONTAINER.md §7–§8: `vision.json`, `vision_tower.*`, `mm_projector.*`,
+/// `model.image_*`) takes the same images: the same spans, every vision stage traced, finite,
+/// in both profiles. (Its weights are requantised, so there is no official golden for it.)
+#[test]
+fn container_layout_takes_images_in_both_profiles() {
+    let g = golden();
+    let dir = tempfile::tempdir().unwrap();
+    ds41_synthetic::generate(PRESET, Layout::Container, SEED, dir.path()).unwrap();
+    for numerics in [Numerics::Upstream, Numerics::Exact] {
+        let t = run(dir.path(), numerics, DefectSet::none(), false);
+        assert_eq!(tensor(&g, "token_types"), tensor(&t, "token_types"));
+        assert_eq!(tensor(&g, "input_ids"), tensor(&t, "input_ids"));
+        for i in 0..IMAGES.len() {
+            let name = format!("vision.I{i}.aligner");
+            assert_eq!(tensor(&g, &name).shape(), tensor(&t, &name).shape());
+            assert!(tensor(&t, &name).as_f64().iter().all(|v| v.is_finite()));
+        }
+        assert!(tensor(&t, "logits").as_f64().iter().all(|v| v.is_finite()));
+    }
+}

@@ -498,7 +498,7 @@ fn vision() -> Preset {
         waste_compat: false,
         large: false,
         no_release: None,
-        no_container: Some("CONTAINER.md §7's vision.json and the vision tensor renames are not written by the synthetic container writer yet"),
+        no_container: None,
         reach: "A prompt with image markers expands each to `[START] ([IMAGE]xw [NEWLINE])xh [END]`: image rows \
 route with `gate.bias_vl` (drawn wider than `gate.bias`, so routing differs), are DEAD in the Engram history \
 (text n-grams after a span stop at it) with Engram gate 0 on layers 0 and 1; a ViT grid that is not a multiple \
