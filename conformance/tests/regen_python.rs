@@ -38,6 +38,7 @@ mod torch_kernels;
 #[path = "regen_python/vision_tower.rs"]
 mod vision_tower;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -254,26 +255,50 @@ fn dspark_goldens_reproduce(python: &Path, inference: &Path) -> Result<(), Faile
         .iter()
         .map(|t| t.to_string())
         .collect();
+    let tokens = tokens.join(",");
+    let args = ["--tokens", tokens.as_str(), "--prefill", "18"].map(OsString::from);
+    reproduces(
+        python,
+        "run_dspark.py",
+        &args,
+        &ckpt,
+        inference,
+        &golden,
+        tmp.path(),
+    )
+}
+
+/// Run `goldens/regen/model/SCRIPT` on `ckpt` with `args`, forward and teacher-forced from
+/// `golden` (`--replay`), and require the golden's tensors back exactly from both.
+fn reproduces(
+    python: &Path,
+    script: &str,
+    args: &[OsString],
+    ckpt: &Path,
+    inference: &Path,
+    golden: &Path,
+    tmp: &Path,
+) -> Result<(), Failed> {
+    let want = ds41_engine::trace::TraceFile::read(golden).map_err(|e| e.to_string())?;
     for replay in [false, true] {
-        let out = tmp.path().join(format!("dspark-{replay}.safetensors"));
+        let out = tmp.join(format!("reproduced-{replay}.safetensors"));
         let mut cmd = Command::new(python);
-        cmd.arg(root.join("goldens/regen/model/run_dspark.py"))
+        cmd.arg(repo_root().join("goldens/regen/model").join(script))
             .arg("--inference")
             .arg(inference)
             .arg("--checkpoint")
-            .arg(&ckpt)
-            .args(["--tokens", &tokens.join(","), "--prefill", "18", "--out"])
+            .arg(ckpt)
+            .args(args)
+            .arg("--out")
             .arg(&out);
         if replay {
-            cmd.arg("--replay").arg(&golden);
+            cmd.arg("--replay").arg(golden);
         }
         let run = cmd.output().map_err(|e| e.to_string())?;
         if !run.status.success() {
-            return Err(format!(
-                "run_dspark.py failed:\n{}",
-                String::from_utf8_lossy(&run.stderr)
-            )
-            .into());
+            return Err(
+                format!("{script} failed:\n{}", String::from_utf8_lossy(&run.stderr)).into(),
+            );
         }
         let got = ds41_engine::trace::TraceFile::read(&out).map_err(|e| e.to_string())?;
         if got.tensors != want.tensors {
@@ -299,7 +324,6 @@ fn vision_golden_reproduces(python: &Path, inference: &Path) -> Result<(), Faile
     ds41_synthetic::generate("vision", ds41_engine::checkpoint::Layout::Release, 7, &ckpt)
         .map_err(|e| e.to_string())?;
     let golden = root.join("goldens/official/vision_s7/p15_d06.safetensors");
-    let want = ds41_engine::trace::TraceFile::read(&golden).map_err(|e| e.to_string())?;
     let provenance: serde_json::Value = serde_json::from_slice(
         &std::fs::read(golden.with_file_name("p15_d06.safetensors.provenance.json"))
             .map_err(|e| e.to_string())?,
@@ -323,43 +347,22 @@ fn vision_golden_reproduces(python: &Path, inference: &Path) -> Result<(), Faile
         })
         .map(|i| i["path"].as_str().unwrap_or_default().to_string())
         .collect();
-    for replay in [false, true] {
-        let out = tmp.path().join(format!("vision-{replay}.safetensors"));
-        let mut cmd = Command::new(python);
-        cmd.arg(root.join("goldens/regen/model/run_vision.py"))
-            .arg("--inference")
-            .arg(inference)
-            .arg("--checkpoint")
-            .arg(&ckpt)
-            .args(["--tokens", tokens, "--prefill", "15", "--out"])
-            .arg(&out);
-        for image in &images {
-            cmd.arg("--image").arg(root.join(image));
-        }
-        if replay {
-            cmd.arg("--replay").arg(&golden);
-        }
-        let run = cmd.output().map_err(|e| e.to_string())?;
-        if !run.status.success() {
-            return Err(format!(
-                "run_vision.py failed:\n{}",
-                String::from_utf8_lossy(&run.stderr)
-            )
-            .into());
-        }
-        let got = ds41_engine::trace::TraceFile::read(&out).map_err(|e| e.to_string())?;
-        if got.tensors != want.tensors {
-            let differ: Vec<&String> = want
-                .tensors
-                .keys()
-                .filter(|k| got.tensors.get(*k) != want.tensors.get(*k))
-                .collect();
-            return Err(
-                format!("replay {replay}: tensors differ from the golden: {differ:?}").into(),
-            );
-        }
+    let mut args = ["--tokens", tokens, "--prefill", "15"]
+        .map(OsString::from)
+        .to_vec();
+    for image in &images {
+        args.push("--image".into());
+        args.push(root.join(image).into_os_string());
     }
-    Ok(())
+    reproduces(
+        python,
+        "run_vision.py",
+        &args,
+        &ckpt,
+        inference,
+        &golden,
+        tmp.path(),
+    )
 }
 
 /// `ds41 synth --preset waste-tiny --layout container --seed S` equals WASTE's

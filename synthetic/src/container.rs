@@ -478,21 +478,15 @@ fn is_vision(release: &str) -> bool {
 /// `"tower": "ds41"`, the language model's width and the image token.
 fn vision_json(g: &Geometry) -> Option<Value> {
     let v = g.vision.as_ref().filter(|v| v.n_layers > 0)?;
-    Some(json!({
-        "tower": "ds41",
-        "num_hidden_layers": v.n_layers,
-        "hidden_size": v.dim,
-        "num_attention_heads": v.n_heads,
-        "intermediate_size": v.inter_dim,
-        "patch_size": v.patch_size,
-        "rope_theta": v.rope_theta,
-        "downsample_ratio": v.downsample_ratio,
-        "max_image_tokens": v.max_n_token,
-        "min_pixels": v.min_pixels,
-        "max_wh_ratio": v.max_wh_ratio,
-        "out_hidden_size": g.dim,
-        "media_placeholder_token_id": g.image_token_id?
-    }))
+    let mut json = Map::new();
+    json.insert("tower".into(), json!("ds41"));
+    json.extend(crate::release::hf_vision_keys(v));
+    json.insert("out_hidden_size".into(), json!(g.dim));
+    json.insert(
+        "media_placeholder_token_id".into(),
+        json!(g.image_token_id?),
+    );
+    Some(Value::Object(json))
 }
 
 /// The flat manifest config (CONTAINER.md §10.1, key order of WASTE's generator).

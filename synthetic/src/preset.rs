@@ -354,39 +354,40 @@ from p ≥ 48; YaRN from p ≥ 16. The MTP stage is stored but not run by a main
     }
 }
 
+/// The backbone of `dspark` and `vision`: dim 64, 5 layers (ratios 0,2,2,1,1), 4 heads of 32,
+/// 8 experts top-3, window 16, no candidate filter.
+fn small_backbone_args(engram_layer_ids: Vec<usize>) -> Config {
+    Config {
+        dim: 64,
+        moe_inter_dim: 32,
+        n_layers: 5,
+        n_heads: 4,
+        n_routed_experts: 8,
+        n_activated_experts: 3,
+        q_lora_rank: 32,
+        head_dim: 32,
+        rope_head_dim: 8,
+        o_groups: 2,
+        o_lora_rank: 16,
+        window_size: 16,
+        compress_ratios: vec![0, 2, 2, 1, 1],
+        kv_source_layers: vec![1, 3],
+        index_source_layers: vec![1, 3],
+        candidate_source_layer: None,
+        candidate_topk_blocks: 0,
+        candidate_block_size: 0,
+        index_n_heads: 4,
+        index_head_dim: 32,
+        index_topk: 8,
+        engram_layer_ids,
+        ..tiny_args() // every other argument as in `tiny`
+    }
+}
+
 /// A DSpark head shaped like the release's (three stages, block 5, the last three layers as
 /// targets, fewer and sparser experts in the stages than in the backbone), at test scale.
 fn dspark() -> Preset {
-    let g = Geometry::new(
-        Config {
-            dim: 64,
-            moe_inter_dim: 32,
-            n_layers: 5,
-            n_heads: 4,
-            n_routed_experts: 8,
-            n_activated_experts: 3,
-            q_lora_rank: 32,
-            head_dim: 32,
-            rope_head_dim: 8,
-            o_groups: 2,
-            o_lora_rank: 16,
-            window_size: 16,
-            compress_ratios: vec![0, 2, 2, 1, 1],
-            kv_source_layers: vec![1, 3],
-            index_source_layers: vec![1, 3],
-            candidate_source_layer: None,
-            candidate_topk_blocks: 0,
-            candidate_block_size: 0,
-            index_n_heads: 4,
-            index_head_dim: 32,
-            index_topk: 8,
-            engram_layer_ids: vec![0, 2],
-            ..tiny_args() // every other argument as in `tiny`
-        },
-        2,
-        TokenizerKind::ByteBpe,
-    )
-    .with_dspark(
+    let g = Geometry::new(small_backbone_args(vec![0, 2]), 2, TokenizerKind::ByteBpe).with_dspark(
         3,
         DsparkConfig {
             block_size: 5,
@@ -451,31 +452,7 @@ expert chosen is decided by the tie rule alone (MODEL.md §5.10: the lower id) a
 /// few tokens (MODEL.md §11.1 "optional extras": an image span reaches `bias_vl`, DEAD history
 /// and gate masking).
 fn vision() -> Preset {
-    let mut args = Config {
-        dim: 64,
-        moe_inter_dim: 32,
-        n_layers: 5,
-        n_heads: 4,
-        n_routed_experts: 8,
-        n_activated_experts: 3,
-        q_lora_rank: 32,
-        head_dim: 32,
-        rope_head_dim: 8,
-        o_groups: 2,
-        o_lora_rank: 16,
-        window_size: 16,
-        compress_ratios: vec![0, 2, 2, 1, 1],
-        kv_source_layers: vec![1, 3],
-        index_source_layers: vec![1, 3],
-        candidate_source_layer: None,
-        candidate_topk_blocks: 0,
-        candidate_block_size: 0,
-        index_n_heads: 4,
-        index_head_dim: 32,
-        index_topk: 8,
-        engram_layer_ids: vec![0, 1],
-        ..tiny_args() // every other argument as in `tiny`
-    };
+    let mut args = small_backbone_args(vec![0, 1]);
     args.image_token_id = Some(VISION_IMAGE_TOKEN);
     args.vision = Some(VisionConfig {
         n_layers: 2,
