@@ -687,3 +687,36 @@ fn container_layout_takes_images_in_both_profiles() {
         assert!(tensor(&t, "logits").as_f64().iter().all(|v| v.is_finite()));
     }
 }
+
+/// A session saved after a prefill with images resumes bit-exactly: the DEAD entries of the
+/// Engram history survive the state file (docs/STATE.md), so text after the span still stops
+/// its n-grams there.
+#[test]
+fn state_saved_after_images_resumes_bit_exactly() {
+    let dir = checkpoint();
+    let marker = ds41_synthetic::preset::VISION_IMAGE_TOKEN;
+    let state = dir.path().join("s.state");
+    let image = image_paths()[1].clone();
+    let whole = job(
+        dir.path(),
+        vec![412, 96, marker, 77, 45, 9, 10],
+        Some(5),
+        vec![image.clone()],
+    )
+    .run()
+    .unwrap()
+    .trace;
+    let mut first = job(dir.path(), vec![412, 96, marker, 77, 45], None, vec![image]);
+    first.save_state = Some(state.clone());
+    first.run().unwrap();
+    let mut rest = job(dir.path(), vec![9, 10], None, Vec::new());
+    rest.load_state = Some(state);
+    let resumed = rest.run().unwrap().trace;
+    let v = whole.vocab;
+    assert_eq!(resumed.logits[..], whole.logits[v..]);
+    let cols = whole.engram_layers * whole.engram_cols;
+    assert_eq!(
+        resumed.engram_hash[..],
+        whole.engram_hash[whole.engram_hash.len() - 2 * cols..]
+    );
+}
