@@ -125,7 +125,7 @@ pub struct Preset {
 }
 
 /// Names of every preset, in listing order.
-pub const PRESET_NAMES: [&str; 9] = [
+pub const PRESET_NAMES: [&str; 10] = [
     "tiny",
     "tiny-sharded",
     "grouped",
@@ -636,6 +636,7 @@ fn wide_deep() -> Preset {
         waste_compat: false,
         large: true,
         no_release: None,
+        no_container: None,
         reach: "As `wide`, at the depth where the weights no longer fit in memory: every decode token reads \
 ~16 GB of weights through the page cache. Meant for memory behaviour, not for numerics.",
     }
