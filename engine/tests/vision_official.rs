@@ -666,3 +666,57 @@ fn sessions_refuse_image_spans_after_position_zero() {
         .to_string();
     assert!(e.contains("first prefill chunk"), "{e}");
 }
+
+/// The container layout (CONTAINER.md §7–§8: `vision.json`, `vision_tower.*`, `mm_projector.*`,
+/// `model.image_*`) takes the same images: the same spans, every vision stage traced, finite,
+/// in both profiles. (Its weights are requantised, so there is no official golden for it.)
+#[test]
+fn container_layout_takes_images_in_both_profiles() {
+    let g = golden();
+    let dir = tempfile::tempdir().unwrap();
+    ds41_synthetic::generate(PRESET, Layout::Container, SEED, dir.path()).unwrap();
+    for numerics in [Numerics::Upstream, Numerics::Exact] {
+        let t = run(dir.path(), numerics, DefectSet::none(), false);
+        assert_eq!(tensor(&g, "token_types"), tensor(&t, "token_types"));
+        assert_eq!(tensor(&g, "input_ids"), tensor(&t, "input_ids"));
+        for i in 0..IMAGES.len() {
+            let name = format!("vision.I{i}.aligner");
+            assert_eq!(tensor(&g, &name).shape(), tensor(&t, &name).shape());
+            assert!(tensor(&t, &name).as_f64().iter().all(|v| v.is_finite()));
+        }
+        assert!(tensor(&t, "logits").as_f64().iter().all(|v| v.is_finite()));
+    }
+}
+
+/// A session saved after a prefill with images resumes bit-exactly: the DEAD entries of the
+/// Engram history survive the state file (docs/STATE.md), so text after the span still stops
+/// its n-grams there.
+#[test]
+fn state_saved_after_images_resumes_bit_exactly() {
+    let dir = checkpoint();
+    let marker = ds41_synthetic::preset::VISION_IMAGE_TOKEN;
+    let state = dir.path().join("s.state");
+    let image = image_paths()[1].clone();
+    let whole = job(
+        dir.path(),
+        vec![412, 96, marker, 77, 45, 9, 10],
+        Some(5),
+        vec![image.clone()],
+    )
+    .run()
+    .unwrap()
+    .trace;
+    let mut first = job(dir.path(), vec![412, 96, marker, 77, 45], None, vec![image]);
+    first.save_state = Some(state.clone());
+    first.run().unwrap();
+    let mut rest = job(dir.path(), vec![9, 10], None, Vec::new());
+    rest.load_state = Some(state);
+    let resumed = rest.run().unwrap().trace;
+    let v = whole.vocab;
+    assert_eq!(resumed.logits[..], whole.logits[v..]);
+    let cols = whole.engram_layers * whole.engram_cols;
+    assert_eq!(
+        resumed.engram_hash[..],
+        whole.engram_hash[whole.engram_hash.len() - 2 * cols..]
+    );
+}

@@ -125,7 +125,7 @@ pub struct Preset {
 }
 
 /// Names of every preset, in listing order.
-pub const PRESET_NAMES: [&str; 9] = [
+pub const PRESET_NAMES: [&str; 10] = [
     "tiny",
     "tiny-sharded",
     "grouped",
@@ -135,6 +135,7 @@ pub const PRESET_NAMES: [&str; 9] = [
     "vision",
     "waste-tiny",
     "wide",
+    "wide-deep",
 ];
 
 impl Preset {
@@ -157,6 +158,7 @@ impl Preset {
             "vision" => vision(),
             "waste-tiny" => waste_tiny(),
             "wide" => wide(),
+            "wide-deep" => wide_deep(),
             _ => return None,
         })
     }
@@ -354,39 +356,40 @@ from p ≥ 48; YaRN from p ≥ 16. The MTP stage is stored but not run by a main
     }
 }
 
+/// The backbone of `dspark` and `vision`: dim 64, 5 layers (ratios 0,2,2,1,1), 4 heads of 32,
+/// 8 experts top-3, window 16, no candidate filter.
+fn small_backbone_args(engram_layer_ids: Vec<usize>) -> Config {
+    Config {
+        dim: 64,
+        moe_inter_dim: 32,
+        n_layers: 5,
+        n_heads: 4,
+        n_routed_experts: 8,
+        n_activated_experts: 3,
+        q_lora_rank: 32,
+        head_dim: 32,
+        rope_head_dim: 8,
+        o_groups: 2,
+        o_lora_rank: 16,
+        window_size: 16,
+        compress_ratios: vec![0, 2, 2, 1, 1],
+        kv_source_layers: vec![1, 3],
+        index_source_layers: vec![1, 3],
+        candidate_source_layer: None,
+        candidate_topk_blocks: 0,
+        candidate_block_size: 0,
+        index_n_heads: 4,
+        index_head_dim: 32,
+        index_topk: 8,
+        engram_layer_ids,
+        ..tiny_args() // every other argument as in `tiny`
+    }
+}
+
 /// A DSpark head shaped like the release's (three stages, block 5, the last three layers as
 /// targets, fewer and sparser experts in the stages than in the backbone), at test scale.
 fn dspark() -> Preset {
-    let g = Geometry::new(
-        Config {
-            dim: 64,
-            moe_inter_dim: 32,
-            n_layers: 5,
-            n_heads: 4,
-            n_routed_experts: 8,
-            n_activated_experts: 3,
-            q_lora_rank: 32,
-            head_dim: 32,
-            rope_head_dim: 8,
-            o_groups: 2,
-            o_lora_rank: 16,
-            window_size: 16,
-            compress_ratios: vec![0, 2, 2, 1, 1],
-            kv_source_layers: vec![1, 3],
-            index_source_layers: vec![1, 3],
-            candidate_source_layer: None,
-            candidate_topk_blocks: 0,
-            candidate_block_size: 0,
-            index_n_heads: 4,
-            index_head_dim: 32,
-            index_topk: 8,
-            engram_layer_ids: vec![0, 2],
-            ..tiny_args() // every other argument as in `tiny`
-        },
-        2,
-        TokenizerKind::ByteBpe,
-    )
-    .with_dspark(
+    let g = Geometry::new(small_backbone_args(vec![0, 2]), 2, TokenizerKind::ByteBpe).with_dspark(
         3,
         DsparkConfig {
             block_size: 5,
@@ -451,31 +454,7 @@ expert chosen is decided by the tie rule alone (MODEL.md §5.10: the lower id) a
 /// few tokens (MODEL.md §11.1 "optional extras": an image span reaches `bias_vl`, DEAD history
 /// and gate masking).
 fn vision() -> Preset {
-    let mut args = Config {
-        dim: 64,
-        moe_inter_dim: 32,
-        n_layers: 5,
-        n_heads: 4,
-        n_routed_experts: 8,
-        n_activated_experts: 3,
-        q_lora_rank: 32,
-        head_dim: 32,
-        rope_head_dim: 8,
-        o_groups: 2,
-        o_lora_rank: 16,
-        window_size: 16,
-        compress_ratios: vec![0, 2, 2, 1, 1],
-        kv_source_layers: vec![1, 3],
-        index_source_layers: vec![1, 3],
-        candidate_source_layer: None,
-        candidate_topk_blocks: 0,
-        candidate_block_size: 0,
-        index_n_heads: 4,
-        index_head_dim: 32,
-        index_topk: 8,
-        engram_layer_ids: vec![0, 1],
-        ..tiny_args() // every other argument as in `tiny`
-    };
+    let mut args = small_backbone_args(vec![0, 1]);
     args.image_token_id = Some(VISION_IMAGE_TOKEN);
     args.vision = Some(VisionConfig {
         n_layers: 2,
@@ -498,7 +477,7 @@ fn vision() -> Preset {
         waste_compat: false,
         large: false,
         no_release: None,
-        no_container: Some("CONTAINER.md §7's vision.json and the vision tensor renames are not written by the synthetic container writer yet"),
+        no_container: None,
         reach: "A prompt with image markers expands each to `[START] ([IMAGE]xw [NEWLINE])xh [END]`: image rows \
 route with `gate.bias_vl` (drawn wider than `gate.bias`, so routing differs), are DEAD in the Engram history \
 (text n-grams after a span stop at it) with Engram gate 0 on layers 0 and 1; a ViT grid that is not a multiple \
@@ -563,43 +542,45 @@ consumption (no index source after layer 4), ≥ 16 index heads, a non-identity 
     }
 }
 
+/// Release widths (MODEL.md §2.1: dim, heads, ranks, index heads, window, index_topk) at a
+/// reduced vocabulary and expert count; `wide` and `wide-deep` differ in depth only.
+fn wide_args() -> Config {
+    Config {
+        vocab_size: 16384,
+        dim: 5120,
+        moe_inter_dim: 2304,
+        n_layers: 4,
+        n_heads: 64,
+        n_routed_experts: 16,
+        n_activated_experts: 6,
+        swiglu_limit: 10.0,
+        q_lora_rank: 1280,
+        head_dim: 512,
+        rope_head_dim: 64,
+        o_groups: 8,
+        o_lora_rank: 1024,
+        window_size: 128,
+        compress_ratios: vec![0, 2, 1, 1],
+        kv_source_layers: vec![1, 2],
+        index_source_layers: vec![1, 2, 3],
+        candidate_source_layer: Some(2),
+        candidate_topk_blocks: 128,
+        candidate_block_size: 8,
+        index_n_heads: 32,
+        index_head_dim: 128,
+        index_topk: 512,
+        original_seq_len: 65536,
+        rope_factor: 16.0,
+        engram_vocab_size: 1000,
+        engram_max_ngram_size: 4,
+        engram_n_heads: 8,
+        engram_head_dim: 256,
+        ..tiny_args() // every other argument as in `tiny`
+    }
+}
+
 fn wide() -> Preset {
-    let g = Geometry::new(
-        Config {
-            vocab_size: 16384,
-            dim: 5120,
-            moe_inter_dim: 2304,
-            n_layers: 4,
-            n_heads: 64,
-            n_routed_experts: 16,
-            n_activated_experts: 6,
-            swiglu_limit: 10.0,
-            q_lora_rank: 1280,
-            head_dim: 512,
-            rope_head_dim: 64,
-            o_groups: 8,
-            o_lora_rank: 1024,
-            window_size: 128,
-            compress_ratios: vec![0, 2, 1, 1],
-            kv_source_layers: vec![1, 2],
-            index_source_layers: vec![1, 2, 3],
-            candidate_source_layer: Some(2),
-            candidate_topk_blocks: 128,
-            candidate_block_size: 8,
-            index_n_heads: 32,
-            index_head_dim: 128,
-            index_topk: 512,
-            original_seq_len: 65536,
-            rope_factor: 16.0,
-            engram_vocab_size: 1000,
-            engram_max_ngram_size: 4,
-            engram_n_heads: 8,
-            engram_head_dim: 256,
-            ..tiny_args() // every other argument as in `tiny`
-        },
-        2,
-        TokenizerKind::ByteBpe,
-    );
+    let g = Geometry::new(wide_args(), 2, TokenizerKind::ByteBpe);
     Preset {
         name: "wide",
         description: "real widths (dim 5120, 64x512 heads, q_lora 1280, o 8x1024, experts 2304, index 32x128, hc 4), 4 layers, 16 experts top-6, vocab 16384: for speed/memory benchmarks (~2.4 GB, written streamed)",
@@ -613,5 +594,50 @@ fn wide() -> Preset {
         reach: "Release widths and release window (128) / index_topk (512): ring wrap from p ≥ 128, ratio-2 \
 indexer discards from p ≥ 1025, candidate filter (128 blocks of 8) from p ≥ 1024 on the ratio-1 writer \
 (layer 2) consumed by layer 3. Meant for throughput and memory at real shapes, not for numerics.",
+    }
+}
+
+/// Layers of `wide-deep`: ~0.48 GB each, so 56 of them (~27 GB) exceed a 25 GB machine's RAM.
+const WIDE_DEEP_LAYERS: usize = 56;
+
+fn wide_deep() -> Preset {
+    let n = WIDE_DEEP_LAYERS;
+    // The release's pattern (MODEL.md §2.1) scaled to n layers: two window-only layers, then
+    // ratio 2, then ratio 1; a KV source every 6 layers, more index sources in the ratio-1 half,
+    // the candidate source at the first ratio-1 KV source.
+    let ratio1_from = 26;
+    let mut compress_ratios = vec![0, 0];
+    compress_ratios.extend(std::iter::repeat_n(2, ratio1_from - 2));
+    compress_ratios.extend(std::iter::repeat_n(1, n - ratio1_from));
+    let kv_source_layers: Vec<usize> = (2..n).step_by(6).collect();
+    let mut index_source_layers = kv_source_layers.clone();
+    index_source_layers.extend((ratio1_from + 4..n).step_by(4));
+    index_source_layers.sort_unstable();
+    index_source_layers.dedup();
+    let g = Geometry::new(
+        Config {
+            n_layers: n,
+            compress_ratios,
+            kv_source_layers,
+            index_source_layers,
+            candidate_source_layer: Some(ratio1_from),
+            engram_layer_ids: vec![1, 14],
+            ..wide_args()
+        },
+        2,
+        TokenizerKind::ByteBpe,
+    );
+    Preset {
+        name: "wide-deep",
+        description: "`wide` at 56 layers (~27 GB, written streamed): a checkpoint larger than a 25 GB machine's RAM, for decoding from the memory-mapped file",
+        geometry: g,
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding: Sharding::ReleaseLike,
+        waste_compat: false,
+        large: true,
+        no_release: None,
+        no_container: None,
+        reach: "As `wide`, at the depth where the weights no longer fit in memory: every decode token reads \
+~16 GB of weights through the page cache. Meant for memory behaviour, not for numerics.",
     }
 }

@@ -11,7 +11,7 @@ use crate::preset::{decimal, Geometry, Preset, Sharding};
 use crate::rng::SplitMix64;
 use crate::tokenizer::Vocab;
 use crate::SynthError;
-use ds41_engine::config::DsparkConfig;
+use ds41_engine::config::{DsparkConfig, VisionConfig};
 use serde_json::{json, Value};
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -324,24 +324,33 @@ pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
     if let (Some(v), Some(id)) = (&g.vision, g.image_token_id) {
         let root = config.as_object_mut().expect("an object");
         root.insert("image_token_id".into(), json!(id));
-        root.insert(
-            "vision_config".into(),
-            json!({
-                "model_type": "deepseek_v41_vision",
-                "num_hidden_layers": v.n_layers,
-                "hidden_size": v.dim,
-                "num_attention_heads": v.n_heads,
-                "intermediate_size": v.inter_dim,
-                "patch_size": v.patch_size,
-                "rope_theta": v.rope_theta,
-                "downsample_ratio": v.downsample_ratio,
-                "max_image_tokens": v.max_n_token,
-                "min_pixels": v.min_pixels,
-                "max_wh_ratio": v.max_wh_ratio
-            }),
-        );
+        let mut vision = serde_json::Map::new();
+        vision.insert("model_type".into(), json!("deepseek_v41_vision"));
+        vision.extend(hf_vision_keys(v));
+        root.insert("vision_config".into(), Value::Object(vision));
     }
     config
+}
+
+/// The tower's keys as the HF `vision_config` spells them (also the body of a container's
+/// `vision.json`, CONTAINER.md §7).
+pub fn hf_vision_keys(v: &VisionConfig) -> serde_json::Map<String, Value> {
+    let keys = json!({
+        "num_hidden_layers": v.n_layers,
+        "hidden_size": v.dim,
+        "num_attention_heads": v.n_heads,
+        "intermediate_size": v.inter_dim,
+        "patch_size": v.patch_size,
+        "rope_theta": v.rope_theta,
+        "downsample_ratio": v.downsample_ratio,
+        "max_image_tokens": v.max_n_token,
+        "min_pixels": v.min_pixels,
+        "max_wh_ratio": v.max_wh_ratio
+    });
+    match keys {
+        Value::Object(m) => m,
+        _ => unreachable!("a JSON object literal"),
+    }
 }
 
 fn text_root_config(g: &Geometry, compressed_vocab: usize) -> Value {

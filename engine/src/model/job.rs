@@ -73,9 +73,12 @@ pub struct JobOutput {
     pub prefill: usize,
 }
 
-/// The spans of a golden's sequence ((start, length) from its `token_types`), and the
-/// sequence with each span folded to its first id (the marker).
-pub fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<(usize, usize)>)> {
+/// Where an image span lies in a sequence: (start, length).
+pub type SpanRange = (usize, usize);
+
+/// The spans of a golden's sequence (from its `token_types`), and the sequence with each span
+/// folded to its first id (the marker).
+pub fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<SpanRange>)> {
     let (_, types) = g.i64("token_types").ok_or_else(|| {
         Error::Model("images were given for a golden without `token_types`".into())
     })?;
@@ -103,13 +106,13 @@ pub fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec
 }
 
 /// A golden's prefill (expanded positions) counted with each span of `spans` as its marker.
-pub fn folded_prefill(prefill: usize, spans: &[(usize, usize)]) -> usize {
-    prefill
-        - spans
-            .iter()
-            .filter(|&&(s, _)| s < prefill)
-            .map(|&(_, len)| len - 1)
-            .sum::<usize>()
+pub fn folded_prefill(prefill: usize, spans: &[SpanRange]) -> usize {
+    let folded: usize = spans
+        .iter()
+        .filter(|&&(start, _)| start < prefill)
+        .map(|&(_, len)| len - 1)
+        .sum();
+    prefill.saturating_sub(folded)
 }
 
 impl ForwardJob {
@@ -166,12 +169,15 @@ impl ForwardJob {
             Some(g) if self.tokens.is_empty() => g.input_ids().map_err(JobError::Refused)?,
             _ => self.tokens.clone(),
         };
-        // A golden's sequence holds expanded spans: fold each back to one marker.
-        let from_golden = golden.is_some() && self.tokens.is_empty();
+        // A golden's sequence holds expanded spans: its prefill counts them whole, and with
+        // no tokens given each span folds back to its marker.
         let golden_spans = match &golden {
-            Some(g) if from_golden && !self.images.is_empty() => {
-                let (folded, spans) = fold_spans(g, &tokens).map_err(JobError::Refused)?;
-                tokens = folded;
+            Some(g) if !self.images.is_empty() => {
+                let ids = g.input_ids().map_err(JobError::Refused)?;
+                let (folded, spans) = fold_spans(g, &ids).map_err(JobError::Refused)?;
+                if self.tokens.is_empty() {
+                    tokens = folded;
+                }
                 spans
             }
             _ => Vec::new(),

@@ -239,14 +239,16 @@ impl<'m> Session<'m> {
             (Some(id), Some(v)) if v.n_layers > 0 => id,
             _ => {
                 return Err(Error::Model(
-                    "the model has no vision tower (vision_config absent or 0 layers) but                      images were given"
+                    "the model has no vision tower (vision_config absent or 0 layers) but \
+                     images were given"
                         .into(),
                 ))
             }
         };
         if chunk.start != 0 {
             return Err(Error::Model(format!(
-                "image spans must lie in the first prefill chunk (position 0); this chunk                  starts at position {}",
+                "image spans must lie in the first prefill chunk (position 0); this chunk \
+                 starts at position {}",
                 chunk.start
             )));
         }
