@@ -44,18 +44,27 @@ pub struct Expected {
 impl Expected {
     /// Read and check the schema of `path`.
     pub fn read(path: &Path) -> Result<Expected, String> {
-        let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let expected: Expected =
-            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        if expected.schema != SCHEMA {
-            return Err(format!(
-                "{}: schema {:?}, expected {SCHEMA:?}",
-                path.display(),
-                expected.schema
-            ));
-        }
-        Ok(expected)
+        read_json_golden(path, SCHEMA, |e: &Expected| &e.schema)
     }
+}
+
+/// A JSON golden whose `schema` (as `schema_of` reads it) must be `schema`; errors name the file.
+pub fn read_json_golden<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    schema: &str,
+    schema_of: impl Fn(&T) -> &str,
+) -> Result<T, String> {
+    let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let golden: T =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let found = schema_of(&golden);
+    if found != schema {
+        return Err(format!(
+            "{}: schema {found:?}, expected {schema:?}",
+            path.display()
+        ));
+    }
+    Ok(golden)
 }
 
 #[derive(Deserialize)]

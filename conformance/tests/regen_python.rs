@@ -107,6 +107,13 @@ fn regen_python() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// The path an environment variable names, if set and not empty.
+fn env_path(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 /// The release `inference/` directory named by `DS41_OFFICIAL_INFERENCE`, or the skip.
 fn official_inference() -> Result<PathBuf, Completion> {
     std::env::var_os("DS41_OFFICIAL_INFERENCE")
@@ -163,16 +170,11 @@ fn main() {
                 Ok(dir) => dir,
                 Err(skip) => return Ok(skip),
             };
-            let var = |v: &str| {
-                std::env::var_os(v)
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-            };
             engram_map::engram_map_equals_official(
                 &py,
                 &inference,
-                var("DS41_RELEASE").as_deref(),
-                var("DS41_UPSTREAM").as_deref(),
+                env_path("DS41_RELEASE").as_deref(),
+                env_path("DS41_UPSTREAM").as_deref(),
             );
             Ok(Completion::Completed)
         }),
@@ -234,13 +236,8 @@ fn main() {
                 Ok(dir) => dir,
                 Err(skip) => return Ok(skip),
             };
-            let var = |v: &str| {
-                std::env::var_os(v)
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-            };
             let (Some(encoding), Some(release)) =
-                (var("DS41_OFFICIAL_ENCODING"), var("DS41_RELEASE"))
+                (env_path("DS41_OFFICIAL_ENCODING"), env_path("DS41_RELEASE"))
             else {
                 return Ok(Completion::ignored_with(
                     "SKIPPED: DS41_OFFICIAL_ENCODING (the release encoding/ directory) or \

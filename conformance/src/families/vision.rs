@@ -443,17 +443,7 @@ const SPAN_SCHEMA: &str = "ds41-vision-span/1";
 
 impl SpanGolden {
     fn read(path: &Path) -> Result<SpanGolden, String> {
-        let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let g: SpanGolden =
-            serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-        if g.schema != SPAN_SCHEMA {
-            return Err(format!(
-                "{}: schema {:?}, expected {SPAN_SCHEMA:?}",
-                path.display(),
-                g.schema
-            ));
-        }
-        Ok(g)
+        vg::read_json_golden(path, SPAN_SCHEMA, |g: &SpanGolden| &g.schema)
     }
 }
 
