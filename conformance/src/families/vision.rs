@@ -473,8 +473,9 @@ fn read_patch_file(path: &Path) -> Result<Preprocessed, String> {
 }
 
 /// Make `out` a release checkpoint: `base`'s files (linked) with the tower of `weights` added
-/// as one more shard, named in the index, and its `vision_config` in `config.json`. Returns
-/// the tower's config. The tower's aligner must have the language model's width.
+/// as one more shard, named in the index, and its config in `config.json` (`vision_config`)
+/// and, when `base` has one, `inference/config.json` (the `vision_*` keys). Returns the
+/// tower's config. The tower's aligner must have the language model's width.
 fn graft_tower(
     base: &Path,
     weights: &Path,
@@ -507,7 +508,7 @@ fn graft_tower(
     for entry in std::fs::read_dir(base).map_err(|e| io(base, e))? {
         let entry = entry.map_err(|e| io(base, e))?;
         let name = entry.file_name();
-        if name == "config.json" || name == "model.safetensors.index.json" {
+        if name == "config.json" || name == "model.safetensors.index.json" || name == "inference" {
             continue;
         }
         let dst = out.join(&name);
@@ -537,12 +538,40 @@ fn graft_tower(
         "max_wh_ratio": vision.max_wh_ratio,
         "rope_theta": vision.rope_theta,
     });
-    for (path, value) in [
-        (out.join("config.json"), &config),
-        (out.join("model.safetensors.index.json"), &index),
-    ] {
-        let text = serde_json::to_vec_pretty(value).map_err(|e| json(&path, e))?;
-        std::fs::write(&path, text).map_err(|e| io(&path, e))?;
+    let mut files = vec![
+        (out.join("config.json"), config),
+        (out.join("model.safetensors.index.json"), index),
+    ];
+    let inference_path = base.join("inference/config.json");
+    if inference_path.is_file() {
+        let mut inference: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(&inference_path).map_err(|e| io(&inference_path, e))?,
+        )
+        .map_err(|e| json(&inference_path, e))?;
+        for (key, value) in [
+            ("vision_n_layers", serde_json::json!(vision.n_layers)),
+            ("vision_dim", vision.dim.into()),
+            ("vision_n_heads", vision.n_heads.into()),
+            ("vision_inter_dim", vision.inter_dim.into()),
+            ("vision_patch_size", vision.patch_size.into()),
+            ("vision_downsample_ratio", vision.downsample_ratio.into()),
+            ("vision_max_n_token", vision.max_n_token.into()),
+            ("vision_min_pixels", vision.min_pixels.into()),
+            (
+                "vision_max_wh_ratio",
+                serde_json::json!(vision.max_wh_ratio),
+            ),
+            ("vision_rope_theta", vision.rope_theta.into()),
+        ] {
+            inference[key] = value;
+        }
+        let dir = out.join("inference");
+        std::fs::create_dir_all(&dir).map_err(|e| io(&dir, e))?;
+        files.push((dir.join("config.json"), inference));
+    }
+    for (path, value) in &files {
+        let text = serde_json::to_vec_pretty(value).map_err(|e| json(path, e))?;
+        std::fs::write(path, text).map_err(|e| io(path, e))?;
     }
     Ok(vision)
 }
