@@ -171,6 +171,8 @@ impl VisionSpec {
         let expected = Expected::read(&path).map_err(Outcome::error)?;
         let corpus = path.parent().unwrap_or(Path::new("."));
         let dir = ctx.scratch(case)?;
+        // The case's timeout bounds all its images together.
+        let deadline = std::time::Instant::now() + timeout(case);
         let mut checked = 0;
         for (i, golden) in expected.cases.iter().enumerate() {
             if self.config.as_ref().is_some_and(|c| c != &golden.config) {
@@ -187,7 +189,10 @@ impl VisionSpec {
             };
             let what = format!("{} [{}]", golden.image, golden.config);
             engine
-                .vision_preprocess(&req, timeout(case))
+                .vision_preprocess(
+                    &req,
+                    deadline.saturating_duration_since(std::time::Instant::now()),
+                )
                 .map_err(|e| engine_failure(&format!("vision_preprocess {what}"), e))?;
             let got = read_patch_file(&req.out)
                 .map_err(|e| Outcome::fail(format!("{what}: the patch file: {e}")))?;
@@ -374,8 +379,7 @@ impl VisionSpec {
         if let Some(o) = first_difference("token id", &got.tokens, tokens, types) {
             return Ok(o);
         }
-        let got_types = got.token_types.clone();
-        if let Some(o) = first_difference("token type", &got_types, types, types) {
+        if let Some(o) = first_difference("token type", &got.token_types, types, types) {
             return Ok(o);
         }
         details.notes.push(format!(
