@@ -11,6 +11,11 @@ renderer writes.
 BOS and the post-processor adds nothing, so `tokenizers.Tokenizer.encode(prompt).ids` is what it
 returns (the small adapter below gives it the three methods the official code calls).
 
+With `--model DIR` (a checkpoint with its own `inference/config.json` and `tokenizer.json`, e.g.
+`ds41 synth --preset vision --seed 7`) the prompts of SYNTHETIC run on that model instead: its
+marker is whatever `image_token_id` names (511, the piece `vo`, in the synthetic `vision`
+preset), so the span check needs no release files.
+
 Writes --out/expected.json (schema ds41-vision-span/1): per case the prompt, its images (repo
 paths), and either the expanded `tokens` and `token_types` (TEXT -1, START 0, IMAGE 1,
 NEW_LINE 2, END 3) with each image's start, or the official code's `error`.
@@ -49,6 +54,14 @@ TWO_IMAGES = {
 }
 
 
+# Prompts for the synthetic `vision` preset, whose marker is the BPE piece `vo` (id 511).
+SYNTHETIC = [
+    ("two-images", "pa vo ta kavo", ["rgb8_601x599_odd.png", "rgb8_100x37_upscale.png"]),
+    ("one-image-shrunk", "vo", ["rgb8_3000x1999_shrink.png"]),
+    ("more-markers-than-images", "vo vo", ["rgb8_2x3.png"]),
+]
+
+
 def cases(encoding):
     """(name, prompt, images): prompts around markers, the images by corpus name."""
     rendered = encoding.encode_messages(TWO_IMAGES["messages"], thinking_mode=TWO_IMAGES["thinking_mode"],
@@ -84,7 +97,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inference", type=Path, required=True)
     ap.add_argument("--encoding", type=Path, required=True)
-    ap.add_argument("--tokenizer", type=Path, required=True)
+    ap.add_argument("--tokenizer", type=Path)
+    ap.add_argument("--model", type=Path, help="run SYNTHETIC on this checkpoint (its config and tokenizer)")
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args(argv)
     import PIL
@@ -96,13 +110,16 @@ def main(argv=None):
     sys.path.insert(0, str(a.encoding))
     encoding, encoding_path = import_official(a.encoding, "encoding")
     sys.modules["encoding"] = encoding
-    config_path = a.inference / "config.json"
+    config_path = (a.model / "inference" if a.model else a.inference) / "config.json"
     config = json.loads(config_path.read_text())
     args = SimpleNamespace(**config, vision_enabled=config["vision_n_layers"] > 0)
-    tokenizer = Tokenizer(a.tokenizer)
+    tokenizer_path = a.model / "tokenizer.json" if a.model else a.tokenizer
+    if tokenizer_path is None:
+        ap.error("give --tokenizer (the release tokenizer.json) or --model")
+    tokenizer = Tokenizer(tokenizer_path)
     root = provenance.repo_root()
     out_cases = []
-    for name, prompt, images in cases(encoding):
+    for name, prompt, images in SYNTHETIC if a.model else cases(encoding):
         paths = [f"{IMAGES}/{i}" for i in images]
         records = [{"data": (root / p).read_bytes()} for p in paths]
         case = {"name": name, "prompt": prompt, "images": paths}
@@ -130,7 +147,8 @@ def main(argv=None):
                    "environment": provenance.environment(pillow=PIL.__version__, torch=torch.__version__,
                                                          tokenizers=tokenizers.__version__)},
         command=f"python3 {SCRIPT} --inference <release inference/> --encoding <release encoding/> "
-                "--tokenizer <release tokenizer.json> --out {out}",
+                + ("--model <ds41 synth --preset vision --seed 7> " if a.model else "--tokenizer <release tokenizer.json> ")
+                + "--out {out}",
         inputs=[
             provenance.describe_input("script", Path(__file__)),
             {"name": "image_processor.py", "location": "external", "path": "inference/image_processor.py",
@@ -140,7 +158,7 @@ def main(argv=None):
             {"name": "config.json", "location": "external", "path": "inference/config.json",
              "sha256": provenance.sha256_file(config_path)},
             {"name": "tokenizer.json", "location": "external", "path": "tokenizer.json",
-             "sha256": provenance.sha256_file(a.tokenizer)},
+             "sha256": provenance.sha256_file(tokenizer_path)},
         ],
         outputs=["expected.json"])
     return 0

@@ -48,7 +48,8 @@ pub struct VisionSpec {
     /// preprocess: only the golden's cases of this config (all when absent).
     #[serde(default)]
     pub config: Option<String>,
-    /// tower: the checkpoint (with `tower_weights`: the one they are grafted onto).
+    /// tower: the checkpoint (with `tower_weights`: the one they are grafted onto); span: the
+    /// model whose config and tokenizer are used (or `weightless`).
     #[serde(default)]
     pub model: Option<ModelRef>,
     /// tower: a tower by its release names with its `config` metadata
@@ -69,7 +70,7 @@ pub struct VisionSpec {
     #[serde(default)]
     pub replay: bool,
     /// span: the model directory's files (config with `vision_config` and `image_token_id`,
-    /// tokenizer).
+    /// tokenizer), or `model`.
     #[serde(default)]
     pub weightless: Option<WeightlessModel>,
     /// span: the golden case's name.
@@ -107,7 +108,12 @@ impl super::CheckFamily for VisionSpec {
             self.config.is_some(),
             self.config.is_some() && p == VisionPart::Preprocess,
         )?;
-        given("model", self.model.is_some(), tower)?;
+        let span = p == VisionPart::Span;
+        given(
+            "model",
+            self.model.is_some(),
+            tower || (span && self.model.is_some()),
+        )?;
         given("image", self.image.is_some(), tower)?;
         given("numerics", self.numerics.is_some(), tower)?;
         given(
@@ -131,7 +137,7 @@ impl super::CheckFamily for VisionSpec {
         given(
             "weightless",
             self.weightless.is_some(),
-            p == VisionPart::Span,
+            span && self.model.is_none(),
         )?;
         given("span", self.span.is_some(), p == VisionPart::Span)?;
         Ok(())
@@ -327,8 +333,8 @@ impl VisionSpec {
         ctx: &Context,
         details: &mut Details,
     ) -> Result<Outcome, Outcome> {
-        let (Some(w), Some(name)) = (&self.weightless, &self.span) else {
-            return Err(Outcome::error("span: weightless, span (validated on load)"));
+        let Some(name) = &self.span else {
+            return Err(Outcome::error("span: span (validated on load)"));
         };
         if let Some(o) = require(engine, &[Capability::VisionSpan]) {
             return Ok(o);
@@ -340,16 +346,23 @@ impl VisionSpec {
             .iter()
             .find(|c| &c.name == name)
             .ok_or_else(|| Outcome::error(format!("{}: no case `{name}`", path.display())))?;
-        let dir = ctx.scratch(case)?;
-        link(&ctx.data(&w.config)?, &dir.join("config.json"))?;
-        link(&ctx.data(&w.tokenizer)?, &dir.join("tokenizer.json"))?;
+        let model = match (&self.model, &self.weightless) {
+            (Some(m), _) => ctx.checkpoint(m, details)?,
+            (None, Some(w)) => {
+                let dir = ctx.scratch(case)?;
+                link(&ctx.data(&w.config)?, &dir.join("config.json"))?;
+                link(&ctx.data(&w.tokenizer)?, &dir.join("tokenizer.json"))?;
+                dir
+            }
+            (None, None) => return Err(Outcome::error("span: no model (validated on load)")),
+        };
         let images = want
             .images
             .iter()
             .map(|p| ctx.data(&DataRef::Repo(p.clone())))
             .collect::<Result<Vec<PathBuf>, Outcome>>()?;
         let req = VisionSpanRequest {
-            model: dir,
+            model,
             prompt: want.prompt.clone(),
             images,
         };
