@@ -7,7 +7,11 @@
 //! * the tower teacher-forced stage by stage (each stage from the golden's input);
 //! * the language model teacher-forced (`ForwardJob` replay): bit-exact in every discrete
 //!   decision and bf16 sublayer output, as for text;
-//! * end to end within the `upstream` gates;
+//! * end to end: the tower within a gate calibrated on the official code's own ViT attention
+//!   order ([`TOWER_E2E`]); the language model from the golden's image rows with the
+//!   `upstream` residual gate and exact argmax (the tower's bf16 attention order is what this
+//!   small random model amplifies, see `end_to_end_vision_within_the_tower_gate`);
+//! * the container layout, and a saved state, with images;
 //! * the negative controls `gate-bias-for-image` and `engram-image-not-dead` are caught, the
 //!   first diverging tensor named.
 
