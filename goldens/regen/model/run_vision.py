@@ -270,7 +270,7 @@ def main(argv=None):
             inputs=inputs, outputs=[a.out.name],
             synthetic={"preset": a.synth_preset, "seed": a.synth_seed} if a.synth_preset else None,
             errata={"topk_tie_order": "lower-index", "gemm_summation_order": "canonical",
-                    "sparse_attn_block_layout": "as-laid-out"},
+                    "sparse_attn_block_layout": "as-laid-out", "vision_attention_order": "torch-cpu-flash"},
         )
     return 0
 
