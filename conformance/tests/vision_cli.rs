@@ -291,3 +291,45 @@ fn forward_with_images_expands_markers_and_refuses_bad_requests() {
     ds41_synthetic::generate("tiny", ds41_synthetic::Layout::Release, 1, &tiny).unwrap();
     refused(forward("5,6", &[&image], &tiny, None), "no vision tower");
 }
+
+/// `ds41 convert` carries the vision tower into the container (trunk tensors and
+/// `vision.json`, CONTAINER.md §7), and the converted container takes images.
+#[test]
+fn converted_container_keeps_the_vision_tower() {
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    ds41_synthetic::generate("vision", ds41_synthetic::Layout::Release, 7, &release).unwrap();
+    let container = dir.path().join("container");
+    let o = ds41(&[
+        "convert",
+        "--release",
+        release.to_str().unwrap(),
+        "--out",
+        container.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(container.join("vision.json")).unwrap()).unwrap();
+    assert_eq!(v["tower"], "ds41");
+    assert_eq!(v["media_placeholder_token_id"], 511);
+    let ck = ds41_engine::checkpoint::open(&container).unwrap();
+    let rel = ds41_engine::checkpoint::open(&release).unwrap();
+    assert_eq!(ck.config().vision, rel.config().vision);
+    assert!(ck.contains("vision.blocks.0.attn.wqkv.weight") && ck.contains("image_start"));
+    let out = dir.path().join("t.safetensors");
+    let image = corpus().join("images/rgb8_100x37_upscale.png");
+    let o = ds41(&[
+        "forward",
+        "--model",
+        container.to_str().unwrap(),
+        "--tokens",
+        "5,511,6",
+        "--image",
+        image.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = ds41_engine::trace::TraceFile::read(&out).unwrap();
+    assert_eq!(t.i64("token_types").unwrap().1, &[-1, 0, 1, 1, 1, 2, 3, -1]);
+}

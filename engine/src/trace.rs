@@ -702,8 +702,10 @@ impl TraceFile {
             if matches!(name.as_str(), "logits" | "logits_positions") {
                 continue;
             }
-            let token_axis =
-                t.shape.first().copied() == t_all && name.as_str() != "engram_token_map";
+            // Per-image vision tensors have patch or cell rows, whatever their count.
+            let token_axis = t.shape.first().copied() == t_all
+                && name.as_str() != "engram_token_map"
+                && !name.starts_with("vision.");
             let kept = if token_axis {
                 t.select_rows(tokens)
             } else {
@@ -769,6 +771,19 @@ fn decode(dtype: Dtype, shape: Vec<usize>, b: &[u8]) -> std::result::Result<Trac
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selecting_tokens_leaves_per_image_tensors_whole() {
+        let mut t = TraceFile::default();
+        t.tensors
+            .insert("input_ids".into(), TraceTensor::i64(vec![3], vec![5, 6, 7]));
+        // Three patches in a three-token trace: not a token axis.
+        let vit = TraceTensor::f32(vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        t.tensors.insert("vision.I0.vit".into(), vit.clone());
+        let s = t.select_tokens(&[2]);
+        assert_eq!(s.get("input_ids").unwrap().as_i64().to_vec(), vec![7]);
+        assert_eq!(s.get("vision.I0.vit"), Some(&vit));
+    }
 
     #[test]
     fn a_runs_ids_and_prefill_are_read_or_refused_with_the_file_named() {

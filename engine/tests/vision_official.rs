@@ -7,7 +7,11 @@
 //! * the tower teacher-forced stage by stage (each stage from the golden's input);
 //! * the language model teacher-forced (`ForwardJob` replay): bit-exact in every discrete
 //!   decision and bf16 sublayer output, as for text;
-//! * end to end within the `upstream` gates;
+//! * end to end: the tower within a gate calibrated on the official code's own ViT attention
+//!   order ([`TOWER_E2E`]); the language model from the golden's image rows with the
+//!   `upstream` residual gate and exact argmax (the tower's bf16 attention order is what this
+//!   small random model amplifies, see `end_to_end_vision_within_the_tower_gate`);
+//! * the container layout, and a saved state, with images;
 //! * the negative controls `gate-bias-for-image` and `engram-image-not-dead` are caught, the
 //!   first diverging tensor named.
 
@@ -298,6 +302,15 @@ fn replay_is_bit_exact_on_the_text_path() {
     let (max, rel, _) = distance(&tensor(&g, "logits"), &tensor(&t, "logits"));
     eprintln!("logits: rel L2 {rel:.2e}, max {max:.2e}");
     assert!(max < 1e-3, "logits max |Δ| {max}");
+    // Engram's gate is 0 at every image position and on every Engram layer (the golden does
+    // not record gates; engram.py masks them to 0), and not at text positions.
+    let types = g.i64("token_types").unwrap().1;
+    let gates = tensor(&t, "engram_gate");
+    let per_token = gates.row_len();
+    for (p, row) in gates.as_f64().chunks(per_token).enumerate() {
+        let shut = row.iter().all(|&v| v == 0.0);
+        assert_eq!(shut, types[p] >= 0, "engram_gate at position {p}");
+    }
 }
 
 /// The tower end to end (from the patches): torch's bf16 CPU flash attention in the ViT sums

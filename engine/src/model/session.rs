@@ -71,7 +71,7 @@ pub struct Session<'m> {
     /// DSpark stages).
     main_hidden: Vec<f32>,
     /// The vision tower and span delimiters, read at the first image.
-    images: Option<ImageEncoder>,
+    image_encoder: Option<ImageEncoder>,
     /// Per row of the chunk being run, whether it lies in an image span (empty: text only).
     image_rows: Vec<bool>,
 }
@@ -101,7 +101,7 @@ impl<'m> Session<'m> {
             state: SessionState::new(cfg),
             logits: Vec::new(),
             main_hidden: Vec::new(),
-            images: None,
+            image_encoder: None,
             image_rows: Vec::new(),
             options,
         }
@@ -252,8 +252,8 @@ impl<'m> Session<'m> {
                 chunk.start
             )));
         }
-        if self.images.is_none() {
-            self.images = Some(ImageEncoder::load(
+        if self.image_encoder.is_none() {
+            self.image_encoder = Some(ImageEncoder::load(
                 self.model,
                 self.options.numerics,
                 &self.options.defects,
@@ -344,7 +344,7 @@ impl<'m> Session<'m> {
         observer.engram_hashes(&hashes);
 
         let (mut x, mut pre) = embed_expanded(model, tokens, numerics)?;
-        if let Some(encoder) = self.images.as_ref().filter(|_| !images.is_empty()) {
+        if let Some(encoder) = self.image_encoder.as_ref().filter(|_| !images.is_empty()) {
             let encoded = encoder.merge(images, &types, &mut x, hc, numerics)?;
             for (i, e) in encoded.iter().enumerate() {
                 observer.image_encoded(i, e);

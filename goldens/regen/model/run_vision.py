@@ -156,8 +156,8 @@ def run(module, processor, args, state_dict, prompt, image_paths, prefill, threa
             vision.F.scaled_dot_product_attention = real_sdpa
     out["token_types"] = torch.tensor(types, dtype=torch.int64)
     for i, (image, rec) in enumerate(zip(inputs, recorders[0].images)):
-        (n_llm_h, n_llm_w) = (int((image.types == processor.IMAGE_NEW_LINE).sum()),
-                              int((image.types == processor.IMAGE).sum() // (image.types == processor.IMAGE_NEW_LINE).sum()))
+        n_llm_h = int((image.types == processor.IMAGE_NEW_LINE).sum())  # one NEWLINE per token row
+        n_llm_w = int((image.types == processor.IMAGE).sum()) // n_llm_h
         out[f"vision.I{i}.grid"] = torch.tensor([image.start, image.n_vit_h, image.n_vit_w, n_llm_h, n_llm_w])
         for name in ("patches", "embed", "vit", "aligner"):
             out[f"vision.I{i}.{name}"] = rec[name]
@@ -270,7 +270,7 @@ def main(argv=None):
             inputs=inputs, outputs=[a.out.name],
             synthetic={"preset": a.synth_preset, "seed": a.synth_seed} if a.synth_preset else None,
             errata={"topk_tie_order": "lower-index", "gemm_summation_order": "canonical",
-                    "sparse_attn_block_layout": "as-laid-out"},
+                    "sparse_attn_block_layout": "as-laid-out", "vision_attention_order": "torch-cpu-flash"},
         )
     return 0
 
