@@ -592,3 +592,72 @@ fn graft_tower(
     }
     Ok(vision)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn repo() -> PathBuf {
+        crate::runner::repo_root()
+    }
+
+    /// Bit-exactness is judged on bf16 values: patches in another dtype are refused by name.
+    #[test]
+    fn a_patch_file_must_hold_bf16_patches() {
+        use ds41_engine::trace::{safetensors_bytes, RawTensor};
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("p.safetensors");
+        let tensor = |name: &str, dtype, shape: Vec<usize>, bytes: usize| RawTensor {
+            name: name.into(),
+            dtype,
+            shape,
+            data: vec![0; bytes],
+        };
+        let file = |patches| {
+            safetensors_bytes(
+                vec![
+                    patches,
+                    tensor("grid", safetensors::Dtype::I64, vec![6], 48),
+                    tensor("token_types", safetensors::Dtype::I64, vec![4], 32),
+                ],
+                &Default::default(),
+            )
+            .unwrap()
+        };
+        let shape = vec![1, 3, 14, 14];
+        std::fs::write(
+            &path,
+            file(tensor(
+                "patches",
+                safetensors::Dtype::F32,
+                shape.clone(),
+                588 * 4,
+            )),
+        )
+        .unwrap();
+        let err = read_patch_file(&path).err().unwrap();
+        assert!(err.contains("`patches` is F32, must be BF16"), "{err}");
+        std::fs::write(
+            &path,
+            file(tensor("patches", safetensors::Dtype::BF16, shape, 588 * 2)),
+        )
+        .unwrap();
+        assert_eq!(read_patch_file(&path).unwrap().patch_bytes.len(), 588 * 2);
+    }
+
+    /// A tower whose aligner does not have the model's width is not grafted onto it.
+    #[test]
+    fn a_tower_of_another_width_is_not_grafted() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("vision");
+        ds41_synthetic::generate("vision", ds41_synthetic::Layout::Release, 7, &base).unwrap();
+        let weights = repo().join("goldens/vision/tower/weights.safetensors");
+        let err = graft_tower(&base, &weights, &dir.path().join("out"))
+            .err()
+            .unwrap();
+        assert!(
+            matches!(&err, Outcome::Error { reason } if reason.contains("aligner has width 128") && reason.contains("hidden_size is Some(64)")),
+            "{err:?}"
+        );
+    }
+}
