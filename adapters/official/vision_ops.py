@@ -10,6 +10,7 @@ from types import SimpleNamespace
 import torch
 
 from protocol import Refused, Unsupported
+from vision_span import Tokenizer as SpanTokenizer  # goldens/regen: what prepare_vl_inputs calls
 
 # The preprocessing fields of a request's `config` / a config.json's `vision_config`, by their
 # ModelArgs names.
@@ -38,23 +39,6 @@ def model_args(model_dir: Path):
         cfg.update({HF_VISION[k]: v for k, v in (hf.get("vision_config") or {}).items() if k in HF_VISION})
     cfg.setdefault("vision_n_layers", 0)
     return SimpleNamespace(**cfg, vision_enabled=cfg["vision_n_layers"] > 0)
-
-
-class SpanTokenizer:
-    """What prepare_vl_inputs calls on a transformers tokenizer, over `tokenizers` (the release
-    tokenizer adds no BOS and its post-processor adds nothing)."""
-
-    unk_token_id = None
-
-    def __init__(self, path: Path):
-        from tokenizers import Tokenizer
-        self.hf = Tokenizer.from_file(str(path))
-
-    def convert_tokens_to_ids(self, token):
-        return self.hf.token_to_id(token)
-
-    def encode(self, text):
-        return self.hf.encode(text).ids
 
 
 class Vision:
