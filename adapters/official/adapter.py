@@ -10,8 +10,10 @@ replaced by a torch CPU port -- and records the trace with forward hooks: logits
 outputs, routed experts, indexer selections, Engram hash ids, the sub-op tensors
 (`block_input`, `pre_mix`, `attn_out`, `moe_out`) and the selection margin of every top-k
 decision. It supports prefill + decode schedules, both index-key hand-offs, teacher-forced
-replay from a golden, session state save/restore, Engram hashing without weights and the
-DSpark draft head (`dspark`, goldens/regen/model/run_dspark.py's schedule).
+replay from a golden, session state save/restore, Engram hashing without weights, the
+DSpark draft head (`dspark`, goldens/regen/model/run_dspark.py's schedule) and the vision
+requests (`vision_preprocess`, `vision_tower`; `vision_span` with `--encoding DIR`, the release
+`encoding/` directory: vision_ops.py).
 
 The upstream code is never part of this repository: `--inference DIR` (or the environment
 variable DS41_OFFICIAL_INFERENCE) names a release `inference/` directory holding `model.py`,
@@ -29,7 +31,8 @@ upstream files are never edited), to show the harness catches it: `no-sink` (the
 sink is dropped), `no-yarn` (YaRN off on compressed layers), `owner-in-as-shipped` (the owner
 hand-off is used when the as-shipped one is asked for), `gate-ties-reversed` (exact ties in
 the MoE router go to the higher expert id), `ties-reversed` (the same for every top-k: router,
-indexer, candidate blocks), `draft-causal` (a causal mask inside the DSpark draft block).
+indexer, candidate blocks), `draft-causal` (a causal mask inside the DSpark draft block),
+`vision-rope-swapped` (the vision tower's 2-D rope rotates by the column first).
 """
 import argparse
 import contextlib
@@ -46,13 +49,17 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(REPO / "goldens" / "regen" / "model"))
+sys.path.insert(0, str(REPO / "goldens" / "regen"))
 import protocol  # noqa: E402
 from protocol import Refused, Unsupported  # noqa: E402
 import ds41_kernels  # noqa: E402
 import run_dspark  # noqa: E402
 import run_official  # noqa: E402
+import vision_ops  # noqa: E402
+from vision_preprocess import import_official  # noqa: E402
 
-BUGS = ("no-sink", "no-yarn", "owner-in-as-shipped", "gate-ties-reversed", "ties-reversed", "draft-causal")
+BUGS = ("no-sink", "no-yarn", "owner-in-as-shipped", "gate-ties-reversed", "ties-reversed", "draft-causal",
+        "vision-rope-swapped")
 CAPABILITIES = [
     "load", "layout.release", "forward", "trace.logits", "trace.residual", "trace.experts",
     "trace.topk", "trace.engram_hash", "trace.sub_ops", "prefill", "state", "replay",
@@ -110,9 +117,19 @@ class Official(protocol.Engine):
         self.converted = {}  # checkpoint dir -> (fingerprint, state dict)
         torch.set_num_threads(self.threads)
         torch.set_default_dtype(torch.bfloat16)  # as the release's generate.py does, for the whole run
+        self.vision = vision_ops.Vision(import_official, self.inference, a.encoding, self.bugs)
 
     def capabilities(self):
-        return CAPABILITIES
+        return CAPABILITIES + self.vision.capabilities()
+
+    def vision_preprocess(self, req):
+        return self.vision.preprocess(req)
+
+    def vision_tower(self, req):
+        return self.vision.tower(req)
+
+    def vision_span(self, req):
+        return self.vision.span(req)
 
     # -------------------------------------------------------------------------- setup
 
@@ -438,6 +455,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--inference", type=Path, default=os.environ.get("DS41_OFFICIAL_INFERENCE"),
                     help="the release inference/ directory (default: $DS41_OFFICIAL_INFERENCE)")
+    ap.add_argument("--encoding", type=Path, default=os.environ.get("DS41_OFFICIAL_ENCODING"),
+                    help="the release encoding/ directory, for vision_span (default: $DS41_OFFICIAL_ENCODING)")
     ap.add_argument("--ties", choices=["torch", "canonical"], default="torch",
                     help="top-k tie order: torch.topk as shipped (default) or the canonical lower-index rule")
     ap.add_argument("--kernels", choices=["ds41", "tt-metal"], default="ds41",

@@ -555,6 +555,36 @@ mod tests {
     }
 
     #[test]
+    fn vision_cases_parse_and_errors_name_the_field() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "v.yaml",
+            "family: vision\ncases:\n  - name: pre\n    part: preprocess\n    golden: repo:g/expected.json\n    config: release\n  - name: span\n    part: span\n    weightless: {config: release:config.json, tokenizer: release:tokenizer.json}\n    golden: repo:g/span.json\n    span: two\n",
+        );
+        let cases = load_case_file(&p).unwrap();
+        assert_eq!(cases[0].name, "vision::v::pre");
+        assert!(!cases[0].needs_release() && cases[1].needs_release());
+        let tower = "part: tower\n    golden: repo:t.safetensors\n    model: synthetic:tiny-sharded/release\n    image: repo:i.png";
+        for (yaml, needle) in [
+            ("part: preprocess\n    golden: repo:g.json\n    numerics: exact", "`numerics` is not a field of part Preprocess"),
+            ("part: span\n    golden: repo:g.json\n    span: x", "needs `weightless`"),
+            (&format!("{tower}\n    numerics: exact\n    span: x"), "`span` is not a field of part Tower"),
+            (tower, "needs `numerics`"),
+            (&format!("{tower}\n    numerics: exact\n    golden_image: 0\n    tower_weights: repo:w.safetensors"), "golden_image"),
+            ("part: pixels\n    golden: repo:g.json", "part"),
+        ] {
+            let p = write(
+                d.path(),
+                "bad.yaml",
+                &format!("family: vision\ncases:\n  - name: x\n    {yaml}\n"),
+            );
+            let e = load_case_file(&p).unwrap_err().to_string();
+            assert!(e.contains("bad.yaml") && e.contains(needle), "{yaml}: {e}");
+        }
+    }
+
+    #[test]
     fn engram_cases_parse_and_errors_name_the_field() {
         let d = tempfile::tempdir().unwrap();
         let p = write(

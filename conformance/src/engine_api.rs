@@ -82,10 +82,25 @@ pub enum Capability {
     /// "DSpark"); with `replay`, teacher-forced from a golden. Release layout only.
     #[serde(rename = "dspark")]
     Dspark,
+    /// Shorthand for every `vision.*` capability.
+    #[serde(rename = "vision")]
+    Vision,
+    /// `vision_preprocess`: an image file → its patch file (MODEL.md §10.2 preprocessing).
+    #[serde(rename = "vision.preprocess")]
+    VisionPreprocess,
+    /// `vision_tower`: patches → every ViT stage and the aligner rows of a checkpoint's tower.
+    #[serde(rename = "vision.tower")]
+    VisionTower,
+    /// `vision_span`: a prompt with image markers and its images → token ids and types.
+    #[serde(rename = "vision.span")]
+    VisionSpan,
+    /// `forward` with `images`: image spans in the language model.
+    #[serde(rename = "vision.forward")]
+    VisionForward,
 }
 
 impl Capability {
-    pub const ALL: [Capability; 24] = [
+    pub const ALL: [Capability; 29] = [
         Capability::Load,
         Capability::LoadVerify,
         Capability::LayoutRelease,
@@ -110,6 +125,18 @@ impl Capability {
         Capability::IndexKOwner,
         Capability::EngramHash,
         Capability::Dspark,
+        Capability::Vision,
+        Capability::VisionPreprocess,
+        Capability::VisionTower,
+        Capability::VisionSpan,
+        Capability::VisionForward,
+    ];
+    /// The vision parts the shorthand `vision` stands for.
+    pub const VISION_PARTS: [Capability; 4] = [
+        Capability::VisionPreprocess,
+        Capability::VisionTower,
+        Capability::VisionSpan,
+        Capability::VisionForward,
     ];
     /// The per-tensor trace capabilities the shorthand `trace` stands for.
     pub const TRACE_PARTS: [Capability; 6] = [
@@ -146,6 +173,11 @@ impl Capability {
             Capability::IndexKOwner => "index_k.owner",
             Capability::EngramHash => "engram_hash",
             Capability::Dspark => "dspark",
+            Capability::Vision => "vision",
+            Capability::VisionPreprocess => "vision.preprocess",
+            Capability::VisionTower => "vision.tower",
+            Capability::VisionSpan => "vision.span",
+            Capability::VisionForward => "vision.forward",
         }
     }
     pub fn parse(s: &str) -> Option<Capability> {
@@ -211,6 +243,9 @@ pub fn declared_capabilities<'a>(
     }
     if caps.contains(&Capability::Trace) {
         caps.extend(Capability::TRACE_PARTS);
+    }
+    if caps.contains(&Capability::Vision) {
+        caps.extend(Capability::VISION_PARTS);
     }
     if caps.contains(&Capability::Forward)
         && !Capability::TRACE_PARTS.iter().any(|c| caps.contains(c))
@@ -325,6 +360,11 @@ pub struct ForwardRequest {
     /// safetensors file with an `engram_token_map` tensor).
     #[serde(default)]
     pub engram_token_map: Option<PathBuf>,
+    /// Image files, one per image marker (`image_token_id`) of `tokens`, in order; each marker
+    /// becomes its image's span (capability `vision.forward`). Markers lie in the first chunk;
+    /// `prefill` counts a marker as one token.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub images: Vec<PathBuf>,
 }
 
 /// The DSpark draft head over a schedule of the main model (PROTOCOL.md `dspark`): a prefill
@@ -343,6 +383,80 @@ pub struct DsparkRequest {
     /// `pre`, and the ids sampled before each Markov step from this golden.
     #[serde(default)]
     pub replay: Option<PathBuf>,
+}
+
+/// The preprocessing fields of a vision config (`config.json`'s `vision_config` names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VisionPreprocessConfig {
+    pub patch_size: usize,
+    pub downsample_ratio: usize,
+    pub max_image_tokens: usize,
+    pub min_pixels: usize,
+    #[serde(default)]
+    pub max_wh_ratio: Option<f64>,
+}
+
+impl VisionPreprocessConfig {
+    /// A vision config holding these preprocessing fields (the tower's left at zero).
+    pub fn vision_config(&self) -> ds41_engine::config::VisionConfig {
+        ds41_engine::config::VisionConfig {
+            n_layers: 0,
+            dim: 0,
+            n_heads: 0,
+            inter_dim: 0,
+            patch_size: self.patch_size,
+            downsample_ratio: self.downsample_ratio,
+            max_n_token: self.max_image_tokens,
+            min_pixels: self.min_pixels,
+            max_wh_ratio: self.max_wh_ratio,
+            rope_theta: 0.0,
+        }
+    }
+}
+
+/// One image → its patch file (PROTOCOL.md `vision_preprocess`; the format of
+/// `ds41_engine::vision::patch_file`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VisionPreprocessRequest {
+    pub image: PathBuf,
+    pub config: VisionPreprocessConfig,
+    pub out: PathBuf,
+}
+
+/// A checkpoint's vision tower and aligner on one image's patches (PROTOCOL.md `vision_tower`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VisionTowerRequest {
+    /// A checkpoint with a vision tower.
+    pub model: PathBuf,
+    /// A patch file (`patches`, `grid`).
+    pub patches: PathBuf,
+    pub numerics: Numerics,
+    /// Where the engine writes the stages (`vision.embed`, `vision.blocks`, `vision.norm`,
+    /// `vision.aligner`).
+    pub out: PathBuf,
+    /// Teacher-forced: each stage from this file's previous stage (same names).
+    #[serde(default)]
+    pub replay: Option<PathBuf>,
+}
+
+/// A prompt with image markers and its images → the expanded token ids and token types
+/// (PROTOCOL.md `vision_span`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VisionSpanRequest {
+    /// A checkpoint or weightless model directory: `config.json` (its `vision_config` and
+    /// `image_token_id`) and `tokenizer.json`.
+    pub model: PathBuf,
+    pub prompt: String,
+    /// One image file per marker, in order.
+    pub images: Vec<PathBuf>,
+}
+
+/// The answer to a `vision_span` request.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct VisionSpan {
+    pub tokens: Vec<u32>,
+    pub token_types: Vec<i64>,
 }
 
 /// Engram hash ids (MODEL.md §6.6.1) of a token sequence, without weights (PROTOCOL.md
@@ -437,5 +551,25 @@ pub trait Engine: Send {
     /// the capability keep the default.
     fn dspark(&mut self, _req: &DsparkRequest, _timeout: Duration) -> EngineResult<()> {
         Err(EngineError::Unsupported(Capability::Dspark, None))
+    }
+    /// Preprocess an image; on success the patch file `req.out` exists.
+    fn vision_preprocess(
+        &mut self,
+        _req: &VisionPreprocessRequest,
+        _timeout: Duration,
+    ) -> EngineResult<()> {
+        Err(EngineError::Unsupported(Capability::VisionPreprocess, None))
+    }
+    /// Run the vision tower; on success the stage file `req.out` exists.
+    fn vision_tower(&mut self, _req: &VisionTowerRequest, _timeout: Duration) -> EngineResult<()> {
+        Err(EngineError::Unsupported(Capability::VisionTower, None))
+    }
+    /// Expand a prompt's image markers.
+    fn vision_span(
+        &mut self,
+        _req: &VisionSpanRequest,
+        _timeout: Duration,
+    ) -> EngineResult<VisionSpan> {
+        Err(EngineError::Unsupported(Capability::VisionSpan, None))
     }
 }

@@ -111,6 +111,17 @@ pub struct StateGates {
     pub logits_max_abs: f64,
 }
 
+/// The vision tower and aligner (the `vision` family's `tower` part), per stage (`vision.embed`,
+/// each block, `vision.norm`, `vision.aligner`), rel L2 over the stage's whole output.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct VisionGates {
+    /// End to end: every stage from the engine's own previous stage.
+    pub tower_rel_l2: f64,
+    /// Teacher-forced: every stage from the golden's previous stage.
+    pub tower_replay_rel_l2: f64,
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Gates {
@@ -121,6 +132,7 @@ pub struct Gates {
     pub decisions: DecisionGates,
     pub replay: ReplayGates,
     pub state: StateGates,
+    pub vision: VisionGates,
 }
 
 /// Per-case overrides (ONNX-style `data.json` tolerances): any field given replaces the profile
@@ -134,6 +146,10 @@ pub struct GateOverrides {
     /// For a golden set whose calibration shows correct engines (noise stand-ins) changing the
     /// top-1 of a near-tied logits row.
     pub argmax: Option<ArgmaxRule>,
+    /// Teacher-forced limit of the stream entering a block (`block_input`): for a golden with
+    /// image spans, whose layer-0 image rows are the engine's own vision tower's output and
+    /// drift with it.
+    pub replay_engram_rel_l2: Option<f64>,
 }
 
 /// Every threshold, in a profile or a case's override, is a finite number >= 0: NaN would
@@ -152,6 +168,7 @@ impl GateOverrides {
             ("tolerance.logits_rel_l2", self.logits_rel_l2),
             ("tolerance.logits_max_abs", self.logits_max_abs),
             ("tolerance.residual_rel_l2", self.residual_rel_l2),
+            ("tolerance.replay_engram_rel_l2", self.replay_engram_rel_l2),
         ];
         for (name, v) in fields {
             if let Some(v) = v {
@@ -176,6 +193,9 @@ impl Gates {
         }
         if let Some(v) = o.argmax {
             g.logits.argmax = v;
+        }
+        if let Some(v) = o.replay_engram_rel_l2 {
+            g.replay.engram_rel_l2 = v;
         }
         g
     }
@@ -249,6 +269,11 @@ impl Gates {
             ("replay.logits_rel_l2", self.replay.logits_rel_l2),
             ("replay.logits_max_abs", self.replay.logits_max_abs),
             ("state.logits_max_abs", self.state.logits_max_abs),
+            ("vision.tower_rel_l2", self.vision.tower_rel_l2),
+            (
+                "vision.tower_replay_rel_l2",
+                self.vision.tower_replay_rel_l2,
+            ),
         ];
         for (name, v) in fields {
             check_threshold(name, v)?;

@@ -12,7 +12,7 @@
 
 /// The interpretation contract this harness implements (CONTRACT.md); bumped whenever a
 /// rule changes so a certificate says which rules it was judged by.
-pub const CONTRACT_VERSION: &str = "1.3.0";
+pub const CONTRACT_VERSION: &str = "1.4.0";
 
 pub mod case;
 pub mod compare;

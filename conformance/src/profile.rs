@@ -599,6 +599,13 @@ impl Engine for ProfileEngine {
         if req.save_state.is_some() || req.load_state.is_some() {
             self.need(Capability::State)?;
         }
+        if !req.images.is_empty() {
+            // A command template has no placeholder for image files.
+            return Err(EngineError::Unsupported(
+                Capability::VisionForward,
+                Some("command profiles pass no image files".into()),
+            ));
+        }
         let op = self.profile.forward.clone().expect("validated");
         let out_dir = self.out_dir()?;
         let ids: Vec<String> = req.tokens.iter().map(|t| t.to_string()).collect();

@@ -36,6 +36,9 @@ pub enum Request {
     Forward(ForwardRequest),
     EngramHash(EngramHashRequest),
     Dspark(DsparkRequest),
+    VisionPreprocess(VisionPreprocessRequest),
+    VisionTower(VisionTowerRequest),
+    VisionSpan(VisionSpanRequest),
     Shutdown,
 }
 
@@ -399,6 +402,29 @@ impl Engine for AdapterEngine {
         self.call(Request::Dspark(req.clone()), timeout)?;
         trace_written("dspark", &req.out)
     }
+    fn vision_preprocess(
+        &mut self,
+        req: &VisionPreprocessRequest,
+        timeout: Duration,
+    ) -> EngineResult<()> {
+        self.need(Capability::VisionPreprocess)?;
+        self.call(Request::VisionPreprocess(req.clone()), timeout)?;
+        trace_written("vision_preprocess", &req.out)
+    }
+    fn vision_tower(&mut self, req: &VisionTowerRequest, timeout: Duration) -> EngineResult<()> {
+        self.need(Capability::VisionTower)?;
+        self.call(Request::VisionTower(req.clone()), timeout)?;
+        trace_written("vision_tower", &req.out)
+    }
+    fn vision_span(
+        &mut self,
+        req: &VisionSpanRequest,
+        timeout: Duration,
+    ) -> EngineResult<VisionSpan> {
+        self.need(Capability::VisionSpan)?;
+        let v = self.call(Request::VisionSpan(req.clone()), timeout)?;
+        serde_json::from_value(v).map_err(|e| EngineError::Garbage(format!("vision_span: {e}")))
+    }
     fn engram_hash(
         &mut self,
         req: &EngramHashRequest,
@@ -538,6 +564,15 @@ fn serve_lines_up_to(
             Request::Dspark(r) => engine
                 .dspark(&r, no_timeout)
                 .map(|_| serde_json::json!({ "trace": r.out })),
+            Request::VisionPreprocess(r) => engine
+                .vision_preprocess(&r, no_timeout)
+                .map(|_| serde_json::json!({ "patches": r.out })),
+            Request::VisionTower(r) => engine
+                .vision_tower(&r, no_timeout)
+                .map(|_| serde_json::json!({ "trace": r.out })),
+            Request::VisionSpan(r) => engine.vision_span(&r, no_timeout).and_then(|s| {
+                serde_json::to_value(s).map_err(|e| EngineError::Failed(e.to_string()))
+            }),
         };
         let r = result.map_err(|e| match e {
             EngineError::Refused(m) => ReplyError {

@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use crate::engine_api::*;
 
+mod vision;
+
 /// An injected defect for negative controls (CONTRACT.md §7), by name.
 pub type DefectName = String;
 
@@ -136,6 +138,11 @@ impl Engine for ReferenceEngine {
             IndexKOwner,
             EngramHash,
             Dspark,
+            Vision,
+            VisionPreprocess,
+            VisionTower,
+            VisionSpan,
+            VisionForward,
         ]
         .into_iter()
         .collect()
@@ -271,6 +278,30 @@ impl Engine for ReferenceEngine {
         let defect = self.defect.clone();
         with_timeout(timeout, move || dspark(&req, defect.as_deref()))
     }
+
+    fn vision_preprocess(
+        &mut self,
+        req: &VisionPreprocessRequest,
+        timeout: Duration,
+    ) -> EngineResult<()> {
+        let req = req.clone();
+        with_timeout(timeout, move || vision::preprocess(&req))
+    }
+
+    fn vision_tower(&mut self, req: &VisionTowerRequest, timeout: Duration) -> EngineResult<()> {
+        let req = req.clone();
+        let defects = forward_defects(self.defect.as_deref());
+        with_timeout(timeout, move || vision::tower(&req, defects))
+    }
+
+    fn vision_span(
+        &mut self,
+        req: &VisionSpanRequest,
+        timeout: Duration,
+    ) -> EngineResult<VisionSpan> {
+        let req = req.clone();
+        with_timeout(timeout, move || vision::span(&req))
+    }
 }
 
 /// The DSpark draft head over the request's schedule (PROTOCOL.md `dspark`): bad input (no
@@ -392,7 +423,12 @@ pub fn forward_job(req: &ForwardRequest, defect: Option<&str>) -> ds41_engine::m
         load_state: req.load_state.clone(),
         save_state: req.save_state.clone(),
         sub_ops: true,
-        images: Vec::new(),
+        images: req
+            .images
+            .iter()
+            .cloned()
+            .map(ds41_engine::model::ImageSource::File)
+            .collect(),
     }
 }
 

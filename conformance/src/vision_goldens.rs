@@ -7,14 +7,23 @@
 //!   mismatch names the first patch row that differs);
 //! * [`check_tower`] — the official `vision.py` tower and aligner outputs (written by
 //!   goldens/regen/vision_tower.py) against the engine's `vision::tower` in both profiles.
+//!
+//! The comparisons themselves ([`judge_preprocessed`], [`first_divergence`]) also judge any
+//! engine's answers in the `vision` check family.
 
 use std::collections::BTreeMap;
 use std::path::Path;
 
 use ds41_engine::config::VisionConfig;
 use ds41_engine::model::Numerics;
-use ds41_engine::vision::tower::VisionTower;
+use ds41_engine::trace::{TraceFile, TraceTensor};
+use ds41_engine::vision::patch_file::grid_values;
+use ds41_engine::vision::span_types;
+use ds41_engine::vision::tower::{ForcedStages, VisionTower};
 use ds41_engine::vision::{preprocess_bytes, ImagePatches};
+
+use crate::engine_api::VisionPreprocessConfig;
+use crate::gates::{GateSet, VisionGates};
 use half::bf16;
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
@@ -22,18 +31,45 @@ use sha2::{Digest, Sha256};
 
 pub const SCHEMA: &str = "ds41-vision-preprocess/1";
 
+/// A preprocessing corpus golden (`expected.json`).
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Expected {
+pub struct Expected {
     schema: String,
-    pillow: String,
-    configs: BTreeMap<String, CaseConfig>,
-    cases: Vec<Case>,
+    pub pillow: String,
+    pub configs: BTreeMap<String, CaseConfig>,
+    pub cases: Vec<Case>,
+}
+
+impl Expected {
+    /// Read and check the schema of `path`.
+    pub fn read(path: &Path) -> Result<Expected, String> {
+        read_json_golden(path, SCHEMA, |e: &Expected| &e.schema)
+    }
+}
+
+/// A JSON golden whose `schema` (as `schema_of` reads it) must be `schema`; errors name the file.
+pub fn read_json_golden<T: serde::de::DeserializeOwned>(
+    path: &Path,
+    schema: &str,
+    schema_of: impl Fn(&T) -> &str,
+) -> Result<T, String> {
+    let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let golden: T =
+        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
+    let found = schema_of(&golden);
+    if found != schema {
+        return Err(format!(
+            "{}: schema {found:?}, expected {schema:?}",
+            path.display()
+        ));
+    }
+    Ok(golden)
 }
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct CaseConfig {
+pub struct CaseConfig {
     vision_patch_size: usize,
     vision_downsample_ratio: usize,
     vision_max_n_token: usize,
@@ -42,28 +78,30 @@ struct CaseConfig {
 }
 
 impl CaseConfig {
-    /// Only the preprocessing fields matter; the tower's are left at zero.
-    fn vision(&self) -> VisionConfig {
-        VisionConfig {
-            n_layers: 0,
-            dim: 0,
-            n_heads: 0,
-            inter_dim: 0,
+    /// The preprocessing fields as a protocol request carries them.
+    pub fn request_config(&self) -> VisionPreprocessConfig {
+        VisionPreprocessConfig {
             patch_size: self.vision_patch_size,
             downsample_ratio: self.vision_downsample_ratio,
-            max_n_token: self.vision_max_n_token,
+            max_image_tokens: self.vision_max_n_token,
             min_pixels: self.vision_min_pixels,
             max_wh_ratio: self.vision_max_wh_ratio,
-            rope_theta: 0.0,
         }
+    }
+
+    /// Only the preprocessing fields matter; the tower's are left at zero.
+    fn vision(&self) -> VisionConfig {
+        self.request_config().vision_config()
     }
 }
 
+/// One (image, config) case of a corpus golden.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Case {
-    image: String,
-    config: String,
+pub struct Case {
+    /// Relative to the corpus directory.
+    pub image: String,
+    pub config: String,
     png_sha256: String,
     #[allow(dead_code)] // documentation: Pillow's mode of the opened file
     pillow_mode: String,
@@ -99,34 +137,76 @@ fn patch_bytes(patches: &ImagePatches, range: std::ops::Range<usize>) -> Vec<u8>
         .collect()
 }
 
-fn check_case(dir: &Path, case: &Case, cfg: &VisionConfig) -> Result<(), String> {
-    let path = dir.join(&case.image);
-    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    if sha256_hex(&bytes) != case.png_sha256 {
-        return Err("the PNG's sha256 is not the one recorded (corpus changed)".into());
+/// One preprocessed image as an engine answers it (the patch file of
+/// `ds41_engine::vision::patch_file`).
+pub struct Preprocessed {
+    /// `n_vit_h, n_vit_w, n_llm_h, n_llm_w, pixel_height, pixel_width`.
+    pub grid: Vec<i64>,
+    pub patches_shape: Vec<usize>,
+    /// The bf16 patches as little-endian bytes.
+    pub patch_bytes: Vec<u8>,
+    pub token_types: Vec<i64>,
+}
+
+impl Preprocessed {
+    /// The engine's own preprocessing, in process.
+    fn of(p: &ImagePatches) -> Preprocessed {
+        let (n_vit_h, n_vit_w) = p.vit_grid();
+        Preprocessed {
+            grid: grid_values(p).to_vec(),
+            patches_shape: vec![n_vit_h * n_vit_w, 3, p.patch_size, p.patch_size],
+            patch_bytes: patch_bytes(p, 0..p.patches.len()),
+            token_types: span_types(p.plan.n_llm_h, p.plan.n_llm_w)
+                .into_iter()
+                .map(|t| t.code())
+                .collect(),
+        }
     }
-    let got = preprocess_bytes(&bytes, &path, cfg).map_err(|e| e.to_string())?;
-    let (n_vit_h, n_vit_w) = got.vit_grid();
-    let found = (
-        [got.source_width, got.source_height],
-        [n_vit_h, n_vit_w],
-        [got.plan.n_llm_h, got.plan.n_llm_w],
-        [got.plan.best_height, got.plan.best_width],
-    );
-    let want = (case.source_size, case.n_vit, case.n_llm, case.pixel_size);
-    if found != want {
+}
+
+/// Does `got` hold exactly the official pipeline's output for `case`? The error says what
+/// differs first: the grid, the shape, the span's token types, or the first patch row (by its
+/// digest) that differs.
+pub fn judge_preprocessed(case: &Case, got: &Preprocessed) -> Result<(), String> {
+    let want_grid: Vec<i64> = [case.n_vit, case.n_llm, case.pixel_size]
+        .concat()
+        .iter()
+        .map(|&v| v as i64)
+        .collect();
+    if got.grid != want_grid {
         return Err(format!(
-            "grid: (source [w,h], n_vit, n_llm, pixels [h,w]) = {found:?}, official {want:?}"
+            "grid (n_vit_h, n_vit_w, n_llm_h, n_llm_w, pixel height, pixel width) {:?}, official {want_grid:?}",
+            got.grid
         ));
     }
-    let per_patch = got.patch_len();
-    if case.patches_shape != [n_vit_h * n_vit_w, 3, cfg.patch_size, cfg.patch_size] {
-        return Err(format!("official patch shape {:?}", case.patches_shape));
+    if got.patches_shape != case.patches_shape {
+        return Err(format!(
+            "patches shape {:?}, official {:?}",
+            got.patches_shape, case.patches_shape
+        ));
     }
-    let row_len = n_vit_w * per_patch;
+    let want_types = official_span_types(case.n_llm[0], case.n_llm[1]);
+    if got.token_types != want_types {
+        let at = got
+            .token_types
+            .iter()
+            .zip(&want_types)
+            .position(|(a, b)| a != b)
+            .unwrap_or(got.token_types.len().min(want_types.len()));
+        return Err(format!(
+            "span token types differ first at position {at} ({} types, official {})",
+            got.token_types.len(),
+            want_types.len()
+        ));
+    }
+    let (n_vit_h, n_vit_w) = (case.n_vit[0], case.n_vit[1]);
+    let row_len = n_vit_w * case.patches_shape[1..].iter().product::<usize>() * 2;
     for (row, want) in case.row_sha256_16.iter().enumerate() {
-        let digest = sha256_hex(&patch_bytes(&got, row * row_len..(row + 1) * row_len));
-        if &digest[..16] != want {
+        let bytes = got
+            .patch_bytes
+            .get(row * row_len..(row + 1) * row_len)
+            .unwrap_or_default();
+        if &sha256_hex(bytes)[..16] != want {
             return Err(format!(
                 "patch row {row} (of {n_vit_h}) is the first that differs (patches {}..{})",
                 row * n_vit_w,
@@ -134,25 +214,56 @@ fn check_case(dir: &Path, case: &Case, cfg: &VisionConfig) -> Result<(), String>
             ));
         }
     }
-    if sha256_hex(&patch_bytes(&got, 0..got.patches.len())) != case.patches_sha256 {
+    if sha256_hex(&got.patch_bytes) != case.patches_sha256 {
         return Err("patch tensor sha256 differs (every row digest matched)".into());
     }
     Ok(())
 }
 
-/// Check every case of `dir/expected.json`.
-pub fn check_corpus(dir: &Path) -> Result<CorpusReport, String> {
-    let path = dir.join("expected.json");
-    let text = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let expected: Expected =
-        serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))?;
-    if expected.schema != SCHEMA {
+/// The official span layout (`image_processor.image_token_types`) written position by position,
+/// apart from the engine's own construction so the check does not echo it: START, then rows of
+/// n_llm_w IMAGE each closed by a NEW_LINE, then END (the span goldens check the engine's).
+fn official_span_types(n_llm_h: usize, n_llm_w: usize) -> Vec<i64> {
+    let len = n_llm_h * (n_llm_w + 1) + 2;
+    (0..len)
+        .map(|i| match i {
+            0 => 0,
+            _ if i == len - 1 => 3,
+            _ if (i - 1) % (n_llm_w + 1) == n_llm_w => 2,
+            _ => 1,
+        })
+        .collect()
+}
+
+/// The corpus image of `case`, its recorded sha256 checked (the corpus must not have changed).
+pub fn case_image(dir: &Path, case: &Case) -> Result<(std::path::PathBuf, Vec<u8>), String> {
+    let path = dir.join(&case.image);
+    let bytes = std::fs::read(&path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if sha256_hex(&bytes) != case.png_sha256 {
         return Err(format!(
-            "{}: schema {:?}, expected {SCHEMA:?}",
-            path.display(),
-            expected.schema
+            "{}: the PNG's sha256 is not the one recorded (corpus changed)",
+            case.image
         ));
     }
+    Ok((path, bytes))
+}
+
+fn check_case(dir: &Path, case: &Case, cfg: &VisionConfig) -> Result<(), String> {
+    let (path, bytes) = case_image(dir, case)?;
+    let got = preprocess_bytes(&bytes, &path, cfg).map_err(|e| e.to_string())?;
+    if [got.source_width, got.source_height] != case.source_size {
+        return Err(format!(
+            "source size [w, h] {:?}, official {:?}",
+            [got.source_width, got.source_height],
+            case.source_size
+        ));
+    }
+    judge_preprocessed(case, &Preprocessed::of(&got))
+}
+
+/// Check every case of `dir/expected.json`.
+pub fn check_corpus(dir: &Path) -> Result<CorpusReport, String> {
+    let expected = Expected::read(&dir.join("expected.json"))?;
     let mut report = CorpusReport {
         pillow: expected.pillow.clone(),
         ..CorpusReport::default()
@@ -210,14 +321,15 @@ impl TowerReport {
     }
 }
 
-/// Rel L2 limits (end to end, one stage fed the official input). Upstream: bf16 keeps 8
-/// significant bits (rel. step 2^-8 ≈ 3.9e-3), and torch's and our sums round differently
-/// before each bf16 rounding. Exact: f32 rounding only.
-fn tower_limits(numerics: Numerics) -> (f64, f64) {
-    match numerics {
-        Numerics::Upstream => (1e-2, 5e-3),
-        Numerics::Exact => (5e-6, 5e-6),
-    }
+/// The tower gates of a numerics profile (gates/, `vision`).
+pub fn tower_gates(numerics: Numerics) -> Result<VisionGates, String> {
+    let gates =
+        GateSet::load(&crate::runner::repo_root().join("gates")).map_err(|e| e.to_string())?;
+    let profile = match numerics {
+        Numerics::Exact => crate::gates::ProfileName::Exact,
+        Numerics::Upstream => crate::gates::ProfileName::Upstream,
+    };
+    Ok(gates.get(profile).vision.clone())
 }
 
 fn tensor_f32(st: &SafeTensors, name: &str) -> Result<Vec<f32>, String> {
@@ -238,30 +350,291 @@ fn tensor_f32(st: &SafeTensors, name: &str) -> Result<Vec<f32>, String> {
 }
 
 fn rel_l2(ours: &[f32], theirs: &[f32]) -> f64 {
+    if ours.len() != theirs.len() {
+        return f64::INFINITY;
+    }
     let (mut d2, mut t2) = (0f64, 0f64);
     for (a, b) in ours.iter().zip(theirs) {
         let d = f64::from(*a) - f64::from(*b);
         d2 += d * d;
         t2 += f64::from(*b) * f64::from(*b);
     }
-    if ours.len() != theirs.len() {
-        return f64::INFINITY;
+    let r = (d2 / t2).sqrt();
+    // NaN (a NaN output, or an all-zero golden stage with any difference) never passes.
+    if r.is_nan() {
+        if d2 == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        }
+    } else {
+        r
     }
-    (d2 / t2).sqrt()
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// One stage of the tower: its name (`vision.embed`, `vision.blocks[b]`, `vision.norm`,
+/// `vision.aligner`) and its output values.
+pub type Stage = (String, Vec<f32>);
+
+/// The stages of a tower golden of goldens/regen/vision_tower.py (tensors `embed`, `block.B`,
+/// `vit`, `aligner`), in computation order.
+pub fn golden_stages(golden: &TraceFile, n_layers: usize) -> Result<Vec<Stage>, String> {
+    let get = |name: &str| -> Result<Vec<f32>, String> {
+        golden
+            .f32(name)
+            .map(|(_, v)| v.to_vec())
+            .ok_or_else(|| format!("{}: no `{name}`", golden.path.display()))
+    };
+    let mut stages = vec![("vision.embed".to_string(), get("embed")?)];
+    for b in 0..n_layers {
+        stages.push((format!("vision.blocks[{b}]"), get(&format!("block.{b}"))?));
+    }
+    stages.push(("vision.norm".into(), get("vit")?));
+    stages.push(("vision.aligner".into(), get("aligner")?));
+    Ok(stages)
+}
+
+/// The stages of image `i` of a forward golden with image spans (`vision.I{i}.embed`,
+/// `.blocks` [layers, n, dim], `.vit`, `.aligner`; docs/TRACE.md), in computation order.
+pub fn forward_golden_stages(
+    golden: &TraceFile,
+    i: usize,
+    n_layers: usize,
+) -> Result<Vec<Stage>, String> {
+    let mut renamed = TraceFile::default();
+    for (from, to) in [
+        ("embed", "vision.embed"),
+        ("blocks", "vision.blocks"),
+        ("vit", "vision.norm"),
+        ("aligner", "vision.aligner"),
+    ] {
+        let name = format!("vision.I{i}.{from}");
+        let t = golden
+            .get(&name)
+            .ok_or_else(|| format!("{}: no `{name}`", golden.path.display()))?;
+        renamed.tensors.insert(to.into(), t.clone());
+    }
+    trace_stages(&renamed, n_layers)
+        .map_err(|e| format!("{}: image {i}: {e}", golden.path.display()))
+}
+
+/// Does image `i` of a forward golden (its `vision.I{i}.patches`, the official patches as
+/// values) hold exactly these patches?
+pub fn forward_golden_patches_match(
+    golden: &TraceFile,
+    i: usize,
+    patches: &ImagePatches,
+) -> Result<(), String> {
+    let name = format!("vision.I{i}.patches");
+    let (_, want) = golden.f32(&name).ok_or_else(|| format!("no `{name}`"))?;
+    let ours: Vec<f32> = patches.patches.iter().map(|v| v.to_f32()).collect();
+    if ours.as_slice() != want {
+        return Err(format!("`{name}` differs from the image's patches"));
+    }
+    Ok(())
+}
+
+/// The stages of an engine's tower trace (PROTOCOL.md `vision_tower`): `vision.embed` [n, dim],
+/// `vision.blocks` [layers, n, dim], `vision.norm` [n, dim], `vision.aligner` [cells, llm_dim].
+pub fn trace_stages(trace: &TraceFile, n_layers: usize) -> Result<Vec<Stage>, String> {
+    let get = |name: &str| -> Result<(&[usize], &[f32]), String> {
+        trace
+            .f32(name)
+            .ok_or_else(|| format!("the trace has no float tensor `{name}`"))
+    };
+    let (embed_shape, embed) = get("vision.embed")?;
+    let (blocks_shape, blocks) = get("vision.blocks")?;
+    let want: Vec<usize> = std::iter::once(n_layers)
+        .chain(embed_shape.iter().copied())
+        .collect();
+    if blocks_shape != want.as_slice() {
+        return Err(format!(
+            "`vision.blocks` has shape {blocks_shape:?}, expected {want:?} ({n_layers} blocks \
+             of `vision.embed`'s shape)"
+        ));
+    }
+    let mut stages = vec![("vision.embed".to_string(), embed.to_vec())];
+    for (b, chunk) in blocks.chunks(embed.len().max(1)).enumerate() {
+        stages.push((format!("vision.blocks[{b}]"), chunk.to_vec()));
+    }
+    stages.push(("vision.norm".into(), get("vision.norm")?.1.to_vec()));
+    stages.push(("vision.aligner".into(), get("vision.aligner")?.1.to_vec()));
+    Ok(stages)
+}
+
+/// The stages of a golden as the tower request's replay file (the protocol's names).
+pub fn replay_file(golden: &[Stage], embed_shape: &[usize]) -> TraceFile {
+    let mut file = TraceFile::default();
+    let stage = |name: &str| -> Vec<f32> {
+        golden
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    let blocks: Vec<f32> = golden
+        .iter()
+        .filter(|(n, _)| n.starts_with("vision.blocks["))
+        .flat_map(|(_, v)| v.iter().copied())
+        .collect();
+    let n_blocks = golden
+        .iter()
+        .filter(|(n, _)| n.starts_with("vision.blocks["))
+        .count();
+    let mut put = |name: &str, shape: Vec<usize>, v: Vec<f32>| {
+        file.tensors.insert(name.into(), TraceTensor::f32(shape, v));
+    };
+    put("vision.embed", embed_shape.to_vec(), stage("vision.embed"));
+    put(
+        "vision.blocks",
+        std::iter::once(n_blocks)
+            .chain(embed_shape.iter().copied())
+            .collect(),
+        blocks,
+    );
+    put("vision.norm", embed_shape.to_vec(), stage("vision.norm"));
+    file
+}
+
+/// The first stage, in computation order, whose rel L2 against the golden exceeds `limit` (or
+/// whose size differs), as a sentence naming it; and the worst rel L2 seen.
+pub fn first_divergence(golden: &[Stage], got: &[Stage], limit: f64) -> (f64, Option<String>) {
+    let mut worst = 0f64;
+    for (want, have) in golden.iter().zip(got) {
+        let name = &want.0;
+        if have.1.len() != want.1.len() {
+            return (
+                f64::INFINITY,
+                Some(format!(
+                    "`{name}` has {} values, the golden {}",
+                    have.1.len(),
+                    want.1.len()
+                )),
+            );
+        }
+        let r = rel_l2(&have.1, &want.1);
+        worst = worst.max(r);
+        if r > limit {
+            return (
+                worst,
+                Some(format!("`{name}`: rel L2 {r:.3e} (limit {limit:.1e})")),
+            );
+        }
+    }
+    if got.len() < golden.len() {
+        return (
+            f64::INFINITY,
+            Some(format!("`{}` is missing", golden[got.len()].0)),
+        );
+    }
+    (worst, None)
+}
+
 /// The tower goldens in `dir` (weights.safetensors + IMAGE.DTYPE.safetensors, written by
 /// goldens/regen/vision_tower.py) against the engine's tower in both profiles, each image
 /// preprocessed by the engine from `images/IMAGE.png` (its patches must hash as the official
-/// ones did): every stage end to end and teacher-forced (fed the official input of that stage).
+/// ones did): every stage end to end and teacher-forced (fed the official input of that stage),
+/// within the profile's `vision` gates.
 pub fn check_tower(dir: &Path, images: &Path) -> Result<TowerReport, String> {
     let weights_path = dir.join("weights.safetensors");
     let bytes = read_file(&weights_path)?;
-    let (_, meta) = SafeTensors::read_metadata(&bytes).map_err(|e| e.to_string())?;
+    let (config, llm_dim) = tower_config(&bytes)?;
+    let weights = SafeTensors::deserialize(&bytes).map_err(|e| e.to_string())?;
+    let mut report = TowerReport::default();
+    for (numerics, dtype) in [
+        (Numerics::Upstream, "bfloat16"),
+        (Numerics::Exact, "float32"),
+    ] {
+        let gates = tower_gates(numerics)?;
+        let tower = VisionTower::load(&config, llm_dim, numerics, |name| {
+            tensor_f32(&weights, name).map_err(ds41_engine::Error::Model)
+        })
+        .map_err(|e| e.to_string())?;
+        let (mut worst_e2e, mut worst_forced, mut n_images) = (0f64, 0f64, 0);
+        for name in TOWER_IMAGES {
+            let golden = TraceFile::read(&dir.join(format!("{name}.{dtype}.safetensors")))
+                .map_err(|e| e.to_string())?;
+            let png = images.join(format!("{name}.png"));
+            let patches =
+                ds41_engine::vision::load_image(&png, &config).map_err(|e| e.to_string())?;
+            if let Err(why) = golden_patches_match(&golden, &patches) {
+                report.failures.push(format!("{name}: {why}"));
+                continue;
+            }
+            let (n_h, n_w) = patches.vit_grid();
+            let want = golden_stages(&golden, config.n_layers)?;
+            let values: Vec<f32> = patches.patches.iter().map(|v| v.to_f32()).collect();
+            let stages = |out: ds41_engine::vision::tower::TowerOutput| -> Vec<Stage> {
+                let mut s = vec![("vision.embed".to_string(), out.embed)];
+                s.extend(
+                    out.blocks
+                        .into_iter()
+                        .enumerate()
+                        .map(|(b, v)| (format!("vision.blocks[{b}]"), v)),
+                );
+                s.push(("vision.norm".into(), out.vit));
+                s.push(("vision.aligner".into(), out.aligner));
+                s
+            };
+            let e2e = stages(tower.forward(&patches).map_err(|e| e.to_string())?);
+            let forced_blocks: Vec<Vec<f32>> = want[1..=config.n_layers]
+                .iter()
+                .map(|(_, v)| v.clone())
+                .collect();
+            let forced = ForcedStages {
+                embed: &want[0].1,
+                blocks: &forced_blocks,
+                vit: &want[config.n_layers + 1].1,
+            };
+            let replayed = stages(
+                tower
+                    .run(&values, n_h, n_w, Some(&forced))
+                    .map_err(|e| e.to_string())?,
+            );
+            let (r_forced, forced_fail) =
+                first_divergence(&want, &replayed, gates.tower_replay_rel_l2);
+            let (r_e2e, e2e_fail) = first_divergence(&want, &e2e, gates.tower_rel_l2);
+            if let Some(why) = forced_fail {
+                report
+                    .failures
+                    .push(format!("{numerics} {name}: teacher-forced: {why}"));
+            } else if let Some(why) = e2e_fail {
+                report
+                    .failures
+                    .push(format!("{numerics} {name}: end to end: {why}"));
+            }
+            worst_e2e = worst_e2e.max(r_e2e);
+            worst_forced = worst_forced.max(r_forced);
+            n_images += 1;
+        }
+        report
+            .profiles
+            .push((numerics, n_images, worst_e2e, worst_forced));
+    }
+    Ok(report)
+}
+
+/// Does `golden` (a tower golden, metadata `patches_sha256`) belong to these patches?
+pub fn golden_patches_match(golden: &TraceFile, patches: &ImagePatches) -> Result<(), String> {
+    let want = golden
+        .metadata
+        .get("patches_sha256")
+        .cloned()
+        .unwrap_or_default();
+    if sha256_hex(&patch_bytes(patches, 0..patches.patches.len())) != want {
+        return Err("the patches differ from the official ones".into());
+    }
+    Ok(())
+}
+
+/// The tower's vision config and the language model's width, from the `config` metadata of a
+/// tower weights file (goldens/vision/tower/weights.safetensors: the `ModelArgs` names).
+pub fn tower_config(weights: &[u8]) -> Result<(VisionConfig, usize), String> {
+    let (_, meta) = SafeTensors::read_metadata(weights).map_err(|e| e.to_string())?;
     let config_text = meta
         .metadata()
         .as_ref()
@@ -287,89 +660,5 @@ pub fn check_tower(dir: &Path, images: &Path) -> Result<TowerReport, String> {
         max_wh_ratio: None,
         rope_theta: get("vision_rope_theta")?,
     };
-    let weights = SafeTensors::deserialize(&bytes).map_err(|e| e.to_string())?;
-    let mut report = TowerReport::default();
-    for (numerics, dtype) in [
-        (Numerics::Upstream, "bfloat16"),
-        (Numerics::Exact, "float32"),
-    ] {
-        let (max_e2e, max_forced) = tower_limits(numerics);
-        let tower = VisionTower::load(&config, get("dim")? as usize, numerics, |name| {
-            tensor_f32(&weights, name).map_err(ds41_engine::Error::Model)
-        })
-        .map_err(|e| e.to_string())?;
-        let (mut worst_e2e, mut worst_forced, mut n_images) = (0f64, 0f64, 0);
-        for name in TOWER_IMAGES {
-            let golden_path = dir.join(format!("{name}.{dtype}.safetensors"));
-            let golden_bytes = read_file(&golden_path)?;
-            let (_, gmeta) =
-                SafeTensors::read_metadata(&golden_bytes).map_err(|e| e.to_string())?;
-            let want_patches = gmeta
-                .metadata()
-                .as_ref()
-                .and_then(|m| m.get("patches_sha256").cloned())
-                .unwrap_or_default();
-            let golden = SafeTensors::deserialize(&golden_bytes).map_err(|e| e.to_string())?;
-            let png = images.join(format!("{name}.png"));
-            let patches =
-                ds41_engine::vision::load_image(&png, &config).map_err(|e| e.to_string())?;
-            let ours = patches.patches.len();
-            if sha256_hex(&patch_bytes(&patches, 0..ours)) != want_patches {
-                report
-                    .failures
-                    .push(format!("{name}: the patches differ from the official ones"));
-                continue;
-            }
-            let (n_h, n_w) = patches.vit_grid();
-            let got = tower.forward(&patches).map_err(|e| e.to_string())?;
-            let input: Vec<f32> = patches.patches.iter().map(|v| v.to_f32()).collect();
-            let want = |t: &str| tensor_f32(&golden, t);
-            // (stage, end-to-end output, teacher-forced output)
-            let mut stages = vec![(
-                "embed".to_string(),
-                tower.embed(&input),
-                tower.embed(&input),
-            )];
-            for b in 0..config.n_layers {
-                let input = if b == 0 {
-                    "embed".into()
-                } else {
-                    format!("block.{}", b - 1)
-                };
-                let forced = tower.block(b, &want(&input)?, n_h, n_w);
-                stages.push((format!("block.{b}"), got.blocks[b].clone(), forced));
-            }
-            let last = format!("block.{}", config.n_layers - 1);
-            stages.push((
-                "vit".into(),
-                got.vit.clone(),
-                tower.final_norm(&want(&last)?),
-            ));
-            stages.push((
-                "aligner".into(),
-                got.aligner.clone(),
-                tower.align(&want("vit")?, n_h, n_w),
-            ));
-            for (stage, e2e, forced) in stages {
-                let theirs = want(&stage)?;
-                let (r_e2e, r_forced) = (rel_l2(&e2e, &theirs), rel_l2(&forced, &theirs));
-                if r_forced >= max_forced {
-                    report.failures.push(format!(
-                        "{numerics} {name}: teacher-forced `{stage}` is off: rel L2 {r_forced:.3e} (limit {max_forced:.0e})"
-                    ));
-                } else if r_e2e >= max_e2e {
-                    report.failures.push(format!(
-                        "{numerics} {name}: `{stage}` is the first stage off end to end: rel L2 {r_e2e:.3e} (limit {max_e2e:.0e})"
-                    ));
-                }
-                worst_e2e = worst_e2e.max(r_e2e);
-                worst_forced = worst_forced.max(r_forced);
-            }
-            n_images += 1;
-        }
-        report
-            .profiles
-            .push((numerics, n_images, worst_e2e, worst_forced));
-    }
-    Ok(report)
+    Ok((config, get("dim")? as usize))
 }

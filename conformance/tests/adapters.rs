@@ -90,6 +90,28 @@ fn adapters() -> Vec<Adapter> {
                 ("dspark::official::dspark-s6-p18-d06", AS_GOLDENS, Pass),
                 ("dspark::official::dspark-s6-p18-d06-replay", AS_GOLDENS, Pass),
                 ("dspark::official::window-mtp-s4-p37-d11-replay", AS_GOLDENS, Pass),
+                // The vision family: the official image_processor.py and vision.py meet their
+                // own goldens through the protocol (bit for bit), the exact profile is not
+                // theirs, image spans in forward are not served; a swapped rope is caught at
+                // the first block.
+                ("vision::official::preprocess-small-budget", "", Pass),
+                ("vision::official::tower-601x599-upstream", "", Pass),
+                ("vision::official::tower-vision-s7-image0-upstream-replay", "", Pass),
+                (
+                    "vision::official::tower-601x599-exact",
+                    "",
+                    NotSupported("numerics.exact"),
+                ),
+                (
+                    "residual::official_vision_s7::vision-s7-p15-d06-replay",
+                    "",
+                    NotSupported("vision.forward"),
+                ),
+                (
+                    "vision::official::tower-601x599-upstream-replay",
+                    "--inject vision-rope-swapped",
+                    FailAt("`vision.blocks[0]`"),
+                ),
                 (
                     "dspark::official::dspark-s6-p18-d06-replay",
                     "--ties canonical --kernels tt-metal --inject draft-causal",

@@ -240,6 +240,13 @@ fn declared_capabilities_expand_the_shorthands() {
     let (caps, _) = declared_capabilities(["forward", "trace.residual", "layout.container"]);
     assert!(!caps.contains(&Capability::TraceLogits));
     assert!(!caps.contains(&Capability::LayoutRelease));
+    // `vision` stands for its three parts.
+    let (caps, _) = declared_capabilities(["vision"]);
+    for c in Capability::VISION_PARTS {
+        assert!(caps.contains(&c), "`vision` implies {c}");
+    }
+    let (caps, _) = declared_capabilities(["vision.span"]);
+    assert!(!caps.contains(&Capability::VisionTower));
     // Every name round-trips.
     for c in Capability::ALL {
         assert_eq!(Capability::parse(c.as_str()), Some(c));

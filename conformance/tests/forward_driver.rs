@@ -67,6 +67,7 @@ fn cli_and_reference_write_the_same_trace() {
         load_state: None,
         replay: None,
         engram_token_map: None,
+        images: Vec::new(),
     };
 
     // Prefill 5, decode 15, state saved.

@@ -408,6 +408,7 @@ fn forward_outputs_that_are_not_regular_files_are_garbage() {
                 load_state: None,
                 replay: None,
                 engram_token_map: None,
+                images: Vec::new(),
             },
             Duration::from_secs(10),
         );

@@ -21,6 +21,10 @@
 //! * `regen_python::vision-tower-vs-official` — the engine's vision tower and aligner against
 //!   the official `vision.py` on small random weights (regen_python/vision_tower.rs); needs
 //!   `DS41_OFFICIAL_INFERENCE`;
+//! * `regen_python::vision-span-goldens-reproduce` — goldens/regen/vision_span.py reproduces
+//!   goldens/vision/span/expected.json byte for byte (regen_python/vision_span.rs); needs
+//!   `DS41_OFFICIAL_INFERENCE`, `DS41_OFFICIAL_ENCODING` (the release `encoding/` directory
+//!   with `encoding.py`) and a release snapshot's `tokenizer.json` (`DS41_RELEASE`);
 //! * `regen_python::waste-containers-vs-make_test_container` — `ds41 synth --preset waste-tiny
 //!   --layout container --seed S` against WASTE's `make_test_container.py --ds41 --seed S`,
 //!   seeds 0-3, byte for byte; needs `DS41_WASTE`, a WASTE checkout.
@@ -35,6 +39,8 @@
 mod engram_map;
 #[path = "regen_python/torch_kernels.rs"]
 mod torch_kernels;
+#[path = "regen_python/vision_span.rs"]
+mod vision_span;
 #[path = "regen_python/vision_tower.rs"]
 mod vision_tower;
 
@@ -101,6 +107,13 @@ fn regen_python() -> Result<PathBuf, String> {
     Ok(python)
 }
 
+/// The path an environment variable names, if set and not empty.
+fn env_path(var: &str) -> Option<PathBuf> {
+    std::env::var_os(var)
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+}
+
 /// The release `inference/` directory named by `DS41_OFFICIAL_INFERENCE`, or the skip.
 fn official_inference() -> Result<PathBuf, Completion> {
     std::env::var_os("DS41_OFFICIAL_INFERENCE")
@@ -157,16 +170,11 @@ fn main() {
                 Ok(dir) => dir,
                 Err(skip) => return Ok(skip),
             };
-            let var = |v: &str| {
-                std::env::var_os(v)
-                    .filter(|v| !v.is_empty())
-                    .map(PathBuf::from)
-            };
             engram_map::engram_map_equals_official(
                 &py,
                 &inference,
-                var("DS41_RELEASE").as_deref(),
-                var("DS41_UPSTREAM").as_deref(),
+                env_path("DS41_RELEASE").as_deref(),
+                env_path("DS41_UPSTREAM").as_deref(),
             );
             Ok(Completion::Completed)
         }),
@@ -218,6 +226,30 @@ fn main() {
                 Err(skip) => return Ok(skip),
             };
             vision_tower::tower_matches_official(&py, &inference);
+            Ok(Completion::Completed)
+        }),
+        Trial::ignorable_test("regen_python::vision-span-goldens-reproduce", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let inference = match official_inference() {
+                Ok(dir) => dir,
+                Err(skip) => return Ok(skip),
+            };
+            let (Some(encoding), Some(release)) =
+                (env_path("DS41_OFFICIAL_ENCODING"), env_path("DS41_RELEASE"))
+            else {
+                return Ok(Completion::ignored_with(
+                    "SKIPPED: DS41_OFFICIAL_ENCODING (the release encoding/ directory) or \
+                     DS41_RELEASE (a release snapshot, for tokenizer.json) not set",
+                ));
+            };
+            vision_span::span_golden_reproduces(
+                &py,
+                &inference,
+                &encoding,
+                &release.join("tokenizer.json"),
+            );
             Ok(Completion::Completed)
         }),
         Trial::ignorable_test(

@@ -129,10 +129,14 @@ fn main() {
     conclusion.exit();
 }
 
-/// What a case sends through the protocol: its family, its case file, and for residual
-/// cases whether it is a replay (another request).
+/// What a case sends through the protocol: its family, its case file, for residual cases
+/// whether it is a replay, and for vision cases the part and replay (other requests).
 fn protocol_shape(case: &Case) -> String {
-    let replay = matches!(&case.spec, Spec::Residual(r) if r.replay);
+    let replay = match &case.spec {
+        Spec::Residual(r) => format!("{}", r.replay),
+        Spec::Vision(v) => format!("{:?}-{}", v.part, v.replay),
+        _ => String::new(),
+    };
     format!(
         "{}::{}::{replay}",
         case.family.as_str(),
@@ -203,6 +207,29 @@ fn replay_controls(suite: &[Case], ctx: &Arc<Context>, trials: &mut Vec<Trial>) 
             "residual::official_a::p01-d47-as-shipped-replay",
             "index-k-handoff-wrong",
             "first divergence",
+        ),
+        // The vision tower's stages: the rope breaks the first block, the unfold order only
+        // the aligner (every ViT stage before it matches).
+        (
+            "vision::official::tower-601x599-exact-replay",
+            "vision-rope-halves-swapped",
+            "first divergence: `vision.blocks[0]`",
+        ),
+        (
+            "vision::official::tower-601x599-upstream",
+            "aligner-unfold-kw-kh",
+            "first divergence: `vision.aligner`",
+        ),
+        // Image positions in the language model: the first image's start (token 5), layer 0.
+        (
+            "residual::official_vision_s7::vision-s7-p15-d06-replay",
+            "gate-bias-for-image",
+            "first divergence at token 5 layer 0",
+        ),
+        (
+            "residual::official_vision_s7::vision-s7-p15-d06-replay",
+            "engram-image-not-dead",
+            "first divergence at token 5 layer 0",
         ),
     ];
     for (name, defect, needle) in specs {

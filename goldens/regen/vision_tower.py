@@ -27,7 +27,9 @@ SCRIPT = "goldens/regen/vision_tower.py"
 
 SMALL = dict(vision_n_layers=2, vision_dim=64, vision_n_heads=4, vision_inter_dim=96, vision_patch_size=14,
              vision_downsample_ratio=3, vision_max_n_token=40, vision_min_pixels=0, vision_max_wh_ratio=None,
-             vision_rope_theta=10000.0, dim=48)
+             vision_rope_theta=10000.0, dim=128)
+# `dim` is the language model's width (the aligner's output): that of the synthetic `tiny`
+# presets, so the vision family can graft this tower onto a tiny checkpoint.
 
 
 def run(vision, processor, dtype, seed, images, out: Path):

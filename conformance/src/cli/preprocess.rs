@@ -1,20 +1,16 @@
 //! `ds41 preprocess`: an image file → the ViT's patch tensor, exactly as the official
-//! `image_processor.load_image` makes it (MODEL.md §10.2), written as safetensors:
-//!
-//! * `patches` — BF16 `[n_vit_h · n_vit_w, 3, patch, patch]`, patches in row-major grid order;
-//! * `token_types` — I64, the image's span in the LLM (IMAGE_START 0, IMAGE 1, IMAGE_NEW_LINE 2,
-//!   IMAGE_END 3): `[START] ([IMAGE]×n_llm_w [NEWLINE])×n_llm_h [END]`;
-//! * metadata (`format` = `ds41-vision-patches/1`): the grid numbers, the source size, the
-//!   image's sha256 and the vision config used.
+//! `image_processor.load_image` makes it (MODEL.md §10.2), written as a patch file
+//! (`ds41_engine::vision::patch_file`: `patches`, `grid`, `token_types`, the format an engine
+//! answers the protocol's `vision_preprocess` in) whose metadata (`format` =
+//! `ds41-vision-patches/1`) adds the grid numbers, the source size, the image's sha256 and the
+//! vision config used.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use ds41_engine::config::VisionConfig;
-use ds41_engine::trace::{safetensors_bytes, RawTensor};
 use ds41_engine::vision::{self, ImagePatches};
-use safetensors::tensor::Dtype;
 use sha2::{Digest, Sha256};
 
 pub const FORMAT: &str = "ds41-vision-patches/1";
@@ -32,14 +28,6 @@ pub struct Args {
     /// 3×3 merge, at most 1024 tokens, at least 544² pixels, no aspect clamp).
     #[arg(long)]
     pub config: Option<PathBuf>,
-}
-
-/// The token types of an image's span (image_processor.py's IMAGE_START … IMAGE_END).
-fn token_types(n_llm_h: usize, n_llm_w: usize) -> Vec<i64> {
-    vision::span_types(n_llm_h, n_llm_w)
-        .iter()
-        .map(|t| t.code())
-        .collect()
 }
 
 fn metadata(
@@ -111,26 +99,10 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let patches = vision::preprocess_bytes(&bytes, &args.image, &cfg)?;
     let image_sha256 = hex::encode(Sha256::digest(&bytes));
     let (n_vit_h, n_vit_w) = patches.vit_grid();
-    let types = token_types(patches.plan.n_llm_h, patches.plan.n_llm_w);
-    let tensors = vec![
-        RawTensor {
-            name: "patches".into(),
-            dtype: Dtype::BF16,
-            shape: vec![n_vit_h * n_vit_w, 3, cfg.patch_size, cfg.patch_size],
-            data: patches
-                .patches
-                .iter()
-                .flat_map(|v| v.to_bits().to_le_bytes())
-                .collect(),
-        },
-        RawTensor {
-            name: "token_types".into(),
-            dtype: Dtype::I64,
-            shape: vec![types.len()],
-            data: types.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        },
-    ];
-    let out = safetensors_bytes(tensors, &metadata(&args, &image_sha256, &cfg, &patches))?;
+    let out = vision::patch_file::patch_file_bytes(
+        &patches,
+        &metadata(&args, &image_sha256, &cfg, &patches),
+    )?;
     ds41_engine::state::write_atomic(&args.out, &out)
         .with_context(|| format!("writing {}", args.out.display()))?;
     println!(

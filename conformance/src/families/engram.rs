@@ -282,7 +282,7 @@ impl super::CheckFamily for EngramSpec {
 }
 
 /// Put `src` at `dst` (a symlink; a copy where links are unavailable).
-fn link(src: &Path, dst: &Path) -> Result<(), Outcome> {
+pub(crate) fn link(src: &Path, dst: &Path) -> Result<(), Outcome> {
     // A relative target would be read from the link's own directory.
     let src = &crate::locations::absolute(src);
     #[cfg(unix)]

@@ -9,6 +9,7 @@ pub mod loader;
 pub mod residual;
 pub mod state;
 pub mod tokenizer;
+pub mod vision;
 
 use serde::{Deserialize, Serialize};
 
@@ -81,6 +82,8 @@ check_families! {
     Engram = "engram" => engram::EngramSpec,
     /// DSpark draft head against the official code's DSpark goldens (release layout).
     Dspark = "dspark" => dspark::DsparkSpec,
+    /// Vision: preprocessing, tower and image spans against the official code's goldens.
+    Vision = "vision" => vision::VisionSpec,
 }
 
 /// A check family (CONTRACT.md §1): what its cases declare and how one runs, implemented by

@@ -106,6 +106,12 @@ pub struct ResidualSpec {
     /// compared strictly instead of excused (CONTRACT.md §4).
     #[serde(default)]
     pub canonical_ties: bool,
+    /// Image files, in prompt order, for a golden with image spans (MODEL.md §10.2): the
+    /// tokens are the golden's `input_ids` with each span (its `token_types`) folded back to
+    /// one marker, the prefill counted likewise, and the engine expands them (capability
+    /// `vision.forward`).
+    #[serde(default)]
+    pub images: Vec<DataRef>,
 }
 
 fn default_require() -> Vec<String> {
@@ -123,7 +129,11 @@ impl super::CheckFamily for ResidualSpec {
             GoldenSpec::File(d) => Some(d),
             GoldenSpec::WasteOracle { dir, .. } => Some(dir),
         };
-        golden.into_iter().chain(&self.engram_token_map).collect()
+        golden
+            .into_iter()
+            .chain(&self.engram_token_map)
+            .chain(&self.images)
+            .collect()
     }
 
     fn validate(&self) -> Result<(), String> {
@@ -160,6 +170,17 @@ impl super::CheckFamily for ResidualSpec {
                 return Err("field `replay`: the tokens are the golden's `input_ids`; give neither `tokens` nor `prefix_lengths`".into());
             }
         }
+        if !s.images.is_empty()
+            && (!matches!(s.golden, GoldenSpec::File(_))
+                || s.tokens.is_some()
+                || !s.prefix_lengths.is_empty())
+        {
+            return Err(
+                "field `images`: needs a `{file: ...}` golden with `token_types` (its \
+                        input ids are the tokens) and neither `tokens` nor `prefix_lengths`"
+                    .into(),
+            );
+        }
         let known = crate::engine_api::TRACE_TENSORS.map(|(n, _)| n);
         if let Some(bad) = s.require.iter().find(|r| !known.contains(&r.as_str())) {
             return Err(format!(
@@ -192,6 +213,9 @@ impl super::CheckFamily for ResidualSpec {
         if s.replay {
             caps.push(Capability::Replay);
         }
+        if !s.images.is_empty() {
+            caps.push(Capability::VisionForward);
+        }
         if let Some(o) = require(engine, &caps) {
             return Ok(o);
         }
@@ -206,9 +230,22 @@ impl super::CheckFamily for ResidualSpec {
         };
         let mut golden = load_golden(s, &model, ctx, &dir, case)?;
         note_engram_layers(&mut golden, &model);
-        let tokens: Vec<u32> = match &s.tokens {
-            Some(t) => t.clone(),
-            None => golden
+        let images = s
+            .images
+            .iter()
+            .map(|d| ctx.data(d))
+            .collect::<Result<Vec<_>, Outcome>>()?;
+        // With images: the prompt with one marker per span, the prefill likewise, and the
+        // number of positions the engine expands it to.
+        let image_prompt = if images.is_empty() {
+            None
+        } else {
+            Some(image_prompt(&golden, s.prefill)?)
+        };
+        let tokens: Vec<u32> = match (&s.tokens, &image_prompt) {
+            (_, Some((folded, _, _))) => folded.clone(),
+            (Some(t), None) => t.clone(),
+            (None, None) => golden
                 .get("input_ids")
                 .ok_or_else(|| {
                     Outcome::error("case gives no tokens and the golden has no `input_ids`")
@@ -218,7 +255,11 @@ impl super::CheckFamily for ResidualSpec {
                 .map(|&x| x as u32)
                 .collect(),
         };
-        let prefill = s.prefill.unwrap_or(tokens.len());
+        let prefill = match &image_prompt {
+            Some((_, p, _)) => *p,
+            None => s.prefill.unwrap_or(tokens.len()),
+        };
+        let positions = image_prompt.as_ref().map_or(tokens.len(), |p| p.2);
         if prefill > 1 && !engine.capabilities().contains(&Capability::Prefill) {
             return Ok(Outcome::not_supported(Capability::Prefill.as_str()));
         }
@@ -227,16 +268,15 @@ impl super::CheckFamily for ResidualSpec {
             .get("residual")
             .map(|r| r.shape[0])
             .unwrap_or(tokens.len());
-        if golden_tokens < tokens.len() {
+        if golden_tokens < positions {
             return Err(Outcome::error(format!(
-                "golden covers {golden_tokens} tokens, the case runs {}",
-                tokens.len()
+                "golden covers {golden_tokens} tokens, the case runs {positions}"
             )));
         }
-        let golden = golden.select_tokens(&(0..tokens.len()).collect::<Vec<_>>());
+        let golden = golden.select_tokens(&(0..positions).collect::<Vec<_>>());
         if s.replay {
             return replay(
-                case, s, engine, ctx, details, &golden, tokens, prefill, &dir,
+                case, s, engine, ctx, details, &golden, tokens, prefill, &images, &dir,
             );
         }
 
@@ -252,6 +292,7 @@ impl super::CheckFamily for ResidualSpec {
                 load_state: None,
                 replay: None,
                 engram_token_map: token_map.clone(),
+                images: images.clone(),
             };
             engine
                 .forward(&req, timeout(case))
@@ -267,10 +308,10 @@ impl super::CheckFamily for ResidualSpec {
             .or_else(|| full.get("logits").map(|l| l.shape[0]))
             .unwrap_or(0);
         let mut failed = false;
-        if rows >= tokens.len() || tokens.len() == 1 {
+        if rows >= positions || positions == 1 {
             let r = compare(&golden, &full, &gates);
             failed |= r.failed();
-            details.absorb(&format!("{} tokens", tokens.len()), &r);
+            details.absorb(&format!("{positions} tokens"), &r);
         } else {
             // A last-token-only engine: one run per prefix length, each against that token.
             let mut lengths = s.prefix_lengths.clone();
@@ -312,12 +353,13 @@ fn replay(
     golden: &TraceFile,
     tokens: Vec<u32>,
     prefill: usize,
+    images: &[std::path::PathBuf],
     dir: &Path,
 ) -> Result<Outcome, Outcome> {
     let GoldenSpec::File(g) = &s.golden else {
         return Err(Outcome::error("replay needs a golden file"));
     };
-    let n = tokens.len();
+    let n = golden.get("residual").map_or(tokens.len(), |r| r.shape[0]);
     let req = ForwardRequest {
         model: ctx.model(&s.model)?,
         tokens,
@@ -332,6 +374,7 @@ fn replay(
             Some(d) => Some(ctx.data(d)?),
             None => None,
         },
+        images: images.to_vec(),
     };
     engine
         .forward(&req, timeout(case))
@@ -344,6 +387,23 @@ fn replay(
     details.absorb(&format!("replay of {n} tokens"), &r);
     note_flips(details, &gates);
     Ok(verdict(details, r.failed(), s))
+}
+
+/// A golden with image spans as a prompt: its input ids with each span folded to one marker,
+/// the prefill in those units (the case's, else the golden's), and the expanded length.
+fn image_prompt(
+    golden: &TraceFile,
+    prefill: Option<usize>,
+) -> Result<(Vec<u32>, usize, usize), Outcome> {
+    use ds41_engine::model::job::{fold_spans, folded_prefill};
+    let bad = |e: ds41_engine::Error| Outcome::error(format!("golden: {e}"));
+    let ids = golden.input_ids().map_err(bad)?;
+    let (folded, spans) = fold_spans(golden, &ids).map_err(bad)?;
+    let prefill = match prefill {
+        Some(p) => p,
+        None => folded_prefill(golden.prefill().map_err(bad)?.unwrap_or(ids.len()), &spans),
+    };
+    Ok((folded, prefill, ids.len()))
 }
 
 /// The case verdict: Pass, or Fail naming the first divergence, every failing metric and
@@ -488,6 +548,7 @@ fn load_golden(
                 load_state: None,
                 replay: None,
                 engram_token_map: None,
+                images: Vec::new(),
             };
             let mut reference = ctx
                 .reference

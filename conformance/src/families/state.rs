@@ -174,6 +174,7 @@ fn req(
         load_state: None,
         replay: None,
         engram_token_map: None,
+        images: Vec::new(),
     }
 }
 

@@ -56,6 +56,12 @@ pub enum Defect {
     /// §10.1: `main_hidden` from the streams leaving the target layers (their block output)
     /// instead of the streams entering them.
     MainHiddenAfterBlock,
+    /// §10.2: the vision rope's two halves swapped: the first hd/4 frequencies rotate by the
+    /// patch's column and the rest by its row (rows first is the official order).
+    VisionRopeHalvesSwapped,
+    /// §10.2: the aligner flattens each 3×3 cell as (channel, kw, kh) instead of
+    /// (channel, kh, kw).
+    AlignerUnfoldKwKh,
     /// §6.5, §10.2: image positions route with `gate.bias` instead of `gate.bias_vl`.
     GateBiasForImage,
     /// §6.6, §10.2: image positions enter the Engram history as ordinary tokens (the image
@@ -85,6 +91,8 @@ impl Defect {
         "draft-causal-mask",
         "markov-bias-from-first-id",
         "main-hidden-after-block",
+        "vision-rope-halves-swapped",
+        "aligner-unfold-kw-kh",
         "gate-bias-for-image",
         "engram-image-not-dead",
     ];
@@ -113,6 +121,8 @@ impl fmt::Display for Defect {
             Defect::DraftCausalMask => "draft-causal-mask",
             Defect::MarkovBiasFromFirstId => "markov-bias-from-first-id",
             Defect::MainHiddenAfterBlock => "main-hidden-after-block",
+            Defect::VisionRopeHalvesSwapped => "vision-rope-halves-swapped",
+            Defect::AlignerUnfoldKwKh => "aligner-unfold-kw-kh",
             Defect::GateBiasForImage => "gate-bias-for-image",
             Defect::EngramImageNotDead => "engram-image-not-dead",
         };
@@ -149,6 +159,8 @@ impl FromStr for Defect {
             "draft-causal-mask" => Defect::DraftCausalMask,
             "markov-bias-from-first-id" => Defect::MarkovBiasFromFirstId,
             "main-hidden-after-block" => Defect::MainHiddenAfterBlock,
+            "vision-rope-halves-swapped" => Defect::VisionRopeHalvesSwapped,
+            "aligner-unfold-kw-kh" => Defect::AlignerUnfoldKwKh,
             "gate-bias-for-image" => Defect::GateBiasForImage,
             "engram-image-not-dead" => Defect::EngramImageNotDead,
             _ => {

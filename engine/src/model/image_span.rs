@@ -7,6 +7,7 @@
 //! decided where those steps run, from the chunk's token types.
 
 use super::numerics::Numerics;
+use super::DefectSet;
 use super::Model;
 use crate::vision::tower::{TowerOutput, VisionTower};
 use crate::vision::{ImageInput, TokenType};
@@ -32,10 +33,11 @@ pub struct ImageEncoder {
 }
 
 impl ImageEncoder {
-    /// Read the tower and the delimiter rows; a model without a vision tower is refused.
-    pub fn load(model: &Model, numerics: Numerics) -> Result<ImageEncoder> {
+    /// Read the tower (with the run's injected tower defects) and the delimiter rows; a model
+    /// without a vision tower is refused.
+    pub fn load(model: &Model, numerics: Numerics, defects: &DefectSet) -> Result<ImageEncoder> {
         let ckpt = model.checkpoint().as_ref();
-        let tower = VisionTower::from_checkpoint(ckpt, numerics)?;
+        let tower = VisionTower::from_checkpoint(ckpt, numerics)?.with_defects(defects.clone());
         let dim = model.config().dim;
         let row = |name: &str| -> Result<Vec<f32>> {
             let mut v = ckpt.tensor_f32(name)?;

@@ -74,11 +74,11 @@ pub struct JobOutput {
 }
 
 /// Where an image span lies in a sequence: (start, length).
-type SpanRange = (usize, usize);
+pub type SpanRange = (usize, usize);
 
 /// The spans of a golden's sequence (from its `token_types`), and the sequence with each span
 /// folded to its first id (the marker).
-fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<SpanRange>)> {
+pub fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<SpanRange>)> {
     let (_, types) = g.i64("token_types").ok_or_else(|| {
         Error::Model("images were given for a golden without `token_types`".into())
     })?;
@@ -103,6 +103,16 @@ fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<Spa
         }
     }
     Ok((folded, spans))
+}
+
+/// A golden's prefill (expanded positions) counted with each span of `spans` as its marker.
+pub fn folded_prefill(prefill: usize, spans: &[SpanRange]) -> usize {
+    let folded: usize = spans
+        .iter()
+        .filter(|&&(start, _)| start < prefill)
+        .map(|&(_, len)| len - 1)
+        .sum();
+    prefill.saturating_sub(folded)
 }
 
 impl ForwardJob {
@@ -185,13 +195,7 @@ impl ForwardJob {
                 let p = g.prefill().map_err(JobError::Refused)?.ok_or_else(|| {
                     refused("the golden does not state its prefill length; give it".into())
                 })?;
-                // The golden counts expanded positions; here a span counts as its marker.
-                let folded: usize = golden_spans
-                    .iter()
-                    .filter(|&&(start, _)| start < p)
-                    .map(|&(_, len)| len - 1)
-                    .sum();
-                p.saturating_sub(folded)
+                folded_prefill(p, &golden_spans)
             }
             (None, None) if restoring => 0,
             (None, None) => n,

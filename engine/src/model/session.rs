@@ -253,7 +253,11 @@ impl<'m> Session<'m> {
             )));
         }
         if self.image_encoder.is_none() {
-            self.image_encoder = Some(ImageEncoder::load(self.model, self.options.numerics)?);
+            self.image_encoder = Some(ImageEncoder::load(
+                self.model,
+                self.options.numerics,
+                &self.options.defects,
+            )?);
         }
         sequence_types(tokens, image_token, images)
     }

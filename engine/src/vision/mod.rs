@@ -5,11 +5,13 @@
 //! * [`grid`] — the pixel size and token grid of an image (upscale, multiples of 14, shrink);
 //! * [`resample`] — Pillow's fixed-point BICUBIC resize;
 //! * [`preprocess`] — `ImageOps.pad` on grey, bf16 normalisation, patches;
+//! * [`patch_file`] — a preprocessed image as safetensors (patches, grid, span token types);
 //! * [`tower`] — the ViT and the aligner (upstream numerics, to rounding);
 //! * [`span`] — an image's token span in the language model, and prompts with image markers.
 
 pub mod decode;
 pub mod grid;
+pub mod patch_file;
 pub mod preprocess;
 pub mod resample;
 pub mod span;
@@ -42,9 +44,9 @@ pub fn release_vision_config() -> VisionConfig {
     }
 }
 
-/// The vision config of a checkpoint directory (its `config.json`) or of a config file: the
-/// release `config.json` (HF names, `vision_config`) or `inference/config.json` (`vision_*`).
-pub fn vision_config_from(path: &Path) -> Result<VisionConfig> {
+/// The config of a checkpoint directory (its `config.json`) or of a config file: the release
+/// `config.json` (HF names, `vision_config`) or `inference/config.json` (`vision_*`).
+fn model_config_from(path: &Path) -> Result<(Config, std::path::PathBuf)> {
     let file = if path.is_dir() {
         path.join("config.json")
     } else {
@@ -58,11 +60,40 @@ pub fn vision_config_from(path: &Path) -> Result<VisionConfig> {
         Config::from_inference_value(&value)
     }
     .map_err(|e| crate::config::in_file_err(&file, e))?;
-    config.vision.ok_or_else(|| Error::Config {
+    Ok((config, file))
+}
+
+fn no_tower(file: &Path) -> Error {
+    Error::Config {
         field: "vision_config".into(),
         rule: format!(
             "the config has no vision tower, so no image preprocessing (in {})",
             file.display()
         ),
-    })
+    }
+}
+
+/// The vision config of a checkpoint directory or config file (see [`model_config_from`]).
+pub fn vision_config_from(path: &Path) -> Result<VisionConfig> {
+    let (config, file) = model_config_from(path)?;
+    config.vision.ok_or_else(|| no_tower(&file))
+}
+
+/// What expanding a prompt's image markers needs from a model directory or config file: the
+/// vision config and the marker token `image_token_id`.
+pub fn image_inputs_config_from(path: &Path) -> Result<(VisionConfig, u32)> {
+    let (config, file) = model_config_from(path)?;
+    // The official code refuses images when `vision_n_layers` is 0.
+    let vision = config
+        .vision
+        .filter(|v| v.n_layers > 0)
+        .ok_or_else(|| no_tower(&file))?;
+    let marker = config.image_token_id.ok_or_else(|| Error::Config {
+        field: "image_token_id".into(),
+        rule: format!(
+            "required to place images in a prompt (in {})",
+            file.display()
+        ),
+    })?;
+    Ok((vision, marker))
 }

@@ -19,7 +19,7 @@ use super::preprocess::ImagePatches;
 use crate::checkpoint::Checkpoint;
 use crate::config::VisionConfig;
 use crate::model::numerics::{dot_f64_wide, mean_sq_f64};
-use crate::model::Numerics;
+use crate::model::{Defect, DefectSet, Numerics};
 use crate::{Error, Result};
 
 const NORM_EPS: f32 = 1e-6;
@@ -65,6 +65,17 @@ pub struct VisionTower {
     pub norm: Vec<f32>,
     pub aligner_w1: VisionLinear,
     pub aligner_w2: VisionLinear,
+    /// Injected defects (negative controls; empty for the reference).
+    pub defects: DefectSet,
+}
+
+/// Stage inputs taken from another implementation (teacher-forced replay): block b runs on
+/// `blocks[b − 1]` (`embed` for b = 0), the final norm on the last block's output, the aligner
+/// on `vit`; nothing cascades, so each stage is judged on its own.
+pub struct ForcedStages<'a> {
+    pub embed: &'a [f32],
+    pub blocks: &'a [Vec<f32>],
+    pub vit: &'a [f32],
 }
 
 /// The tower's outputs: the patch embedding and each block's output `[n, dim]`, the final
@@ -157,7 +168,14 @@ impl VisionTower {
             norm: read("vision.norm.weight", dim)?,
             aligner_w1: linear("aligner.w1", llm_dim, cell, true)?,
             aligner_w2: linear("aligner.w2", llm_dim, llm_dim, true)?,
+            defects: DefectSet::none(),
         })
+    }
+
+    /// The same tower with `defects` injected (negative controls).
+    pub fn with_defects(mut self, defects: DefectSet) -> VisionTower {
+        self.defects = defects;
+        self
     }
 
     /// The tower of a checkpoint in either layout (tensors by their canonical release names:
@@ -183,10 +201,12 @@ impl VisionTower {
         let inv_freq: Vec<f32> = (0..half / 2)
             .map(|i| 1.0 / theta.powf((2 * i) as f32 / half as f32))
             .collect();
+        let swapped = self.defects.has(Defect::VisionRopeHalvesSwapped);
         let (mut cos, mut sin) = (Vec::new(), Vec::new());
         for r in 0..n_h {
             for c in 0..n_w {
-                for pos in [r, c] {
+                let halves = if swapped { [c, r] } else { [r, c] };
+                for pos in halves {
                     for f in &inv_freq {
                         let a = pos as f32 * f;
                         cos.push(a.cos());
@@ -301,22 +321,81 @@ impl VisionTower {
         }
         let (n_h, n_w) = image.vit_grid();
         let patches: Vec<f32> = image.patches.iter().map(|v| v.to_f32()).collect();
-        let embed = self.embed(&patches);
-        let mut x = embed.clone();
-        let (cos, sin) = self.rope_tables(n_h, n_w);
-        let mut blocks = Vec::with_capacity(self.blocks.len());
-        for block in &self.blocks {
-            x = self.block_with(block, &x, &cos, &sin);
-            blocks.push(x.clone());
+        self.run(&patches, n_h, n_w, None)
+    }
+
+    /// Run the tower on `[n_h · n_w, 3·p²]` patch values (row-major grid), every stage on its
+    /// own previous stage, or, with `forced`, on the forced inputs (teacher-forced replay: the
+    /// patch embedding is still computed from the patches). Inputs of the wrong size are
+    /// refused, naming the stage.
+    pub fn run(
+        &self,
+        patches: &[f32],
+        n_h: usize,
+        n_w: usize,
+        forced: Option<&ForcedStages>,
+    ) -> Result<TowerOutput> {
+        let p = self.config.patch_size;
+        let n = n_h * n_w;
+        if n == 0 || patches.len() != n * 3 * p * p {
+            return Err(Error::Model(format!(
+                "{} patch values for a {n_h}x{n_w} grid of {p}x{p} patches (expected {})",
+                patches.len(),
+                n * 3 * p * p
+            )));
         }
-        let vit = self.final_norm(&x);
-        let aligner = self.align(&vit, n_h, n_w);
+        if let Some(f) = forced {
+            self.check_forced(f, n)?;
+        }
+        let embed = self.embed(patches);
+        let (cos, sin) = self.rope_tables(n_h, n_w);
+        let mut blocks: Vec<Vec<f32>> = Vec::with_capacity(self.blocks.len());
+        for (b, block) in self.blocks.iter().enumerate() {
+            let x = match (forced, b) {
+                (Some(f), 0) => f.embed,
+                (Some(f), _) => &f.blocks[b - 1],
+                (None, _) => blocks.last().unwrap_or(&embed),
+            };
+            let out = self.block_with(block, x, &cos, &sin);
+            blocks.push(out);
+        }
+        let last = match forced {
+            Some(f) => f.blocks.last().map_or(f.embed, |v| v),
+            None => blocks.last().unwrap_or(&embed),
+        };
+        let vit = self.final_norm(last);
+        let aligner = self.align(forced.map_or(&vit[..], |f| f.vit), n_h, n_w);
         Ok(TowerOutput {
             embed,
             blocks,
             vit,
             aligner,
         })
+    }
+
+    fn check_forced(&self, forced: &ForcedStages, n: usize) -> Result<()> {
+        let want = n * self.config.dim;
+        let check = |stage: &str, len: usize| -> Result<()> {
+            if len != want {
+                return Err(Error::Model(format!(
+                    "forced input `{stage}`: {len} values, expected {want} ({n} patches of {})",
+                    self.config.dim
+                )));
+            }
+            Ok(())
+        };
+        check("vision.embed", forced.embed.len())?;
+        if forced.blocks.len() != self.blocks.len() {
+            return Err(Error::Model(format!(
+                "forced input `vision.blocks`: {} blocks, the tower has {}",
+                forced.blocks.len(),
+                self.blocks.len()
+            )));
+        }
+        for (b, x) in forced.blocks.iter().enumerate() {
+            check(&format!("vision.blocks[{b}]"), x.len())?;
+        }
+        check("vision.norm", forced.vit.len())
     }
 
     /// The final RMSNorm of the ViT.
@@ -329,12 +408,18 @@ impl VisionTower {
         let num = self.numerics;
         let (dim, r) = (self.config.dim, self.config.downsample_ratio);
         let (cells_h, cells_w) = (n_h.div_ceil(r), n_w.div_ceil(r));
+        let kw_first = self.defects.has(Defect::AlignerUnfoldKwKh);
         let mut cells = Vec::with_capacity(cells_h * cells_w * dim * r * r);
         for ch in 0..cells_h {
             for cw in 0..cells_w {
                 for c in 0..dim {
-                    for kh in 0..r {
-                        for kw in 0..r {
+                    for outer in 0..r {
+                        for inner in 0..r {
+                            let (kh, kw) = if kw_first {
+                                (inner, outer)
+                            } else {
+                                (outer, inner)
+                            };
                             let (y, x) = (ch * r + kh, cw * r + kw);
                             let v = if y < n_h && x < n_w {
                                 vit[(y * n_w + x) * dim + c]
