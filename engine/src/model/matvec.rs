@@ -320,6 +320,9 @@ impl MatVec<'_> {
 
     /// Fill `w[..len][..nw]` with weight rows `r0 ..` at columns `k0 .. k0 + len` (a
     /// 32-aligned block): the exact f32 values of `rows_f32`, widened.
+    ///
+    /// Each row is decoded along k into a contiguous f32 block first (loops the compiler can
+    /// vectorise, no division or format test per weight), then widened into its column of `w`.
     #[inline(always)]
     fn decode(
         &self,
@@ -330,105 +333,101 @@ impl MatVec<'_> {
         len: usize,
         w: &mut WeightBlock,
     ) {
-        let view = match self.source {
-            Source::Rows { .. } => {
-                for i in 0..nw {
-                    let row = &row_buf[i * self.n_in + k0..][..len];
-                    for (wk, &v) in w.iter_mut().zip(row) {
-                        wk[i] = f64::from(v);
+        let mut tmp = [0f32; BLOCK];
+        for i in 0..nw {
+            let vals: &[f32] = match self.source {
+                Source::Rows { .. } => &row_buf[i * self.n_in + k0..][..len],
+                Source::View(view) => {
+                    decode_row_block(view, r0 + i, k0, &mut tmp[..len]);
+                    &tmp[..len]
+                }
+            };
+            for (wk, &v) in w.iter_mut().zip(vals) {
+                wk[i] = f64::from(v);
+            }
+        }
+    }
+}
+
+/// Weight row `r`, columns `k0 .. k0 + out.len()` (within one 32-block) of a stored view, as
+/// the exact f32 values `rows_f32` gives.
+#[inline(always)]
+fn decode_row_block(view: WeightView, r: usize, k0: usize, out: &mut [f32]) {
+    let len = out.len();
+    match view {
+        WeightView::Quant(v) => {
+            let s = e8m0_to_f32(v.scales[scale_at(&v, r, k0)]);
+            if v.kind == QuantKind::Fp4 {
+                let codes = &v.codes[r * (v.cols / 2) + k0 / 2..][..len / 2];
+                for (pair, &b) in out.chunks_exact_mut(2).zip(codes) {
+                    let [lo, hi] = e2m1_pair(b);
+                    pair[0] = lo * s;
+                    pair[1] = hi * s;
+                }
+            } else {
+                let codes = &v.codes[r * v.cols + k0..][..len];
+                for (o, &c) in out.iter_mut().zip(codes) {
+                    *o = e4m3_to_f32(c) * s;
+                }
+            }
+        }
+        WeightView::Dense {
+            dtype, cols, bytes, ..
+        } => {
+            let width = dtype.width();
+            let row = &bytes[(r * cols + k0) * width..][..len * width];
+            // One loop per dtype: a conversion chosen through a function pointer is called
+            // per weight instead of inlined.
+            match dtype {
+                DenseDtype::F32 => {
+                    for (o, c) in out.iter_mut().zip(row.chunks_exact(4)) {
+                        *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                     }
                 }
-                return;
-            }
-            Source::View(v) => v,
-        };
-        match view {
-            WeightView::Quant(v) => {
-                let kb = k0 / BLOCK;
-                for i in 0..nw {
-                    let r = r0 + i;
-                    let scale_row = if v.kind == QuantKind::Fp8Block {
-                        r / 32
-                    } else {
-                        r
-                    };
-                    let s = e8m0_to_f32(v.scales[scale_row * v.scale_cols + kb]);
-                    if v.kind == QuantKind::Fp4 {
-                        let codes = &v.codes[r * (v.cols / 2) + k0 / 2..][..len / 2];
-                        for (pair, &b) in w.chunks_exact_mut(2).zip(codes) {
-                            let [lo, hi] = e2m1_pair(b);
-                            pair[0][i] = f64::from(lo * s);
-                            pair[1][i] = f64::from(hi * s);
-                        }
-                    } else {
-                        let codes = &v.codes[r * v.cols + k0..][..len];
-                        for (wk, &c) in w.iter_mut().zip(codes) {
-                            wk[i] = f64::from(e4m3_to_f32(c) * s);
-                        }
+                DenseDtype::Bf16 => {
+                    for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+                        *o = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
                     }
                 }
-            }
-            WeightView::Dense {
-                dtype, cols, bytes, ..
-            } => {
-                let width = dtype.width();
-                for i in 0..nw {
-                    let row = &bytes[((r0 + i) * cols + k0) * width..][..len * width];
-                    match dtype {
-                        DenseDtype::F32 => {
-                            for (wk, c) in w.iter_mut().zip(row.chunks_exact(4)) {
-                                wk[i] = f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-                            }
-                        }
-                        // One loop per dtype: a conversion chosen through a function
-                        // pointer is called per weight instead of inlined.
-                        DenseDtype::Bf16 => {
-                            for (wk, c) in w.iter_mut().zip(row.chunks_exact(2)) {
-                                wk[i] = f64::from(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
-                            }
-                        }
-                        DenseDtype::F16 => {
-                            for (wk, c) in w.iter_mut().zip(row.chunks_exact(2)) {
-                                wk[i] = f64::from(f16_to_f32(u16::from_le_bytes([c[0], c[1]])));
-                            }
-                        }
+                DenseDtype::F16 => {
+                    for (o, c) in out.iter_mut().zip(row.chunks_exact(2)) {
+                        *o = f16_to_f32(u16::from_le_bytes([c[0], c[1]]));
                     }
                 }
             }
-            WeightView::Grouped {
-                bits,
-                cols,
-                group,
-                row_bytes,
-                codes,
-                scales,
-                ..
-            } => {
-                let groups = cols.div_ceil(group);
-                for i in 0..nw {
-                    let r = r0 + i;
-                    let data = &codes[r * row_bytes..][..row_bytes];
-                    let sc = &scales[r * groups * 2..][..groups * 2];
-                    // A 32-column block lies in one or two groups: convert each group's f16
-                    // scale once, not once per weight.
-                    let scale =
-                        |g: usize| f16_to_f32(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
-                    let (mut g_now, mut s) = (k0 / group, scale(k0 / group));
-                    for (k, wk) in w.iter_mut().enumerate().take(len) {
-                        let c = k0 + k;
-                        let g = c / group;
-                        if g != g_now {
-                            (g_now, s) = (g, scale(g));
-                        }
-                        let q = if bits == 8 {
-                            i32::from(data[c] as i8)
-                        } else {
-                            let b = data[c / 2];
-                            i32::from(if c.is_multiple_of(2) { b & 0xF } else { b >> 4 }) - 8
-                        };
-                        wk[i] = f64::from(q as f32 * s);
+        }
+        WeightView::Grouped {
+            bits,
+            cols,
+            group,
+            row_bytes,
+            codes,
+            scales,
+            ..
+        } => {
+            let groups = cols.div_ceil(group);
+            let data = &codes[r * row_bytes..][..row_bytes];
+            let sc = &scales[r * groups * 2..][..groups * 2];
+            // The block in runs of one group each: one f16 scale per run, no division per
+            // weight.
+            let mut k = 0;
+            while k < len {
+                let g = (k0 + k) / group;
+                let end = ((g + 1) * group - k0).min(len);
+                let s = f16_to_f32(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
+                let (c0, run) = (k0 + k, &mut out[k..end]);
+                if bits == 8 {
+                    for (o, &b) in run.iter_mut().zip(&data[c0..]) {
+                        *o = f32::from(b as i8) * s;
+                    }
+                } else {
+                    for (j, o) in run.iter_mut().enumerate() {
+                        let c = c0 + j;
+                        let n = (data[c / 2] >> (4 * (c % 2))) & 0xF;
+                        *o = f32::from(i8::try_from(n).expect("nibble") - 8) * s;
                     }
                 }
+                k = end;
             }
         }
     }
