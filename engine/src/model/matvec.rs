@@ -421,10 +421,18 @@ fn decode_row_block(view: WeightView, r: usize, k0: usize, out: &mut [f32]) {
                         *o = f32::from(b as i8) * s;
                     }
                 } else {
-                    for (j, o) in run.iter_mut().enumerate() {
-                        let c = c0 + j;
-                        let n = (data[c / 2] >> (4 * (c % 2))) & 0xF;
-                        *o = f32::from(i8::try_from(n).expect("nibble") - 8) * s;
+                    let value = |n: u8| f32::from(i8::try_from(n & 0xF).expect("nibble") - 8) * s;
+                    if c0 % 2 == 0 && run.len() % 2 == 0 {
+                        // Whole bytes: low nibble first.
+                        for (pair, &b) in run.chunks_exact_mut(2).zip(&data[c0 / 2..]) {
+                            pair[0] = value(b);
+                            pair[1] = value(b >> 4);
+                        }
+                    } else {
+                        for (j, o) in run.iter_mut().enumerate() {
+                            let c = c0 + j;
+                            *o = value(data[c / 2] >> (4 * (c % 2)));
+                        }
                     }
                 }
                 k = end;
@@ -489,6 +497,11 @@ fn fp8_block_c2(
 ) {
     let rows: [&[u8; BLOCK]; TILE] =
         std::array::from_fn(|i| base[i * stride + at..][..BLOCK].try_into().expect("block"));
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `level` is Avx2 only inside `task_avx2`.
+    if level == Level::Avx2 && unsafe { simd::x86::fp8_block_c2(acc, x, rows, s) } {
+        return;
+    }
     for (k, &xk) in x.iter().enumerate() {
         for i in 0..TILE {
             acc[i] = madd(level, acc[i], xk, E4M3_F64[usize::from(rows[i][k])] * s[i]);
@@ -512,6 +525,12 @@ fn fp4_block_c2(
             .try_into()
             .expect("half block")
     });
+    #[cfg(target_arch = "x86_64")]
+    if level == Level::Avx2 {
+        // SAFETY: `level` is Avx2 only inside `task_avx2`.
+        unsafe { simd::x86::fp4_block_c2(acc, x, rows, s) };
+        return;
+    }
     for (j, xp) in x.chunks_exact(2).enumerate() {
         for i in 0..TILE {
             let [lo, hi] = E2M1_PAIR_F64[usize::from(rows[i][j])];

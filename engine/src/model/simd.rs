@@ -143,6 +143,191 @@ pub mod x86 {
         sum(acc) * 16384.0
     }
 
+    /// Rule C2 over one 32-column block of eight weight rows of e4m3 codes:
+    /// `acc[i] = fma(x[k], code[i][k] · s[i], acc[i])` for k increasing, the lanes being the
+    /// rows, so every row keeps its own chain in the canonical order (the same operations as
+    /// the scalar kernel, each weight the exact f64 `code · s`). `false`, with `acc`
+    /// untouched, if a code is NaN (left to the table path).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn fp8_block_c2(
+        acc: &mut [f64; 8],
+        x: &[f64; BLOCK],
+        rows: [&[u8; BLOCK]; 8],
+        s: &[f64; 8],
+    ) -> bool {
+        let r: [__m256i; 8] = std::array::from_fn(|i| _mm256_loadu_si256(rows[i].as_ptr().cast()));
+        let mut nan = _mm256_setzero_si256();
+        for v in r {
+            let mag = _mm256_and_si256(v, _mm256_set1_epi8(0x7F));
+            nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F)));
+        }
+        if _mm256_movemask_epi8(nan) != 0 {
+            return false;
+        }
+        let v = transpose_8x32(r);
+        // Halves are the codes' values times 2^−8.
+        let scale = row_scales(s, 256.0);
+        let mut a = [
+            _mm256_loadu_pd(acc.as_ptr()),
+            _mm256_loadu_pd(acc.as_ptr().add(4)),
+        ];
+        for lane in 0..2 {
+            for (q, &vq) in v.iter().enumerate() {
+                let bytes = if lane == 0 {
+                    _mm256_castsi256_si128(vq)
+                } else {
+                    _mm256_extracti128_si256::<1>(vq)
+                };
+                let w = _mm256_cvtepu8_epi16(bytes);
+                let half = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_slli_epi16::<7>(w), _mm256_set1_epi16(0x3F80)),
+                    _mm256_and_si256(_mm256_slli_epi16::<8>(w), _mm256_set1_epi16(i16::MIN)),
+                );
+                let k = 16 * lane + 2 * q;
+                column(&mut a, _mm256_castsi256_si128(half), x[k], &scale);
+                column(
+                    &mut a,
+                    _mm256_extracti128_si256::<1>(half),
+                    x[k + 1],
+                    &scale,
+                );
+            }
+        }
+        _mm256_storeu_pd(acc.as_mut_ptr(), a[0]);
+        _mm256_storeu_pd(acc.as_mut_ptr().add(4), a[1]);
+        true
+    }
+
+    /// [`fp8_block_c2`] for packed FP4 rows (16 bytes each, low nibble first). Code 8 ("−0")
+    /// is +0.0 as in the table (`dtype::e2m1_pair`): a −0.0 weight could change the sign of
+    /// a zero chain.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn fp4_block_c2(
+        acc: &mut [f64; 8],
+        x: &[f64; BLOCK],
+        rows: [&[u8; BLOCK / 2]; 8],
+        s: &[f64; 8],
+    ) {
+        let r: [__m128i; 8] = std::array::from_fn(|i| _mm_loadu_si128(rows[i].as_ptr().cast()));
+        // Bytes j0..j7 of rows (0,1), (2,3), .. interleaved, then j8..j15.
+        let t: [__m128i; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+            if i % 2 == 0 {
+                _mm_unpacklo_epi8(a, b)
+            } else {
+                _mm_unpackhi_epi8(a, b)
+            }
+        });
+        // Four bytes (rows 0..4 or 4..8) per byte position j: j0..3, j4..7, j8..11, j12..15.
+        let u = |p: usize, q: usize| -> [__m128i; 4] {
+            [
+                _mm_unpacklo_epi16(t[p], t[q]),
+                _mm_unpackhi_epi16(t[p], t[q]),
+                _mm_unpacklo_epi16(t[p + 1], t[q + 1]),
+                _mm_unpackhi_epi16(t[p + 1], t[q + 1]),
+            ]
+        };
+        let (lo4, hi4) = (u(0, 2), u(4, 6));
+        let scale = row_scales(s, 16384.0);
+        let mut a = [
+            _mm256_loadu_pd(acc.as_ptr()),
+            _mm256_loadu_pd(acc.as_ptr().add(4)),
+        ];
+        let half = |n: __m256i| {
+            let mag = _mm256_and_si256(_mm256_slli_epi16::<9>(n), _mm256_set1_epi16(0x0E00));
+            let sign = _mm256_and_si256(_mm256_slli_epi16::<12>(n), _mm256_set1_epi16(i16::MIN));
+            let zero = _mm256_cmpeq_epi16(mag, _mm256_setzero_si256());
+            _mm256_or_si256(mag, _mm256_andnot_si256(zero, sign))
+        };
+        for g in 0..4 {
+            for v in [
+                _mm_unpacklo_epi32(lo4[g], hi4[g]),
+                _mm_unpackhi_epi32(lo4[g], hi4[g]),
+            ]
+            .into_iter()
+            .enumerate()
+            {
+                // Byte positions j, j + 1 of the eight rows: columns 2j .. 2j + 4.
+                let (p, v) = v;
+                let j = 4 * g + 2 * p;
+                let w = _mm256_cvtepu8_epi16(v);
+                let lo = half(_mm256_and_si256(w, _mm256_set1_epi16(0xF)));
+                let hi = half(_mm256_srli_epi16::<4>(w));
+                let k = 2 * j;
+                column(&mut a, _mm256_castsi256_si128(lo), x[k], &scale);
+                column(&mut a, _mm256_castsi256_si128(hi), x[k + 1], &scale);
+                column(&mut a, _mm256_extracti128_si256::<1>(lo), x[k + 2], &scale);
+                column(&mut a, _mm256_extracti128_si256::<1>(hi), x[k + 3], &scale);
+            }
+        }
+        _mm256_storeu_pd(acc.as_mut_ptr(), a[0]);
+        _mm256_storeu_pd(acc.as_mut_ptr().add(4), a[1]);
+    }
+
+    /// Eight rows of 32 bytes to columns: result `q` holds columns `2q, 2q + 1` (each the
+    /// eight rows' bytes in order) in its low 128 bits and `16 + 2q, 17 + 2q` in its high.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn transpose_8x32(r: [__m256i; 8]) -> [__m256i; 8] {
+        // Row pairs interleaved byte by byte: columns 0..8 (16..24), then 8..16 (24..32).
+        let t: [__m256i; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+            if i % 2 == 0 {
+                _mm256_unpacklo_epi8(a, b)
+            } else {
+                _mm256_unpackhi_epi8(a, b)
+            }
+        });
+        // Rows 0..4 (4..8) per column: columns 0..4, 4..8, 8..12, 12..16 (+16 high).
+        let u = |p: usize, q: usize| -> [__m256i; 4] {
+            [
+                _mm256_unpacklo_epi16(t[p], t[q]),
+                _mm256_unpackhi_epi16(t[p], t[q]),
+                _mm256_unpacklo_epi16(t[p + 1], t[q + 1]),
+                _mm256_unpackhi_epi16(t[p + 1], t[q + 1]),
+            ]
+        };
+        let (lo4, hi4) = (u(0, 2), u(4, 6));
+        std::array::from_fn(|q| {
+            if q % 2 == 0 {
+                _mm256_unpacklo_epi32(lo4[q / 2], hi4[q / 2])
+            } else {
+                _mm256_unpackhi_epi32(lo4[q / 2], hi4[q / 2])
+            }
+        })
+    }
+
+    /// The rows' scales times `unit` (the halves' 2^−8 or 2^−14 put back; exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn row_scales(s: &[f64; 8], unit: f64) -> [__m256d; 2] {
+        let u = _mm256_set1_pd(unit);
+        [
+            _mm256_mul_pd(_mm256_loadu_pd(s.as_ptr()), u),
+            _mm256_mul_pd(_mm256_loadu_pd(s.as_ptr().add(4)), u),
+        ]
+    }
+
+    /// One column of the eight rows: `a = fma(x_k, value · scale, a)`, lanes = rows.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn column(a: &mut [__m256d; 2], halves: __m128i, xk: f64, scale: &[__m256d; 2]) {
+        let f = _mm256_cvtph_ps(halves);
+        let xk = _mm256_set1_pd(xk);
+        let lo = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f)), scale[0]);
+        let hi = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(f)), scale[1]);
+        a[0] = _mm256_fmadd_pd(xk, lo, a[0]);
+        a[1] = _mm256_fmadd_pd(xk, hi, a[1]);
+    }
+
     /// `acc += x[k..k + 8] · halves` (eight halves widened to f64), two lanes of four.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
