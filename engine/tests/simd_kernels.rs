@@ -17,8 +17,8 @@ fn main() {
             x86::single_codes,
         ),
         Trial::test(
-            "vector_c2_blocks_equal_each_rows_scalar_chain",
-            x86::c2_blocks,
+            "vector_block_decoders_equal_the_tables_on_every_code",
+            x86::tile_decoders,
         ),
     ];
     let missing = x86::missing();
@@ -44,7 +44,7 @@ mod x86 {
     pub fn single_codes() -> Result<(), Failed> {
         Ok(())
     }
-    pub fn c2_blocks() -> Result<(), Failed> {
+    pub fn tile_decoders() -> Result<(), Failed> {
         Ok(())
     }
 }
@@ -146,12 +146,12 @@ mod x86 {
         Ok(())
     }
 
-    /// The C2 block kernels (rows as lanes) against each row's chain written out: weight
-    /// `code · scale` from the table decoders, `acc + x · w` in increasing k (the product is
-    /// exact, so this is the fused multiply-add's result too). Every code at every column and
-    /// row across the seeds, arbitrary f32 inputs, scales from 2^−127 to 2^100, and chains
-    /// starting at +0, −0 and nonzero values (an e2m1 "−0" must add as +0.0).
-    pub fn c2_blocks() -> Result<(), Failed> {
+    /// The block decoders (eight rows into columns of a column-major block) against the table
+    /// decoders, bit for bit: every code at every row and column across the seeds, scales
+    /// from 2^−127 to 2^100, both signed zeros (e2m1 code 8 is +0.0, e4m3 0x80 is −0.0: a
+    /// zero's sign can survive a chain), other columns untouched, NaN codes refused.
+    pub fn tile_decoders() -> Result<(), Failed> {
+        const W: usize = 24;
         let mut state = 7u64;
         let mut next = move || {
             state = state
@@ -159,31 +159,17 @@ mod x86 {
                 .wrapping_add(1442695040888963407);
             (state >> 33) as u32
         };
-        for seed in 0..256u64 {
-            let x: [f64; BLOCK] = std::array::from_fn(|k| {
-                let v = f32::from_bits(next() & 0x3FFF_FFFF | 0x3000_0000);
-                let v = if (k + seed as usize) % 5 == 0 { -v } else { v };
-                f64::from(if (k * 3 + seed as usize) % 11 == 0 {
-                    0.0
-                } else {
-                    v
-                })
-            });
-            let scale_bytes: [u8; 8] = std::array::from_fn(|i| match (seed as usize + i) % 4 {
+        for seed in 0..256usize {
+            let scale_bytes: [u8; 8] = std::array::from_fn(|j| match (seed + j) % 4 {
                 0 => 0,
                 1 => 227,
                 _ => 100 + (next() % 40) as u8,
             });
             let s: [f64; 8] = scale_bytes.map(|b| f64::from(e8m0_to_f32(b)));
-            let init: [f64; 8] = std::array::from_fn(|i| match (seed as usize + i) % 3 {
-                0 => 0.0,
-                1 => -0.0,
-                _ => f64::from(next() as f32) * 1e-9,
-            });
             // Every code at every position over the seeds; NaN codes kept in one seed of four.
-            let fp8: [[u8; BLOCK]; 8] = std::array::from_fn(|i| {
+            let fp8: [[u8; BLOCK]; 8] = std::array::from_fn(|j| {
                 std::array::from_fn(|k| {
-                    let c = (k * 8 + i * 37 + seed as usize * 3) as u8;
+                    let c = (k * 8 + j * 37 + seed * 3) as u8;
                     if c & 0x7F == 0x7F && seed % 4 != 0 {
                         c ^ 1
                     } else {
@@ -191,63 +177,41 @@ mod x86 {
                     }
                 })
             });
-            let fp4: [[u8; BLOCK / 2]; 8] = std::array::from_fn(|i| {
-                std::array::from_fn(|j| (j * 17 + i * 5 + seed as usize * 11) as u8)
+            let fp4: [[u8; BLOCK / 2]; 8] = std::array::from_fn(|j| {
+                std::array::from_fn(|b| (b * 17 + j * 5 + seed * 11) as u8)
             });
-            let chain = |w: &dyn Fn(usize, usize) -> f64| -> [f64; 8] {
-                std::array::from_fn(|i| (0..BLOCK).fold(init[i], |a, k| a + x[k] * w(i, k)))
-            };
-            let mut got8 = init;
+            let col = (seed % 3) * 8;
+            let fresh = [[f64::NAN; W]; BLOCK];
+            let (mut got8, mut got4) = (fresh, fresh);
             // SAFETY: `missing` found AVX2, FMA and F16C, or this trial is not run.
-            let done =
-                unsafe { x86::fp8_block_c2(&mut got8, &x, std::array::from_fn(|i| &fp8[i]), &s) };
-            if fp8.iter().flatten().any(|c| c & 0x7F == 0x7F) {
-                if done || got8.map(f64::to_bits) != init.map(f64::to_bits) {
-                    return Err(format!("seed {seed}: a NaN code must be left to the table").into());
+            let done = unsafe {
+                x86::fp4_tile(std::array::from_fn(|j| &fp4[j]), &s, &mut got4, col);
+                x86::fp8_tile(std::array::from_fn(|j| &fp8[j]), &s, &mut got8, col)
+            };
+            let nan = fp8.iter().flatten().any(|c| c & 0x7F == 0x7F);
+            if done == nan {
+                return Err(format!("seed {seed}: NaN codes {nan}, decoded {done}").into());
+            }
+            for k in 0..BLOCK {
+                for i in 0..W {
+                    let (want8, want4) = match i.checked_sub(col).filter(|&j| j < 8) {
+                        Some(j) if !nan => (
+                            f64::from(e4m3_to_f32(fp8[j][k])) * s[j],
+                            f64::from(e2m1_pair(fp4[j][k / 2])[k % 2]) * s[j],
+                        ),
+                        Some(j) => (f64::NAN, f64::from(e2m1_pair(fp4[j][k / 2])[k % 2]) * s[j]),
+                        None => (f64::NAN, f64::NAN),
+                    };
+                    if got8[k][i].to_bits() != want8.to_bits()
+                        || got4[k][i].to_bits() != want4.to_bits()
+                    {
+                        return Err(format!(
+                            "seed {seed} column {k} row {i}: fp8 {} want {want8}, fp4 {} want {want4}",
+                            got8[k][i], got4[k][i]
+                        )
+                        .into());
+                    }
                 }
-            } else {
-                let want = chain(&|i, k| f64::from(e4m3_to_f32(fp8[i][k])) * s[i]);
-                if !done || got8.map(f64::to_bits) != want.map(f64::to_bits) {
-                    return Err(format!("seed {seed}: fp8 {got8:?}, want {want:?}").into());
-                }
-            }
-            let mut got4 = init;
-            // SAFETY: as above.
-            unsafe { x86::fp4_block_c2(&mut got4, &x, std::array::from_fn(|i| &fp4[i]), &s) };
-            let want = chain(&|i, k| f64::from(e2m1_pair(fp4[i][k / 2])[k % 2]) * s[i]);
-            if got4.map(f64::to_bits) != want.map(f64::to_bits) {
-                return Err(format!("seed {seed}: fp4 {got4:?}, want {want:?}").into());
-            }
-        }
-        // All-zero weights keep the sign of a zero chain, so ±0 codes must decode as the table
-        // does: e2m1 code 8 is +0.0, e4m3 0x80 is −0.0.
-        let x: [f64; BLOCK] = std::array::from_fn(|k| if k % 2 == 0 { 1.5 } else { -0.25 });
-        let s = [1.0f64; 8];
-        for init in [0.0f64, -0.0] {
-            let fp4: [[u8; BLOCK / 2]; 8] =
-                std::array::from_fn(|i| [[0x88, 0x80, 0x08, 0x00][i % 4]; BLOCK / 2]);
-            let fp8: [[u8; BLOCK]; 8] = std::array::from_fn(|i| [[0x80, 0x00][i % 2]; BLOCK]);
-            let (mut got4, mut got8) = ([init; 8], [init; 8]);
-            // SAFETY: as above.
-            unsafe {
-                x86::fp4_block_c2(&mut got4, &x, std::array::from_fn(|i| &fp4[i]), &s);
-                x86::fp8_block_c2(&mut got8, &x, std::array::from_fn(|i| &fp8[i]), &s);
-            }
-            let want4: [f64; 8] = std::array::from_fn(|i| {
-                (0..BLOCK).fold(init, |a, k| {
-                    a + x[k] * f64::from(e2m1_pair(fp4[i][k / 2])[k % 2])
-                })
-            });
-            let want8: [f64; 8] = std::array::from_fn(|i| {
-                (0..BLOCK).fold(init, |a, k| a + x[k] * f64::from(e4m3_to_f32(fp8[i][k])))
-            });
-            if got4.map(f64::to_bits) != want4.map(f64::to_bits)
-                || got8.map(f64::to_bits) != want8.map(f64::to_bits)
-            {
-                return Err(format!(
-                    "zero codes from {init}: fp4 {got4:?} want {want4:?}, fp8 {got8:?} want {want8:?}"
-                )
-                .into());
             }
         }
         Ok(())
