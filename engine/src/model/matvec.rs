@@ -85,10 +85,9 @@ impl MatVec<'_> {
         let parallel = worth_parallel(n_out * self.n_in * self.rows);
         if self.rows == 1 {
             // Decode: each task owns a contiguous slice of y.
+            let size = DECODE_TILE;
             let ys = &mut y[y_off..y_off + n_out];
-            return try_for_each_chunk(ys, DECODE_TILE, parallel, |t, ych| {
-                self.task(t * DECODE_TILE, ych)
-            });
+            return try_for_each_chunk(ys, size, parallel, |t, ych| self.task(t * size, ych));
         }
         // Prefill: tasks fill an output-major buffer, transposed into y afterwards.
         let rows = self.rows;
@@ -130,10 +129,10 @@ impl MatVec<'_> {
     fn task_body(&self, first: usize, out: &mut [f32], level: Level) -> Result<()> {
         let rows = self.rows;
         if rows == 1 {
-            if let Rule::C2 { init } = self.rule {
+            if let (Rule::C2 { init }, true) = (self.rule, out.len() > TILE) {
                 return self.task_c2_single(init, first, out, level);
             }
-            if let Source::View(WeightView::Quant(view)) = &self.source {
+            if let (Rule::C1, Source::View(WeightView::Quant(view))) = (self.rule, &self.source) {
                 for (t, o) in out.chunks_mut(TILE).enumerate() {
                     self.task_single(*view, first + t * TILE, o, level);
                 }
@@ -375,11 +374,6 @@ impl MatVec<'_> {
         w: &mut [[f64; W]; BLOCK],
         level: Level,
     ) {
-        if let Source::View(view) = self.source {
-            for i in 0..nw {
-                prefetch_ahead(view, r0 + i, k0);
-            }
-        }
         let mut i = 0;
         while i < nw {
             #[cfg(target_arch = "x86_64")]
@@ -403,43 +397,6 @@ impl MatVec<'_> {
             i += 1;
         }
     }
-}
-
-/// Columns ahead of the current block whose bytes are requested early. A task walks up to
-/// [`DECODE_TILE`] rows at once, more streams than the hardware prefetchers follow, so
-/// without this a row's next block is a memory stall.
-const PREFETCH_COLUMNS: usize = 8 * BLOCK;
-
-/// Ask for the stored bytes of row `r` a few blocks past column `k0` (a hint: no effect
-/// on results, and an address past the data is never read).
-#[inline(always)]
-fn prefetch_ahead(view: WeightView, r: usize, k0: usize) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        let c = k0 + PREFETCH_COLUMNS;
-        let (bytes, at): (&[u8], usize) = match view {
-            WeightView::Quant(v) if v.kind == QuantKind::Fp4 => (v.codes, r * (v.cols / 2) + c / 2),
-            WeightView::Quant(v) => (v.codes, r * v.cols + c),
-            WeightView::Dense {
-                dtype, cols, bytes, ..
-            } => (bytes, (r * cols + c) * dtype.width()),
-            WeightView::Grouped {
-                bits,
-                row_bytes,
-                codes,
-                ..
-            } => (codes, r * row_bytes + if bits == 8 { c } else { c / 2 }),
-        };
-        if at < bytes.len() {
-            // SAFETY: a prefetch of an address inside the slice; it never faults or writes.
-            unsafe {
-                use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-                _mm_prefetch::<_MM_HINT_T0>(bytes.as_ptr().add(at).cast());
-            }
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (view, r, k0);
 }
 
 /// Eight rows `r ..` of a full FP8/FP4 block into columns `i .. i + 8` of `w` with the AVX2
