@@ -123,7 +123,7 @@ pub struct Preset {
 }
 
 /// Names of every preset, in listing order.
-pub const PRESET_NAMES: [&str; 8] = [
+pub const PRESET_NAMES: [&str; 9] = [
     "tiny",
     "tiny-sharded",
     "grouped",
@@ -132,6 +132,7 @@ pub const PRESET_NAMES: [&str; 8] = [
     "tied-router",
     "waste-tiny",
     "wide",
+    "wide-deep",
 ];
 
 impl Preset {
@@ -145,6 +146,7 @@ impl Preset {
             "tied-router" => tied_router(),
             "waste-tiny" => waste_tiny(),
             "wide" => wide(),
+            "wide-deep" => wide_deep(),
             _ => return None,
         })
     }
@@ -481,43 +483,45 @@ consumption (no index source after layer 4), ≥ 16 index heads, a non-identity 
     }
 }
 
+/// Release widths (MODEL.md §2.1: dim, heads, ranks, index heads, window, index_topk) at a
+/// reduced vocabulary and expert count; `wide` and `wide-deep` differ in depth only.
+fn wide_args() -> Config {
+    Config {
+        vocab_size: 16384,
+        dim: 5120,
+        moe_inter_dim: 2304,
+        n_layers: 4,
+        n_heads: 64,
+        n_routed_experts: 16,
+        n_activated_experts: 6,
+        swiglu_limit: 10.0,
+        q_lora_rank: 1280,
+        head_dim: 512,
+        rope_head_dim: 64,
+        o_groups: 8,
+        o_lora_rank: 1024,
+        window_size: 128,
+        compress_ratios: vec![0, 2, 1, 1],
+        kv_source_layers: vec![1, 2],
+        index_source_layers: vec![1, 2, 3],
+        candidate_source_layer: Some(2),
+        candidate_topk_blocks: 128,
+        candidate_block_size: 8,
+        index_n_heads: 32,
+        index_head_dim: 128,
+        index_topk: 512,
+        original_seq_len: 65536,
+        rope_factor: 16.0,
+        engram_vocab_size: 1000,
+        engram_max_ngram_size: 4,
+        engram_n_heads: 8,
+        engram_head_dim: 256,
+        ..tiny_args() // every other argument as in `tiny`
+    }
+}
+
 fn wide() -> Preset {
-    let g = Geometry::new(
-        Config {
-            vocab_size: 16384,
-            dim: 5120,
-            moe_inter_dim: 2304,
-            n_layers: 4,
-            n_heads: 64,
-            n_routed_experts: 16,
-            n_activated_experts: 6,
-            swiglu_limit: 10.0,
-            q_lora_rank: 1280,
-            head_dim: 512,
-            rope_head_dim: 64,
-            o_groups: 8,
-            o_lora_rank: 1024,
-            window_size: 128,
-            compress_ratios: vec![0, 2, 1, 1],
-            kv_source_layers: vec![1, 2],
-            index_source_layers: vec![1, 2, 3],
-            candidate_source_layer: Some(2),
-            candidate_topk_blocks: 128,
-            candidate_block_size: 8,
-            index_n_heads: 32,
-            index_head_dim: 128,
-            index_topk: 512,
-            original_seq_len: 65536,
-            rope_factor: 16.0,
-            engram_vocab_size: 1000,
-            engram_max_ngram_size: 4,
-            engram_n_heads: 8,
-            engram_head_dim: 256,
-            ..tiny_args() // every other argument as in `tiny`
-        },
-        2,
-        TokenizerKind::ByteBpe,
-    );
+    let g = Geometry::new(wide_args(), 2, TokenizerKind::ByteBpe);
     Preset {
         name: "wide",
         description: "real widths (dim 5120, 64x512 heads, q_lora 1280, o 8x1024, experts 2304, index 32x128, hc 4), 4 layers, 16 experts top-6, vocab 16384: for speed/memory benchmarks (~2.4 GB, written streamed)",
@@ -530,5 +534,49 @@ fn wide() -> Preset {
         reach: "Release widths and release window (128) / index_topk (512): ring wrap from p ≥ 128, ratio-2 \
 indexer discards from p ≥ 1025, candidate filter (128 blocks of 8) from p ≥ 1024 on the ratio-1 writer \
 (layer 2) consumed by layer 3. Meant for throughput and memory at real shapes, not for numerics.",
+    }
+}
+
+/// Layers of `wide-deep`: ~0.48 GB each, so 56 of them (~27 GB) exceed a 25 GB machine's RAM.
+const WIDE_DEEP_LAYERS: usize = 56;
+
+fn wide_deep() -> Preset {
+    let n = WIDE_DEEP_LAYERS;
+    // The release's pattern (MODEL.md §2.1) scaled to n layers: two window-only layers, then
+    // ratio 2, then ratio 1; a KV source every 6 layers, more index sources in the ratio-1 half,
+    // the candidate source at the first ratio-1 KV source.
+    let ratio1_from = 26;
+    let mut compress_ratios = vec![0, 0];
+    compress_ratios.extend(std::iter::repeat_n(2, ratio1_from - 2));
+    compress_ratios.extend(std::iter::repeat_n(1, n - ratio1_from));
+    let kv_source_layers: Vec<usize> = (2..n).step_by(6).collect();
+    let mut index_source_layers = kv_source_layers.clone();
+    index_source_layers.extend((ratio1_from + 4..n).step_by(4));
+    index_source_layers.sort_unstable();
+    index_source_layers.dedup();
+    let g = Geometry::new(
+        Config {
+            n_layers: n,
+            compress_ratios,
+            kv_source_layers,
+            index_source_layers,
+            candidate_source_layer: Some(ratio1_from),
+            engram_layer_ids: vec![1, 14],
+            ..wide_args()
+        },
+        2,
+        TokenizerKind::ByteBpe,
+    );
+    Preset {
+        name: "wide-deep",
+        description: "`wide` at 56 layers (~27 GB, written streamed): a checkpoint larger than a 25 GB machine's RAM, for decoding from the memory-mapped file",
+        geometry: g,
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding: Sharding::ReleaseLike,
+        waste_compat: false,
+        large: true,
+        no_release: None,
+        reach: "As `wide`, at the depth where the weights no longer fit in memory: every decode token reads \
+~16 GB of weights through the page cache. Meant for memory behaviour, not for numerics.",
     }
 }

@@ -166,6 +166,23 @@ fn wide_header_plan_is_consistent_without_writing_it() {
 }
 
 #[test]
+fn wide_deep_plan_is_larger_than_a_25_gb_machine_and_a_valid_config() {
+    // The larger-than-memory benchmark preset (README "Measuring speed"): only its plan here.
+    let p = Preset::by_name("wide-deep").unwrap();
+    p.geometry.validate().unwrap();
+    let total: usize = plan_files(&p)
+        .iter()
+        .flat_map(|(_, ts)| ts.iter().map(|t| t.nbytes()))
+        .sum();
+    assert!(total > 25_300_000_000 && total < 30_000_000_000, "{total}");
+    let wide = Preset::by_name("wide").unwrap();
+    assert_eq!(
+        (p.geometry.dim, p.geometry.n_heads),
+        (wide.geometry.dim, wide.geometry.n_heads)
+    );
+}
+
+#[test]
 fn grouped_is_four_indexed_shards_and_window_mtp_stores_the_dspark_stage() {
     let (tmp, files) = gen("grouped", Layout::Release, 0);
     let shards = files.iter().filter(|f| f.ends_with(".safetensors")).count();

@@ -105,11 +105,21 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let (t, c) = (Instant::now(), cpu_seconds());
     session.prefill(&ids[..args.prefill], &mut trace)?;
     let (prefill_s, prefill_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
-    let (t, c) = (Instant::now(), cpu_seconds());
+    // Sampled between steps (a /proc read, outside the timed work it would disturb little
+    // but is kept out anyway): the peak of the process's own memory, weights excluded.
+    let mut private_mib = private_rss_mib();
+    let mut decode_s = 0.0;
+    let mut decode_cpu = 0.0;
     for &id in &ids[args.prefill..] {
+        let (t, c) = (Instant::now(), cpu_seconds());
         session.decode(id, &mut trace)?;
+        decode_s += t.elapsed().as_secs_f64();
+        decode_cpu += cpu_seconds() - c;
+        private_mib = match (private_mib, private_rss_mib()) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
     }
-    let (decode_s, decode_cpu) = (t.elapsed().as_secs_f64(), cpu_seconds() - c);
     let (k, layers) = (cfg.n_activated_experts, cfg.n_layers);
     let decoded: Vec<i64> = trace.experts[args.prefill * layers * k..]
         .iter()
@@ -119,6 +129,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let fp = footprint::footprint(&WeightBytes::of(model.checkpoint().as_ref())?, &routed);
     // Before the machine measurement, whose buffer would dominate it.
     let peak_rss_mib = peak_rss_mib();
+    let checkpoint_bytes = directory_bytes(dir);
     let bandwidth = machine::read_bandwidth();
     let mac_rate = machine::multiply_add_rate();
     let m = Measurement {
@@ -146,6 +157,9 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         read_bandwidth_gb_s: bandwidth / 1e9,
         multiply_adds_per_s: mac_rate,
         peak_rss_mib,
+        peak_private_mib: private_mib,
+        checkpoint_bytes,
+        machine_memory_bytes: machine_memory_bytes(),
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&m)?);
@@ -184,7 +198,14 @@ struct Measurement {
     footprint: footprint::Footprint,
     read_bandwidth_gb_s: f64,
     multiply_adds_per_s: f64,
+    /// `VmHWM`: resident pages, the memory-mapped checkpoint's file pages included.
     peak_rss_mib: Option<f64>,
+    /// The largest `RssAnon` seen after prefill and after each decode step: the process's own
+    /// memory (run state, caches, scratch), without the checkpoint's evictable file pages.
+    peak_private_mib: Option<f64>,
+    /// Bytes of the checkpoint's files, next to the machine's memory (`MemTotal`).
+    checkpoint_bytes: Option<u64>,
+    machine_memory_bytes: Option<u64>,
 }
 
 impl Measurement {
@@ -239,24 +260,71 @@ impl Measurement {
                 self.decode_ms_per_token / self.decode_floor_ms_per_token
             );
         }
-        match self.peak_rss_mib {
-            Some(m) => println!("peak RSS   {m:.1} MiB"),
-            None => println!("peak RSS   unavailable (no /proc/self/status)"),
-        }
+        let mib =
+            |m: Option<f64>| m.map_or("unavailable (no /proc)".into(), |m| format!("{m:.1} MiB"));
+        println!(
+            "peak RSS   {} (mapped checkpoint pages included); private {}",
+            mib(self.peak_rss_mib),
+            mib(self.peak_private_mib)
+        );
+        let gb =
+            |b: Option<u64>| b.map_or("unknown".into(), |b| format!("{:.2} GB", b as f64 / 1e9));
+        println!(
+            "memory     checkpoint {} on disk, machine {}",
+            gb(self.checkpoint_bytes),
+            gb(self.machine_memory_bytes)
+        );
     }
+}
+
+/// A `kB` line of `/proc/self/status` (Linux) in MiB.
+fn status_mib(key: &str) -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: f64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib / 1024.0)
+}
+
+fn private_rss_mib() -> Option<f64> {
+    status_mib("RssAnon")
+}
+
+/// `MemTotal` of `/proc/meminfo` in bytes (Linux).
+fn machine_memory_bytes() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let kib: u64 = s
+        .lines()
+        .find_map(|l| l.strip_prefix("MemTotal:"))?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// Total size of the regular files under `dir` (the checkpoint as stored).
+fn directory_bytes(dir: &std::path::Path) -> Option<u64> {
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).ok()? {
+        let entry = entry.ok()?;
+        let meta = entry.metadata().ok()?;
+        total += if meta.is_dir() {
+            directory_bytes(&entry.path())?
+        } else {
+            meta.len()
+        };
+    }
+    Some(total)
 }
 
 /// `VmHWM` of this process in MiB (Linux).
 fn peak_rss_mib() -> Option<f64> {
-    let s = std::fs::read_to_string("/proc/self/status").ok()?;
-    let kib: f64 = s
-        .lines()
-        .find(|l| l.starts_with("VmHWM:"))?
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()?;
-    Some(kib / 1024.0)
+    status_mib("VmHWM")
 }
 
 /// [`peak_rss_mib`] for a human, e.g. "123.4 MiB".
