@@ -392,6 +392,7 @@ pub fn forward_job(req: &ForwardRequest, defect: Option<&str>) -> ds41_engine::m
         load_state: req.load_state.clone(),
         save_state: req.save_state.clone(),
         sub_ops: true,
+        images: Vec::new(),
     }
 }
 

@@ -38,6 +38,7 @@ mod torch_kernels;
 #[path = "regen_python/vision_tower.rs"]
 mod vision_tower;
 
+use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -183,6 +184,17 @@ fn main() {
             dspark_goldens_reproduce(&py, Path::new(&inference))?;
             Ok(Completion::Completed)
         }),
+        Trial::ignorable_test("regen_python::vision-golden-reproduces", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let inference = match official_inference() {
+                Ok(dir) => dir,
+                Err(skip) => return Ok(skip),
+            };
+            vision_golden_reproduces(&py, &inference)?;
+            Ok(Completion::Completed)
+        }),
         Trial::ignorable_test(
             "regen_python::vision-preprocess-random-vs-official",
             move || {
@@ -243,26 +255,50 @@ fn dspark_goldens_reproduce(python: &Path, inference: &Path) -> Result<(), Faile
         .iter()
         .map(|t| t.to_string())
         .collect();
+    let tokens = tokens.join(",");
+    let args = ["--tokens", tokens.as_str(), "--prefill", "18"].map(OsString::from);
+    reproduces(
+        python,
+        "run_dspark.py",
+        &args,
+        &ckpt,
+        inference,
+        &golden,
+        tmp.path(),
+    )
+}
+
+/// Run `goldens/regen/model/SCRIPT` on `ckpt` with `args`, forward and teacher-forced from
+/// `golden` (`--replay`), and require the golden's tensors back exactly from both.
+fn reproduces(
+    python: &Path,
+    script: &str,
+    args: &[OsString],
+    ckpt: &Path,
+    inference: &Path,
+    golden: &Path,
+    tmp: &Path,
+) -> Result<(), Failed> {
+    let want = ds41_engine::trace::TraceFile::read(golden).map_err(|e| e.to_string())?;
     for replay in [false, true] {
-        let out = tmp.path().join(format!("dspark-{replay}.safetensors"));
+        let out = tmp.join(format!("reproduced-{replay}.safetensors"));
         let mut cmd = Command::new(python);
-        cmd.arg(root.join("goldens/regen/model/run_dspark.py"))
+        cmd.arg(repo_root().join("goldens/regen/model").join(script))
             .arg("--inference")
             .arg(inference)
             .arg("--checkpoint")
-            .arg(&ckpt)
-            .args(["--tokens", &tokens.join(","), "--prefill", "18", "--out"])
+            .arg(ckpt)
+            .args(args)
+            .arg("--out")
             .arg(&out);
         if replay {
-            cmd.arg("--replay").arg(&golden);
+            cmd.arg("--replay").arg(golden);
         }
         let run = cmd.output().map_err(|e| e.to_string())?;
         if !run.status.success() {
-            return Err(format!(
-                "run_dspark.py failed:\n{}",
-                String::from_utf8_lossy(&run.stderr)
-            )
-            .into());
+            return Err(
+                format!("{script} failed:\n{}", String::from_utf8_lossy(&run.stderr)).into(),
+            );
         }
         let got = ds41_engine::trace::TraceFile::read(&out).map_err(|e| e.to_string())?;
         if got.tensors != want.tensors {
@@ -277,6 +313,56 @@ fn dspark_goldens_reproduce(python: &Path, inference: &Path) -> Result<(), Faile
         }
     }
     Ok(())
+}
+
+/// run_vision.py reproduces goldens/official/vision_s7/p15_d06 from a fresh checkpoint, the
+/// PNGs and the prompt its provenance names (forward and teacher-forced replay).
+fn vision_golden_reproduces(python: &Path, inference: &Path) -> Result<(), Failed> {
+    let root = repo_root();
+    let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
+    let ckpt = tmp.path().join("vision-seed7");
+    ds41_synthetic::generate("vision", ds41_engine::checkpoint::Layout::Release, 7, &ckpt)
+        .map_err(|e| e.to_string())?;
+    let golden = root.join("goldens/official/vision_s7/p15_d06.safetensors");
+    let provenance: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(golden.with_file_name("p15_d06.safetensors.provenance.json"))
+            .map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| e.to_string())?;
+    let command = provenance["command"].as_str().unwrap_or_default();
+    let tokens = command
+        .split_whitespace()
+        .skip_while(|w| *w != "--tokens")
+        .nth(1)
+        .ok_or("provenance command without --tokens")?;
+    let images: Vec<String> = provenance["inputs"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|i| {
+            i["name"].as_str().is_some_and(|n| {
+                n.strip_prefix("image")
+                    .is_some_and(|k| !k.is_empty() && k.bytes().all(|b| b.is_ascii_digit()))
+            })
+        })
+        .map(|i| i["path"].as_str().unwrap_or_default().to_string())
+        .collect();
+    let mut args = ["--tokens", tokens, "--prefill", "15"]
+        .map(OsString::from)
+        .to_vec();
+    for image in &images {
+        args.push("--image".into());
+        args.push(root.join(image).into_os_string());
+    }
+    reproduces(
+        python,
+        "run_vision.py",
+        &args,
+        &ckpt,
+        inference,
+        &golden,
+        tmp.path(),
+    )
 }
 
 /// `ds41 synth --preset waste-tiny --layout container --seed S` equals WASTE's

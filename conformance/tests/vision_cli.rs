@@ -219,3 +219,117 @@ fn damaged_pngs_never_panic() {
     assert!(seen.0 > 0 && seen.1 > 100, "(decoded, refused) = {seen:?}");
     eprintln!("damaged PNGs: (decoded, refused) = {seen:?}");
 }
+
+/// `ds41 forward --image`: each image replaces one marker of `--tokens` (the model's
+/// `image_token_id`), expanded to its span; the trace carries the span's token types and the
+/// vision stages. Requests it will not run are refused naming the reason.
+#[test]
+fn forward_with_images_expands_markers_and_refuses_bad_requests() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("vision");
+    ds41_synthetic::generate("vision", ds41_synthetic::Layout::Release, 7, &model).unwrap();
+    let marker = ds41_synthetic::preset::VISION_IMAGE_TOKEN.to_string();
+    let image = corpus().join("images/rgb8_100x37_upscale.png");
+    let out = dir.path().join("t.safetensors");
+    let forward = |tokens: &str, images: &[&Path], model: &Path, prefill: Option<&str>| {
+        let mut args = vec![
+            "forward".to_string(),
+            "--model".into(),
+            model.to_str().unwrap().into(),
+            "--tokens".into(),
+            tokens.into(),
+            "--out".into(),
+            out.to_str().unwrap().into(),
+        ];
+        for i in images {
+            args.extend(["--image".into(), i.to_str().unwrap().to_string()]);
+        }
+        if let Some(p) = prefill {
+            args.extend(["--prefill".into(), p.into()]);
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        ds41(&args)
+    };
+    let o = forward(&format!("5,{marker},6,7"), &[&image], &model, Some("3"));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = ds41_engine::trace::TraceFile::read(&out).unwrap();
+    // 100x37 → a 1x3 token grid: START, 3 IMAGE, NEWLINE, END.
+    assert_eq!(
+        t.i64("token_types").unwrap().1,
+        &[-1, 0, 1, 1, 1, 2, 3, -1, -1]
+    );
+    let m: i64 = marker.parse().unwrap();
+    assert_eq!(t.i64("input_ids").unwrap().1, &[5, m, m, m, m, m, m, 6, 7]);
+    assert_eq!(t.metadata.get("prefill").map(String::as_str), Some("8"));
+    assert_eq!(t.f32("vision.I0.aligner").unwrap().0, &[3, 64]);
+    assert_eq!(t.i64("vision.I0.grid").unwrap().1, &[1, 3, 8, 1, 3]);
+
+    let refused = |o: Output, want: &str| {
+        assert!(!o.status.success(), "accepted; wanted `{want}`");
+        assert!(
+            stderr(&o).contains(want),
+            "`{}` does not say `{want}`",
+            stderr(&o)
+        );
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+    };
+    refused(forward("5,6", &[&image], &model, None), "0 image marker(s)");
+    refused(
+        forward(&format!("5,{marker},{marker}"), &[&image], &model, None),
+        "2 image marker(s)",
+    );
+    refused(
+        forward(&format!("5,6,{marker}"), &[&image], &model, Some("2")),
+        "must lie in the first chunk",
+    );
+    let missing = dir.path().join("missing.png");
+    refused(
+        forward(&format!("5,{marker}"), &[&missing], &model, None),
+        "missing.png",
+    );
+    let tiny = dir.path().join("tiny");
+    ds41_synthetic::generate("tiny", ds41_synthetic::Layout::Release, 1, &tiny).unwrap();
+    refused(forward("5,6", &[&image], &tiny, None), "no vision tower");
+}
+
+/// `ds41 convert` carries the vision tower into the container (trunk tensors and
+/// `vision.json`, CONTAINER.md §7), and the converted container takes images.
+#[test]
+fn converted_container_keeps_the_vision_tower() {
+    let dir = tempfile::tempdir().unwrap();
+    let release = dir.path().join("release");
+    ds41_synthetic::generate("vision", ds41_synthetic::Layout::Release, 7, &release).unwrap();
+    let container = dir.path().join("container");
+    let o = ds41(&[
+        "convert",
+        "--release",
+        release.to_str().unwrap(),
+        "--out",
+        container.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(container.join("vision.json")).unwrap()).unwrap();
+    assert_eq!(v["tower"], "ds41");
+    assert_eq!(v["media_placeholder_token_id"], 511);
+    let ck = ds41_engine::checkpoint::open(&container).unwrap();
+    let rel = ds41_engine::checkpoint::open(&release).unwrap();
+    assert_eq!(ck.config().vision, rel.config().vision);
+    assert!(ck.contains("vision.blocks.0.attn.wqkv.weight") && ck.contains("image_start"));
+    let out = dir.path().join("t.safetensors");
+    let image = corpus().join("images/rgb8_100x37_upscale.png");
+    let o = ds41(&[
+        "forward",
+        "--model",
+        container.to_str().unwrap(),
+        "--tokens",
+        "5,511,6",
+        "--image",
+        image.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let t = ds41_engine::trace::TraceFile::read(&out).unwrap();
+    assert_eq!(t.i64("token_types").unwrap().1, &[-1, 0, 1, 1, 1, 2, 3, -1]);
+}

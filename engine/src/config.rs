@@ -19,7 +19,7 @@ mod parse;
 mod validate;
 
 pub use engram::{release_primes, EngramHashConstants, EngramLayerHash, EngramPad};
-pub(crate) use parse::{in_file as in_file_err, parse_json_bytes, read_json};
+pub(crate) use parse::{container_vision, in_file as in_file_err, parse_json_bytes, read_json};
 
 use serde::{Deserialize, Serialize};
 

@@ -77,6 +77,11 @@ pub struct Trace {
     pub final_pre: Vec<f32>,
     /// [tokens, candidate_keep]: kept candidate blocks, ascending, −1 padded.
     pub candidates: Vec<i32>,
+    /// [tokens]: token types (TEXT −1, IMAGE_START 0, IMAGE 1, IMAGE_NEW_LINE 2, IMAGE_END 3);
+    /// written only when a span was recorded.
+    pub token_types: Vec<i64>,
+    /// The vision stage of every image, in order (`vision.I{i}.*`).
+    pub images: Vec<crate::model::image_span::EncodedImage>,
     /// Free-form metadata written into `__metadata__` (engine, numerics, index-k, ...).
     pub metadata: BTreeMap<String, String>,
 }
@@ -120,6 +125,7 @@ impl Trace {
         let rows = ids.len();
         let (l, hc, d) = (self.n_layers, self.hc, self.dim);
         self.input_ids.extend(ids.iter().map(|&t| t as i64));
+        self.token_types.resize(first + rows, -1);
         self.residual.resize((first + rows) * l * hc * d, 0.0);
         self.experts
             .resize((first + rows) * l * self.topk_experts, -1);
@@ -305,6 +311,7 @@ impl Trace {
                 ));
             }
         }
+        self.push_vision(&mut tensors);
         let raw: Vec<RawTensor> = tensors
             .into_iter()
             .map(|(name, dtype, shape, data)| RawTensor {
@@ -320,6 +327,47 @@ impl Trace {
     /// Write atomically (temp file + rename) to `path`.
     pub fn write(&self, path: &Path) -> Result<()> {
         write_atomically(path, &self.to_bytes()?)
+    }
+
+    /// `token_types` and the vision stage of every image (docs/TRACE.md "Vision"), when the
+    /// run had images.
+    fn push_vision(&self, tensors: &mut Vec<(String, Dtype, Vec<usize>, Vec<u8>)>) {
+        if self.token_types.iter().all(|&t| t < 0) {
+            return;
+        }
+        tensors.push((
+            "token_types".into(),
+            Dtype::I64,
+            vec![self.tokens],
+            le_bytes(&self.token_types),
+        ));
+        for (i, image) in self.images.iter().enumerate() {
+            let (vh, vw) = image.vit_grid;
+            let (lh, lw) = image.llm_grid;
+            let n = vh * vw;
+            let width = image.tower.vit.len() / n.max(1);
+            let grid = [image.start, vh, vw, lh, lw].map(|v| v as i64);
+            let t = &image.tower;
+            let mut blocks = Vec::with_capacity(t.blocks.len() * n * width);
+            for b in &t.blocks {
+                blocks.extend_from_slice(b);
+            }
+            let p = format!("vision.I{i}");
+            tensors.push((format!("{p}.grid"), Dtype::I64, vec![5], le_bytes(&grid)));
+            let f32s = [
+                ("embed", vec![n, width], &t.embed),
+                ("blocks", vec![t.blocks.len(), n, width], &blocks),
+                ("vit", vec![n, width], &t.vit),
+                (
+                    "aligner",
+                    vec![lh * lw, t.aligner.len() / (lh * lw).max(1)],
+                    &t.aligner,
+                ),
+            ];
+            for (name, shape, v) in f32s {
+                tensors.push((format!("{p}.{name}"), Dtype::F32, shape, le_bytes(v)));
+            }
+        }
     }
 }
 
@@ -654,8 +702,10 @@ impl TraceFile {
             if matches!(name.as_str(), "logits" | "logits_positions") {
                 continue;
             }
-            let token_axis =
-                t.shape.first().copied() == t_all && name.as_str() != "engram_token_map";
+            // Per-image vision tensors have patch or cell rows, whatever their count.
+            let token_axis = t.shape.first().copied() == t_all
+                && name.as_str() != "engram_token_map"
+                && !name.starts_with("vision.");
             let kept = if token_axis {
                 t.select_rows(tokens)
             } else {
@@ -721,6 +771,19 @@ fn decode(dtype: Dtype, shape: Vec<usize>, b: &[u8]) -> std::result::Result<Trac
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn selecting_tokens_leaves_per_image_tensors_whole() {
+        let mut t = TraceFile::default();
+        t.tensors
+            .insert("input_ids".into(), TraceTensor::i64(vec![3], vec![5, 6, 7]));
+        // Three patches in a three-token trace: not a token axis.
+        let vit = TraceTensor::f32(vec![3, 2], vec![1.0, 2.0, 3.0, 4.0, 5.0, 6.0]);
+        t.tensors.insert("vision.I0.vit".into(), vit.clone());
+        let s = t.select_tokens(&[2]);
+        assert_eq!(s.get("input_ids").unwrap().as_i64().to_vec(), vec![7]);
+        assert_eq!(s.get("vision.I0.vit"), Some(&vit));
+    }
 
     #[test]
     fn a_runs_ids_and_prefill_are_read_or_refused_with_the_file_named() {

@@ -14,6 +14,7 @@ use crate::preset::{decimal, Geometry, Preset};
 use crate::rng::SplitMix64;
 use crate::tokenizer::{Vocab, SPECIALS};
 use crate::SynthError;
+use ds41_engine::checkpoint::names::{release_to_container, ContainerName};
 use ds41_engine::config::release_primes;
 use ds41_engine::dsml::json_py::{self, DumpOptions};
 use ds41_engine::tokenizer::python_random::PythonRandom;
@@ -454,7 +455,38 @@ fn trunk_names(g: &Geometry) -> Vec<(String, String, Fmt)> {
     }
     v.push(top("model.norm.weight", "norm.weight", F32));
     v.push(top("lm_head.weight", "head.weight", Q8G));
+    // The vision tower, aligner and span delimiters (CONTAINER.md §8: `vision_tower.*`,
+    // `mm_projector.*`, `model.image_*`): matrices Q8G, vectors F32.
+    for t in logical_tensors(g).iter().filter(|t| is_vision(&t.name)) {
+        let ContainerName::Trunk(container) = release_to_container(&t.name) else {
+            unreachable!("vision tensors are trunk tensors");
+        };
+        let fmt = if t.shape.len() == 2 { Q8G } else { F32 };
+        v.push((container, t.name.clone(), fmt));
+    }
     v
+}
+
+/// A tensor of the vision side (tower, aligner, span delimiters).
+fn is_vision(release: &str) -> bool {
+    release.starts_with("vision.")
+        || release.starts_with("aligner.")
+        || release.starts_with("image_")
+}
+
+/// `vision.json` (CONTAINER.md §7): the tower config under the HF `vision_config` keys plus
+/// `"tower": "ds41"`, the language model's width and the image token.
+fn vision_json(g: &Geometry) -> Option<Value> {
+    let v = g.vision.as_ref().filter(|v| v.n_layers > 0)?;
+    let mut json = Map::new();
+    json.insert("tower".into(), json!("ds41"));
+    json.extend(crate::release::hf_vision_keys(v));
+    json.insert("out_hidden_size".into(), json!(g.dim));
+    json.insert(
+        "media_placeholder_token_id".into(),
+        json!(g.image_token_id?),
+    );
+    Some(Value::Object(json))
 }
 
 /// The flat manifest config (CONTAINER.md §10.1, key order of WASTE's generator).
@@ -880,6 +912,13 @@ pub fn write(
         json_py::dumps_with(&manifest, DumpOptions::file(1)).as_bytes(),
         &mut files,
     )?;
+    if let Some(vision) = vision_json(g) {
+        write_file(
+            "vision.json",
+            json_py::dumps_with(&vision, DumpOptions::file(1)).as_bytes(),
+            &mut files,
+        )?;
+    }
     if !p.waste_compat {
         let specials: Vec<Value> = SPECIALS
             .iter()

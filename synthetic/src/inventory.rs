@@ -303,7 +303,54 @@ pub fn logical_tensors(g: &Geometry) -> Vec<Logical> {
     }
     v.push(top("norm.weight", vec![d], Bf16, Norm));
     v.push(top("head.weight", vec![g.vocab_size, d], Bf16, Linear(2.0)));
+    v.extend(vision_tensors(g));
     v
+}
+
+/// The vision tower, aligner and span delimiters (MODEL.md §4.4, names as vision.py's modules
+/// under `vision.` / `aligner.`), all BF16; none without a vision config.
+fn vision_tensors(g: &Geometry) -> Vec<Logical> {
+    use Init::*;
+    let Some(vc) = g.vision.as_ref().filter(|v| v.n_layers > 0) else {
+        return Vec::new();
+    };
+    let (vd, inter, d) = (vc.dim, vc.inter_dim, g.dim);
+    let patch = 3 * vc.patch_size * vc.patch_size;
+    let cell = vd * vc.downsample_ratio * vc.downsample_ratio;
+    // (name, shape, values) in vision.py's module order.
+    let mut v: Vec<(String, Vec<usize>, Init)> = Vec::new();
+    let linear = |v: &mut Vec<_>, name: String, o: usize, i: usize, bias: bool| {
+        v.push((format!("{name}.weight"), vec![o, i], Linear(1.0)));
+        if bias {
+            v.push((format!("{name}.bias"), vec![o], Uniform(-0.1, 0.1)));
+        }
+    };
+    linear(&mut v, "vision.patch_embed.proj".into(), vd, patch, true);
+    for b in 0..vc.n_layers {
+        let p = format!("vision.blocks.{b}");
+        v.push((format!("{p}.norm1.weight"), vec![vd], Norm));
+        linear(&mut v, format!("{p}.attn.wqkv"), 3 * vd, vd, true);
+        linear(&mut v, format!("{p}.attn.wo"), vd, vd, true);
+        v.push((format!("{p}.norm2.weight"), vec![vd], Norm));
+        linear(&mut v, format!("{p}.mlp.w1"), 2 * inter, vd, false);
+        linear(&mut v, format!("{p}.mlp.w2"), vd, inter, false);
+    }
+    v.push(("vision.norm.weight".into(), vec![vd], Norm));
+    linear(&mut v, "aligner.w1".into(), d, cell, true);
+    linear(&mut v, "aligner.w2".into(), d, d, true);
+    for name in ["image_start", "image_end", "image_newline"] {
+        v.push((name.into(), vec![d], Uniform(-1.0, 1.0)));
+    }
+    v.into_iter()
+        .map(|(name, shape, init)| Logical {
+            name,
+            shape,
+            kind: Kind::Bf16,
+            init,
+            layer: None,
+            copies: Vec::new(),
+        })
+        .collect()
 }
 
 /// The tensors only DSpark stage `stage` has (MODEL.md §4.4; `DSparkBlock` of model.py): the

@@ -53,9 +53,10 @@ pub enum SynthError {
     UnknownMutant(String),
     #[error("mutant `{mutant}` does not apply to {what}")]
     MutantNotApplicable { mutant: String, what: String },
-    #[error("preset `{preset}` has no release layout: {why}")]
+    #[error("preset `{preset}` has no {layout} layout: {why}")]
     LayoutNotSupported {
         preset: &'static str,
+        layout: &'static str,
         why: &'static str,
     },
     #[error("{0}: directory is not empty; pass --force to replace a previous synthetic checkpoint there")]
@@ -96,6 +97,13 @@ pub struct Generated {
     pub kept: Vec<String>,
 }
 
+fn layout_name(layout: Layout) -> &'static str {
+    match layout {
+        Layout::Release => "release",
+        Layout::Container => "container",
+    }
+}
+
 /// Preset listing for `ds41 synth --list` and the harness.
 #[derive(Debug, Clone)]
 pub struct PresetInfo {
@@ -112,11 +120,10 @@ pub fn list_presets() -> Vec<PresetInfo> {
         .into_iter()
         .map(|p| PresetInfo {
             name: p.name,
-            layouts: if p.no_release.is_some() {
-                vec![Layout::Container]
-            } else {
-                vec![Layout::Release, Layout::Container]
-            },
+            layouts: [Layout::Release, Layout::Container]
+                .into_iter()
+                .filter(|&l| p.unsupported(l).is_none())
+                .collect(),
             description: p.description,
             large: p.large,
             reach: p.reach,
@@ -161,9 +168,10 @@ pub fn generate_with(o: &Options) -> Result<Generated, SynthError> {
             Some(info)
         }
     };
-    if let (Layout::Release, Some(why)) = (o.layout, p.no_release) {
+    if let Some(why) = p.unsupported(o.layout) {
         return Err(SynthError::LayoutNotSupported {
             preset: p.name,
+            layout: layout_name(o.layout),
             why,
         });
     }
@@ -252,9 +260,10 @@ pub fn expected_values(
     seed: u64,
 ) -> Result<BTreeMap<String, Vec<f32>>, SynthError> {
     let p = Preset::by_name(preset).ok_or_else(|| SynthError::UnknownPreset(preset.to_string()))?;
-    if let (Layout::Release, Some(why)) = (layout, p.no_release) {
+    if let Some(why) = p.unsupported(layout) {
         return Err(SynthError::LayoutNotSupported {
             preset: p.name,
+            layout: layout_name(layout),
             why,
         });
     }

@@ -132,8 +132,8 @@ pub fn check_applicable(m: &MutantInfo, p: &Preset, layout: Layout) -> Result<()
     if !m.layouts.contains(&layout) {
         return bad(format!("the {layout:?} layout"));
     }
-    if layout == Layout::Release && p.no_release.is_some() {
-        return bad(format!("preset `{}` in the release layout", p.name));
+    if p.unsupported(layout).is_some() {
+        return bad(format!("preset `{}` in the {layout:?} layout", p.name));
     }
     if m.needs_shards && p.sharding != Sharding::ReleaseLike {
         return bad(format!(

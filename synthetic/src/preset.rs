@@ -6,7 +6,7 @@
 
 use std::collections::BTreeSet;
 
-use ds41_engine::config::{release_primes, Config, DsparkConfig};
+use ds41_engine::config::{release_primes, Config, DsparkConfig, VisionConfig};
 
 use crate::tokenizer::{TokenizerKind, Vocab};
 
@@ -118,24 +118,35 @@ pub struct Preset {
     pub large: bool,
     /// Why the release layout cannot hold this geometry (`None`: both layouts work).
     pub no_release: Option<&'static str>,
+    /// Why the container layout cannot hold this geometry (`None`: it can).
+    pub no_container: Option<&'static str>,
     /// What a sequence reaches, in prose (the computable part is `mechanisms::reach`).
     pub reach: &'static str,
 }
 
 /// Names of every preset, in listing order.
-pub const PRESET_NAMES: [&str; 9] = [
+pub const PRESET_NAMES: [&str; 10] = [
     "tiny",
     "tiny-sharded",
     "grouped",
     "window-mtp",
     "dspark",
     "tied-router",
+    "vision",
     "waste-tiny",
     "wide",
     "wide-deep",
 ];
 
 impl Preset {
+    /// Why this preset cannot be written in `layout` (`None`: it can).
+    pub fn unsupported(&self, layout: ds41_engine::checkpoint::Layout) -> Option<&'static str> {
+        match layout {
+            ds41_engine::checkpoint::Layout::Release => self.no_release,
+            ds41_engine::checkpoint::Layout::Container => self.no_container,
+        }
+    }
+
     pub fn by_name(name: &str) -> Option<Preset> {
         Some(match name {
             "tiny" => tiny(Sharding::Single, "tiny"),
@@ -144,6 +155,7 @@ impl Preset {
             "window-mtp" => window_mtp(),
             "dspark" => dspark(),
             "tied-router" => tied_router(),
+            "vision" => vision(),
             "waste-tiny" => waste_tiny(),
             "wide" => wide(),
             "wide-deep" => wide_deep(),
@@ -243,6 +255,7 @@ fn tiny(sharding: Sharding, name: &'static str) -> Preset {
         waste_compat: false,
         large: false,
         no_release: None,
+        no_container: None,
         reach: TINY_REACH,
     }
 }
@@ -284,6 +297,7 @@ fn grouped() -> Preset {
         waste_compat: false,
         large: false,
         no_release: None,
+        no_container: None,
         reach: "Two ratio-2 KV sources (1, 3) each with a consumer (2, 4), a ratio-1 source (5) that writes \
 candidates (5 blocks of 4) for the index-only consumer 7; window 16 wraps from p ≥ 16; the ratio-1 indexers \
 select (more than 16 compressed positions) from p ≥ 16, the ratio-2 ones from p ≥ 34 (where the as-shipped \
@@ -335,45 +349,47 @@ fn window_mtp() -> Preset {
         waste_compat: false,
         large: false,
         no_release: None,
+        no_container: None,
         reach: "An attention row holds up to 32 window + 40 compressed entries (> 64 from p ≥ 32 on the \
 ratio-1 layers), the ratio-1 indexers select from p ≥ 40, the candidate filter (6 blocks of 8 = 48 > 40) \
 from p ≥ 48; YaRN from p ≥ 16. The MTP stage is stored but not run by a main-model forward.",
     }
 }
 
+/// The backbone of `dspark` and `vision`: dim 64, 5 layers (ratios 0,2,2,1,1), 4 heads of 32,
+/// 8 experts top-3, window 16, no candidate filter.
+fn small_backbone_args(engram_layer_ids: Vec<usize>) -> Config {
+    Config {
+        dim: 64,
+        moe_inter_dim: 32,
+        n_layers: 5,
+        n_heads: 4,
+        n_routed_experts: 8,
+        n_activated_experts: 3,
+        q_lora_rank: 32,
+        head_dim: 32,
+        rope_head_dim: 8,
+        o_groups: 2,
+        o_lora_rank: 16,
+        window_size: 16,
+        compress_ratios: vec![0, 2, 2, 1, 1],
+        kv_source_layers: vec![1, 3],
+        index_source_layers: vec![1, 3],
+        candidate_source_layer: None,
+        candidate_topk_blocks: 0,
+        candidate_block_size: 0,
+        index_n_heads: 4,
+        index_head_dim: 32,
+        index_topk: 8,
+        engram_layer_ids,
+        ..tiny_args() // every other argument as in `tiny`
+    }
+}
+
 /// A DSpark head shaped like the release's (three stages, block 5, the last three layers as
 /// targets, fewer and sparser experts in the stages than in the backbone), at test scale.
 fn dspark() -> Preset {
-    let g = Geometry::new(
-        Config {
-            dim: 64,
-            moe_inter_dim: 32,
-            n_layers: 5,
-            n_heads: 4,
-            n_routed_experts: 8,
-            n_activated_experts: 3,
-            q_lora_rank: 32,
-            head_dim: 32,
-            rope_head_dim: 8,
-            o_groups: 2,
-            o_lora_rank: 16,
-            window_size: 16,
-            compress_ratios: vec![0, 2, 2, 1, 1],
-            kv_source_layers: vec![1, 3],
-            index_source_layers: vec![1, 3],
-            candidate_source_layer: None,
-            candidate_topk_blocks: 0,
-            candidate_block_size: 0,
-            index_n_heads: 4,
-            index_head_dim: 32,
-            index_topk: 8,
-            engram_layer_ids: vec![0, 2],
-            ..tiny_args() // every other argument as in `tiny`
-        },
-        2,
-        TokenizerKind::ByteBpe,
-    )
-    .with_dspark(
+    let g = Geometry::new(small_backbone_args(vec![0, 2]), 2, TokenizerKind::ByteBpe).with_dspark(
         3,
         DsparkConfig {
             block_size: 5,
@@ -393,6 +409,7 @@ fn dspark() -> Preset {
         waste_compat: false,
         large: false,
         no_release: None,
+        no_container: None,
         reach: "A prefill longer than the window (17+) seeds the stages' rings wrapped; decode steps then \
 write each main position into slot p mod 16 and draft 5 positions through three non-causal stages; every \
 Markov step after the first reads a drafted id. The backbone reaches a ratio-2 and a ratio-1 selection \
@@ -423,6 +440,7 @@ fn tied_router() -> Preset {
         waste_compat: false,
         large: false,
         no_release: None,
+        no_container: None,
         reach: "Everything `tiny` reaches (every tensor but the router's is drawn as in `tiny` for the \
 same seed), plus exact router ties: on each layer two experts have equal selection keys at every \
 position, and wherever that pair straddles the top-2 boundary (about one position in three) the \
@@ -430,6 +448,46 @@ expert chosen is decided by the tie rule alone (MODEL.md §5.10: the lower id) a
 `margin.experts` is exactly 0; choosing the other expert changes `moe_out` from that cell on.",
     }
 }
+
+/// A vision-language geometry at test scale: `dspark`'s backbone (Engram on a window-only and
+/// a ratio-2 layer) without the draft head, plus a two-block vision tower whose images cost a
+/// few tokens (MODEL.md §11.1 "optional extras": an image span reaches `bias_vl`, DEAD history
+/// and gate masking).
+fn vision() -> Preset {
+    let mut args = small_backbone_args(vec![0, 1]);
+    args.image_token_id = Some(VISION_IMAGE_TOKEN);
+    args.vision = Some(VisionConfig {
+        n_layers: 2,
+        dim: 32,
+        n_heads: 2,
+        inter_dim: 48,
+        patch_size: 14,
+        downsample_ratio: 3,
+        max_n_token: 24,
+        min_pixels: 0,
+        max_wh_ratio: None,
+        rope_theta: 10000.0,
+    });
+    Preset {
+        name: "vision",
+        description: "a vision-language model at test scale: a 2-block ViT (width 32, 2 heads of 16, patch 14, 3x3 aligner, at most 24 tokens per image) on `dspark`'s backbone (dim 64, 5 layers, Engram on 0 and 1, 8 experts top-3), image token 511",
+        geometry: Geometry::new(args, 2, TokenizerKind::ByteBpe),
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding: Sharding::Single,
+        waste_compat: false,
+        large: false,
+        no_release: None,
+        no_container: None,
+        reach: "A prompt with image markers expands each to `[START] ([IMAGE]xw [NEWLINE])xh [END]`: image rows \
+route with `gate.bias_vl` (drawn wider than `gate.bias`, so routing differs), are DEAD in the Engram history \
+(text n-grams after a span stop at it) with Engram gate 0 on layers 0 and 1; a ViT grid that is not a multiple \
+of 3 reaches the aligner's zero padding; spans longer than the window (16) make later text attend across them \
+through the compressed caches.",
+    }
+}
+
+/// The image marker of the `vision` preset (`image_token_id`; the release's is 129264).
+pub const VISION_IMAGE_TOKEN: u32 = 511;
 
 fn waste_tiny() -> Preset {
     let g = Geometry::new(
@@ -475,6 +533,7 @@ fn waste_tiny() -> Preset {
         waste_compat: true,
         large: false,
         // MODEL.md §2.2 item 7: every K of an FP8/FP4 linear is a multiple of 32.
+        no_container: None,
         no_release: Some("q_lora_rank 48 (the K of wq_b and indexer.wq_b) is not a multiple of 32, so the release's FP8 32x32 blocks cannot store it; WASTE's geometry exists only as a container"),
         reach: "CONTAINER.md §10.3: window 4 wraps from the 5th token; ratio-2 latents every other token; \
 with a 12-token prompt the ratio-1 indexer discards positions (index_topk 4) and the as-shipped vs owner \
@@ -531,6 +590,7 @@ fn wide() -> Preset {
         waste_compat: false,
         large: true,
         no_release: None,
+        no_container: None,
         reach: "Release widths and release window (128) / index_topk (512): ring wrap from p ≥ 128, ratio-2 \
 indexer discards from p ≥ 1025, candidate filter (128 blocks of 8) from p ≥ 1024 on the ratio-1 writer \
 (layer 2) consumed by layer 3. Meant for throughput and memory at real shapes, not for numerics.",
@@ -576,6 +636,7 @@ fn wide_deep() -> Preset {
         waste_compat: false,
         large: true,
         no_release: None,
+        no_container: None,
         reach: "As `wide`, at the depth where the weights no longer fit in memory: every decode token reads \
 ~16 GB of weights through the page cache. Meant for memory behaviour, not for numerics.",
     }

@@ -11,7 +11,7 @@ use crate::preset::{decimal, Geometry, Preset, Sharding};
 use crate::rng::SplitMix64;
 use crate::tokenizer::Vocab;
 use crate::SynthError;
-use ds41_engine::config::DsparkConfig;
+use ds41_engine::config::{DsparkConfig, VisionConfig};
 use serde_json::{json, Value};
 use std::io::{BufWriter, Write};
 use std::path::Path;
@@ -317,8 +317,43 @@ fn dspark_args(g: &Geometry) -> DsparkConfig {
     })
 }
 
-/// The HF root `config.json` (MODEL.md §2.1 key names).
+/// The HF root `config.json` (MODEL.md §2.1 key names); a geometry with a vision tower adds
+/// the root `image_token_id` and `vision_config`.
 pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
+    let mut config = text_root_config(g, compressed_vocab);
+    if let (Some(v), Some(id)) = (&g.vision, g.image_token_id) {
+        let root = config.as_object_mut().expect("an object");
+        root.insert("image_token_id".into(), json!(id));
+        let mut vision = serde_json::Map::new();
+        vision.insert("model_type".into(), json!("deepseek_v41_vision"));
+        vision.extend(hf_vision_keys(v));
+        root.insert("vision_config".into(), Value::Object(vision));
+    }
+    config
+}
+
+/// The tower's keys as the HF `vision_config` spells them (also the body of a container's
+/// `vision.json`, CONTAINER.md §7).
+pub fn hf_vision_keys(v: &VisionConfig) -> serde_json::Map<String, Value> {
+    let keys = json!({
+        "num_hidden_layers": v.n_layers,
+        "hidden_size": v.dim,
+        "num_attention_heads": v.n_heads,
+        "intermediate_size": v.inter_dim,
+        "patch_size": v.patch_size,
+        "rope_theta": v.rope_theta,
+        "downsample_ratio": v.downsample_ratio,
+        "max_image_tokens": v.max_n_token,
+        "min_pixels": v.min_pixels,
+        "max_wh_ratio": v.max_wh_ratio
+    });
+    match keys {
+        Value::Object(m) => m,
+        _ => unreachable!("a JSON object literal"),
+    }
+}
+
+fn text_root_config(g: &Geometry, compressed_vocab: usize) -> Value {
     let dspark = dspark_args(g);
     json!({
         "architectures": ["DeepseekV41ForCausalLM"],
@@ -407,6 +442,29 @@ pub fn root_config(g: &Geometry, compressed_vocab: usize) -> Value {
 
 /// `inference/config.json` (the `ModelArgs` names, MODEL.md §2.1 first column).
 pub fn inference_config(g: &Geometry, compressed_vocab: usize) -> Value {
+    let mut config = text_inference_config(g, compressed_vocab);
+    if let (Some(v), Some(id)) = (&g.vision, g.image_token_id) {
+        let args = config.as_object_mut().expect("an object");
+        for (key, value) in [
+            ("vision_n_layers", json!(v.n_layers)),
+            ("vision_dim", json!(v.dim)),
+            ("vision_n_heads", json!(v.n_heads)),
+            ("vision_inter_dim", json!(v.inter_dim)),
+            ("vision_patch_size", json!(v.patch_size)),
+            ("vision_downsample_ratio", json!(v.downsample_ratio)),
+            ("vision_max_n_token", json!(v.max_n_token)),
+            ("vision_min_pixels", json!(v.min_pixels)),
+            ("vision_max_wh_ratio", json!(v.max_wh_ratio)),
+            ("vision_rope_theta", json!(v.rope_theta)),
+            ("image_token_id", json!(id)),
+        ] {
+            args.insert(key.into(), value);
+        }
+    }
+    config
+}
+
+fn text_inference_config(g: &Geometry, compressed_vocab: usize) -> Value {
     let dspark = dspark_args(g);
     json!({
         "vocab_size": g.vocab_size,

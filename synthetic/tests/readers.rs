@@ -174,6 +174,51 @@ fn readers_parse_the_preset_geometry_in_both_layouts() {
     }
 }
 
+/// The `vision` preset's config reads back whole in both layouts, its vision part and image
+/// id included (release: HF `vision_config` and `inference/config.json`'s `vision_*` keys
+/// agree; container: `vision.json`, CONTAINER.md §7), and the tower is stored by its release
+/// names (container: `vision_tower.*`, `mm_projector.*`, `model.image_*`, read back by the
+/// release names).
+#[test]
+fn vision_preset_reads_back_its_tower_in_both_layouts() {
+    let g = Preset::by_name("vision").unwrap().geometry;
+    for layout in [Layout::Release, Layout::Container] {
+        let tmp = gen("vision", layout, 0);
+        let dir = tmp.path().join("ck");
+        let ck = checkpoint::open(&dir).unwrap();
+        let mut read = ck.config().clone();
+        read.max_position = g.max_position;
+        if read.engram_pad_is_compressed {
+            read.engram_pad_is_compressed = false;
+            read.engram_pad_id = g.engram_pad_id;
+        }
+        assert_eq!(read, g.args, "{layout:?}");
+        if layout == Layout::Release {
+            let inference =
+                ds41_engine::vision::vision_config_from(&dir.join("inference/config.json"))
+                    .unwrap();
+            assert_eq!(Some(inference), g.vision);
+        } else {
+            let v: serde_json::Value =
+                serde_json::from_slice(&std::fs::read(dir.join("vision.json")).unwrap()).unwrap();
+            assert_eq!(v["tower"], "ds41");
+            assert_eq!(v["out_hidden_size"], g.dim);
+        }
+        for name in [
+            "vision.patch_embed.proj.weight",
+            "vision.blocks.1.attn.wqkv.bias",
+            "vision.blocks.1.mlp.w1.weight",
+            "vision.norm.weight",
+            "aligner.w1.weight",
+            "aligner.w2.bias",
+            "image_newline",
+            "layers.4.ffn.gate.bias_vl",
+        ] {
+            assert!(ck.contains(name), "{layout:?}: {name}");
+        }
+    }
+}
+
 #[test]
 fn container_specials_decode_from_their_escapes() {
     let tmp = gen("tiny", Layout::Container, 0);
@@ -190,7 +235,9 @@ fn unmutated_presets_read_completely() {
         ("grouped", Layout::Release),
         ("window-mtp", Layout::Release),
         ("dspark", Layout::Release),
+        ("vision", Layout::Release),
         ("tiny", Layout::Container),
+        ("vision", Layout::Container),
         ("waste-tiny", Layout::Container),
     ] {
         let tmp = gen(preset, layout, 0);

@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 
 use anyhow::{bail, Context};
-use ds41_engine::model::{DefectSet, ForwardJob, IndexK, Options, TokenMap};
+use ds41_engine::model::{DefectSet, ForwardJob, ImageSource, IndexK, Options, TokenMap};
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -53,6 +53,11 @@ pub struct Args {
     /// tokens as one chunk (default 0: every token is a decode step with its own logits row).
     #[arg(long = "load-state")]
     pub load_state: Option<PathBuf>,
+    /// An image (PNG); repeatable. Each replaces, in order, one image marker of --tokens (the
+    /// model's `image_token_id`, `<｜deepseek_image｜>` in the release tokenizer), expanded to
+    /// the image's span. --prefill counts a marker as one token and must cover every marker.
+    #[arg(long = "image")]
+    pub images: Vec<PathBuf>,
 }
 
 pub fn run(args: Args) -> anyhow::Result<i32> {
@@ -79,6 +84,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         load_state: args.load_state.clone(),
         save_state: args.save_state.clone(),
         sub_ops: args.sub_ops,
+        images: args.images.iter().cloned().map(ImageSource::File).collect(),
     };
     if job.tokens.is_empty() && job.replay.is_none() {
         bail!("--tokens is required (comma-separated ids)");

@@ -36,17 +36,10 @@ pub struct Args {
 
 /// The token types of an image's span (image_processor.py's IMAGE_START … IMAGE_END).
 fn token_types(n_llm_h: usize, n_llm_w: usize) -> Vec<i64> {
-    const START: i64 = 0;
-    const IMAGE: i64 = 1;
-    const NEWLINE: i64 = 2;
-    const END: i64 = 3;
-    let mut types = vec![START];
-    for _ in 0..n_llm_h {
-        types.extend(std::iter::repeat_n(IMAGE, n_llm_w));
-        types.push(NEWLINE);
-    }
-    types.push(END);
-    types
+    vision::span_types(n_llm_h, n_llm_w)
+        .iter()
+        .map(|t| t.code())
+        .collect()
 }
 
 fn metadata(

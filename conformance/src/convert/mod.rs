@@ -15,6 +15,9 @@
 //! * Manifest: the release config with the text keys at the top, the HF wrapper under
 //!   `_outer`, and WASTE's normalised MoE keys (§2, §9). MTP stages and `.scale` companions
 //!   are dropped (§8).
+//! * Vision (§7–§8): the tower, aligner and span delimiters are trunk tensors like the rest
+//!   (`vision_tower.*`, `mm_projector.*`, `model.image_*`); `vision.json` holds the tower's
+//!   config, the language model's width and the image token.
 //!
 //! Every tensor is dequantised exactly by the engine's release reader, a row range or one
 //! expert matrix at a time; nothing holds the whole checkpoint.
@@ -256,6 +259,7 @@ pub fn convert(release: &Path, out: &Path, o: &ConvertOptions) -> Result<Convert
     std::fs::write(&path, json_py::dumps_with(&manifest, DumpOptions::file(1)))
         .map_err(io(&path))?;
     done.files.push("manifest.json".into());
+    write_vision(&root, &cfg, out, &mut done)?;
     done.files.sort();
     if final_out.exists() {
         // Checked empty above; rename(2) does not replace a directory on every platform.
@@ -263,6 +267,42 @@ pub fn convert(release: &Path, out: &Path, o: &ConvertOptions) -> Result<Convert
     }
     std::fs::rename(&staging.0, final_out).map_err(io(final_out))?;
     Ok(done)
+}
+
+/// `vision.json` (CONTAINER.md §7) for a release with a vision tower: its `vision_config`
+/// keys, `"tower": "ds41"`, the language model's width and the image token. (The tower's
+/// tensors are ordinary trunk tensors, `vision_tower.*` / `mm_projector.*` / `model.image_*`.)
+fn write_vision(
+    root: &Value,
+    cfg: &Config,
+    out: &Path,
+    done: &mut Converted,
+) -> Result<(), ConvertError> {
+    let (Some(Value::Object(tower)), Some(id)) = (root.get("vision_config"), cfg.image_token_id)
+    else {
+        return Ok(());
+    };
+    if cfg.vision.as_ref().is_none_or(|v| v.n_layers == 0) {
+        return Ok(());
+    }
+    let mut vision = Map::new();
+    vision.insert("tower".into(), json!("ds41"));
+    vision.extend(
+        tower
+            .iter()
+            .filter(|(k, _)| k.as_str() != "model_type")
+            .map(|(k, v)| (k.clone(), v.clone())),
+    );
+    vision.insert("out_hidden_size".into(), json!(cfg.dim));
+    vision.insert("media_placeholder_token_id".into(), json!(id));
+    let path = out.join("vision.json");
+    std::fs::write(
+        &path,
+        json_py::dumps_with(&Value::Object(vision), DumpOptions::file(1)),
+    )
+    .map_err(io(&path))?;
+    done.files.push("vision.json".into());
+    Ok(())
 }
 
 /// A staging directory, removed with its contents unless it was renamed into place.

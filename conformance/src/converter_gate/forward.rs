@@ -59,6 +59,7 @@ fn run(
         load_state: None,
         save_state: None,
         sub_ops: true,
+        images: Vec::new(),
     };
     let trace = job
         .run()

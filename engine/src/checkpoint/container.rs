@@ -312,6 +312,10 @@ impl ContainerCheckpoint {
         let mut config = Config::from_container_config(config_v)
             .map_err(|e| crate::config::in_file_err(&manifest_path, e))?;
         let quant = parse_expert_quant(&j, &manifest)?;
+        let vision_path = dir.join("vision.json");
+        if present(&vision_path) {
+            read_vision_json(&vision_path, &mut config)?;
+        }
 
         // Engram statements first: they fix the pad and are cross-checked below.
         let engram = if config.engram_layer_ids.is_empty() {
@@ -1295,6 +1299,13 @@ fn read_tokmap(path: &Path, cfg: &Config) -> Result<Vec<i32>> {
 }
 
 /// `specials.json`: `[{"id": N, "text": "…"}]`, every JSON escape decoded (CONTAINER.md §7).
+/// `vision.json` (CONTAINER.md §7): the vision tower's config and the image token.
+fn read_vision_json(path: &Path, cfg: &mut Config) -> Result<()> {
+    let bytes = read_file(path, crate::io::MAX_JSON_BYTES, "JSON metadata file")?;
+    let v = parse_json_bytes(path, &bytes)?;
+    crate::config::container_vision(&v, cfg).map_err(|e| crate::config::in_file_err(path, e))
+}
+
 pub fn read_specials(path: &Path, cfg: &Config) -> Result<Vec<Special>> {
     let bytes = read_file(path, crate::io::MAX_JSON_BYTES, "JSON metadata file")?;
     let v = parse_json_bytes(path, &bytes)?;

@@ -310,6 +310,56 @@ impl Config {
     }
 }
 
+/// The HF `vision_config` keys (also the tower part of a container's `vision.json`).
+fn hf_vision(v: &Keys) -> Result<VisionConfig> {
+    Ok(VisionConfig {
+        n_layers: v.usize(&["num_hidden_layers"])?,
+        dim: v.usize(&["hidden_size"])?,
+        n_heads: v.usize(&["num_attention_heads"])?,
+        inter_dim: v.usize(&["intermediate_size"])?,
+        patch_size: v.usize(&["patch_size"])?,
+        downsample_ratio: v.usize(&["downsample_ratio"])?,
+        max_n_token: v.usize(&["max_image_tokens"])?,
+        min_pixels: v.usize(&["min_pixels"])?,
+        max_wh_ratio: v.opt_f64(&["max_wh_ratio"])?,
+        rope_theta: v.f64(&["rope_theta"])?,
+    })
+}
+
+/// A container's `vision.json` (CONTAINER.md §7): the tower config under the HF
+/// `vision_config` keys plus `"tower": "ds41"`, `out_hidden_size` (the language model's
+/// width) and `media_placeholder_token_id` (the image token). Sets `vision` and
+/// `image_token_id`.
+pub(crate) fn container_vision(v: &Value, cfg: &mut Config) -> Result<()> {
+    let k = Keys::new(as_object(v, "vision")?, "");
+    match k.obj.get("tower").and_then(Value::as_str) {
+        Some("ds41") => {}
+        other => {
+            return Err(cfg_err(
+                "tower",
+                format!("expected \"ds41\", got {other:?}"),
+            ))
+        }
+    }
+    let out = k.usize(&["out_hidden_size"])?;
+    if out != cfg.dim {
+        return Err(cfg_err(
+            "out_hidden_size",
+            format!("{out}, but the language model's hidden_size is {}", cfg.dim),
+        ));
+    }
+    let id = k.u64(&["media_placeholder_token_id"])?;
+    if id >= cfg.vocab_size as u64 {
+        return Err(cfg_err(
+            "media_placeholder_token_id",
+            format!("{id} is outside the vocabulary ({})", cfg.vocab_size),
+        ));
+    }
+    cfg.vision = Some(hf_vision(&k)?);
+    cfg.image_token_id = Some(id as u32);
+    Ok(())
+}
+
 /// HF / container text keys. `root` holds the wrapper keys (bos/eos/image ids, vision).
 fn parse_hf(t: &Keys, root: &Keys) -> Result<Config> {
     let rope = t.obj("rope_scaling")?.ok_or_else(|| {
@@ -327,18 +377,7 @@ fn parse_hf(t: &Keys, root: &Keys) -> Result<Config> {
         }
     }
     let vision = match root.obj("vision_config")? {
-        Some(v) => Some(VisionConfig {
-            n_layers: v.usize(&["num_hidden_layers"])?,
-            dim: v.usize(&["hidden_size"])?,
-            n_heads: v.usize(&["num_attention_heads"])?,
-            inter_dim: v.usize(&["intermediate_size"])?,
-            patch_size: v.usize(&["patch_size"])?,
-            downsample_ratio: v.usize(&["downsample_ratio"])?,
-            max_n_token: v.usize(&["max_image_tokens"])?,
-            min_pixels: v.usize(&["min_pixels"])?,
-            max_wh_ratio: v.opt_f64(&["max_wh_ratio"])?,
-            rope_theta: v.f64(&["rope_theta"])?,
-        }),
+        Some(v) => Some(hf_vision(&v)?),
         None => None,
     };
     let vision_on = vision.as_ref().is_some_and(|v| v.n_layers > 0);

@@ -152,7 +152,9 @@ impl Block {
             );
         }
         self.ffn_norm.forward_inplace(&mut v, numerics);
-        let routes = self.moe.route(&v, rows, numerics, ctx.defects)?;
+        let routes = self
+            .moe
+            .route(&v, rows, ctx.image_rows, numerics, ctx.defects)?;
         let mut moe_out = PoolVec::filled(rows * d, 0.0f32);
         self.moe
             .forward(&v, rows, &routes, &mut moe_out, numerics, ctx.defects)?;

@@ -56,6 +56,11 @@ pub enum Defect {
     /// §10.1: `main_hidden` from the streams leaving the target layers (their block output)
     /// instead of the streams entering them.
     MainHiddenAfterBlock,
+    /// §6.5, §10.2: image positions route with `gate.bias` instead of `gate.bias_vl`.
+    GateBiasForImage,
+    /// §6.6, §10.2: image positions enter the Engram history as ordinary tokens (the image
+    /// token id, not DEAD) and their Engram gate is computed instead of 0.
+    EngramImageNotDead,
 }
 
 impl Defect {
@@ -80,6 +85,8 @@ impl Defect {
         "draft-causal-mask",
         "markov-bias-from-first-id",
         "main-hidden-after-block",
+        "gate-bias-for-image",
+        "engram-image-not-dead",
     ];
 }
 
@@ -106,6 +113,8 @@ impl fmt::Display for Defect {
             Defect::DraftCausalMask => "draft-causal-mask",
             Defect::MarkovBiasFromFirstId => "markov-bias-from-first-id",
             Defect::MainHiddenAfterBlock => "main-hidden-after-block",
+            Defect::GateBiasForImage => "gate-bias-for-image",
+            Defect::EngramImageNotDead => "engram-image-not-dead",
         };
         f.write_str(s)
     }
@@ -140,6 +149,8 @@ impl FromStr for Defect {
             "draft-causal-mask" => Defect::DraftCausalMask,
             "markov-bias-from-first-id" => Defect::MarkovBiasFromFirstId,
             "main-hidden-after-block" => Defect::MainHiddenAfterBlock,
+            "gate-bias-for-image" => Defect::GateBiasForImage,
+            "engram-image-not-dead" => Defect::EngramImageNotDead,
             _ => {
                 return Err(format!(
                     "unknown defect `{s}` (known: {})",

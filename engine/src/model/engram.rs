@@ -129,6 +129,8 @@ impl Engram {
     }
 
     /// Apply the gated write to `stream` ([rows, hc, dim]) given each row's hash ids.
+    /// Rows flagged in `shut` (image positions; empty: none) get gate 0, as `engram.py`'s
+    /// token mask does: the write `h + 0 · value` still runs, so the stream passes unchanged.
     /// Returns the gates [rows, hc] (for tracing).
     pub fn forward(
         &self,
@@ -136,6 +138,7 @@ impl Engram {
         stream: &mut [f32],
         ids: &[i64],
         rows: usize,
+        shut: &[bool],
         numerics: Numerics,
     ) -> Result<PoolVec<f32>> {
         let cols = ids.len() / rows;
@@ -163,7 +166,11 @@ impl Engram {
                 }
                 let dot = acc as f32 * rho * scale;
                 let arg = dot.abs().max(1e-6).sqrt().copysign(dot);
-                let gate = 1.0 / (1.0 + (-arg).exp());
+                let gate = if shut.get(t).copied().unwrap_or(false) {
+                    0.0
+                } else {
+                    1.0 / (1.0 + (-arg).exp())
+                };
                 gates[t * hc + k] = gate;
                 for i in 0..d {
                     h[i] += gate * value[i];

@@ -6,7 +6,16 @@ use std::path::PathBuf;
 
 use super::{Forcing, Model, Options, Session, TokenMap};
 use crate::trace::{Trace, TraceFile, TraceOptions};
+use crate::vision::{expand_markers, ImageInput, ImagePatches};
 use crate::Error;
+
+/// An image of a job: a file (decoded and preprocessed with the model's vision config) or
+/// patches made elsewhere (e.g. by `ds41 preprocess`).
+#[derive(Debug, Clone)]
+pub enum ImageSource {
+    File(PathBuf),
+    Patches(ImagePatches),
+}
 
 /// What to run.
 #[derive(Debug, Clone, Default)]
@@ -30,6 +39,11 @@ pub struct ForwardJob {
     pub save_state: Option<PathBuf>,
     /// Record the sub-op tensors too (always with `replay`).
     pub sub_ops: bool,
+    /// Images, in prompt order: each replaces one `image_token_id` marker of `tokens` and is
+    /// expanded to its span (MODEL.md §10.2). `prefill` then counts the given tokens (a
+    /// marker as one) and must cover every marker: spans lie in the first chunk. With
+    /// `replay` and no `tokens`, the golden's spans (its `token_types`) are the markers.
+    pub images: Vec<ImageSource>,
 }
 
 /// Why a job did not produce a trace: a request the engine will not run (a checkpoint it
@@ -59,7 +73,81 @@ pub struct JobOutput {
     pub prefill: usize,
 }
 
+/// Where an image span lies in a sequence: (start, length).
+type SpanRange = (usize, usize);
+
+/// The spans of a golden's sequence (from its `token_types`), and the sequence with each span
+/// folded to its first id (the marker).
+fn fold_spans(g: &TraceFile, tokens: &[u32]) -> crate::Result<(Vec<u32>, Vec<SpanRange>)> {
+    let (_, types) = g.i64("token_types").ok_or_else(|| {
+        Error::Model("images were given for a golden without `token_types`".into())
+    })?;
+    if types.len() != tokens.len() {
+        return Err(Error::Model(format!(
+            "golden `token_types` has {} entries for {} input ids",
+            types.len(),
+            tokens.len()
+        )));
+    }
+    let (mut folded, mut spans) = (Vec::new(), Vec::new());
+    let mut p = 0;
+    while p < tokens.len() {
+        if types[p] == crate::vision::TokenType::ImageStart.code() {
+            let len = 1 + types[p + 1..].iter().take_while(|&&t| t > 0).count();
+            spans.push((p, len));
+            folded.push(tokens[p]);
+            p += len;
+        } else {
+            folded.push(tokens[p]);
+            p += 1;
+        }
+    }
+    Ok((folded, spans))
+}
+
 impl ForwardJob {
+    /// Preprocess the images and expand their markers in `tokens`; `prefill` (counting a
+    /// marker as one token) becomes a count of expanded positions.
+    fn place_images(
+        &self,
+        model: &Model,
+        tokens: &[u32],
+        prefill: usize,
+    ) -> crate::Result<(Vec<u32>, Vec<ImageInput>, usize)> {
+        if self.images.is_empty() {
+            return Ok((tokens.to_vec(), Vec::new(), prefill));
+        }
+        let cfg = model.config();
+        let (vision, marker) = match (&cfg.vision, cfg.image_token_id) {
+            (Some(v), Some(id)) if v.n_layers > 0 => (v, id),
+            _ => {
+                return Err(Error::Model(format!(
+                    "{}: the model has no vision tower, so it takes no images",
+                    self.model.display()
+                )))
+            }
+        };
+        if let Some(late) = tokens[prefill..].iter().position(|&t| t == marker) {
+            return Err(Error::Model(format!(
+                "the image marker at token {} lies after the prefill of {prefill}: image spans \
+                 must lie in the first chunk",
+                prefill + late
+            )));
+        }
+        let patches = self
+            .images
+            .iter()
+            .map(|source| match source {
+                ImageSource::File(path) => crate::vision::load_image(path, vision),
+                ImageSource::Patches(p) => Ok(p.clone()),
+            })
+            .collect::<crate::Result<Vec<_>>>()?;
+        let (mut expanded, placed) = expand_markers(&tokens[..prefill], marker, patches)?;
+        let expanded_prefill = expanded.len();
+        expanded.extend_from_slice(&tokens[prefill..]);
+        Ok((expanded, placed, expanded_prefill))
+    }
+
     /// Run the job; the trace is returned, not written.
     pub fn run(&self) -> Result<JobOutput, JobError> {
         let refused = |reason: String| JobError::Refused(Error::Model(reason));
@@ -67,9 +155,22 @@ impl ForwardJob {
             Some(p) => Some(TraceFile::read(p).map_err(JobError::Refused)?),
             None => None,
         };
-        let tokens = match &golden {
+        let mut tokens = match &golden {
             Some(g) if self.tokens.is_empty() => g.input_ids().map_err(JobError::Refused)?,
             _ => self.tokens.clone(),
+        };
+        // A golden's sequence holds expanded spans: its prefill counts them whole, and with
+        // no tokens given each span folds back to its marker.
+        let golden_spans = match &golden {
+            Some(g) if !self.images.is_empty() => {
+                let ids = g.input_ids().map_err(JobError::Refused)?;
+                let (folded, spans) = fold_spans(g, &ids).map_err(JobError::Refused)?;
+                if self.tokens.is_empty() {
+                    tokens = folded;
+                }
+                spans
+            }
+            _ => Vec::new(),
         };
         let n = tokens.len();
         let restoring = self.load_state.is_some();
@@ -80,9 +181,18 @@ impl ForwardJob {
         }
         let prefill = match (self.prefill, &golden) {
             (Some(p), _) => p,
-            (None, Some(g)) => g.prefill().map_err(JobError::Refused)?.ok_or_else(|| {
-                refused("the golden does not state its prefill length; give it".into())
-            })?,
+            (None, Some(g)) => {
+                let p = g.prefill().map_err(JobError::Refused)?.ok_or_else(|| {
+                    refused("the golden does not state its prefill length; give it".into())
+                })?;
+                // The golden counts expanded positions; here a span counts as its marker.
+                let folded: usize = golden_spans
+                    .iter()
+                    .filter(|&&(start, _)| start < p)
+                    .map(|&(_, len)| len - 1)
+                    .sum();
+                p.saturating_sub(folded)
+            }
             (None, None) if restoring => 0,
             (None, None) => n,
         };
@@ -94,6 +204,10 @@ impl ForwardJob {
 
         let model = Model::open_with_token_map(&self.model, self.token_map.clone())
             .map_err(JobError::Refused)?;
+        let (tokens, images, prefill) = self
+            .place_images(&model, &tokens, prefill)
+            .map_err(JobError::Refused)?;
+        let n = tokens.len();
         let sub_ops = self.sub_ops || golden.is_some();
         let mut trace = Trace::new(
             model.config(),
@@ -111,22 +225,18 @@ impl ForwardJob {
         let chunks = std::iter::once(&tokens[..prefill])
             .filter(|c| !c.is_empty())
             .chain(tokens[prefill..].chunks(1));
-        match &golden {
-            Some(g) => {
-                let forcing = Forcing::from_golden(g, model.config()).map_err(JobError::Refused)?;
-                for chunk in chunks {
-                    session
-                        .replay(chunk, &forcing, &mut trace)
-                        .map_err(JobError::Failed)?;
-                }
+        let forcing = match &golden {
+            Some(g) => Some(Forcing::from_golden(g, model.config()).map_err(JobError::Refused)?),
+            None => None,
+        };
+        for (i, chunk) in chunks.enumerate() {
+            // Image spans lie in the first chunk (`place_images` made sure of it).
+            let images: &[ImageInput] = if i == 0 { &images } else { &[] };
+            match &forcing {
+                Some(f) => session.replay_with_images(chunk, images, f, &mut trace),
+                None => session.prefill_with_images(chunk, images, &mut trace),
             }
-            None => {
-                for chunk in chunks {
-                    session
-                        .prefill(chunk, &mut trace)
-                        .map_err(JobError::Failed)?;
-                }
-            }
+            .map_err(JobError::Failed)?;
         }
 
         let m = &mut trace.metadata;
@@ -161,6 +271,9 @@ impl ForwardJob {
         );
         if !self.options.defects.is_empty() {
             put("defects", self.options.defects.to_string());
+        }
+        if !images.is_empty() {
+            put("images", images.len().to_string());
         }
         if let Some(p) = &self.load_state {
             put("loaded_state", p.display().to_string());

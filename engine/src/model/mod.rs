@@ -23,6 +23,7 @@ pub mod dspark;
 pub mod engram;
 pub mod handoff;
 pub mod hyper_connection;
+pub mod image_span;
 pub mod indexer;
 pub mod job;
 pub mod linear;
@@ -54,7 +55,7 @@ pub use cache::state::{CompressedState, LayerState, SessionState};
 pub use defects::{Defect, DefectSet};
 pub use engram::{Engram, EngramHasher, TokenMap};
 pub use handoff::{Handoff, IndexK};
-pub use job::{ForwardJob, JobError, JobOutput};
+pub use job::{ForwardJob, ImageSource, JobError, JobOutput};
 pub use linear::{Linear, LinearKind};
 pub use numerics::Numerics;
 pub use replay::Forcing;
@@ -132,6 +133,9 @@ pub struct LayerCtx<'a> {
     pub index_k: IndexK,
     pub defects: &'a DefectSet,
     pub rope: &'a Rope,
+    /// Per row of the chunk, whether it lies in an image span (routes with `gate.bias_vl`);
+    /// empty for text-only chunks.
+    pub image_rows: &'a [bool],
 }
 
 /// The loaded model: config, per-layer modules (weights stay in the checkpoint's mmap).

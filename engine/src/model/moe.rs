@@ -103,6 +103,9 @@ poolable!(Route => ROUTES);
 pub struct Moe {
     gate: Linear,
     bias: Vec<f32>,
+    /// `gate.bias_vl`: the selection bias of image positions (present when the checkpoint
+    /// has a vision tower, `routing_bias_vl`).
+    bias_vl: Option<Vec<f32>>,
     experts: Vec<Expert>,
     shared: Expert,
     n_routed: usize,
@@ -129,6 +132,16 @@ impl Moe {
             bias.len(),
             n_routed,
         )?;
+        // Only image positions read it: a checkpoint without it runs text as before and
+        // refuses images at routing time.
+        let name = format!("{p}gate.bias_vl");
+        let bias_vl = if cfg.routing_bias_vl && ckpt.contains(&name) {
+            let v = ckpt.tensor_f32(&name)?;
+            super::expect_len(ckpt.as_ref(), &name, v.len(), n_routed)?;
+            Some(v)
+        } else {
+            None
+        };
         let experts = (0..n_routed)
             .map(|e| {
                 Expert::load(
@@ -142,6 +155,7 @@ impl Moe {
         Ok(Moe {
             gate: Linear::load(ckpt, &format!("{p}gate.weight"), LinearKind::F32)?,
             bias,
+            bias_vl,
             experts,
             shared: Expert::load(
                 ckpt,
@@ -158,24 +172,44 @@ impl Moe {
         })
     }
 
-    /// Route every row of `v` ([rows, dim], text positions: `gate.bias`).
+    /// Route every row of `v` ([rows, dim]): text positions select with `gate.bias`, rows
+    /// flagged in `image_rows` (empty: none) with `gate.bias_vl` (MODEL.md §6.5, §10.2).
     pub fn route(
         &self,
         v: &[f32],
         rows: usize,
+        image_rows: &[bool],
         numerics: Numerics,
         defects: &DefectSet,
     ) -> Result<PoolVec<Route>> {
+        let image_bias = if defects.has(Defect::GateBiasForImage) {
+            &self.bias
+        } else {
+            match &self.bias_vl {
+                Some(b) => b,
+                None if image_rows.iter().any(|&i| i) => {
+                    return Err(crate::Error::Model(
+                        "image positions need `gate.bias_vl`, which this checkpoint lacks".into(),
+                    ))
+                }
+                None => &self.bias,
+            }
+        };
         let mut logits = PoolVec::filled(rows * self.n_routed, 0.0f32);
         self.gate.forward(v, rows, &mut logits, numerics)?;
         let ties_reversed =
             defects.has(Defect::TopkTiesReversed) || defects.has(Defect::GateTiesReversed);
         logits
             .chunks_exact(self.n_routed)
-            .map(|l| {
+            .enumerate()
+            .map(|(t, l)| {
                 let scores: PoolVec<f32> = l.iter().map(|&x| softplus(x).sqrt()).collect();
-                let keys: PoolVec<f32> =
-                    scores.iter().zip(&self.bias).map(|(s, b)| s + b).collect();
+                let bias = if image_rows.get(t).copied().unwrap_or(false) {
+                    image_bias
+                } else {
+                    &self.bias
+                };
+                let keys: PoolVec<f32> = scores.iter().zip(bias).map(|(s, b)| s + b).collect();
                 let Selection {
                     indices: experts,
                     margin,

@@ -3,14 +3,31 @@
 
 use super::block::BlockOutput;
 use super::handoff::Handoff;
+use super::image_span::EncodedImage;
 use super::pool::PoolVec;
 use super::session::Observer;
 use super::Chunk;
 use crate::trace::Trace;
+use crate::vision::TokenType;
 
 impl Observer for Trace {
     fn begin_chunk(&mut self, _chunk: Chunk, tokens: &[u32]) {
         self.chunk_row = Trace::begin_chunk(self, tokens);
+    }
+
+    fn token_types(&mut self, _chunk: Chunk, types: &[TokenType]) {
+        if self.enabled() {
+            let o = self.chunk_row;
+            for (slot, t) in self.token_types[o..o + types.len()].iter_mut().zip(types) {
+                *slot = t.code();
+            }
+        }
+    }
+
+    fn image_encoded(&mut self, _image: usize, encoded: &EncodedImage) {
+        if self.enabled() {
+            self.images.push(encoded.clone());
+        }
     }
 
     fn engram_hashes(&mut self, hashes: &[i64]) {

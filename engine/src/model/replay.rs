@@ -6,11 +6,13 @@
 
 use super::block::BlockOutput;
 use super::handoff::Handoff;
+use super::image_span::EncodedImage;
 use super::pool::PoolVec;
 use super::session::{Observer, Session};
 use super::Chunk;
 use crate::config::Config;
 use crate::trace::TraceFile;
+use crate::vision::{ImageInput, TokenType};
 use crate::{Error, Result};
 
 /// The golden tensors a replay forces.
@@ -77,6 +79,19 @@ impl Session<'_> {
         forcing: &Forcing,
         observer: &mut dyn Observer,
     ) -> Result<()> {
+        self.replay_with_images(tokens, &[], forcing, observer)
+    }
+
+    /// [`Session::replay`] of a chunk with image spans (as [`Session::prefill_with_images`]):
+    /// the images are encoded and merged as in a forward; the blocks then run on the golden's
+    /// inputs.
+    pub fn replay_with_images(
+        &mut self,
+        tokens: &[u32],
+        images: &[ImageInput],
+        forcing: &Forcing,
+        observer: &mut dyn Observer,
+    ) -> Result<()> {
         let cfg = &self.model.cfg;
         if self.position() + tokens.len() > forcing.tokens(cfg) {
             return Err(Error::Model("replay runs past the golden's tokens".into()));
@@ -86,7 +101,7 @@ impl Session<'_> {
             cfg,
             inner: observer,
         };
-        self.forward(tokens, &mut replay)
+        self.forward_chunk(tokens, images, &mut replay)
     }
 }
 
@@ -112,6 +127,14 @@ impl Replay<'_, '_> {
 impl Observer for Replay<'_, '_> {
     fn begin_chunk(&mut self, chunk: Chunk, tokens: &[u32]) {
         self.inner.begin_chunk(chunk, tokens);
+    }
+
+    fn token_types(&mut self, chunk: Chunk, types: &[TokenType]) {
+        self.inner.token_types(chunk, types);
+    }
+
+    fn image_encoded(&mut self, image: usize, encoded: &EncodedImage) {
+        self.inner.image_encoded(image, encoded);
     }
 
     fn engram_hashes(&mut self, hashes: &[i64]) {

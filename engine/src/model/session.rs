@@ -8,9 +8,12 @@ use super::cache::state::{CompressedState, SessionState};
 use super::defects::Defect;
 use super::handoff::{Handoff, IndexK};
 use super::hyper_connection;
+use super::image_span::{EncodedImage, ImageEncoder};
 use super::pool::PoolVec;
 use super::rope::Rope;
 use super::{Chunk, LayerCtx, Model, Options};
+use crate::vision::span::sequence_types;
+use crate::vision::{ImageInput, TokenType};
 use crate::{Error, Result};
 
 /// Watches a forward pass. At the block boundaries it may also substitute the stream the
@@ -20,6 +23,11 @@ use crate::{Error, Result};
 pub trait Observer {
     /// A chunk of `tokens` starts.
     fn begin_chunk(&mut self, chunk: Chunk, tokens: &[u32]) {}
+    /// The token type of every row of a chunk that holds image spans (not called for
+    /// text-only chunks).
+    fn token_types(&mut self, chunk: Chunk, types: &[TokenType]) {}
+    /// Image number `image` of the chunk went through the tower and aligner and was merged.
+    fn image_encoded(&mut self, image: usize, encoded: &EncodedImage) {}
     /// The chunk's Engram hash ids, [rows, Engram layers, columns] (§6.6.1).
     fn engram_hashes(&mut self, hashes: &[i64]) {}
     /// The stream entering layer `layer` before its Engram step (if it has one), [rows, hc,
@@ -62,6 +70,10 @@ pub struct Session<'m> {
     /// DSpark `main_hidden` of the last forward's rows, [rows, targets · dim] (empty without
     /// DSpark stages).
     main_hidden: Vec<f32>,
+    /// The vision tower and span delimiters, read at the first image.
+    image_encoder: Option<ImageEncoder>,
+    /// Per row of the chunk being run, whether it lies in an image span (empty: text only).
+    image_rows: Vec<bool>,
 }
 
 impl<'m> Session<'m> {
@@ -89,6 +101,8 @@ impl<'m> Session<'m> {
             state: SessionState::new(cfg),
             logits: Vec::new(),
             main_hidden: Vec::new(),
+            image_encoder: None,
+            image_rows: Vec::new(),
             options,
         }
     }
@@ -163,6 +177,22 @@ impl<'m> Session<'m> {
         self.forward(tokens, observer)
     }
 
+    /// Prefill `tokens` at position 0 with image spans in them (MODEL.md §6.1): each image's
+    /// span (`ImageInput::span`) must hold `image_token_id` at every position; use
+    /// [`crate::vision::expand_markers`] to build both from a prompt with one marker per
+    /// image. Spans must lie in the first chunk: at a later position this is refused.
+    pub fn prefill_with_images(
+        &mut self,
+        tokens: &[u32],
+        images: &[ImageInput],
+        observer: &mut dyn Observer,
+    ) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(Error::Model("prefill of zero tokens".into()));
+        }
+        self.forward_chunk(tokens, images, observer)
+    }
+
     /// One decode step.
     pub fn decode(&mut self, token: u32, observer: &mut dyn Observer) -> Result<()> {
         self.forward(&[token], observer)
@@ -186,12 +216,55 @@ impl<'m> Session<'m> {
             index_k: self.index_k,
             defects: &self.options.defects,
             rope: &self.ropes[layer],
+            image_rows: &self.image_rows,
         };
         model.blocks[layer].forward(&ctx, chunk, x, pre, &mut self.state, handoff)
     }
 
     /// One forward over `tokens` (same chunk semantics as [`Session::prefill`]).
     pub(super) fn forward(&mut self, tokens: &[u32], observer: &mut dyn Observer) -> Result<()> {
+        self.forward_chunk(tokens, &[], observer)
+    }
+
+    /// The token types of a chunk with `images` (MODEL.md §6.1 step 1), after checking that
+    /// the model has a vision tower and that the spans may be placed here.
+    fn image_types(
+        &mut self,
+        chunk: Chunk,
+        tokens: &[u32],
+        images: &[ImageInput],
+    ) -> Result<Vec<TokenType>> {
+        let cfg = &self.model.cfg;
+        let image_token = match (cfg.image_token_id, &cfg.vision) {
+            (Some(id), Some(v)) if v.n_layers > 0 => id,
+            _ => {
+                return Err(Error::Model(
+                    "the model has no vision tower (vision_config absent or 0 layers) but \
+                     images were given"
+                        .into(),
+                ))
+            }
+        };
+        if chunk.start != 0 {
+            return Err(Error::Model(format!(
+                "image spans must lie in the first prefill chunk (position 0); this chunk \
+                 starts at position {}",
+                chunk.start
+            )));
+        }
+        if self.image_encoder.is_none() {
+            self.image_encoder = Some(ImageEncoder::load(self.model, self.options.numerics)?);
+        }
+        sequence_types(tokens, image_token, images)
+    }
+
+    /// One forward over `tokens` with image spans (`images` empty: text only).
+    pub(super) fn forward_chunk(
+        &mut self,
+        tokens: &[u32],
+        images: &[ImageInput],
+        observer: &mut dyn Observer,
+    ) -> Result<()> {
         let model = self.model;
         let cfg = &model.cfg;
         let (hc, d) = (cfg.hc_mult, cfg.dim);
@@ -207,7 +280,25 @@ impl<'m> Session<'m> {
                 cfg.vocab_size
             )));
         }
+        let types = if images.is_empty() {
+            Vec::new()
+        } else {
+            self.image_types(chunk, tokens, images)?
+        };
+        self.image_rows.clear();
+        self.image_rows.extend(types.iter().map(|t| t.in_image()));
+        // §6.6: image positions are DEAD in the Engram history and get Engram gate 0.
+        let engram_dead: &[bool] = if self.options.defects.has(Defect::EngramImageNotDead) {
+            &[]
+        } else {
+            &self.image_rows
+        };
+        let engram_dead = engram_dead.to_vec();
+        let dead = |r: usize| engram_dead.get(r).copied().unwrap_or(false);
         observer.begin_chunk(chunk, tokens);
+        if !types.is_empty() {
+            observer.token_types(chunk, &types);
+        }
         let numerics = self.options.numerics;
 
         // §6.6.1 Engram hash ids for every row and Engram layer.
@@ -215,8 +306,13 @@ impl<'m> Session<'m> {
         let n_eng = model.engrams.len();
         let mut hashes = PoolVec::filled(rows * n_eng * cols, 0i64);
         if let Some(h) = &model.hasher {
-            for &t in tokens {
-                self.state.engram_history.push(h.compressed_id(t)?);
+            for (r, &t) in tokens.iter().enumerate() {
+                let entry = if dead(r) {
+                    super::engram::DEAD
+                } else {
+                    h.compressed_id(t)?
+                };
+                self.state.engram_history.push(entry);
             }
             for r in 0..rows {
                 for li in 0..n_eng {
@@ -233,11 +329,23 @@ impl<'m> Session<'m> {
         } else {
             self.state
                 .engram_history
-                .extend(tokens.iter().map(|&t| t as i64));
+                .extend(tokens.iter().enumerate().map(|(r, &t)| {
+                    if dead(r) {
+                        super::engram::DEAD
+                    } else {
+                        t as i64
+                    }
+                }));
         }
         observer.engram_hashes(&hashes);
 
         let (mut x, mut pre) = embed_expanded(model, tokens, numerics)?;
+        if let Some(encoder) = self.image_encoder.as_ref().filter(|_| !images.is_empty()) {
+            let encoded = encoder.merge(images, &types, &mut x, hc, numerics)?;
+            for (i, e) in encoded.iter().enumerate() {
+                observer.image_encoded(i, e);
+            }
+        }
 
         let targets: &[usize] = match &model.dspark {
             Some(ds) => &ds.cfg.target_layer_ids,
@@ -258,6 +366,7 @@ impl<'m> Session<'m> {
                     &mut x,
                     &ids,
                     rows,
+                    &engram_dead,
                     numerics,
                 )?;
                 observer.engram_gates(li, &gates);
@@ -292,6 +401,7 @@ impl<'m> Session<'m> {
         self.logits.resize(cfg.vocab_size, 0.0);
         model.head.forward(&h, 1, &mut self.logits, numerics)?;
         self.state.position += rows;
+        self.image_rows.clear();
         observer.logits(chunk.start + last, &self.logits);
         Ok(())
     }

@@ -5,17 +5,20 @@
 //! * [`grid`] — the pixel size and token grid of an image (upscale, multiples of 14, shrink);
 //! * [`resample`] — Pillow's fixed-point BICUBIC resize;
 //! * [`preprocess`] — `ImageOps.pad` on grey, bf16 normalisation, patches;
-//! * [`tower`] — the ViT and the aligner (upstream numerics, to rounding).
+//! * [`tower`] — the ViT and the aligner (upstream numerics, to rounding);
+//! * [`span`] — an image's token span in the language model, and prompts with image markers.
 
 pub mod decode;
 pub mod grid;
 pub mod preprocess;
 pub mod resample;
+pub mod span;
 pub mod tower;
 
 pub use grid::{plan_image_grid, GridPlan};
 pub use preprocess::{load_image, preprocess_bytes, preprocess_rgb, ImagePatches};
 pub use resample::RgbImage;
+pub use span::{expand_markers, span_types, ImageInput, TokenType};
 
 use std::path::Path;
 

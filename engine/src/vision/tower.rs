@@ -67,9 +67,11 @@ pub struct VisionTower {
     pub aligner_w2: VisionLinear,
 }
 
-/// The tower's outputs: each block's output `[n, dim]`, the final norm's, the aligner's
-/// `[cells, llm_dim]`.
+/// The tower's outputs: the patch embedding and each block's output `[n, dim]`, the final
+/// norm's, the aligner's `[cells, llm_dim]`.
+#[derive(Debug, Clone)]
 pub struct TowerOutput {
+    pub embed: Vec<f32>,
     pub blocks: Vec<Vec<f32>>,
     pub vit: Vec<f32>,
     pub aligner: Vec<f32>,
@@ -299,7 +301,8 @@ impl VisionTower {
         }
         let (n_h, n_w) = image.vit_grid();
         let patches: Vec<f32> = image.patches.iter().map(|v| v.to_f32()).collect();
-        let mut x = self.embed(&patches);
+        let embed = self.embed(&patches);
+        let mut x = embed.clone();
         let (cos, sin) = self.rope_tables(n_h, n_w);
         let mut blocks = Vec::with_capacity(self.blocks.len());
         for block in &self.blocks {
@@ -309,6 +312,7 @@ impl VisionTower {
         let vit = self.final_norm(&x);
         let aligner = self.align(&vit, n_h, n_w);
         Ok(TowerOutput {
+            embed,
             blocks,
             vit,
             aligner,

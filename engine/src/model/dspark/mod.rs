@@ -392,6 +392,7 @@ fn layer_ctx<'a>(model: &'a Model, options: &'a Options, rope: &'a Rope) -> Laye
         index_k: IndexK::AsShipped,
         defects: &options.defects,
         rope,
+        image_rows: &[],
     }
 }
 
