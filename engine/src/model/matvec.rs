@@ -154,14 +154,7 @@ impl MatVec<'_> {
     #[inline(always)]
     fn task_c2_single(&self, init: f64, first: usize, out: &mut [f32], level: Level) -> Result<()> {
         let nw = out.len();
-        let mut row_buf = take(&WEIGHT_SCRATCH, 0, 0.0);
-        if let Source::Rows { ckpt, name } = self.source {
-            row_buf.resize(nw * self.n_in, 0.0);
-            if let Err(e) = ckpt.rows_f32(name, self.w_first + first, &mut row_buf) {
-                put(&WEIGHT_SCRATCH, row_buf);
-                return Err(e);
-            }
-        }
+        let row_buf = self.read_rows(first, nw)?;
         let r0 = self.w_first + first;
         let x = &self.x[self.x_off..][..self.n_in];
         let mut acc = [init; DECODE_TILE];
@@ -198,11 +191,9 @@ impl MatVec<'_> {
         Ok(())
     }
 
-    /// Outputs `first .. first + out.len() / rows` for at most [`TILE`] weight rows.
-    #[inline(always)]
-    fn task_tile(&self, first: usize, out: &mut [f32], level: Level) -> Result<()> {
-        let rows = self.rows;
-        let nw = out.len() / rows;
+    /// This thread's weight scratch, holding weight rows `first .. first + nw` when the
+    /// source is read with `rows_f32` (empty otherwise); given back with `put`.
+    fn read_rows(&self, first: usize, nw: usize) -> Result<Vec<f32>> {
         let mut row_buf = take(&WEIGHT_SCRATCH, 0, 0.0);
         if let Source::Rows { ckpt, name } = self.source {
             row_buf.resize(nw * self.n_in, 0.0);
@@ -211,6 +202,15 @@ impl MatVec<'_> {
                 return Err(e);
             }
         }
+        Ok(row_buf)
+    }
+
+    /// Outputs `first .. first + out.len() / rows` for at most [`TILE`] weight rows.
+    #[inline(always)]
+    fn task_tile(&self, first: usize, out: &mut [f32], level: Level) -> Result<()> {
+        let rows = self.rows;
+        let nw = out.len() / rows;
+        let row_buf = self.read_rows(first, nw)?;
         // Rows ≥ nw of a short last task stay zero and are never written out.
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         let r0 = self.w_first + first;
@@ -518,7 +518,7 @@ fn decode_row_block(
                     }
                 } else {
                     let value = |n: u8| f32::from(i8::try_from(n & 0xF).expect("nibble") - 8) * s;
-                    if c0 % 2 == 0 && (end - k) % 2 == 0 {
+                    if c0.is_multiple_of(2) && (end - k).is_multiple_of(2) {
                         // Whole bytes: low nibble first.
                         for (j, &b) in data[c0 / 2..(k0 + end) / 2].iter().enumerate() {
                             put(k + 2 * j, value(b));

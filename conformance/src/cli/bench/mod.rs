@@ -7,9 +7,10 @@
 //!   bandwidth measured in the same run, and the multiply-adds one prefill token needs over
 //!   the measured multiply-add rate (`machine`); `--json` prints all of it as one object.
 //! * `--kernels`: the canonical linear kernels (MODEL.md §5.4 C1/C2) at release width
-//!   (5120 × 5120), on an in-memory FP8 weight (e4m3 codes + 32x32 E8M0 scales, read through
-//!   `weight_view` as from a mapped checkpoint), with 1 row (decode) and `--rows` rows
-//!   (prefill). Needs no checkpoint.
+//!   (5120 × 5120, or `--width`), on an in-memory FP8 weight (e4m3 codes + 32x32 E8M0
+//!   scales, read through `weight_view` as from a mapped checkpoint), with 1 row (decode) and
+//!   `--rows` rows (prefill). Needs no checkpoint. A small width (e.g. 128) times many calls
+//!   per repetition and shows a small model's per-call costs.
 //!
 //! Numbers are wall-clock on this machine with the current rayon pool (`RAYON_NUM_THREADS`),
 //! plus the CPU time of all threads (on a shared machine the wall clock includes waiting).
@@ -350,7 +351,7 @@ fn cpu_seconds() -> f64 {
 /// Time the linear kernels at release width on an in-memory FP8 weight.
 fn kernels(args: &Args, numerics: Numerics) -> anyhow::Result<i32> {
     let d = args.width;
-    if d == 0 || d % 32 != 0 {
+    if d == 0 || !d.is_multiple_of(32) {
         bail!("--width must be a positive multiple of 32, found {d}");
     }
     let ckpt: Arc<dyn Checkpoint> = Arc::new(MemWeights::fp8_random(d, d)?);
