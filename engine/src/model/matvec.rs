@@ -38,6 +38,10 @@ type WeightBlock = [[f64; TILE]; BLOCK];
 /// hide the fused multiply-add's latency with four-lane vectors.
 pub(crate) const DECODE_TILE: usize = 32;
 
+/// Weights up to which a decode call runs [`DECODE_TILE`]-row tasks (a megabyte of FP8
+/// codes).
+const WIDE_TASK_WEIGHTS: usize = 1 << 20;
+
 /// [`WeightBlock`] for [`DECODE_TILE`] rows.
 type WideBlock = [[f64; DECODE_TILE]; BLOCK];
 
@@ -84,8 +88,14 @@ impl MatVec<'_> {
     pub fn run(&self, n_out: usize, y: &mut [f32], y_stride: usize, y_off: usize) -> Result<()> {
         let parallel = worth_parallel(n_out * self.n_in * self.rows);
         if self.rows == 1 {
-            // Decode: each task owns a contiguous slice of y.
-            let size = DECODE_TILE;
+            // Decode: each task owns a contiguous slice of y. Wide tasks for a weight that
+            // stays in cache; from a larger one, streamed from memory, tasks of TILE rows
+            // measured twice as fast (fewer rows walked at once).
+            let size = if n_out * self.n_in <= WIDE_TASK_WEIGHTS {
+                DECODE_TILE
+            } else {
+                TILE
+            };
             let ys = &mut y[y_off..y_off + n_out];
             return try_for_each_chunk(ys, size, parallel, |t, ych| self.task(t * size, ych));
         }
@@ -132,16 +142,23 @@ impl MatVec<'_> {
             if let (Rule::C2 { init }, true) = (self.rule, out.len() > TILE) {
                 return self.task_c2_single(init, first, out, level);
             }
-            if let (Rule::C1, Source::View(WeightView::Quant(view))) = (self.rule, &self.source) {
+            if let Source::View(WeightView::Quant(view)) = &self.source {
                 for (t, o) in out.chunks_mut(TILE).enumerate() {
-                    self.task_single(*view, first + t * TILE, o, level);
+                    match self.rule {
+                        Rule::C1 => self.task_single(*view, first + t * TILE, o, level),
+                        Rule::C2 { init } => {
+                            self.task_single_c2(*view, init, first + t * TILE, o, level)
+                        }
+                    }
                 }
                 return Ok(());
             }
-            return out
-                .chunks_mut(TILE)
-                .enumerate()
-                .try_for_each(|(t, o)| self.task_tile(first + t * TILE, o, level));
+            // A loop, not a closure: a closure's body is compiled without this function's
+            // target features, and its multiply-adds would become calls to a software fma.
+            for (t, o) in out.chunks_mut(TILE).enumerate() {
+                self.task_tile(first + t * TILE, o, level)?;
+            }
+            return Ok(());
         }
         self.task_tile(first, out, level)
     }
@@ -327,6 +344,48 @@ impl MatVec<'_> {
                 acc += generic(full * BLOCK) as f32;
             }
             *o = if self.round_out { bf16(acc) } else { acc };
+        }
+    }
+
+    /// Rule C2 for one input row over at most [`TILE`] rows of release FP8/FP4 bytes (a
+    /// weight too large for [`DECODE_TILE`]-row tasks): the rows advance their f64 chains
+    /// together in increasing k, each weight `code · scale` (exact in f32 and f64 alike)
+    /// from a table inside the loop. A block whose scale could overflow f32, a partial block
+    /// or a short tile takes the generic block decode, with the same result.
+    #[inline(always)]
+    fn task_single_c2(&self, v: QuantView, init: f64, first: usize, out: &mut [f32], level: Level) {
+        let nw = out.len();
+        let r0 = self.w_first + first;
+        let x = &self.x[self.x_off..][..self.n_in];
+        let fp4 = v.kind == QuantKind::Fp4;
+        let row_bytes = if fp4 { v.cols / 2 } else { v.cols };
+        let safe = |r: usize, k0: usize| {
+            self.n_in - k0 >= BLOCK && v.scales[scale_at(&v, r, k0)] <= SAFE_SCALE_BYTE
+        };
+        let scale = |r: usize, k0: usize| f64::from(e8m0_to_f32(v.scales[scale_at(&v, r, k0)]));
+        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        let mut acc = [init; TILE];
+        for k0 in (0..self.n_in).step_by(BLOCK) {
+            let len = BLOCK.min(self.n_in - k0);
+            if nw == TILE && (0..TILE).all(|i| safe(r0 + i, k0)) {
+                let s: [f64; TILE] = std::array::from_fn(|i| scale(r0 + i, k0));
+                let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+                let base = &v.codes[r0 * row_bytes..][..TILE * row_bytes];
+                if fp4 {
+                    fp4_block_c2(&mut acc, xb, base, row_bytes, k0 / 2, &s, level);
+                } else {
+                    fp8_block_c2(&mut acc, xb, base, row_bytes, k0, &s, level);
+                }
+            } else {
+                self.decode(&[], r0, nw, k0, len, &mut w, level);
+                let mut chains = [acc];
+                dot_rows(&mut chains, [&x[k0..k0 + len]], &w, level);
+                acc = chains[0];
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            let v = a as f32;
+            *o = if self.round_out { bf16(v) } else { v };
         }
     }
 
@@ -576,6 +635,52 @@ fn fp4_block_sum(x: &[f64; BLOCK], codes: &[u8; BLOCK / 2]) -> f64 {
         p[3] += xq[3] * d;
     }
     (p[0] + p[1]) + (p[2] + p[3])
+}
+
+/// C2 over one full block of FP8 codes for TILE consecutive rows (`base` starts at the
+/// first row, rows `stride` bytes apart): `acc[i] += x[k] · (code · s[i])`, k increasing.
+#[inline(always)]
+fn fp8_block_c2(
+    acc: &mut [f64; TILE],
+    x: &[f64; BLOCK],
+    base: &[u8],
+    stride: usize,
+    at: usize,
+    s: &[f64; TILE],
+    level: Level,
+) {
+    let rows: [&[u8; BLOCK]; TILE] =
+        std::array::from_fn(|i| base[i * stride + at..][..BLOCK].try_into().expect("block"));
+    for (k, &xk) in x.iter().enumerate() {
+        for i in 0..TILE {
+            acc[i] = madd(level, acc[i], xk, E4M3_F64[usize::from(rows[i][k])] * s[i]);
+        }
+    }
+}
+
+/// [`fp8_block_c2`] for packed FP4.
+#[inline(always)]
+fn fp4_block_c2(
+    acc: &mut [f64; TILE],
+    x: &[f64; BLOCK],
+    base: &[u8],
+    stride: usize,
+    at: usize,
+    s: &[f64; TILE],
+    level: Level,
+) {
+    let rows: [&[u8; BLOCK / 2]; TILE] = std::array::from_fn(|i| {
+        base[i * stride + at..][..BLOCK / 2]
+            .try_into()
+            .expect("half block")
+    });
+    for (j, xp) in x.chunks_exact(2).enumerate() {
+        for i in 0..TILE {
+            let [lo, hi] = E2M1_PAIR_F64[usize::from(rows[i][j])];
+            acc[i] = madd(level, acc[i], xp[0], lo * s[i]);
+            acc[i] = madd(level, acc[i], xp[1], hi * s[i]);
+        }
+    }
 }
 
 /// Input rows whose chains [`dot_rows`] advances together in a prefill: independent chains,
