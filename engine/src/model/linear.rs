@@ -867,7 +867,7 @@ pub(crate) mod tests {
         use crate::checkpoint::{DenseDtype, QuantKind};
         let mut rng = Rng::new(11);
         // 45 rows: one decode task and a short one; 77: two full 32-row tasks, then 8 + 5;
-        // 1031 x 1024: 32 wide tasks and a last one of 7 rows (taken TILE rows at a time).
+        // 1031 x 1024: past `WIDE_TASK_WEIGHTS` in matvec, tasks of TILE rows, a short last one.
         for (out, inp) in [(45, 96), (77, 160), (1031, 1024)] {
             let w8 = random_fp8(out, inp, &mut rng);
             let w4 = random_fp4(out, inp, &mut rng);
