@@ -5,7 +5,10 @@
 //! checkpoint bytes ([`WeightView`]: e4m3 / e2m1 lookup tables times the block's E8M0 scale,
 //! bf16 / f16 / f32 rows, container Q8G / Q4G groups) into a small stack array, then every
 //! input row is run over it. No f32 copy of the weight rows is made per call, and in a
-//! prefill each block is decoded once for all rows.
+//! prefill each block is decoded once for all rows. A decode (one input row) under rule C2
+//! on a weight that stays in cache takes [`DECODE_TILE`] rows per task instead, enough
+//! independent chains for the vector units; full FP8/FP4 blocks are decoded eight rows at a
+//! time by the AVX2 decoders of [`simd`].
 //!
 //! The decoded values are exactly the values `Checkpoint::rows_f32` returns (same f32
 //! products), widened to f64, and every output is the same sequence of f64 operations as a
