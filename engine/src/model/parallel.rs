@@ -16,14 +16,7 @@ pub(crate) const MIN_PARALLEL_WORK: usize = 1 << 18;
 
 /// Is a loop of about `work` multiply-adds worth the pool?
 pub(crate) fn worth_parallel(work: usize) -> bool {
-    static T: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let min = *T.get_or_init(|| {
-        std::env::var("DS41_MIN_PAR")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(MIN_PARALLEL_WORK)
-    });
-    work >= min && rayon::current_num_threads() > 1
+    work >= MIN_PARALLEL_WORK && rayon::current_num_threads() > 1
 }
 
 /// `task(index, chunk)` over the `size`-element chunks of `out`, on the pool when `parallel`,
