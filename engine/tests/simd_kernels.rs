@@ -16,6 +16,10 @@ fn main() {
             "each_e4m3_code_and_e2m1_nibble_alone_gives_its_value",
             x86::single_codes,
         ),
+        Trial::test(
+            "vector_block_decoders_equal_the_tables_on_every_code",
+            x86::tile_decoders,
+        ),
     ];
     let missing = x86::missing();
     let trials = trials
@@ -40,11 +44,14 @@ mod x86 {
     pub fn single_codes() -> Result<(), Failed> {
         Ok(())
     }
+    pub fn tile_decoders() -> Result<(), Failed> {
+        Ok(())
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use ds41_engine::dtype::{e2m1_pair, e4m3_to_f32};
+    use ds41_engine::dtype::{e2m1_pair, e4m3_to_f32, e8m0_to_f32};
     use ds41_engine::model::simd::{available, x86, Level};
     use libtest_mimic::Failed;
 
@@ -132,6 +139,77 @@ mod x86 {
                         return Err(
                             format!("nibble {code} at column {k}: {got}, want {want}").into()
                         );
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The block decoders (eight rows into columns of a column-major block) against the table
+    /// decoders, bit for bit: every code at every row and column across the seeds, scales
+    /// from 2^−127 to 2^100, both signed zeros (e2m1 code 8 is +0.0, e4m3 0x80 is −0.0: a
+    /// zero's sign can survive a chain), other columns untouched, NaN codes refused.
+    pub fn tile_decoders() -> Result<(), Failed> {
+        const W: usize = 24;
+        let mut state = 7u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        for seed in 0..256usize {
+            let scale_bytes: [u8; 8] = std::array::from_fn(|j| match (seed + j) % 4 {
+                0 => 0,
+                1 => 227,
+                _ => 100 + (next() % 40) as u8,
+            });
+            let s: [f64; 8] = scale_bytes.map(|b| f64::from(e8m0_to_f32(b)));
+            // Every code at every position over the seeds; NaN codes kept in one seed of four.
+            let fp8: [[u8; BLOCK]; 8] = std::array::from_fn(|j| {
+                std::array::from_fn(|k| {
+                    let c = (k * 8 + j * 37 + seed * 3) as u8;
+                    if c & 0x7F == 0x7F && seed % 4 != 0 {
+                        c ^ 1
+                    } else {
+                        c
+                    }
+                })
+            });
+            let fp4: [[u8; BLOCK / 2]; 8] = std::array::from_fn(|j| {
+                std::array::from_fn(|b| (b * 17 + j * 5 + seed * 11) as u8)
+            });
+            let col = (seed % 3) * 8;
+            let fresh = [[f64::NAN; W]; BLOCK];
+            let (mut got8, mut got4) = (fresh, fresh);
+            // SAFETY: `missing` found AVX2, FMA and F16C, or this trial is not run.
+            let done = unsafe {
+                x86::fp4_tile(std::array::from_fn(|j| &fp4[j]), &s, &mut got4, col);
+                x86::fp8_tile(std::array::from_fn(|j| &fp8[j]), &s, &mut got8, col)
+            };
+            let nan = fp8.iter().flatten().any(|c| c & 0x7F == 0x7F);
+            if done == nan {
+                return Err(format!("seed {seed}: NaN codes {nan}, decoded {done}").into());
+            }
+            for k in 0..BLOCK {
+                for i in 0..W {
+                    let (want8, want4) = match i.checked_sub(col).filter(|&j| j < 8) {
+                        Some(j) if !nan => (
+                            f64::from(e4m3_to_f32(fp8[j][k])) * s[j],
+                            f64::from(e2m1_pair(fp4[j][k / 2])[k % 2]) * s[j],
+                        ),
+                        Some(j) => (f64::NAN, f64::from(e2m1_pair(fp4[j][k / 2])[k % 2]) * s[j]),
+                        None => (f64::NAN, f64::NAN),
+                    };
+                    if got8[k][i].to_bits() != want8.to_bits()
+                        || got4[k][i].to_bits() != want4.to_bits()
+                    {
+                        return Err(format!(
+                            "seed {seed} column {k} row {i}: fp8 {} want {want8}, fp4 {} want {want4}",
+                            got8[k][i], got4[k][i]
+                        )
+                        .into());
                     }
                 }
             }

@@ -616,6 +616,8 @@ impl ContainerCheckpoint {
                 _ => 2 * self.config.moe_inter_dim,
             };
         let cb0 = bank.codebook_base + kind * stages;
+        // This kind's codebooks, looked up once rather than once per weight.
+        let books = &self.codebooks[cb0..cb0 + stages];
         let mut sel = [0usize; 8];
         for (i, row) in out.chunks_exact_mut(ncols).enumerate() {
             let r = first + i;
@@ -648,10 +650,25 @@ impl ContainerCheckpoint {
                     }
                 }
                 let dst = &mut row[v * vd..(v + 1) * vd];
+                if let Ok(dst) = <&mut [f32; 8]>::try_from(&mut *dst) {
+                    // The usual vector width: the same sums (stages in order from 0.0), with
+                    // the loops swapped so the eight elements add as one vector.
+                    let mut acc = [0.0f32; 8];
+                    for (book, &ix) in books.iter().zip(&sel[..stages]) {
+                        let entry: &[f32; 8] = book[ix * 8..][..8].try_into().expect("entry");
+                        for (a, e) in acc.iter_mut().zip(entry) {
+                            *a += e;
+                        }
+                    }
+                    for (o, a) in dst.iter_mut().zip(acc) {
+                        *o = s * a;
+                    }
+                    continue;
+                }
                 for (t, o) in dst.iter_mut().enumerate() {
                     let mut acc = 0.0f32;
-                    for (st, &ix) in sel[..stages].iter().enumerate() {
-                        acc += self.codebooks[cb0 + st][ix * vd + t];
+                    for (book, &ix) in books.iter().zip(&sel[..stages]) {
+                        acc += book[ix * vd + t];
                     }
                     *o = s * acc;
                 }

@@ -866,144 +866,147 @@ pub(crate) mod tests {
         use super::super::simd;
         use crate::checkpoint::{DenseDtype, QuantKind};
         let mut rng = Rng::new(11);
-        let (out, inp) = (45, 96);
-        let w8 = random_fp8(out, inp, &mut rng);
-        let w4 = random_fp4(out, inp, &mut rng);
-        let wb: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
-        let (q8, v8) = random_grouped(out, 40, 8, 16, &mut rng);
-        let (q4, v4) = random_grouped(out, 40, 4, 16, &mut rng);
-        let scale_bytes = |e: &[i32]| e.iter().map(|&x| (x + 127) as u8).collect::<Vec<u8>>();
-        let packed: Vec<u8> = w4.codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
-        let mut tensors = HashMap::new();
-        let mut views = HashMap::new();
-        let mut add = |name: &str, shape: Vec<usize>, st: Storage, vals: Vec<f32>, b| {
-            tensors.insert(name.to_string(), (shape, st, vals));
-            views.insert(name.to_string(), b);
-        };
-        add(
-            "fp8",
-            vec![out, inp],
-            Storage::Fp8Block,
-            w8.values.clone(),
-            StoredBytes::Quant {
-                kind: QuantKind::Fp8Block,
-                codes: w8.codes.clone(),
-                scales: scale_bytes(&w8.scale_exp),
-                scale_cols: inp / 32,
-            },
-        );
-        add(
-            "fp4",
-            vec![out, inp],
-            Storage::Fp4,
-            w4.values.clone(),
-            StoredBytes::Quant {
-                kind: QuantKind::Fp4,
-                codes: packed,
-                scales: scale_bytes(&w4.scale_exp),
-                scale_cols: inp / 32,
-            },
-        );
-        add(
-            "bf16",
-            vec![out, inp],
-            Storage::Bf16,
-            wb.clone(),
-            StoredBytes::Dense(
-                DenseDtype::Bf16,
-                wb.iter()
-                    .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
-                    .collect(),
-            ),
-        );
-        add(
-            "f32",
-            vec![out, inp],
-            Storage::F32,
-            wb.iter().map(|v| v * 1.000_1).collect(),
-            StoredBytes::Dense(
-                DenseDtype::F32,
-                wb.iter()
-                    .flat_map(|v| (v * 1.000_1).to_le_bytes())
-                    .collect(),
-            ),
-        );
-        // A block scale near the f32 limit (2^119) takes the generic block decode.
-        let mut big = random_fp8(out, inp, &mut rng);
-        big.scale_exp[1] = 119;
-        for n in 0..32 {
-            for k in 32..64 {
-                big.values[n * inp + k] = e4m3_value(big.codes[n * inp + k]) * 2f32.powi(119);
+        // 45 rows: one decode task and a short one; 77: two full 32-row tasks, then 8 + 5;
+        // 1031 x 1024: past `WIDE_TASK_WEIGHTS` in matvec, tasks of TILE rows, a short last one.
+        for (out, inp) in [(45, 96), (77, 160), (1031, 1024)] {
+            let w8 = random_fp8(out, inp, &mut rng);
+            let w4 = random_fp4(out, inp, &mut rng);
+            let wb: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
+            let (q8, v8) = random_grouped(out, 40, 8, 16, &mut rng);
+            let (q4, v4) = random_grouped(out, 40, 4, 16, &mut rng);
+            let scale_bytes = |e: &[i32]| e.iter().map(|&x| (x + 127) as u8).collect::<Vec<u8>>();
+            let packed: Vec<u8> = w4.codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
+            let mut tensors = HashMap::new();
+            let mut views = HashMap::new();
+            let mut add = |name: &str, shape: Vec<usize>, st: Storage, vals: Vec<f32>, b| {
+                tensors.insert(name.to_string(), (shape, st, vals));
+                views.insert(name.to_string(), b);
+            };
+            add(
+                "fp8",
+                vec![out, inp],
+                Storage::Fp8Block,
+                w8.values.clone(),
+                StoredBytes::Quant {
+                    kind: QuantKind::Fp8Block,
+                    codes: w8.codes.clone(),
+                    scales: scale_bytes(&w8.scale_exp),
+                    scale_cols: inp / 32,
+                },
+            );
+            add(
+                "fp4",
+                vec![out, inp],
+                Storage::Fp4,
+                w4.values.clone(),
+                StoredBytes::Quant {
+                    kind: QuantKind::Fp4,
+                    codes: packed,
+                    scales: scale_bytes(&w4.scale_exp),
+                    scale_cols: inp / 32,
+                },
+            );
+            add(
+                "bf16",
+                vec![out, inp],
+                Storage::Bf16,
+                wb.clone(),
+                StoredBytes::Dense(
+                    DenseDtype::Bf16,
+                    wb.iter()
+                        .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+                        .collect(),
+                ),
+            );
+            add(
+                "f32",
+                vec![out, inp],
+                Storage::F32,
+                wb.iter().map(|v| v * 1.000_1).collect(),
+                StoredBytes::Dense(
+                    DenseDtype::F32,
+                    wb.iter()
+                        .flat_map(|v| (v * 1.000_1).to_le_bytes())
+                        .collect(),
+                ),
+            );
+            // A block scale near the f32 limit (2^119) takes the generic block decode.
+            let mut big = random_fp8(out, inp, &mut rng);
+            big.scale_exp[1] = 119;
+            for n in 0..32 {
+                for k in 32..64 {
+                    big.values[n * inp + k] = e4m3_value(big.codes[n * inp + k]) * 2f32.powi(119);
+                }
             }
-        }
-        add(
-            "fp8big",
-            vec![out, inp],
-            Storage::Fp8Block,
-            big.values.clone(),
-            StoredBytes::Quant {
-                kind: QuantKind::Fp8Block,
-                codes: big.codes.clone(),
-                scales: scale_bytes(&big.scale_exp),
-                scale_cols: inp / 32,
-            },
-        );
-        add("q8", vec![out, 40], Storage::Q8G, v8, q8);
-        add("q4", vec![out, 40], Storage::Q4G, v4, q4);
-        let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
-            layout: Layout::Container,
-            tensors: tensors.clone(),
-        });
-        let view_ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
-            rows: MemCheckpoint {
+            add(
+                "fp8big",
+                vec![out, inp],
+                Storage::Fp8Block,
+                big.values.clone(),
+                StoredBytes::Quant {
+                    kind: QuantKind::Fp8Block,
+                    codes: big.codes.clone(),
+                    scales: scale_bytes(&big.scale_exp),
+                    scale_cols: inp / 32,
+                },
+            );
+            add("q8", vec![out, 40], Storage::Q8G, v8, q8);
+            add("q4", vec![out, 40], Storage::Q4G, v4, q4);
+            let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
                 layout: Layout::Container,
-                tensors,
-            },
-            views,
-        });
-        let cases = [
-            ("fp8", LinearKind::Fp8),
-            ("fp8", LinearKind::Bf16),
-            ("fp8big", LinearKind::Fp8),
-            ("fp8big", LinearKind::F32),
-            ("fp4", LinearKind::Fp4),
-            ("bf16", LinearKind::Bf16),
-            ("bf16", LinearKind::F32),
-            ("f32", LinearKind::F32),
-            ("q8", LinearKind::Bf16),
-            ("q4", LinearKind::F32),
-        ];
-        for (name, kind) in cases {
-            let by_rows = Linear::load(&rows_ckpt, name, kind).unwrap();
-            let by_view = Linear::load(&view_ckpt, name, kind).unwrap();
-            let n_in = by_rows.in_features();
-            for numerics in [Numerics::Upstream, Numerics::Exact] {
-                // 5 and 9 rows: a group of four input rows and a single one (module `matvec`).
-                for rows in [1usize, 5, 9] {
-                    let x = random_x(rows, n_in, &mut rng);
-                    let mut want = vec![0f32; rows * out];
-                    // The baseline copy of the row path against the vector copy (where the
-                    // CPU has one) of the stored-byte path.
-                    simd::force_portable(true);
-                    let r = by_rows.forward(&x, rows, &mut want, numerics);
-                    simd::force_portable(false);
-                    r.unwrap();
-                    for threads in [1, 2] {
-                        let pool = rayon::ThreadPoolBuilder::new()
-                            .num_threads(threads)
-                            .build()
-                            .unwrap();
-                        let mut got = vec![0f32; rows * out];
-                        pool.install(|| by_view.forward(&x, rows, &mut got, numerics))
-                            .unwrap();
-                        let same = got
-                            .iter()
-                            .zip(&want)
-                            .all(|(a, b)| a.to_bits() == b.to_bits());
-                        assert!(
-                            same,
-                            "{name} {kind:?} {numerics} rows {rows} threads {threads}"
-                        );
+                tensors: tensors.clone(),
+            });
+            let view_ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
+                rows: MemCheckpoint {
+                    layout: Layout::Container,
+                    tensors,
+                },
+                views,
+            });
+            let cases = [
+                ("fp8", LinearKind::Fp8),
+                ("fp8", LinearKind::Bf16),
+                ("fp8big", LinearKind::Fp8),
+                ("fp8big", LinearKind::F32),
+                ("fp4", LinearKind::Fp4),
+                ("bf16", LinearKind::Bf16),
+                ("bf16", LinearKind::F32),
+                ("f32", LinearKind::F32),
+                ("q8", LinearKind::Bf16),
+                ("q4", LinearKind::F32),
+            ];
+            for (name, kind) in cases {
+                let by_rows = Linear::load(&rows_ckpt, name, kind).unwrap();
+                let by_view = Linear::load(&view_ckpt, name, kind).unwrap();
+                let n_in = by_rows.in_features();
+                for numerics in [Numerics::Upstream, Numerics::Exact] {
+                    // 5 and 9 rows: a group of four input rows and a single one (module `matvec`).
+                    for rows in [1usize, 5, 9] {
+                        let x = random_x(rows, n_in, &mut rng);
+                        let mut want = vec![0f32; rows * out];
+                        // The baseline copy of the row path against the vector copy (where the
+                        // CPU has one) of the stored-byte path.
+                        simd::force_portable(true);
+                        let r = by_rows.forward(&x, rows, &mut want, numerics);
+                        simd::force_portable(false);
+                        r.unwrap();
+                        for threads in [1, 2] {
+                            let pool = rayon::ThreadPoolBuilder::new()
+                                .num_threads(threads)
+                                .build()
+                                .unwrap();
+                            let mut got = vec![0f32; rows * out];
+                            pool.install(|| by_view.forward(&x, rows, &mut got, numerics))
+                                .unwrap();
+                            let same = got
+                                .iter()
+                                .zip(&want)
+                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(
+                                same,
+                                "{name} {kind:?} {numerics} rows {rows} threads {threads}"
+                            );
+                        }
                     }
                 }
             }

@@ -5,7 +5,10 @@
 //! checkpoint bytes ([`WeightView`]: e4m3 / e2m1 lookup tables times the block's E8M0 scale,
 //! bf16 / f16 / f32 rows, container Q8G / Q4G groups) into a small stack array, then every
 //! input row is run over it. No f32 copy of the weight rows is made per call, and in a
-//! prefill each block is decoded once for all rows.
+//! prefill each block is decoded once for all rows. A decode (one input row) under rule C2
+//! on a weight that stays in cache takes [`DECODE_TILE`] rows per task instead, enough
+//! independent chains for the vector units; full FP8/FP4 blocks are decoded eight rows at a
+//! time by the AVX2 decoders of [`simd`].
 //!
 //! The decoded values are exactly the values `Checkpoint::rows_f32` returns (same f32
 //! products), widened to f64, and every output is the same sequence of f64 operations as a
@@ -33,6 +36,17 @@ pub(crate) const TILE: usize = 8;
 
 /// One 32-column block of a task's weight rows: `w[k][i]` = row `i`, column `k0 + k`.
 type WeightBlock = [[f64; TILE]; BLOCK];
+
+/// Weight rows of one single-row (decode) task under rule C2: enough independent chains to
+/// hide the fused multiply-add's latency with four-lane vectors.
+pub(crate) const DECODE_TILE: usize = 32;
+
+/// Weights up to which a decode call runs [`DECODE_TILE`]-row tasks (a megabyte of FP8
+/// codes).
+const WIDE_TASK_WEIGHTS: usize = 1 << 20;
+
+/// [`WeightBlock`] for [`DECODE_TILE`] rows.
+type WideBlock = [[f64; DECODE_TILE]; BLOCK];
 
 /// Where a kernel reads its weight rows from.
 pub(crate) enum Source<'a> {
@@ -77,10 +91,16 @@ impl MatVec<'_> {
     pub fn run(&self, n_out: usize, y: &mut [f32], y_stride: usize, y_off: usize) -> Result<()> {
         let parallel = worth_parallel(n_out * self.n_in * self.rows);
         if self.rows == 1 {
-            // Decode: each task owns a contiguous slice of y.
-            return try_for_each_chunk(&mut y[y_off..y_off + n_out], TILE, parallel, |t, ych| {
-                self.task(t * TILE, ych)
-            });
+            // Decode: each task owns a contiguous slice of y. Wide tasks for a weight that
+            // stays in cache; from a larger one, streamed from memory, tasks of TILE rows
+            // measured twice as fast (fewer rows walked at once).
+            let size = if n_out * self.n_in <= WIDE_TASK_WEIGHTS {
+                DECODE_TILE
+            } else {
+                TILE
+            };
+            let ys = &mut y[y_off..y_off + n_out];
+            return try_for_each_chunk(ys, size, parallel, |t, ych| self.task(t * size, ych));
         }
         // Prefill: tasks fill an output-major buffer, transposed into y afterwards.
         let rows = self.rows;
@@ -121,11 +141,79 @@ impl MatVec<'_> {
     #[inline(always)]
     fn task_body(&self, first: usize, out: &mut [f32], level: Level) -> Result<()> {
         let rows = self.rows;
-        if let (1, Source::View(WeightView::Quant(view))) = (rows, &self.source) {
-            self.task_single(*view, first, out, level);
+        if rows == 1 {
+            if let (Rule::C2 { init }, true) = (self.rule, out.len() > TILE) {
+                return self.task_c2_single(init, first, out, level);
+            }
+            if let Source::View(WeightView::Quant(view)) = &self.source {
+                for (t, o) in out.chunks_mut(TILE).enumerate() {
+                    match self.rule {
+                        Rule::C1 => self.task_single(*view, first + t * TILE, o, level),
+                        Rule::C2 { init } => {
+                            self.task_single_c2(*view, init, first + t * TILE, o, level)
+                        }
+                    }
+                }
+                return Ok(());
+            }
+            // A loop, not a closure: a closure's body is compiled without this function's
+            // target features, and its multiply-adds would become calls to a software fma.
+            for (t, o) in out.chunks_mut(TILE).enumerate() {
+                self.task_tile(first + t * TILE, o, level)?;
+            }
             return Ok(());
         }
-        let nw = out.len() / rows;
+        self.task_tile(first, out, level)
+    }
+
+    /// Rule C2 for one input row over up to [`DECODE_TILE`] weight rows: each 32-column
+    /// block of the rows is decoded into a column-major f64 block, then every row's chain
+    /// advances over it in increasing k. The rows are independent chains, as many as the
+    /// vector units can keep in flight (a tile of [`TILE`] rows is bound by one chain's
+    /// latency).
+    #[inline(always)]
+    fn task_c2_single(&self, init: f64, first: usize, out: &mut [f32], level: Level) -> Result<()> {
+        let nw = out.len();
+        let row_buf = self.read_rows(first, nw)?;
+        let r0 = self.w_first + first;
+        let x = &self.x[self.x_off..][..self.n_in];
+        let mut acc = [init; DECODE_TILE];
+        // This thread's block (not a fresh 8 KiB array per task); lanes ≥ nw hold zeros,
+        // and their chains are never written out.
+        let mut w = WIDE_SCRATCH_BLOCK
+            .with(Cell::take)
+            .unwrap_or_else(|| Box::new([[0.0; DECODE_TILE]; BLOCK]));
+        if nw < DECODE_TILE {
+            w.iter_mut().for_each(|wk| wk[nw..].fill(0.0));
+        }
+        for k0 in (0..self.n_in).step_by(BLOCK) {
+            let len = BLOCK.min(self.n_in - k0);
+            self.decode(&row_buf, r0, nw, k0, len, &mut w, level);
+            let (xs, ws) = (&x[k0..k0 + len], &w[..len]);
+            #[cfg(target_arch = "x86_64")]
+            if level == Level::Avx2 {
+                // SAFETY: `level` is Avx2 only inside `task_avx2`.
+                unsafe { simd::x86::chains_32(&mut acc, xs, ws) };
+                continue;
+            }
+            for (wk, &xk) in ws.iter().zip(xs) {
+                for (a, &wi) in acc.iter_mut().zip(wk) {
+                    *a = madd(level, *a, xk, wi);
+                }
+            }
+        }
+        WIDE_SCRATCH_BLOCK.with(|c| c.set(Some(w)));
+        for (o, a) in out.iter_mut().zip(acc) {
+            let v = a as f32;
+            *o = if self.round_out { bf16(v) } else { v };
+        }
+        put(&WEIGHT_SCRATCH, row_buf);
+        Ok(())
+    }
+
+    /// This thread's weight scratch, holding weight rows `first .. first + nw` when the
+    /// source is read with `rows_f32` (empty otherwise); given back with `put`.
+    fn read_rows(&self, first: usize, nw: usize) -> Result<Vec<f32>> {
         let mut row_buf = take(&WEIGHT_SCRATCH, 0, 0.0);
         if let Source::Rows { ckpt, name } = self.source {
             row_buf.resize(nw * self.n_in, 0.0);
@@ -134,6 +222,15 @@ impl MatVec<'_> {
                 return Err(e);
             }
         }
+        Ok(row_buf)
+    }
+
+    /// Outputs `first .. first + out.len() / rows` for at most [`TILE`] weight rows.
+    #[inline(always)]
+    fn task_tile(&self, first: usize, out: &mut [f32], level: Level) -> Result<()> {
+        let rows = self.rows;
+        let nw = out.len() / rows;
+        let row_buf = self.read_rows(first, nw)?;
         // Rows ≥ nw of a short last task stay zero and are never written out.
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         let r0 = self.w_first + first;
@@ -144,7 +241,7 @@ impl MatVec<'_> {
                 out.fill(0.0);
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
-                    self.decode(&row_buf, r0, nw, k0, len, &mut w);
+                    self.decode(&row_buf, r0, nw, k0, len, &mut w, level);
                     for (m, n) in row_groups(rows, grouped) {
                         let mut blocks = [[0f64; TILE]; GROUP];
                         self.dot_group(&mut blocks, m, n, k0, len, &w, level);
@@ -163,7 +260,7 @@ impl MatVec<'_> {
                 let mut acc = take(&ACC_SCRATCH, rows * TILE, init);
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
-                    self.decode(&row_buf, r0, nw, k0, len, &mut w);
+                    self.decode(&row_buf, r0, nw, k0, len, &mut w, level);
                     for (m, n) in row_groups(rows, grouped) {
                         let a = &mut acc[m * TILE..(m + n) * TILE];
                         let mut chains = [[0f64; TILE]; GROUP];
@@ -189,19 +286,77 @@ impl MatVec<'_> {
         Ok(())
     }
 
-    /// One input row (decode) on release FP8/FP4 bytes: each weight is decoded inside the
-    /// reduction loop from a lookup table, nothing is stored.
-    ///
-    /// C1: the block sum `Σ x·code` of an FP8/FP4 GEMM is exact in f64 in any order (module
-    /// note of `linear`), so each row is summed with independent partial sums and the E8M0
-    /// scale multiplies the block sum once, which equals summing the scaled weights.
-    /// C2: TILE rows advance their f64 chains together in increasing k, each weight being
-    /// `code · scale` (exact in f32 and f64 alike).
-    /// A block whose scale could overflow f32 (byte > [`SAFE_SCALE_BYTE`], never in a real
-    /// checkpoint), a partial block, or a short last tile in C2 takes the generic block
-    /// decode, with the same result.
+    /// Rule C1 for one input row (decode) on release FP8/FP4 bytes: each weight is decoded
+    /// inside the reduction loop, nothing is stored. The block sum `Σ x·code` of an FP8/FP4
+    /// GEMM is exact in f64 in any order (module note of `linear`), so each row is summed with
+    /// independent partial sums and the E8M0 scale multiplies the block sum once, which equals
+    /// summing the scaled weights. A block whose scale could overflow f32 (byte >
+    /// [`SAFE_SCALE_BYTE`], never in a real checkpoint) or a partial block takes the generic
+    /// block decode, with the same result.
     #[inline(always)]
     fn task_single(&self, v: QuantView, first: usize, out: &mut [f32], level: Level) {
+        let r0 = self.w_first + first;
+        let x = &self.x[self.x_off..][..self.n_in];
+        let fp4 = v.kind == QuantKind::Fp4;
+        let row_bytes = if fp4 { v.cols / 2 } else { v.cols };
+        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        let code_block = if fp4 { BLOCK / 2 } else { BLOCK };
+        let full = self.n_in / BLOCK;
+        for (i, o) in out.iter_mut().enumerate() {
+            let r = r0 + i;
+            let codes = &v.codes[r * row_bytes..][..row_bytes];
+            let scales = &v.scales[scale_at(&v, r, 0)..][..self.n_in.div_ceil(BLOCK)];
+            // The generic block decode, for the cases named above.
+            let mut generic = |k0: usize| {
+                let len = BLOCK.min(self.n_in - k0);
+                self.decode(&[], r, 1, k0, len, &mut w, level);
+                let mut block = [[0f64; TILE]];
+                dot_rows(&mut block, [&x[k0..k0 + len]], &w, level);
+                block[0][0]
+            };
+            let mut acc = 0f32;
+            let blocks = x.chunks_exact(BLOCK).zip(codes.chunks_exact(code_block));
+            for (kb, ((xb, cb), &sb)) in blocks.zip(scales).enumerate().take(full) {
+                let sum = if sb <= SAFE_SCALE_BYTE {
+                    let xb: &[f64; BLOCK] = xb.try_into().expect("block");
+                    let part = if fp4 {
+                        let half = cb.try_into().expect("half block");
+                        match level {
+                            #[cfg(target_arch = "x86_64")]
+                            // SAFETY: only reached from `task_avx2`.
+                            Level::Avx2 => unsafe { simd::x86::fp4_block_sum(xb, half) },
+                            _ => fp4_block_sum(xb, half),
+                        }
+                    } else {
+                        let block = cb.try_into().expect("block");
+                        match level {
+                            #[cfg(target_arch = "x86_64")]
+                            // SAFETY: only reached from `task_avx2`.
+                            Level::Avx2 => unsafe { simd::x86::fp8_block_sum(xb, block) }
+                                .unwrap_or_else(|| fp8_block_sum(xb, block)),
+                            _ => fp8_block_sum(xb, block),
+                        }
+                    };
+                    part * f64::from(e8m0_to_f32(sb))
+                } else {
+                    generic(kb * BLOCK)
+                };
+                acc += sum as f32;
+            }
+            if full * BLOCK < self.n_in {
+                acc += generic(full * BLOCK) as f32;
+            }
+            *o = if self.round_out { bf16(acc) } else { acc };
+        }
+    }
+
+    /// Rule C2 for one input row over at most [`TILE`] rows of release FP8/FP4 bytes (a
+    /// weight too large for [`DECODE_TILE`]-row tasks): the rows advance their f64 chains
+    /// together in increasing k, each weight `code · scale` (exact in f32 and f64 alike)
+    /// from a table inside the loop. A block whose scale could overflow f32, a partial block
+    /// or a short tile takes the generic block decode, with the same result.
+    #[inline(always)]
+    fn task_single_c2(&self, v: QuantView, init: f64, first: usize, out: &mut [f32], level: Level) {
         let nw = out.len();
         let r0 = self.w_first + first;
         let x = &self.x[self.x_off..][..self.n_in];
@@ -212,82 +367,28 @@ impl MatVec<'_> {
         };
         let scale = |r: usize, k0: usize| f64::from(e8m0_to_f32(v.scales[scale_at(&v, r, k0)]));
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
-        match self.rule {
-            Rule::C1 => {
-                let code_block = if fp4 { BLOCK / 2 } else { BLOCK };
-                let full = self.n_in / BLOCK;
-                for (i, o) in out.iter_mut().enumerate() {
-                    let r = r0 + i;
-                    let codes = &v.codes[r * row_bytes..][..row_bytes];
-                    let scales = &v.scales[scale_at(&v, r, 0)..][..self.n_in.div_ceil(BLOCK)];
-                    // The generic block decode, for the cases named above.
-                    let mut generic = |k0: usize| {
-                        let len = BLOCK.min(self.n_in - k0);
-                        self.decode(&[], r, 1, k0, len, &mut w);
-                        let mut block = [[0f64; TILE]];
-                        dot_rows(&mut block, [&x[k0..k0 + len]], &w, level);
-                        block[0][0]
-                    };
-                    let mut acc = 0f32;
-                    let blocks = x.chunks_exact(BLOCK).zip(codes.chunks_exact(code_block));
-                    for (kb, ((xb, cb), &sb)) in blocks.zip(scales).enumerate().take(full) {
-                        let sum = if sb <= SAFE_SCALE_BYTE {
-                            let xb: &[f64; BLOCK] = xb.try_into().expect("block");
-                            let part = if fp4 {
-                                let half = cb.try_into().expect("half block");
-                                match level {
-                                    #[cfg(target_arch = "x86_64")]
-                                    // SAFETY: only reached from `task_avx2`.
-                                    Level::Avx2 => unsafe { simd::x86::fp4_block_sum(xb, half) },
-                                    _ => fp4_block_sum(xb, half),
-                                }
-                            } else {
-                                let block = cb.try_into().expect("block");
-                                match level {
-                                    #[cfg(target_arch = "x86_64")]
-                                    // SAFETY: only reached from `task_avx2`.
-                                    Level::Avx2 => unsafe { simd::x86::fp8_block_sum(xb, block) }
-                                        .unwrap_or_else(|| fp8_block_sum(xb, block)),
-                                    _ => fp8_block_sum(xb, block),
-                                }
-                            };
-                            part * f64::from(e8m0_to_f32(sb))
-                        } else {
-                            generic(kb * BLOCK)
-                        };
-                        acc += sum as f32;
-                    }
-                    if full * BLOCK < self.n_in {
-                        acc += generic(full * BLOCK) as f32;
-                    }
-                    *o = if self.round_out { bf16(acc) } else { acc };
+        let mut acc = [init; TILE];
+        for k0 in (0..self.n_in).step_by(BLOCK) {
+            let len = BLOCK.min(self.n_in - k0);
+            if nw == TILE && (0..TILE).all(|i| safe(r0 + i, k0)) {
+                let s: [f64; TILE] = std::array::from_fn(|i| scale(r0 + i, k0));
+                let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+                let base = &v.codes[r0 * row_bytes..][..TILE * row_bytes];
+                if fp4 {
+                    fp4_block_c2(&mut acc, xb, base, row_bytes, k0 / 2, &s, level);
+                } else {
+                    fp8_block_c2(&mut acc, xb, base, row_bytes, k0, &s, level);
                 }
+            } else {
+                self.decode(&[], r0, nw, k0, len, &mut w, level);
+                let mut chains = [acc];
+                dot_rows(&mut chains, [&x[k0..k0 + len]], &w, level);
+                acc = chains[0];
             }
-            Rule::C2 { init } => {
-                let mut acc = [init; TILE];
-                for k0 in (0..self.n_in).step_by(BLOCK) {
-                    let len = BLOCK.min(self.n_in - k0);
-                    if nw == TILE && (0..TILE).all(|i| safe(r0 + i, k0)) {
-                        let s: [f64; TILE] = std::array::from_fn(|i| scale(r0 + i, k0));
-                        let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
-                        let base = &v.codes[r0 * row_bytes..][..TILE * row_bytes];
-                        if fp4 {
-                            fp4_block_c2(&mut acc, xb, base, row_bytes, k0 / 2, &s, level);
-                        } else {
-                            fp8_block_c2(&mut acc, xb, base, row_bytes, k0, &s, level);
-                        }
-                    } else {
-                        self.decode(&[], r0, nw, k0, len, &mut w);
-                        let mut chains = [acc];
-                        dot_rows(&mut chains, [&x[k0..k0 + len]], &w, level);
-                        acc = chains[0];
-                    }
-                }
-                for (o, a) in out.iter_mut().zip(acc) {
-                    let v = a as f32;
-                    *o = if self.round_out { bf16(v) } else { v };
-                }
-            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            let v = a as f32;
+            *o = if self.round_out { bf16(v) } else { v };
         }
     }
 
@@ -320,115 +421,178 @@ impl MatVec<'_> {
 
     /// Fill `w[..len][..nw]` with weight rows `r0 ..` at columns `k0 .. k0 + len` (a
     /// 32-aligned block): the exact f32 values of `rows_f32`, widened.
+    ///
+    /// Eight rows of full FP8/FP4 blocks at a time with the vector decoder where it applies;
+    /// otherwise row by row, with no division or format test per weight.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
-    fn decode(
+    fn decode<const W: usize>(
         &self,
         row_buf: &[f32],
         r0: usize,
         nw: usize,
         k0: usize,
         len: usize,
-        w: &mut WeightBlock,
+        w: &mut [[f64; W]; BLOCK],
+        level: Level,
     ) {
-        let view = match self.source {
-            Source::Rows { .. } => {
-                for i in 0..nw {
-                    let row = &row_buf[i * self.n_in + k0..][..len];
-                    for (wk, &v) in w.iter_mut().zip(row) {
+        let mut i = 0;
+        while i < nw {
+            #[cfg(target_arch = "x86_64")]
+            if let (Level::Avx2, Source::View(WeightView::Quant(v))) = (level, &self.source) {
+                if nw - i >= 8 && len == BLOCK && quant_tile(v, r0 + i, k0, i, w) {
+                    i += 8;
+                    continue;
+                }
+            }
+            match self.source {
+                Source::Rows { .. } => {
+                    let vals = &row_buf[i * self.n_in + k0..][..len];
+                    for (wk, &v) in w.iter_mut().zip(vals) {
                         wk[i] = f64::from(v);
                     }
                 }
-                return;
+                Source::View(view) => {
+                    decode_row_block(view, r0 + i, k0, len, |k, v| w[k][i] = f64::from(v))
+                }
             }
-            Source::View(v) => v,
-        };
-        match view {
-            WeightView::Quant(v) => {
-                let kb = k0 / BLOCK;
-                for i in 0..nw {
-                    let r = r0 + i;
-                    let scale_row = if v.kind == QuantKind::Fp8Block {
-                        r / 32
+            i += 1;
+        }
+    }
+}
+
+/// Eight rows `r ..` of a full FP8/FP4 block into columns `i .. i + 8` of `w` with the AVX2
+/// decoder (the same f64 values as the row decoder): `false`, nothing written, for a scale
+/// that could overflow f32 or a NaN code, which the row decoder then takes.
+///
+/// Only called at [`Level::Avx2`], i.e. inside `task_avx2`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn quant_tile<const W: usize>(
+    v: &QuantView,
+    r: usize,
+    k0: usize,
+    i: usize,
+    w: &mut [[f64; W]; BLOCK],
+) -> bool {
+    let sb: [u8; 8] = std::array::from_fn(|j| v.scales[scale_at(v, r + j, k0)]);
+    if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {
+        return false;
+    }
+    let s = sb.map(|b| f64::from(e8m0_to_f32(b)));
+    if v.kind == QuantKind::Fp4 {
+        let rb = v.cols / 2;
+        let rows = std::array::from_fn(|j| {
+            v.codes[(r + j) * rb + k0 / 2..][..BLOCK / 2]
+                .try_into()
+                .expect("half block")
+        });
+        // SAFETY: the caller runs at Level::Avx2, which `simd` reports only where the CPU
+        // has AVX2, FMA and F16C.
+        unsafe { simd::x86::fp4_tile(rows, &s, w, i) };
+        true
+    } else {
+        let rows = std::array::from_fn(|j| {
+            v.codes[(r + j) * v.cols + k0..][..BLOCK]
+                .try_into()
+                .expect("block")
+        });
+        // SAFETY: as above.
+        unsafe { simd::x86::fp8_tile(rows, &s, w, i) }
+    }
+}
+
+/// Weight row `r`, columns `k0 .. k0 + len` (within one 32-block) of a stored view, as the
+/// exact f32 values `rows_f32` gives: `put(k, value)` for each `k < len`, no copy made.
+#[inline(always)]
+fn decode_row_block(
+    view: WeightView,
+    r: usize,
+    k0: usize,
+    len: usize,
+    mut put: impl FnMut(usize, f32),
+) {
+    match view {
+        WeightView::Quant(v) => {
+            let s = e8m0_to_f32(v.scales[scale_at(&v, r, k0)]);
+            if v.kind == QuantKind::Fp4 {
+                let codes = &v.codes[r * (v.cols / 2) + k0 / 2..][..len / 2];
+                for (j, &b) in codes.iter().enumerate() {
+                    let [lo, hi] = e2m1_pair(b);
+                    put(2 * j, lo * s);
+                    put(2 * j + 1, hi * s);
+                }
+            } else {
+                let codes = &v.codes[r * v.cols + k0..][..len];
+                for (k, &c) in codes.iter().enumerate() {
+                    put(k, e4m3_to_f32(c) * s);
+                }
+            }
+        }
+        WeightView::Dense {
+            dtype, cols, bytes, ..
+        } => {
+            let width = dtype.width();
+            let row = &bytes[(r * cols + k0) * width..][..len * width];
+            // One loop per dtype: a conversion chosen through a function pointer is called
+            // per weight instead of inlined.
+            match dtype {
+                DenseDtype::F32 => {
+                    for (k, c) in row.chunks_exact(4).enumerate() {
+                        put(k, f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                    }
+                }
+                DenseDtype::Bf16 => {
+                    for (k, c) in row.chunks_exact(2).enumerate() {
+                        put(k, bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
+                    }
+                }
+                DenseDtype::F16 => {
+                    for (k, c) in row.chunks_exact(2).enumerate() {
+                        put(k, f16_to_f32(u16::from_le_bytes([c[0], c[1]])));
+                    }
+                }
+            }
+        }
+        WeightView::Grouped {
+            bits,
+            cols,
+            group,
+            row_bytes,
+            codes,
+            scales,
+            ..
+        } => {
+            let groups = cols.div_ceil(group);
+            let data = &codes[r * row_bytes..][..row_bytes];
+            let sc = &scales[r * groups * 2..][..groups * 2];
+            // The block in runs of one group each: one f16 scale per run, no division per
+            // weight.
+            let mut k = 0;
+            while k < len {
+                let g = (k0 + k) / group;
+                let end = ((g + 1) * group - k0).min(len);
+                let s = f16_to_f32(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
+                let c0 = k0 + k;
+                if bits == 8 {
+                    for (j, &b) in data[c0..k0 + end].iter().enumerate() {
+                        put(k + j, f32::from(b as i8) * s);
+                    }
+                } else {
+                    let value = |n: u8| f32::from(i8::try_from(n & 0xF).expect("nibble") - 8) * s;
+                    if c0.is_multiple_of(2) && (end - k).is_multiple_of(2) {
+                        // Whole bytes: low nibble first.
+                        for (j, &b) in data[c0 / 2..(k0 + end) / 2].iter().enumerate() {
+                            put(k + 2 * j, value(b));
+                            put(k + 2 * j + 1, value(b >> 4));
+                        }
                     } else {
-                        r
-                    };
-                    let s = e8m0_to_f32(v.scales[scale_row * v.scale_cols + kb]);
-                    if v.kind == QuantKind::Fp4 {
-                        let codes = &v.codes[r * (v.cols / 2) + k0 / 2..][..len / 2];
-                        for (pair, &b) in w.chunks_exact_mut(2).zip(codes) {
-                            let [lo, hi] = e2m1_pair(b);
-                            pair[0][i] = f64::from(lo * s);
-                            pair[1][i] = f64::from(hi * s);
-                        }
-                    } else {
-                        let codes = &v.codes[r * v.cols + k0..][..len];
-                        for (wk, &c) in w.iter_mut().zip(codes) {
-                            wk[i] = f64::from(e4m3_to_f32(c) * s);
+                        for c in c0..k0 + end {
+                            put(c - k0, value(data[c / 2] >> (4 * (c % 2))));
                         }
                     }
                 }
-            }
-            WeightView::Dense {
-                dtype, cols, bytes, ..
-            } => {
-                let width = dtype.width();
-                for i in 0..nw {
-                    let row = &bytes[((r0 + i) * cols + k0) * width..][..len * width];
-                    match dtype {
-                        DenseDtype::F32 => {
-                            for (wk, c) in w.iter_mut().zip(row.chunks_exact(4)) {
-                                wk[i] = f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
-                            }
-                        }
-                        // One loop per dtype: a conversion chosen through a function
-                        // pointer is called per weight instead of inlined.
-                        DenseDtype::Bf16 => {
-                            for (wk, c) in w.iter_mut().zip(row.chunks_exact(2)) {
-                                wk[i] = f64::from(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
-                            }
-                        }
-                        DenseDtype::F16 => {
-                            for (wk, c) in w.iter_mut().zip(row.chunks_exact(2)) {
-                                wk[i] = f64::from(f16_to_f32(u16::from_le_bytes([c[0], c[1]])));
-                            }
-                        }
-                    }
-                }
-            }
-            WeightView::Grouped {
-                bits,
-                cols,
-                group,
-                row_bytes,
-                codes,
-                scales,
-                ..
-            } => {
-                let groups = cols.div_ceil(group);
-                for i in 0..nw {
-                    let r = r0 + i;
-                    let data = &codes[r * row_bytes..][..row_bytes];
-                    let sc = &scales[r * groups * 2..][..groups * 2];
-                    // A 32-column block lies in one or two groups: convert each group's f16
-                    // scale once, not once per weight.
-                    let scale =
-                        |g: usize| f16_to_f32(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
-                    let (mut g_now, mut s) = (k0 / group, scale(k0 / group));
-                    for (k, wk) in w.iter_mut().enumerate().take(len) {
-                        let c = k0 + k;
-                        let g = c / group;
-                        if g != g_now {
-                            (g_now, s) = (g, scale(g));
-                        }
-                        let q = if bits == 8 {
-                            i32::from(data[c] as i8)
-                        } else {
-                            let b = data[c / 2];
-                            i32::from(if c.is_multiple_of(2) { b & 0xF } else { b >> 4 }) - 8
-                        };
-                        wk[i] = f64::from(q as f32 * s);
-                    }
-                }
+                k = end;
             }
         }
     }
@@ -595,6 +759,7 @@ thread_local! {
     static OUTPUT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static WEIGHT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static ACC_SCRATCH: Cell<Vec<f64>> = const { Cell::new(Vec::new()) };
+    static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }
 
 type Scratch<T> = std::thread::LocalKey<Cell<Vec<T>>>;

@@ -9,8 +9,10 @@
 
 use rayon::prelude::*;
 
-/// Multiply-adds below which a loop runs on the calling thread.
-pub(crate) const MIN_PARALLEL_WORK: usize = 1 << 16;
+/// Multiply-adds below which a loop runs on the calling thread: at the kernels' rate a
+/// quarter of a million take tens of microseconds, about what a hand-off costs on a busy
+/// machine (and a woken worker spins for a while before sleeping again).
+pub(crate) const MIN_PARALLEL_WORK: usize = 1 << 18;
 
 /// Is a loop of about `work` multiply-adds worth the pool?
 pub(crate) fn worth_parallel(work: usize) -> bool {

@@ -73,7 +73,7 @@ fn detected() -> Level {
     Level::Portable
 }
 
-/// C1 block sums on release FP8/FP4 codes with AVX2.
+/// C1 block sums and block decoders on release FP8/FP4 codes with AVX2.
 ///
 /// An e4m3 code's magnitude bits moved under an IEEE half's exponent give a half equal to the
 /// code's value times 2^−8, subnormal codes included; an e2m1 nibble likewise gives its value
@@ -141,6 +141,206 @@ pub mod x86 {
         madd8(&mut acc[..2], x, 16, _mm256_extracti128_si256::<1>(a));
         madd8(&mut acc[2..], x, 24, _mm256_extracti128_si256::<1>(b));
         sum(acc) * 16384.0
+    }
+
+    /// Eight weight rows of one 32-column block of e4m3 codes, decoded into columns
+    /// `i .. i + 8` of a column-major block: `w[k][i + j] = code[j][k] · s[j]` as the exact
+    /// f64 the table decoder gives (codes transposed in registers, widened by F16C, the
+    /// halves' 2^−8 put back into the scale). `false`, nothing written, if a code is NaN
+    /// (left to the table decoder). The scales must not overflow f32 with any code
+    /// (`SAFE_SCALE_BYTE` in `matvec`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn fp8_tile<const W: usize>(
+        rows: [&[u8; BLOCK]; 8],
+        s: &[f64; 8],
+        w: &mut [[f64; W]; BLOCK],
+        i: usize,
+    ) -> bool {
+        assert!(i + 8 <= W, "tile columns {i}.. outside a block of {W}");
+        let r: [__m256i; 8] = std::array::from_fn(|j| _mm256_loadu_si256(rows[j].as_ptr().cast()));
+        let mut nan = _mm256_setzero_si256();
+        for v in r {
+            let mag = _mm256_and_si256(v, _mm256_set1_epi8(0x7F));
+            nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(mag, _mm256_set1_epi8(0x7F)));
+        }
+        if _mm256_movemask_epi8(nan) != 0 {
+            return false;
+        }
+        let v = transpose_8x32(r);
+        let scale = row_scales(s, 256.0);
+        for lane in 0..2 {
+            for (q, &vq) in v.iter().enumerate() {
+                let bytes = if lane == 0 {
+                    _mm256_castsi256_si128(vq)
+                } else {
+                    _mm256_extracti128_si256::<1>(vq)
+                };
+                let c = _mm256_cvtepu8_epi16(bytes);
+                let half = _mm256_or_si256(
+                    _mm256_and_si256(_mm256_slli_epi16::<7>(c), _mm256_set1_epi16(0x3F80)),
+                    _mm256_and_si256(_mm256_slli_epi16::<8>(c), _mm256_set1_epi16(i16::MIN)),
+                );
+                let k = 16 * lane + 2 * q;
+                store_column(&mut w[k][i..i + 8], _mm256_castsi256_si128(half), &scale);
+                store_column(
+                    &mut w[k + 1][i..i + 8],
+                    _mm256_extracti128_si256::<1>(half),
+                    &scale,
+                );
+            }
+        }
+        true
+    }
+
+    /// [`fp8_tile`] for packed FP4 rows (16 bytes each, low nibble first). Code 8 ("−0") is
+    /// +0.0 as in the table (`dtype::e2m1_pair`): a −0.0 weight could change the sign of a
+    /// zero chain.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn fp4_tile<const W: usize>(
+        rows: [&[u8; BLOCK / 2]; 8],
+        s: &[f64; 8],
+        w: &mut [[f64; W]; BLOCK],
+        i: usize,
+    ) {
+        assert!(i + 8 <= W, "tile columns {i}.. outside a block of {W}");
+        let r: [__m128i; 8] = std::array::from_fn(|j| _mm_loadu_si128(rows[j].as_ptr().cast()));
+        // Bytes j0..j7 of rows (0,1), (2,3), .. interleaved, then j8..j15.
+        let t: [__m128i; 8] = std::array::from_fn(|n| {
+            let (a, b) = (r[2 * (n / 2)], r[2 * (n / 2) + 1]);
+            if n % 2 == 0 {
+                _mm_unpacklo_epi8(a, b)
+            } else {
+                _mm_unpackhi_epi8(a, b)
+            }
+        });
+        // Four rows' bytes (rows 0..4 or 4..8) per byte position: j0..4, j4..8, j8..12, j12..16.
+        let u = |p: usize, q: usize| -> [__m128i; 4] {
+            [
+                _mm_unpacklo_epi16(t[p], t[q]),
+                _mm_unpackhi_epi16(t[p], t[q]),
+                _mm_unpacklo_epi16(t[p + 1], t[q + 1]),
+                _mm_unpackhi_epi16(t[p + 1], t[q + 1]),
+            ]
+        };
+        let (lo4, hi4) = (u(0, 2), u(4, 6));
+        let scale = row_scales(s, 16384.0);
+        let half = |n: __m256i| {
+            let mag = _mm256_and_si256(_mm256_slli_epi16::<9>(n), _mm256_set1_epi16(0x0E00));
+            let sign = _mm256_and_si256(_mm256_slli_epi16::<12>(n), _mm256_set1_epi16(i16::MIN));
+            let zero = _mm256_cmpeq_epi16(mag, _mm256_setzero_si256());
+            _mm256_or_si256(mag, _mm256_andnot_si256(zero, sign))
+        };
+        for g in 0..4 {
+            let pairs = [
+                _mm_unpacklo_epi32(lo4[g], hi4[g]),
+                _mm_unpackhi_epi32(lo4[g], hi4[g]),
+            ];
+            for (p, v) in pairs.into_iter().enumerate() {
+                // Byte positions j, j + 1 of the eight rows: columns 2j .. 2j + 4.
+                let k = 2 * (4 * g + 2 * p);
+                let c = _mm256_cvtepu8_epi16(v);
+                let lo = half(_mm256_and_si256(c, _mm256_set1_epi16(0xF)));
+                let hi = half(_mm256_srli_epi16::<4>(c));
+                store_column(&mut w[k][i..i + 8], _mm256_castsi256_si128(lo), &scale);
+                store_column(&mut w[k + 1][i..i + 8], _mm256_castsi256_si128(hi), &scale);
+                store_column(
+                    &mut w[k + 2][i..i + 8],
+                    _mm256_extracti128_si256::<1>(lo),
+                    &scale,
+                );
+                store_column(
+                    &mut w[k + 3][i..i + 8],
+                    _mm256_extracti128_si256::<1>(hi),
+                    &scale,
+                );
+            }
+        }
+    }
+
+    /// Rule C2 for 32 weight rows over one block: `acc[i] = fma(x[k], w[k][i], acc[i])` for
+    /// k increasing, the rows being the lanes of eight vectors kept in registers (enough
+    /// independent chains to hide the multiply-add's latency). The product is exact, so this
+    /// is the portable `acc + x · w` to the bit.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn chains_32(acc: &mut [f64; 32], x: &[f64], w: &[[f64; 32]]) {
+        let mut a: [__m256d; 8] = std::array::from_fn(|j| _mm256_loadu_pd(acc[4 * j..].as_ptr()));
+        for (wk, &xk) in w.iter().zip(x) {
+            let xb = _mm256_set1_pd(xk);
+            for (j, aj) in a.iter_mut().enumerate() {
+                *aj = _mm256_fmadd_pd(xb, _mm256_loadu_pd(wk[4 * j..].as_ptr()), *aj);
+            }
+        }
+        for (j, aj) in a.into_iter().enumerate() {
+            _mm256_storeu_pd(acc[4 * j..].as_mut_ptr(), aj);
+        }
+    }
+
+    /// Eight rows of 32 bytes to columns: result `q` holds columns `2q, 2q + 1` (each the
+    /// eight rows' bytes in order) in its low 128 bits and `16 + 2q, 17 + 2q` in its high.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn transpose_8x32(r: [__m256i; 8]) -> [__m256i; 8] {
+        // Row pairs interleaved byte by byte: columns 0..8 (16..24), then 8..16 (24..32).
+        let t: [__m256i; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+            if i % 2 == 0 {
+                _mm256_unpacklo_epi8(a, b)
+            } else {
+                _mm256_unpackhi_epi8(a, b)
+            }
+        });
+        // Rows 0..4 (4..8) per column: columns 0..4, 4..8, 8..12, 12..16 (+16 high).
+        let u = |p: usize, q: usize| -> [__m256i; 4] {
+            [
+                _mm256_unpacklo_epi16(t[p], t[q]),
+                _mm256_unpackhi_epi16(t[p], t[q]),
+                _mm256_unpacklo_epi16(t[p + 1], t[q + 1]),
+                _mm256_unpackhi_epi16(t[p + 1], t[q + 1]),
+            ]
+        };
+        let (lo4, hi4) = (u(0, 2), u(4, 6));
+        std::array::from_fn(|q| {
+            if q % 2 == 0 {
+                _mm256_unpacklo_epi32(lo4[q / 2], hi4[q / 2])
+            } else {
+                _mm256_unpackhi_epi32(lo4[q / 2], hi4[q / 2])
+            }
+        })
+    }
+
+    /// The rows' scales times `unit` (the halves' 2^−8 or 2^−14 put back; exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn row_scales(s: &[f64; 8], unit: f64) -> [__m256d; 2] {
+        let u = _mm256_set1_pd(unit);
+        [
+            _mm256_mul_pd(_mm256_loadu_pd(s.as_ptr()), u),
+            _mm256_mul_pd(_mm256_loadu_pd(s.as_ptr().add(4)), u),
+        ]
+    }
+
+    /// One column of eight rows: `out[j] = value_j · scale_j` (exact).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn store_column(out: &mut [f64], halves: __m128i, scale: &[__m256d; 2]) {
+        let out: &mut [f64; 8] = out.try_into().expect("eight rows");
+        let f = _mm256_cvtph_ps(halves);
+        let lo = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(f)), scale[0]);
+        let hi = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps::<1>(f)), scale[1]);
+        _mm256_storeu_pd(out.as_mut_ptr(), lo);
+        _mm256_storeu_pd(out.as_mut_ptr().add(4), hi);
     }
 
     /// `acc += x[k..k + 8] · halves` (eight halves widened to f64), two lanes of four.

@@ -7,9 +7,10 @@
 //!   bandwidth measured in the same run, and the multiply-adds one prefill token needs over
 //!   the measured multiply-add rate (`machine`); `--json` prints all of it as one object.
 //! * `--kernels`: the canonical linear kernels (MODEL.md §5.4 C1/C2) at release width
-//!   (5120 × 5120), on an in-memory FP8 weight (e4m3 codes + 32x32 E8M0 scales, read through
-//!   `weight_view` as from a mapped checkpoint), with 1 row (decode) and `--rows` rows
-//!   (prefill). Needs no checkpoint.
+//!   (5120 × 5120, or `--width`), on an in-memory FP8 weight (e4m3 codes + 32x32 E8M0
+//!   scales, read through `weight_view` as from a mapped checkpoint), with 1 row (decode) and
+//!   `--rows` rows (prefill). Needs no checkpoint. A small width (e.g. 128) times many calls
+//!   per repetition and shows a small model's per-call costs.
 //!
 //! Numbers are wall-clock on this machine with the current rayon pool (`RAYON_NUM_THREADS`),
 //! plus the CPU time of all threads (on a shared machine the wall clock includes waiting).
@@ -52,6 +53,10 @@ pub struct Args {
     /// Rows of the prefill-shaped kernel call (`--kernels`).
     #[arg(long, default_value_t = 32)]
     pub rows: usize,
+    /// Square weight width of the kernel measurement (`--kernels`): 5120 is the release
+    /// width, a small one (e.g. 128) shows a small model's per-call costs.
+    #[arg(long, default_value_t = 5120)]
+    pub width: usize,
     /// Repetitions per kernel measurement (`--kernels`; the best is reported).
     #[arg(long, default_value_t = 3)]
     pub reps: usize,
@@ -345,13 +350,16 @@ fn cpu_seconds() -> f64 {
 
 /// Time the linear kernels at release width on an in-memory FP8 weight.
 fn kernels(args: &Args, numerics: Numerics) -> anyhow::Result<i32> {
-    const D: usize = 5120;
-    let ckpt: Arc<dyn Checkpoint> = Arc::new(MemWeights::fp8_random(D, D)?);
-    let x: Vec<f32> = (0..args.rows.max(1) * D)
+    let d = args.width;
+    if d == 0 || !d.is_multiple_of(32) {
+        bail!("--width must be a positive multiple of 32, found {d}");
+    }
+    let ckpt: Arc<dyn Checkpoint> = Arc::new(MemWeights::fp8_random(d, d)?);
+    let x: Vec<f32> = (0..args.rows.max(1) * d)
         .map(|i| (((i * 7919) % 1000) as f32 / 500.0 - 1.0) * 0.5)
         .collect();
     println!(
-        "linear kernels, weight {D} x {D}, numerics {numerics}, threads {}, simd {}",
+        "linear kernels, weight {d} x {d}, numerics {numerics}, threads {}, simd {}",
         rayon::current_num_threads(),
         ds41_engine::model::simd::level().name()
     );
@@ -363,18 +371,22 @@ fn kernels(args: &Args, numerics: Numerics) -> anyhow::Result<i32> {
     for (label, name, kind) in kinds {
         let lin = Linear::load(&ckpt, name, kind)?;
         for rows in [1, args.rows.max(1)] {
-            let mut y = vec![0f32; rows * D];
+            let mut y = vec![0f32; rows * d];
+            // Small weights are timed over enough calls (~2^26 multiply-adds) to be measurable.
+            let calls = ((1usize << 26) / (rows * d * d)).max(1);
             let (mut best, mut best_cpu) = (f64::INFINITY, f64::INFINITY);
             for _ in 0..args.reps.max(1) {
                 let (t, c) = (Instant::now(), cpu_seconds());
-                lin.forward(&x[..rows * D], rows, &mut y, numerics)?;
-                best = best.min(t.elapsed().as_secs_f64());
-                best_cpu = best_cpu.min(cpu_seconds() - c);
+                for _ in 0..calls {
+                    lin.forward(&x[..rows * d], rows, &mut y, numerics)?;
+                }
+                best = best.min(t.elapsed().as_secs_f64() / calls as f64);
+                best_cpu = best_cpu.min((cpu_seconds() - c) / calls as f64);
             }
             println!(
-                "  {label:<22} rows {rows:>4}: {:>9.2} ms/call  {:>6.2} GMAC/s  (cpu {:>8.2} ms/call)",
+                "  {label:<22} rows {rows:>4}: {:>9.4} ms/call  {:>6.2} GMAC/s  (cpu {:>8.4} ms/call)",
                 best * 1e3,
-                (rows * D * D) as f64 / best / 1e9,
+                (rows * d * d) as f64 / best / 1e9,
                 best_cpu * 1e3
             );
         }
