@@ -84,7 +84,8 @@ pub fn measured_acceptance(
         let out = &output_ids[s * width..][..width];
         if p + 1 < n && input_ids[p + 1] != out[0] {
             return Err(format!(
-                "step {s} (position {p}): the run's next token is {}, the model's greedy id {}:                  not a generated run (make one with `ds41 dspark --generate N`)",
+                "step {s} (position {p}): the run's next token is {}, the model's greedy id {}: \
+                 not a generated run (make one with `ds41 dspark --generate N`)",
                 input_ids[p + 1],
                 out[0]
             ));
@@ -309,7 +310,10 @@ mod tests {
         let ids: Vec<i64> = (0..10).map(|t| 100 + t).collect();
         let e = measured_acceptance(&ids, &[2], &[555, 1, 2, 3], 3, 4).unwrap_err();
         assert!(
-            e.contains("step 0 (position 2)") && e.contains("--generate"),
+            e.contains("step 0 (position 2)")
+                && e.contains(
+                    "greedy id 555: not a generated run (make one with `ds41 dspark --generate N`)"
+                ),
             "{e}"
         );
         let e = measured_acceptance(&ids, &[8], &[109, 1, 2, 3], 3, 4).unwrap_err();
