@@ -193,6 +193,19 @@ fn vision_preset_reads_back_its_tower_in_both_layouts() {
             read.engram_pad_id = g.engram_pad_id;
         }
         assert_eq!(read, g.args, "{layout:?}");
+        // Every way into a checkpoint's config sees the tower: without opening the weights,
+        // and from the directory as the image readers take it.
+        let quick = checkpoint::read_config(&dir).unwrap();
+        assert_eq!(quick.vision, g.vision, "{layout:?}: read_config");
+        assert_eq!(
+            quick.image_token_id, g.image_token_id,
+            "{layout:?}: read_config"
+        );
+        let (vision, marker) = ds41_engine::vision::image_inputs_config_from(&dir).unwrap();
+        assert_eq!(
+            (Some(vision), Some(marker)),
+            (g.vision.clone(), g.image_token_id)
+        );
         if layout == Layout::Release {
             let inference =
                 ds41_engine::vision::vision_config_from(&dir.join("inference/config.json"))

@@ -312,10 +312,7 @@ impl ContainerCheckpoint {
         let mut config = Config::from_container_config(config_v)
             .map_err(|e| crate::config::in_file_err(&manifest_path, e))?;
         let quant = parse_expert_quant(&j, &manifest)?;
-        let vision_path = dir.join("vision.json");
-        if present(&vision_path) {
-            read_vision_json(&vision_path, &mut config)?;
-        }
+        add_vision_json(dir, &mut config)?;
 
         // Engram statements first: they fix the pad and are cross-checked below.
         let engram = if config.engram_layer_ids.is_empty() {
@@ -1298,14 +1295,20 @@ fn read_tokmap(path: &Path, cfg: &Config) -> Result<Vec<i32>> {
     Ok(map)
 }
 
-/// `specials.json`: `[{"id": N, "text": "…"}]`, every JSON escape decoded (CONTAINER.md §7).
-/// `vision.json` (CONTAINER.md §7): the vision tower's config and the image token.
-fn read_vision_json(path: &Path, cfg: &mut Config) -> Result<()> {
-    let bytes = read_file(path, crate::io::MAX_JSON_BYTES, "JSON metadata file")?;
-    let v = parse_json_bytes(path, &bytes)?;
-    crate::config::container_vision(&v, cfg).map_err(|e| crate::config::in_file_err(path, e))
+/// A container's `vision.json` (CONTAINER.md §7), where present: the vision tower's config and
+/// the image token, added to `cfg`. Read by every way into a container's config, so a tower is
+/// never seen by one reader and missed by another.
+pub(crate) fn add_vision_json(dir: &Path, cfg: &mut Config) -> Result<()> {
+    let path = dir.join("vision.json");
+    if !present(&path) {
+        return Ok(());
+    }
+    let bytes = read_file(&path, crate::io::MAX_JSON_BYTES, "JSON metadata file")?;
+    let v = parse_json_bytes(&path, &bytes)?;
+    crate::config::container_vision(&v, cfg).map_err(|e| crate::config::in_file_err(&path, e))
 }
 
+/// `specials.json`: `[{"id": N, "text": "…"}]`, every JSON escape decoded (CONTAINER.md §7).
 pub fn read_specials(path: &Path, cfg: &Config) -> Result<Vec<Special>> {
     let bytes = read_file(path, crate::io::MAX_JSON_BYTES, "JSON metadata file")?;
     let v = parse_json_bytes(path, &bytes)?;

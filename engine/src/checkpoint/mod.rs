@@ -320,10 +320,14 @@ pub fn open(dir: &Path) -> Result<Box<dyn Checkpoint>> {
 }
 
 /// The configuration of a checkpoint directory, read without opening its weights (the
-/// release's `config.json`, or a container's `manifest.json` config).
+/// release's `config.json`, or a container's `manifest.json` config with its `vision.json`).
 pub fn read_config(dir: &Path) -> Result<Config> {
     match detect_layout(dir)? {
-        Layout::Container => Config::from_container_manifest(&dir.join("manifest.json")),
+        Layout::Container => {
+            let mut config = Config::from_container_manifest(&dir.join("manifest.json"))?;
+            container::add_vision_json(dir, &mut config)?;
+            Ok(config)
+        }
         Layout::Release => Config::from_release_json(&dir.join("config.json")),
     }
 }

@@ -44,9 +44,16 @@ pub fn release_vision_config() -> VisionConfig {
     }
 }
 
-/// The config of a checkpoint directory (its `config.json`) or of a config file: the release
-/// `config.json` (HF names, `vision_config`) or `inference/config.json` (`vision_*`).
+/// The config of a checkpoint directory (a release's `config.json`, a container's manifest and
+/// `vision.json`) or of a config file: the release `config.json` (HF names, `vision_config`)
+/// or `inference/config.json` (`vision_*`). The path returned names where a tower would be.
 fn model_config_from(path: &Path) -> Result<(Config, std::path::PathBuf)> {
+    if path.is_dir() && crate::io::present(&path.join("manifest.json")) {
+        return Ok((
+            crate::checkpoint::read_config(path)?,
+            path.join("vision.json"),
+        ));
+    }
     let file = if path.is_dir() {
         path.join("config.json")
     } else {
