@@ -452,9 +452,7 @@ impl MatVec<'_> {
                         wk[i] = f64::from(v);
                     }
                 }
-                Source::View(view) => {
-                    decode_row_block(view, r0 + i, k0, len, |k, v| w[k][i] = f64::from(v))
-                }
+                Source::View(view) => decode_row_block(view, r0 + i, k0, len, w, i),
             }
             i += 1;
         }
@@ -503,29 +501,32 @@ fn quant_tile<const W: usize>(
 }
 
 /// Weight row `r`, columns `k0 .. k0 + len` (within one 32-block) of a stored view, as the
-/// exact f32 values `rows_f32` gives: `put(k, value)` for each `k < len`, no copy made.
+/// exact f32 values `rows_f32` gives, widened into column `i` of `w` (`w[k][i]`). Written as
+/// zipped loops over `w`'s rows: an index per weight would be bounds-checked per weight.
 #[inline(always)]
-fn decode_row_block(
+fn decode_row_block<const W: usize>(
     view: WeightView,
     r: usize,
     k0: usize,
     len: usize,
-    mut put: impl FnMut(usize, f32),
+    w: &mut [[f64; W]; BLOCK],
+    i: usize,
 ) {
+    let w = &mut w[..len];
     match view {
         WeightView::Quant(v) => {
             let s = e8m0_to_f32(v.scales[scale_at(&v, r, k0)]);
             if v.kind == QuantKind::Fp4 {
                 let codes = &v.codes[r * (v.cols / 2) + k0 / 2..][..len / 2];
-                for (j, &b) in codes.iter().enumerate() {
+                for (pair, &b) in w.chunks_exact_mut(2).zip(codes) {
                     let [lo, hi] = e2m1_pair(b);
-                    put(2 * j, lo * s);
-                    put(2 * j + 1, hi * s);
+                    pair[0][i] = f64::from(lo * s);
+                    pair[1][i] = f64::from(hi * s);
                 }
             } else {
                 let codes = &v.codes[r * v.cols + k0..][..len];
-                for (k, &c) in codes.iter().enumerate() {
-                    put(k, e4m3_to_f32(c) * s);
+                for (wk, &c) in w.iter_mut().zip(codes) {
+                    wk[i] = f64::from(e4m3_to_f32(c) * s);
                 }
             }
         }
@@ -538,18 +539,18 @@ fn decode_row_block(
             // per weight instead of inlined.
             match dtype {
                 DenseDtype::F32 => {
-                    for (k, c) in row.chunks_exact(4).enumerate() {
-                        put(k, f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
+                    for (wk, c) in w.iter_mut().zip(row.chunks_exact(4)) {
+                        wk[i] = f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]]));
                     }
                 }
                 DenseDtype::Bf16 => {
-                    for (k, c) in row.chunks_exact(2).enumerate() {
-                        put(k, bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
+                    for (wk, c) in w.iter_mut().zip(row.chunks_exact(2)) {
+                        wk[i] = f64::from(bf16_to_f32(u16::from_le_bytes([c[0], c[1]])));
                     }
                 }
                 DenseDtype::F16 => {
-                    for (k, c) in row.chunks_exact(2).enumerate() {
-                        put(k, f16_to_f32(u16::from_le_bytes([c[0], c[1]])));
+                    for (wk, c) in w.iter_mut().zip(row.chunks_exact(2)) {
+                        wk[i] = f64::from(f16_to_f32(u16::from_le_bytes([c[0], c[1]])));
                     }
                 }
             }
@@ -574,21 +575,24 @@ fn decode_row_block(
                 let end = ((g + 1) * group - k0).min(len);
                 let s = f16_to_f32(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
                 let c0 = k0 + k;
+                let run = &mut w[k..end];
                 if bits == 8 {
-                    for (j, &b) in data[c0..k0 + end].iter().enumerate() {
-                        put(k + j, f32::from(b as i8) * s);
+                    for (wk, &b) in run.iter_mut().zip(&data[c0..k0 + end]) {
+                        wk[i] = f64::from(f32::from(b as i8) * s);
                     }
                 } else {
                     let value = |n: u8| f32::from(i8::try_from(n & 0xF).expect("nibble") - 8) * s;
                     if c0.is_multiple_of(2) && (end - k).is_multiple_of(2) {
                         // Whole bytes: low nibble first.
-                        for (j, &b) in data[c0 / 2..(k0 + end) / 2].iter().enumerate() {
-                            put(k + 2 * j, value(b));
-                            put(k + 2 * j + 1, value(b >> 4));
+                        for (pair, &b) in run.chunks_exact_mut(2).zip(&data[c0 / 2..(k0 + end) / 2])
+                        {
+                            pair[0][i] = f64::from(value(b));
+                            pair[1][i] = f64::from(value(b >> 4));
                         }
                     } else {
-                        for c in c0..k0 + end {
-                            put(c - k0, value(data[c / 2] >> (4 * (c % 2))));
+                        for (j, wk) in run.iter_mut().enumerate() {
+                            let c = c0 + j;
+                            wk[i] = f64::from(value(data[c / 2] >> (4 * (c % 2))));
                         }
                     }
                 }
