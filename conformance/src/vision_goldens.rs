@@ -349,27 +349,14 @@ fn tensor_f32(st: &SafeTensors, name: &str) -> Result<Vec<f32>, String> {
     })
 }
 
+/// The contract's rel L2 (CONTRACT.md §5, `compare::rel_l2`: a non-finite engine value never
+/// passes) on f32 stages; stages of different lengths are infinitely far apart.
 fn rel_l2(ours: &[f32], theirs: &[f32]) -> f64 {
     if ours.len() != theirs.len() {
         return f64::INFINITY;
     }
-    let (mut d2, mut t2) = (0f64, 0f64);
-    for (a, b) in ours.iter().zip(theirs) {
-        let d = f64::from(*a) - f64::from(*b);
-        d2 += d * d;
-        t2 += f64::from(*b) * f64::from(*b);
-    }
-    let r = (d2 / t2).sqrt();
-    // NaN (a NaN output, or an all-zero golden stage with any difference) never passes.
-    if r.is_nan() {
-        if d2 == 0.0 {
-            0.0
-        } else {
-            f64::INFINITY
-        }
-    } else {
-        r
-    }
+    let widen = |v: &[f32]| v.iter().map(|&x| f64::from(x)).collect::<Vec<f64>>();
+    crate::compare::rel_l2(&widen(ours), &widen(theirs))
 }
 
 fn read_file(path: &Path) -> Result<Vec<u8>, String> {
@@ -661,4 +648,56 @@ pub fn tower_config(weights: &[u8]) -> Result<(VisionConfig, usize), String> {
         rope_theta: get("vision_rope_theta")?,
     };
     Ok((config, get("dim")? as usize))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stage(name: &str, v: &[f32]) -> Stage {
+        (name.to_string(), v.to_vec())
+    }
+
+    #[test]
+    fn the_first_stage_past_the_limit_is_named_and_nan_never_passes() {
+        let golden = [
+            stage("vision.embed", &[1.0, 2.0]),
+            stage("vision.norm", &[3.0, 4.0]),
+        ];
+        let close = [
+            stage("vision.embed", &[1.0, 2.0]),
+            stage("vision.norm", &[3.0, 4.001]),
+        ];
+        assert_eq!(first_divergence(&golden, &close, 1e-3).1, None);
+        let nan = [
+            stage("vision.embed", &[1.0, f32::NAN]),
+            stage("vision.norm", &[3.0, 4.0]),
+        ];
+        let (worst, d) = first_divergence(&golden, &nan, 1e-3);
+        assert!(worst.is_infinite() && d.unwrap().contains("`vision.embed`"));
+        let off = [
+            stage("vision.embed", &[1.0, 2.0]),
+            stage("vision.norm", &[3.0, 5.0]),
+        ];
+        assert!(first_divergence(&golden, &off, 1e-3)
+            .1
+            .unwrap()
+            .contains("`vision.norm`"));
+        let short = [stage("vision.embed", &[1.0, 2.0])];
+        assert!(first_divergence(&golden, &short, 1e-3)
+            .1
+            .unwrap()
+            .contains("missing"));
+        // An all-zero golden stage: the contract's absolute distance, not a division by zero.
+        let zero = [stage("vision.embed", &[0.0, 0.0])];
+        assert_eq!(
+            first_divergence(&zero, &[stage("vision.embed", &[0.0, 0.0])], 0.0).1,
+            None
+        );
+        assert!(
+            first_divergence(&zero, &[stage("vision.embed", &[0.0, 1.0])], 0.5)
+                .1
+                .is_some()
+        );
+    }
 }
