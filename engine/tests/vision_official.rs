@@ -114,10 +114,13 @@ fn run(dir: &std::path::Path, numerics: Numerics, defects: DefectSet, replay: bo
 
 /// (max |Δ|, rel L2, elements not bit-equal) of `b` against `a`.
 fn distance(a: &TraceTensor, b: &TraceTensor) -> (f64, f64, usize) {
-    let (a, b) = (a.as_f64(), b.as_f64());
+    distance_of(&a.as_f64(), &b.as_f64())
+}
+
+fn distance_of(a: &[f64], b: &[f64]) -> (f64, f64, usize) {
     assert_eq!(a.len(), b.len());
     let (mut max, mut num, mut den, mut inexact) = (0f64, 0f64, 0f64, 0usize);
-    for (x, y) in a.iter().zip(&b) {
+    for (x, y) in a.iter().zip(b) {
         let d = (x - y).abs();
         max = max.max(d);
         num += d * d;
@@ -512,29 +515,32 @@ fn first_divergence(g: &TraceFile, t: &TraceFile) -> Option<(String, usize, usiz
         g.input_ids().unwrap().len(),
         g.f32("residual").unwrap().0[1],
     );
-    let differs = |name: &str, token: usize, layer: Option<usize>| -> bool {
-        let (a, b) = (tensor(g, name), tensor(t, name));
-        let width = a.len() / tokens / layer.map_or(1, |_| layers);
-        let o = (token * layer.map_or(1, |_| layers) + layer.unwrap_or(0)) * width;
-        let (a, b) = (&a.as_f64()[o..o + width], &b.as_f64()[o..o + width]);
-        if REPLAY_EXPAND.contains(&name) {
-            let num: f64 = a.iter().zip(b).map(|(x, y)| (x - y) * (x - y)).sum();
-            let den: f64 = a.iter().map(|x| x * x).sum();
-            (num / den.max(1e-300)).sqrt() > 1e-2
-        } else {
-            a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits())
-        }
-    };
+    // Each tensor of both traces decoded once, then judged cell by cell.
+    let values = |name: &str| (tensor(g, name).as_f64(), tensor(t, name).as_f64());
+    let differs =
+        |(a, b): &(Vec<f64>, Vec<f64>), name: &str, token: usize, layer: Option<usize>| {
+            let width = a.len() / tokens / layer.map_or(1, |_| layers);
+            let o = (token * layer.map_or(1, |_| layers) + layer.unwrap_or(0)) * width;
+            let (a, b) = (&a[o..o + width], &b[o..o + width]);
+            if REPLAY_EXPAND.contains(&name) {
+                distance_of(a, b).1 > 1e-2
+            } else {
+                a.iter().zip(b).any(|(x, y)| x.to_bits() != y.to_bits())
+            }
+        };
     for name in ["token_types", "engram_hash"] {
-        if let Some(p) = (0..tokens).find(|&p| differs(name, p, None)) {
+        let v = values(name);
+        if let Some(p) = (0..tokens).find(|&p| differs(&v, name, p, None)) {
             return Some((name.into(), 0, p));
         }
     }
+    let per_layer =
+        ["block_input", "attn_out", "experts", "moe_out", "residual"].map(|n| (n, values(n)));
     for l in 0..layers {
-        for name in ["block_input", "attn_out", "experts", "moe_out", "residual"] {
-            let skip = |p: usize| name == "block_input" && cells[p * layers + l];
-            if let Some(p) = (0..tokens).find(|&p| !skip(p) && differs(name, p, Some(l))) {
-                return Some((name.into(), l, p));
+        for (name, v) in &per_layer {
+            let skip = |p: usize| *name == "block_input" && cells[p * layers + l];
+            if let Some(p) = (0..tokens).find(|&p| !skip(p) && differs(v, name, p, Some(l))) {
+                return Some(((*name).into(), l, p));
             }
         }
     }
