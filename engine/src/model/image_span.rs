@@ -86,10 +86,13 @@ impl ImageEncoder {
                     })?,
                     TokenType::Text => unreachable!("a span holds image types only"),
                 };
-                for k in 0..hc {
-                    let copy = &mut x[(p * hc + k) * d..(p * hc + k + 1) * d];
-                    copy.copy_from_slice(value);
-                    numerics.round(copy);
+                // Rounded once into the first copy, which the others repeat.
+                let row = &mut x[p * hc * d..(p + 1) * hc * d];
+                let (first, rest) = row.split_at_mut(d);
+                first.copy_from_slice(value);
+                numerics.round(first);
+                for copy in rest.chunks_exact_mut(d) {
+                    copy.copy_from_slice(first);
                 }
             }
             encoded.push(EncodedImage {
