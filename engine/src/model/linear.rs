@@ -874,7 +874,12 @@ pub(crate) mod tests {
             let wb: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
             let (q8, v8) = random_grouped(out, 40, 8, 16, &mut rng);
             let (q4, v4) = random_grouped(out, 40, 4, 16, &mut rng);
-            let scale_bytes = |e: &[i32]| e.iter().map(|&x| (x + 127) as u8).collect::<Vec<u8>>();
+            let quant = |kind, codes, e: &[i32]| StoredBytes::Quant {
+                kind,
+                codes,
+                scales: e.iter().map(|&x| (x + 127) as u8).collect(),
+                scale_cols: inp / 32,
+            };
             let packed: Vec<u8> = w4.codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
             let mut tensors = HashMap::new();
             let mut views = HashMap::new();
@@ -887,24 +892,14 @@ pub(crate) mod tests {
                 vec![out, inp],
                 Storage::Fp8Block,
                 w8.values.clone(),
-                StoredBytes::Quant {
-                    kind: QuantKind::Fp8Block,
-                    codes: w8.codes.clone(),
-                    scales: scale_bytes(&w8.scale_exp),
-                    scale_cols: inp / 32,
-                },
+                quant(QuantKind::Fp8Block, w8.codes.clone(), &w8.scale_exp),
             );
             add(
                 "fp4",
                 vec![out, inp],
                 Storage::Fp4,
                 w4.values.clone(),
-                StoredBytes::Quant {
-                    kind: QuantKind::Fp4,
-                    codes: packed,
-                    scales: scale_bytes(&w4.scale_exp),
-                    scale_cols: inp / 32,
-                },
+                quant(QuantKind::Fp4, packed, &w4.scale_exp),
             );
             add(
                 "bf16",
@@ -943,12 +938,7 @@ pub(crate) mod tests {
                 vec![out, inp],
                 Storage::Fp8Block,
                 big.values.clone(),
-                StoredBytes::Quant {
-                    kind: QuantKind::Fp8Block,
-                    codes: big.codes.clone(),
-                    scales: scale_bytes(&big.scale_exp),
-                    scale_cols: inp / 32,
-                },
+                quant(QuantKind::Fp8Block, big.codes.clone(), &big.scale_exp),
             );
             add("q8", vec![out, 40], Storage::Q8G, v8, q8);
             add("q4", vec![out, 40], Storage::Q4G, v4, q4);
