@@ -109,6 +109,38 @@ pub static E2M1_PAIR_F64: [[f64; 2]; 256] = {
     t
 };
 
+/// The top 16 bits of the f64 of every e4m3 magnitude code (0..128; sign bit clear) and of every
+/// e2m1 nibble. Every such value has at most four significant bits, so its f64 is zero below
+/// bit 48 (asserted when the tables are built) and these two bytes alone are the number: a
+/// vector kernel builds the f64 with two byte lookups and no conversion.
+pub const E4M3_F64_TOP: [u16; 128] = {
+    let mut t = [0u16; 128];
+    let mut c = 0;
+    while c < 128 {
+        t[c] = f64_top16(f32::from_bits(E4M3_BITS[c]) as f64);
+        c += 1;
+    }
+    t
+};
+
+/// [`E4M3_F64_TOP`] for the 16 e2m1 nibbles (code 8 is +0.0).
+pub const E2M1_F64_TOP: [u16; 16] = {
+    let mut t = [0u16; 16];
+    let mut c = 0;
+    while c < 16 {
+        t[c] = f64_top16(f32::from_bits(E2M1_BITS[c]) as f64);
+        c += 1;
+    }
+    t
+};
+
+const fn f64_top16(v: f64) -> u16 {
+    let bits = v.to_bits();
+    // NaN (e4m3 0x7F) is the one value with low bits; kernels leave NaN codes to the tables.
+    assert!(bits & 0xFFFF_FFFF_FFFF == 0 || v.is_nan());
+    (bits >> 48) as u16
+}
+
 /// Decode one E8M0 scale byte: `2^(b − 127)`; 255 is NaN; 0 is 2^−127 (an f32 subnormal).
 #[inline]
 pub fn e8m0_to_f32(b: u8) -> f32 {
@@ -117,6 +149,13 @@ pub fn e8m0_to_f32(b: u8) -> f32 {
         255 => f32::NAN,
         b => f32::from_bits((b as u32) << 23),
     }
+}
+
+/// [`e8m0_to_f32`] widened to f64, for bytes 0..=254 (every one a normal f64: `2^(b − 127)`).
+#[inline(always)]
+pub fn e8m0_to_f64(b: u8) -> f64 {
+    debug_assert!(b != 255, "E8M0 255 is NaN");
+    f64::from_bits((u64::from(b) + 1023 - 127) << 52)
 }
 
 /// bf16 → f32: the bf16 bits are the upper half of the f32 (exact), and a NaN gets its quiet

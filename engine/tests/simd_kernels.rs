@@ -1,7 +1,7 @@
-//! The AVX2 C1 block sums (`model::simd::x86`) against the exact sum they must equal, on every
-//! e4m3 code and e2m1 nibble. On a CPU without AVX2/FMA/F16C the kernels cannot run: the trials
-//! are reported ignored with that reason, never passed (the portable copies run there, and the
-//! linear tests cover them).
+//! The AVX2 and AVX-512 C1 block sums (`model::simd`) against the exact sums they must equal, on
+//! every e4m3 code and e2m1 nibble. On a CPU without the instructions a kernel cannot run: its
+//! trials are reported ignored with that reason, never passed (the portable copies run there,
+//! and the linear tests cover them).
 
 use libtest_mimic::{Arguments, Trial};
 
@@ -22,13 +22,21 @@ fn main() {
         ),
     ];
     let missing = x86::missing();
-    let trials = trials
+    let mut trials: Vec<Trial> = trials
         .into_iter()
         .map(|t| match missing {
             Some(why) => t.with_ignored_flag(true).with_kind(why),
             None => t,
         })
         .collect();
+    let wide = Trial::test(
+        "avx512_eight_row_block_sums_equal_the_exact_sums_on_every_code",
+        x86::eight_row_blocks,
+    );
+    trials.push(match x86::missing_avx512() {
+        Some(why) => wide.with_ignored_flag(true).with_kind(why),
+        None => wide,
+    });
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -47,12 +55,18 @@ mod x86 {
     pub fn tile_decoders() -> Result<(), Failed> {
         Ok(())
     }
+    pub fn missing_avx512() -> Option<&'static str> {
+        missing()
+    }
+    pub fn eight_row_blocks() -> Result<(), Failed> {
+        Ok(())
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use ds41_engine::dtype::{e2m1_pair, e4m3_to_f32, e8m0_to_f32};
-    use ds41_engine::model::simd::{available, x86, Level};
+    use ds41_engine::model::simd::{available, avx512, x86, Level};
     use libtest_mimic::Failed;
 
     const BLOCK: usize = 32;
@@ -60,6 +74,11 @@ mod x86 {
     pub fn missing() -> Option<&'static str> {
         (available() < Level::Avx2)
             .then_some("SKIPPED: this CPU lacks AVX2/FMA/F16C (or DS41_SIMD=portable)")
+    }
+
+    pub fn missing_avx512() -> Option<&'static str> {
+        (available() < Level::Avx512)
+            .then_some("SKIPPED: this CPU lacks AVX-512 F/BW/VL/VBMI (or DS41_SIMD caps the level)")
     }
 
     /// Inputs of the kind C1 sums: e4m3 values times one power of two per block (an FP8
@@ -208,6 +227,105 @@ mod x86 {
                         return Err(format!(
                             "seed {seed} column {k} row {i}: fp8 {} want {want8}, fp4 {} want {want4}",
                             got8[k][i], got4[k][i]
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The AVX-512 eight-row C1 step against `acc + f32(exact block sum · scale)` per row, bit
+    /// for bit: every code at every row and column across the seeds, inputs of an FP8
+    /// act-quant, scales from 2^−127 to 2^118, and a NaN code refused with `acc` untouched.
+    /// Then each code alone (one row, one column, input 1) must give exactly its value, so a
+    /// code placed in the wrong lane or row cannot hide in a sum.
+    pub fn eight_row_blocks() -> Result<(), Failed> {
+        let mut state = 3u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        let step = |acc: &[f32; 8],
+                    x: &[f64; BLOCK],
+                    fp8: &[[u8; BLOCK]; 8],
+                    fp4: &[[u8; BLOCK / 2]; 8],
+                    s: &[f64; 8]| {
+            let (mut a8, mut a4) = (*acc, *acc);
+            // SAFETY: `missing_avx512` found the features, or this trial is not run.
+            let done = unsafe {
+                avx512::fp4_c1_block8(&mut a4, x, std::array::from_fn(|j| &fp4[j]), s);
+                avx512::fp8_c1_block8(&mut a8, x, std::array::from_fn(|j| &fp8[j]), s)
+            };
+            (done, a8, a4)
+        };
+        for seed in 0..512u64 {
+            let x = quantised_inputs(seed);
+            let scale_bytes: [u8; 8] = std::array::from_fn(|j| match (seed as usize + j) % 5 {
+                0 => 0,
+                1 => 245,
+                _ => 90 + (next() % 60) as u8,
+            });
+            let s: [f64; 8] = scale_bytes.map(|b| f64::from(e8m0_to_f32(b)));
+            let fp8: [[u8; BLOCK]; 8] = std::array::from_fn(|j| {
+                std::array::from_fn(|k| {
+                    let c = (k as u64 * 8 + j as u64 * 37 + seed * 3) as u8;
+                    if c & 0x7F == 0x7F && seed % 4 != 0 {
+                        c ^ 1
+                    } else {
+                        c
+                    }
+                })
+            });
+            let fp4: [[u8; BLOCK / 2]; 8] = std::array::from_fn(|j| {
+                std::array::from_fn(|b| (b as u64 * 17 + j as u64 * 5 + seed * 11) as u8)
+            });
+            let acc: [f32; 8] = std::array::from_fn(|_| (next() as f32 - 2e9) * 1e-6);
+            let (done, got8, got4) = step(&acc, &x, &fp8, &fp4, &s);
+            let nan = fp8.iter().flatten().any(|c| c & 0x7F == 0x7F);
+            if done == nan {
+                return Err(format!("seed {seed}: NaN codes {nan}, summed {done}").into());
+            }
+            for j in 0..8 {
+                let want8 = if nan {
+                    acc[j]
+                } else {
+                    acc[j] + (exact(&x, |k| e4m3_to_f32(fp8[j][k])) * s[j]) as f32
+                };
+                let want4 = acc[j] + (exact(&x, |k| e2m1_pair(fp4[j][k / 2])[k % 2]) * s[j]) as f32;
+                if got8[j].to_bits() != want8.to_bits() || got4[j].to_bits() != want4.to_bits() {
+                    return Err(format!(
+                        "seed {seed} row {j}: fp8 {} want {want8}, fp4 {} want {want4}",
+                        got8[j], got4[j]
+                    )
+                    .into());
+                }
+            }
+        }
+        let ones = [1f64; BLOCK];
+        let unit = [1f64; 8];
+        for code in (0..=255u8).filter(|c| c & 0x7F != 0x7F) {
+            for (row, k) in [(0, 0), (3, 7), (4, 8), (5, 17), (7, 31)] {
+                let mut fp8 = [[0u8; BLOCK]; 8];
+                let mut fp4 = [[0u8; BLOCK / 2]; 8];
+                fp8[row][k] = code;
+                fp4[row][k / 2] = if k % 2 == 0 { code & 0xF } else { code << 4 };
+                let (_, got8, got4) = step(&[0.0; 8], &ones, &fp8, &fp4, &unit);
+                for j in 0..8 {
+                    let (want8, want4) = if j == row {
+                        (e4m3_to_f32(code), e2m1_pair(code & 0xF)[0])
+                    } else {
+                        (0.0, 0.0)
+                    };
+                    // A zero block sum is +0 in every kernel (the sums start from +0).
+                    if got8[j] != want8 || got4[j] != want4 {
+                        return Err(format!(
+                            "code {code:#04x} at row {row} column {k}: row {j} fp8 {} want \
+                             {want8}, fp4 {} want {want4}",
+                            got8[j], got4[j]
                         )
                         .into());
                     }

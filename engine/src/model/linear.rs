@@ -863,7 +863,7 @@ pub(crate) mod tests {
     /// dequantised rows) for every storage, rule, row count and thread count.
     #[test]
     fn stored_byte_kernels_match_the_rows_path_bit_for_bit() {
-        use super::super::simd;
+        use super::super::simd::{self, Level};
         use crate::checkpoint::{DenseDtype, QuantKind};
         let mut rng = Rng::new(11);
         // 45 rows: one decode task and a short one; 77: two full 32-row tasks, then 8 + 5;
@@ -974,27 +974,30 @@ pub(crate) mod tests {
                     for rows in [1usize, 5, 9] {
                         let x = random_x(rows, n_in, &mut rng);
                         let mut want = vec![0f32; rows * out];
-                        // The baseline copy of the row path against the vector copy (where the
-                        // CPU has one) of the stored-byte path.
-                        simd::force_portable(true);
+                        // The baseline copy of the row path against every vector copy this
+                        // CPU has of the stored-byte path.
+                        simd::cap_level(Some(Level::Portable));
                         let r = by_rows.forward(&x, rows, &mut want, numerics);
-                        simd::force_portable(false);
+                        simd::cap_level(None);
                         r.unwrap();
-                        for threads in [1, 2] {
+                        let levels = Level::ALL.into_iter().filter(|&l| l <= simd::available());
+                        for (level, threads) in levels.flat_map(|l| [(l, 1), (l, 2)]) {
                             let pool = rayon::ThreadPoolBuilder::new()
                                 .num_threads(threads)
                                 .build()
                                 .unwrap();
                             let mut got = vec![0f32; rows * out];
-                            pool.install(|| by_view.forward(&x, rows, &mut got, numerics))
-                                .unwrap();
+                            simd::cap_level(Some(level));
+                            let r = pool.install(|| by_view.forward(&x, rows, &mut got, numerics));
+                            simd::cap_level(None);
+                            r.unwrap();
                             let same = got
                                 .iter()
                                 .zip(&want)
                                 .all(|(a, b)| a.to_bits() == b.to_bits());
                             assert!(
                                 same,
-                                "{name} {kind:?} {numerics} rows {rows} threads {threads}"
+                                "{name} {kind:?} {numerics} rows {rows} {level:?} threads {threads}"
                             );
                         }
                     }

@@ -27,7 +27,8 @@ use super::quant::{bf16, BLOCK};
 use super::simd::{self, Level};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView};
 use crate::dtype::{
-    bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, f16_to_f32, E2M1_PAIR_F64, E4M3_F64,
+    bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, e8m0_to_f64, f16_to_f32, E2M1_PAIR_F64,
+    E4M3_F64,
 };
 use crate::Result;
 
@@ -128,6 +129,9 @@ impl MatVec<'_> {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx2 only where the CPU has its features.
             Level::Avx2 => unsafe { self.task_avx2(first, out) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `level` reports Avx512 only where the CPU has its features.
+            Level::Avx512 => unsafe { self.task_avx512(first, out) },
             _ => self.task_body(first, out, Level::Portable),
         }
     }
@@ -136,6 +140,12 @@ impl MatVec<'_> {
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn task_avx2(&self, first: usize, out: &mut [f32]) -> Result<()> {
         self.task_body(first, out, Level::Avx2)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+    unsafe fn task_avx512(&self, first: usize, out: &mut [f32]) -> Result<()> {
+        self.task_body(first, out, Level::Avx512)
     }
 
     #[inline(always)]
@@ -191,8 +201,8 @@ impl MatVec<'_> {
             self.decode(&row_buf, r0, nw, k0, len, &mut w, level);
             let (xs, ws) = (&x[k0..k0 + len], &w[..len]);
             #[cfg(target_arch = "x86_64")]
-            if level == Level::Avx2 {
-                // SAFETY: `level` is Avx2 only inside `task_avx2`.
+            if level >= Level::Avx2 {
+                // SAFETY: `level` is Avx2 or above only inside `task_avx2` / `task_avx512`.
                 unsafe { simd::x86::chains_32(&mut acc, xs, ws) };
                 continue;
             }
@@ -235,7 +245,7 @@ impl MatVec<'_> {
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         let r0 = self.w_first + first;
         // The baseline (SSE2) has too few registers for GROUP rows' chains: one at a time.
-        let grouped = level == Level::Avx2;
+        let grouped = level >= Level::Avx2;
         match self.rule {
             Rule::C1 => {
                 out.fill(0.0);
@@ -286,68 +296,128 @@ impl MatVec<'_> {
         Ok(())
     }
 
-    /// Rule C1 for one input row (decode) on release FP8/FP4 bytes: each weight is decoded
-    /// inside the reduction loop, nothing is stored. The block sum `Σ x·code` of an FP8/FP4
-    /// GEMM is exact in f64 in any order (module note of `linear`), so each row is summed with
-    /// independent partial sums and the E8M0 scale multiplies the block sum once, which equals
-    /// summing the scaled weights. A block whose scale could overflow f32 (byte >
-    /// [`SAFE_SCALE_BYTE`], never in a real checkpoint) or a partial block takes the generic
-    /// block decode, with the same result.
+    /// Rule C1 for one input row (decode) on release FP8/FP4 bytes, block by block
+    /// ([`Self::c1_block`]); eight rows at a time at [`Level::Avx512`].
     #[inline(always)]
     fn task_single(&self, v: QuantView, first: usize, out: &mut [f32], level: Level) {
         let r0 = self.w_first + first;
-        let x = &self.x[self.x_off..][..self.n_in];
-        let fp4 = v.kind == QuantKind::Fp4;
-        let row_bytes = if fp4 { v.cols / 2 } else { v.cols };
-        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
-        let code_block = if fp4 { BLOCK / 2 } else { BLOCK };
-        let full = self.n_in / BLOCK;
-        for (i, o) in out.iter_mut().enumerate() {
-            let r = r0 + i;
-            let codes = &v.codes[r * row_bytes..][..row_bytes];
-            let scales = &v.scales[scale_at(&v, r, 0)..][..self.n_in.div_ceil(BLOCK)];
-            // The generic block decode, for the cases named above.
-            let mut generic = |k0: usize| {
-                let len = BLOCK.min(self.n_in - k0);
-                self.decode(&[], r, 1, k0, len, &mut w, level);
-                let mut block = [[0f64; TILE]];
-                dot_rows(&mut block, [&x[k0..k0 + len]], &w, level);
-                block[0][0]
-            };
-            let mut acc = 0f32;
-            let blocks = x.chunks_exact(BLOCK).zip(codes.chunks_exact(code_block));
-            for (kb, ((xb, cb), &sb)) in blocks.zip(scales).enumerate().take(full) {
-                let sum = if sb <= SAFE_SCALE_BYTE {
-                    let xb: &[f64; BLOCK] = xb.try_into().expect("block");
-                    let part = if fp4 {
-                        let half = cb.try_into().expect("half block");
-                        match level {
-                            #[cfg(target_arch = "x86_64")]
-                            // SAFETY: only reached from `task_avx2`.
-                            Level::Avx2 => unsafe { simd::x86::fp4_block_sum(xb, half) },
-                            _ => fp4_block_sum(xb, half),
-                        }
-                    } else {
-                        let block = cb.try_into().expect("block");
-                        match level {
-                            #[cfg(target_arch = "x86_64")]
-                            // SAFETY: only reached from `task_avx2`.
-                            Level::Avx2 => unsafe { simd::x86::fp8_block_sum(xb, block) }
-                                .unwrap_or_else(|| fp8_block_sum(xb, block)),
-                            _ => fp8_block_sum(xb, block),
-                        }
-                    };
-                    part * f64::from(e8m0_to_f32(sb))
-                } else {
-                    generic(kb * BLOCK)
-                };
-                acc += sum as f32;
+        #[cfg(target_arch = "x86_64")]
+        if level == Level::Avx512 {
+            if let Ok(out) = <&mut [f32; TILE]>::try_from(&mut *out) {
+                *out = self.c1_rows8(v, r0);
+                if self.round_out {
+                    out.iter_mut().for_each(|o| *o = bf16(*o));
+                }
+                return;
             }
-            if full * BLOCK < self.n_in {
-                acc += generic(full * BLOCK) as f32;
+        }
+        for (i, o) in out.iter_mut().enumerate() {
+            let mut acc = 0f32;
+            for k0 in (0..self.n_in).step_by(BLOCK) {
+                acc += self.c1_block(v, r0 + i, k0, level) as f32;
             }
             *o = if self.round_out { bf16(acc) } else { acc };
         }
+    }
+
+    /// Rule C1 for one input row over weight rows `r0 .. r0 + 8` with the AVX-512 kernels,
+    /// a full block of the eight rows at a time; a block they leave (a NaN code, a scale
+    /// that could overflow f32) and a partial block are taken row by row, in place.
+    ///
+    /// Only called at [`Level::Avx512`], i.e. inside `task_avx512`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c1_rows8(&self, v: QuantView, r0: usize) -> [f32; TILE] {
+        let x = &self.x[self.x_off..][..self.n_in];
+        let fp4 = v.kind == QuantKind::Fp4;
+        let row_bytes = if fp4 { v.cols / 2 } else { v.cols };
+        let scales: [&[u8]; TILE] = std::array::from_fn(|i| {
+            &v.scales[scale_at(&v, r0 + i, 0)..][..self.n_in.div_ceil(BLOCK)]
+        });
+        let codes: [&[u8]; TILE] =
+            std::array::from_fn(|i| &v.codes[(r0 + i) * row_bytes..][..row_bytes]);
+        let mut acc = [0f32; TILE];
+        for (kb, xb) in x.chunks_exact(BLOCK).enumerate() {
+            let xb: &[f64; BLOCK] = xb.try_into().expect("block");
+            let sb: [u8; TILE] = std::array::from_fn(|i| scales[i][kb]);
+            let done = sb.iter().all(|&b| b <= SAFE_SCALE_BYTE) && {
+                let s = sb.map(e8m0_to_f64);
+                if fp4 {
+                    let rows = std::array::from_fn(|i| {
+                        codes[i][kb * BLOCK / 2..][..BLOCK / 2]
+                            .try_into()
+                            .expect("half block")
+                    });
+                    // SAFETY: only reached from `task_avx512`.
+                    unsafe { simd::avx512::fp4_c1_block8(&mut acc, xb, rows, &s) };
+                    true
+                } else {
+                    let rows = std::array::from_fn(|i| {
+                        codes[i][kb * BLOCK..][..BLOCK].try_into().expect("block")
+                    });
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::fp8_c1_block8(&mut acc, xb, rows, &s) }
+                }
+            };
+            if !done {
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a += self.c1_block(v, r0 + i, kb * BLOCK, Level::Avx512) as f32;
+                }
+            }
+        }
+        let tail = self.n_in - self.n_in % BLOCK;
+        if tail < self.n_in {
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a += self.c1_block(v, r0 + i, tail, Level::Avx512) as f32;
+            }
+        }
+        acc
+    }
+
+    /// One C1 block of weight row `r` at columns `k0 ..` (a multiple of 32): the exact block
+    /// sum `Σ x·code` times the E8M0 scale, before its rounding to f32. Each weight is
+    /// decoded inside the reduction loop, nothing is stored. The block sum of an FP8/FP4 GEMM
+    /// is exact in f64 in any order (module note of `linear`), so it is summed with
+    /// independent partial sums and the scale multiplies it once, which equals summing the
+    /// scaled weights. A block whose scale could overflow f32 (byte > [`SAFE_SCALE_BYTE`],
+    /// never in a real checkpoint), a NaN code or a partial block takes the generic block
+    /// decode, with the same result.
+    #[inline(always)]
+    fn c1_block(&self, v: QuantView, r: usize, k0: usize, level: Level) -> f64 {
+        let x = &self.x[self.x_off..][..self.n_in];
+        let sb = v.scales[scale_at(&v, r, k0)];
+        if self.n_in - k0 < BLOCK || sb > SAFE_SCALE_BYTE {
+            let len = BLOCK.min(self.n_in - k0);
+            let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+            self.decode(&[], r, 1, k0, len, &mut w, level);
+            let mut block = [[0f64; TILE]];
+            dot_rows(&mut block, [&x[k0..k0 + len]], &w, level);
+            return block[0][0];
+        }
+        let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+        let part = if v.kind == QuantKind::Fp4 {
+            let half = v.codes[r * (v.cols / 2) + k0 / 2..][..BLOCK / 2]
+                .try_into()
+                .expect("half block");
+            match level {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: only reached from `task_avx2` / `task_avx512`.
+                Level::Avx2 | Level::Avx512 => unsafe { simd::x86::fp4_block_sum(xb, half) },
+                _ => fp4_block_sum(xb, half),
+            }
+        } else {
+            let block = v.codes[r * v.cols + k0..][..BLOCK]
+                .try_into()
+                .expect("block");
+            match level {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                Level::Avx2 | Level::Avx512 => unsafe { simd::x86::fp8_block_sum(xb, block) }
+                    .unwrap_or_else(|| fp8_block_sum(xb, block)),
+                _ => fp8_block_sum(xb, block),
+            }
+        };
+        part * e8m0_to_f64(sb)
     }
 
     /// Rule C2 for one input row over at most [`TILE`] rows of release FP8/FP4 bytes (a
@@ -439,7 +509,8 @@ impl MatVec<'_> {
         let mut i = 0;
         while i < nw {
             #[cfg(target_arch = "x86_64")]
-            if let (Level::Avx2, Source::View(WeightView::Quant(v))) = (level, &self.source) {
+            if let (true, Source::View(WeightView::Quant(v))) = (level >= Level::Avx2, &self.source)
+            {
                 if nw - i >= 8 && len == BLOCK && quant_tile(v, r0 + i, k0, i, w) {
                     i += 8;
                     continue;
@@ -463,7 +534,7 @@ impl MatVec<'_> {
 /// decoder (the same f64 values as the row decoder): `false`, nothing written, for a scale
 /// that could overflow f32 or a NaN code, which the row decoder then takes.
 ///
-/// Only called at [`Level::Avx2`], i.e. inside `task_avx2`.
+/// Only called at [`Level::Avx2`] or above, i.e. inside `task_avx2` / `task_avx512`.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn quant_tile<const W: usize>(
@@ -485,7 +556,7 @@ fn quant_tile<const W: usize>(
                 .try_into()
                 .expect("half block")
         });
-        // SAFETY: the caller runs at Level::Avx2, which `simd` reports only where the CPU
+        // SAFETY: the caller runs at Level::Avx2 or above, which `simd` reports only where the CPU
         // has AVX2, FMA and F16C.
         unsafe { simd::x86::fp4_tile(rows, &s, w, i) };
         true
@@ -748,7 +819,7 @@ fn dot_rows<const R: usize>(
 /// multiply and add: the two copies of a kernel give the same bits.
 #[inline(always)]
 fn madd(level: Level, acc: f64, x: f64, w: f64) -> f64 {
-    if level == Level::Avx2 {
+    if level >= Level::Avx2 {
         x.mul_add(w, acc)
     } else {
         acc + x * w

@@ -4,11 +4,14 @@
 //! A kernel either has one body compiled per level (`#[target_feature]`), or a hand-written
 //! vector copy whose operations may be reordered only where MODEL.md §5.4 makes the result
 //! order-free (the exact FP8/FP4 block sums of rule C1). Either way every level gives the same
-//! bits. `DS41_SIMD=portable` forces the baseline copies (to compare, or to rule the vector
-//! paths out when in doubt).
+//! bits. `DS41_SIMD=portable` (or `avx2`) caps the level, to compare or to rule the vector
+//! paths out when in doubt.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
+
+#[cfg(target_arch = "x86_64")]
+pub mod avx512;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -16,55 +19,70 @@ pub enum Level {
     Portable,
     /// AVX2, FMA and F16C.
     Avx2,
+    /// [`Level::Avx2`] plus AVX-512 F, BW, VL and VBMI.
+    Avx512,
 }
 
 impl Level {
+    pub const ALL: [Level; 3] = [Level::Portable, Level::Avx2, Level::Avx512];
+
     pub fn name(self) -> &'static str {
         match self {
             Level::Portable => "portable",
             Level::Avx2 => "avx2",
+            Level::Avx512 => "avx512",
         }
     }
 }
 
-static FORCE_PORTABLE: AtomicBool = AtomicBool::new(false);
+/// No cap: [`cap_level`]'s "none".
+const UNCAPPED: u8 = u8::MAX;
 
-/// Force the baseline copies from now on (`false` lifts it). Tests use it to run both copies
-/// of a kernel; since they give the same bits, a concurrent caller is not disturbed.
-pub fn force_portable(on: bool) {
-    FORCE_PORTABLE.store(on, Ordering::Relaxed);
+static CAP: AtomicU8 = AtomicU8::new(UNCAPPED);
+
+/// Run the kernels at most at `cap` from now on (`None` lifts it). Tests use it to run every
+/// copy of a kernel; since all give the same bits, a concurrent caller is not disturbed.
+pub fn cap_level(cap: Option<Level>) {
+    CAP.store(cap.map_or(UNCAPPED, |l| l as u8), Ordering::Relaxed);
 }
 
 /// The level the kernels use.
 pub fn level() -> Level {
-    if FORCE_PORTABLE.load(Ordering::Relaxed) {
-        Level::Portable
-    } else {
-        available()
-    }
+    let cap = CAP.load(Ordering::Relaxed);
+    let best = available();
+    Level::ALL
+        .into_iter()
+        .filter(|&l| l <= best && (l as u8) <= cap)
+        .max()
+        .unwrap_or(Level::Portable)
 }
 
-/// The best level of this CPU, or the baseline when `DS41_SIMD=portable`.
+/// The best level of this CPU, capped by `DS41_SIMD` (`portable` or `avx2`).
 pub fn available() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        if std::env::var("DS41_SIMD").as_deref() == Ok("portable") {
-            Level::Portable
-        } else {
-            detected()
-        }
+        let cap = match std::env::var("DS41_SIMD").as_deref() {
+            Ok("portable") => Level::Portable,
+            Ok("avx2") => Level::Avx2,
+            _ => Level::Avx512,
+        };
+        detected().min(cap)
     })
 }
 
 #[cfg(target_arch = "x86_64")]
 fn detected() -> Level {
-    if is_x86_feature_detected!("avx2")
+    let avx2 = is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-    {
-        Level::Avx2
-    } else {
-        Level::Portable
+        && is_x86_feature_detected!("f16c");
+    let avx512 = is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("avx512vbmi");
+    match (avx2, avx512) {
+        (true, true) => Level::Avx512,
+        (true, false) => Level::Avx2,
+        _ => Level::Portable,
     }
 }
 

@@ -1,0 +1,205 @@
+//! C1 block sums of eight weight rows at once with AVX-512 (F, BW, VL, VBMI).
+//!
+//! Every e4m3 and e2m1 value is an f64 that is zero below bit 48 (`dtype::E4M3_F64_TOP`), so a
+//! weight's f64 is built from two byte lookups (`vpermi2b` over a 128-entry table, `vpshufb`
+//! over 16 entries) placed into the top two bytes of a 64-bit lane by one more byte permute: no
+//! conversion instruction per weight. Each row's block is then eight f64 multiply-adds, and
+//! the eight rows' lane sums are added in one transposing reduction. Every product is exact
+//! and so is any sum of them (the C1 argument of MODEL.md §5.4 in `linear`), so the result is
+//! the portable kernel's block sum to the bit; the scale, the rounding to f32 and the f32
+//! accumulation over blocks are then done for the eight rows as one vector, in the same order.
+
+use super::super::quant::BLOCK;
+use crate::dtype::{E2M1_F64_TOP, E4M3_F64_TOP};
+use std::arch::x86_64::*;
+
+/// Bytes 6 and 7 of every 64-bit lane: where the two table bytes of a value go.
+const TOP_BYTES: __mmask64 = 0xC0C0_C0C0_C0C0_C0C0;
+
+/// `PLACE[g]`: byte permute putting bytes `8g .. 8g + 8` of the low-byte table (first source)
+/// and the high-byte table (second source) into bytes 6 and 7 of lanes 0..8.
+static PLACE: [[u8; 64]; 8] = {
+    let mut t = [[0u8; 64]; 8];
+    let mut g = 0;
+    while g < 8 {
+        let mut j = 0;
+        while j < 8 {
+            t[g][8 * j + 6] = (8 * g + j) as u8;
+            t[g][8 * j + 7] = (64 + 8 * g + j) as u8;
+            j += 1;
+        }
+        g += 1;
+    }
+    t
+};
+
+/// Low and high bytes of `E4M3_F64_TOP` (sign bit clear: the code's own sign is or-ed in).
+static E4M3_LOW: [u8; 128] = top_bytes(0);
+static E4M3_HIGH: [u8; 128] = top_bytes(8);
+
+const fn top_bytes(shift: u32) -> [u8; 128] {
+    let mut t = [0u8; 128];
+    let mut c = 0;
+    while c < 128 {
+        t[c] = (E4M3_F64_TOP[c] >> shift) as u8;
+        c += 1;
+    }
+    t
+}
+
+/// Low and high bytes of `E2M1_F64_TOP`, repeated in each 128-bit lane for `vpshufb`.
+static E2M1_LOW: [u8; 64] = nibble_bytes(0);
+static E2M1_HIGH: [u8; 64] = nibble_bytes(8);
+
+const fn nibble_bytes(shift: u32) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        t[i] = (E2M1_F64_TOP[i % 16] >> shift) as u8;
+        i += 1;
+    }
+    t
+}
+
+/// One C1 step of eight FP8 rows over one full block: `acc[i] += f32(P_i · scale[i])` with
+/// `P_i = Σ_k x[k] · e4m3(rows[i][k])` exact. `false`, nothing changed, if a code is NaN (left
+/// to the table path). The scales must not overflow f32 with any code (`SAFE_SCALE_BYTE` in
+/// `matvec`).
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW, VL and VBMI (and AVX2, FMA).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn fp8_c1_block8(
+    acc: &mut [f32; 8],
+    x: &[f64; BLOCK],
+    rows: [&[u8; BLOCK]; 8],
+    scale: &[f64; 8],
+) -> bool {
+    let low = [load(&E4M3_LOW[..64]), load(&E4M3_LOW[64..])];
+    let high = [load(&E4M3_HIGH[..64]), load(&E4M3_HIGH[64..])];
+    let sign = _mm512_set1_epi8(i8::MIN);
+    let mut nan: __mmask64 = 0;
+    let mut sums = [_mm512_setzero_pd(); 8];
+    for pair in 0..4 {
+        // Rows 2·pair and 2·pair + 1, 32 codes each.
+        let c = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(_mm256_loadu_si256(rows[2 * pair].as_ptr().cast())),
+            _mm256_loadu_si256(rows[2 * pair + 1].as_ptr().cast()),
+        );
+        nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(c, sign), _mm512_set1_epi8(-1));
+        // The table index is the code's low seven bits; its sign is or-ed into the high byte.
+        let lo = _mm512_permutex2var_epi8(low[0], c, low[1]);
+        let hi = _mm512_ternarylogic_epi32::<0xF8>(
+            _mm512_permutex2var_epi8(high[0], c, high[1]),
+            c,
+            sign,
+        );
+        for g in 0..8 {
+            let w = place(lo, hi, g);
+            let row = 2 * pair + g / 4;
+            let k = 8 * (g % 4);
+            sums[row] = _mm512_fmadd_pd(_mm512_loadu_pd(x[k..].as_ptr()), w, sums[row]);
+        }
+    }
+    if nan != 0 {
+        return false;
+    }
+    accumulate(acc, sums, scale);
+    true
+}
+
+/// [`fp8_c1_block8`] for eight rows of packed FP4 (16 bytes each, low nibble first).
+///
+/// # Safety
+/// As for [`fp8_c1_block8`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn fp4_c1_block8(
+    acc: &mut [f32; 8],
+    x: &[f64; BLOCK],
+    rows: [&[u8; BLOCK / 2]; 8],
+    scale: &[f64; 8],
+) {
+    let low = load(&E2M1_LOW);
+    let high = load(&E2M1_HIGH);
+    let nibble = _mm512_set1_epi8(0x0F);
+    let mut sums = [_mm512_setzero_pd(); 8];
+    for quad in 0..2 {
+        // Rows 4·quad .. 4·quad + 4, one per 128-bit lane.
+        let r = &rows[4 * quad..4 * quad + 4];
+        let c = _mm512_inserti32x4::<3>(
+            _mm512_inserti32x4::<2>(
+                _mm512_inserti32x4::<1>(
+                    _mm512_castsi128_si512(_mm_loadu_si128(r[0].as_ptr().cast())),
+                    _mm_loadu_si128(r[1].as_ptr().cast()),
+                ),
+                _mm_loadu_si128(r[2].as_ptr().cast()),
+            ),
+            _mm_loadu_si128(r[3].as_ptr().cast()),
+        );
+        let even = _mm512_and_si512(c, nibble);
+        let odd = _mm512_and_si512(_mm512_srli_epi16::<4>(c), nibble);
+        // Each lane's row in element order: elements 0..16, then 16..32.
+        for (half, codes) in [
+            _mm512_unpacklo_epi8(even, odd),
+            _mm512_unpackhi_epi8(even, odd),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            let lo = _mm512_shuffle_epi8(low, codes);
+            let hi = _mm512_shuffle_epi8(high, codes);
+            for g in 0..8 {
+                // Lane g / 2 (a row), elements 16·half + 8·(g % 2) ..
+                let row = 4 * quad + g / 2;
+                let k = 16 * half + 8 * (g % 2);
+                let w = place(lo, hi, g);
+                sums[row] = _mm512_fmadd_pd(_mm512_loadu_pd(x[k..].as_ptr()), w, sums[row]);
+            }
+        }
+    }
+    accumulate(acc, sums, scale);
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn load(bytes: &[u8]) -> __m512i {
+    let bytes: &[u8; 64] = bytes.try_into().expect("64 table bytes");
+    _mm512_loadu_si512(bytes.as_ptr().cast())
+}
+
+/// Eight f64 whose top bytes are bytes `8g .. 8g + 8` of `lo` and `hi`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn place(lo: __m512i, hi: __m512i, g: usize) -> __m512d {
+    let index = load(&PLACE[g]);
+    _mm512_castsi512_pd(_mm512_maskz_permutex2var_epi8(TOP_BYTES, lo, index, hi))
+}
+
+/// `acc[i] += f32(Σ lanes of sums[i] · scale[i])`, the eight lane sums taken together.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn accumulate(acc: &mut [f32; 8], s: [__m512d; 8], scale: &[f64; 8]) {
+    // Pairs of rows: per 128-bit lane, (row a, row b) partial sums.
+    let pair =
+        |a: __m512d, b: __m512d| _mm512_add_pd(_mm512_unpacklo_pd(a, b), _mm512_unpackhi_pd(a, b));
+    // Two such: 128-bit lanes 0+1 and 2+3 of each, rows a, b, c, d in order.
+    let quad = |ab: __m512d, cd: __m512d| {
+        _mm512_add_pd(
+            _mm512_shuffle_f64x2::<0b10_00_10_00>(ab, cd),
+            _mm512_shuffle_f64x2::<0b11_01_11_01>(ab, cd),
+        )
+    };
+    let (q0, q1) = (
+        quad(pair(s[0], s[1]), pair(s[2], s[3])),
+        quad(pair(s[4], s[5]), pair(s[6], s[7])),
+    );
+    let total = _mm512_add_pd(
+        _mm512_shuffle_f64x2::<0b10_00_10_00>(q0, q1),
+        _mm512_shuffle_f64x2::<0b11_01_11_01>(q0, q1),
+    );
+    let blocks = _mm512_cvtpd_ps(_mm512_mul_pd(total, _mm512_loadu_pd(scale.as_ptr())));
+    let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), blocks);
+    _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+}
