@@ -33,10 +33,16 @@ fn main() {
         "avx512_eight_row_block_sums_equal_the_exact_sums_on_every_code",
         x86::eight_row_blocks,
     );
-    trials.push(match x86::missing_avx512() {
-        Some(why) => wide.with_ignored_flag(true).with_kind(why),
-        None => wide,
-    });
+    let chains = Trial::test(
+        "avx512_eight_row_chains_equal_the_portable_chains_on_every_code",
+        x86::eight_row_chains,
+    );
+    for t in [wide, chains] {
+        trials.push(match x86::missing_avx512() {
+            Some(why) => t.with_ignored_flag(true).with_kind(why),
+            None => t,
+        });
+    }
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -59,6 +65,9 @@ mod x86 {
         missing()
     }
     pub fn eight_row_blocks() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn eight_row_chains() -> Result<(), Failed> {
         Ok(())
     }
 }
@@ -329,6 +338,78 @@ mod x86 {
                         )
                         .into());
                     }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The AVX-512 eight-row C2 step against the portable chain (`acc + x·(code·scale)`, one
+    /// rounding per k, k increasing) per row, bit for bit: every code at every row and column
+    /// across the seeds, inputs of any f32 value (C2 does not need act-quant inputs), chains
+    /// starting from +0, −0 and earlier values, scales from 2^−127 to 2^118, a NaN code
+    /// refused with the chains untouched.
+    pub fn eight_row_chains() -> Result<(), Failed> {
+        let mut state = 5u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        for seed in 0..512u64 {
+            let x: [f64; BLOCK] =
+                std::array::from_fn(|_| f64::from(f32::from_bits(next() & 0xBFFF_FFFF) * 1e-3));
+            let scale_bytes: [u8; 8] = std::array::from_fn(|j| match (seed as usize + j) % 5 {
+                0 => 0,
+                1 => 245,
+                _ => 90 + (next() % 60) as u8,
+            });
+            let s: [f64; 8] = scale_bytes.map(|b| f64::from(e8m0_to_f32(b)));
+            let fp8: [[u8; BLOCK]; 8] = std::array::from_fn(|j| {
+                std::array::from_fn(|k| {
+                    let c = (k as u64 * 8 + j as u64 * 37 + seed * 3) as u8;
+                    if c & 0x7F == 0x7F && seed % 4 != 0 {
+                        c ^ 1
+                    } else {
+                        c
+                    }
+                })
+            });
+            let fp4: [[u8; BLOCK / 2]; 8] = std::array::from_fn(|j| {
+                std::array::from_fn(|b| (b as u64 * 17 + j as u64 * 5 + seed * 11) as u8)
+            });
+            let acc: [f64; 8] = std::array::from_fn(|j| match (seed as usize + j) % 3 {
+                0 => 0.0,
+                1 => -0.0,
+                _ => f64::from(next() as f32 - 2e9) * 1e-3,
+            });
+            let (mut got8, mut got4) = (acc, acc);
+            // SAFETY: `missing_avx512` found the features, or this trial is not run.
+            let done = unsafe {
+                avx512::fp4_c2_block8(&mut got4, &x, std::array::from_fn(|j| &fp4[j]), &s);
+                avx512::fp8_c2_block8(&mut got8, &x, std::array::from_fn(|j| &fp8[j]), &s)
+            };
+            let nan = fp8.iter().flatten().any(|c| c & 0x7F == 0x7F);
+            if done == nan {
+                return Err(format!("seed {seed}: NaN codes {nan}, chained {done}").into());
+            }
+            for j in 0..8 {
+                let chain = |w: &dyn Fn(usize) -> f32| {
+                    (0..BLOCK).fold(acc[j], |a, k| a + x[k] * (f64::from(w(k)) * s[j]))
+                };
+                let want8 = if nan {
+                    acc[j]
+                } else {
+                    chain(&|k| e4m3_to_f32(fp8[j][k]))
+                };
+                let want4 = chain(&|k| e2m1_pair(fp4[j][k / 2])[k % 2]);
+                if got8[j].to_bits() != want8.to_bits() || got4[j].to_bits() != want4.to_bits() {
+                    return Err(format!(
+                        "seed {seed} row {j}: fp8 {} want {want8}, fp4 {} want {want4}",
+                        got8[j], got4[j]
+                    )
+                    .into());
                 }
             }
         }

@@ -46,6 +46,10 @@ pub(crate) const DECODE_TILE: usize = 32;
 /// codes).
 const WIDE_TASK_WEIGHTS: usize = 1 << 20;
 
+/// Bytes ahead of the current block that the AVX-512 C2 kernels prefetch in each row.
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_AHEAD: usize = 256;
+
 /// [`WeightBlock`] for [`DECODE_TILE`] rows.
 type WideBlock = [[f64; DECODE_TILE]; BLOCK];
 
@@ -94,8 +98,11 @@ impl MatVec<'_> {
         if self.rows == 1 {
             // Decode: each task owns a contiguous slice of y. Wide tasks for a weight that
             // stays in cache; from a larger one, streamed from memory, tasks of TILE rows
-            // measured twice as fast (fewer rows walked at once).
-            let size = if n_out * self.n_in <= WIDE_TASK_WEIGHTS {
+            // measured twice as fast (fewer rows walked at once) but for the AVX-512 FP8/FP4
+            // kernels, whose C2 chains need the wide tasks' independent rows.
+            let size = if n_out * self.n_in <= WIDE_TASK_WEIGHTS
+                || (simd::level() == Level::Avx512 && self.quant_decode())
+            {
                 DECODE_TILE
             } else {
                 TILE
@@ -124,17 +131,14 @@ impl MatVec<'_> {
     ///
     /// The body is compiled for the target's baseline, with AVX2 and with AVX-512 (see
     /// [`simd`]), and the copy is chosen at run time; all give the same bits. The AVX-512 copy
-    /// serves only the single-row C1 kernels it was written for: the compiler's own AVX-512
+    /// serves only the single-row FP8/FP4 kernels it was written for: the compiler's own AVX-512
     /// code for the other loops (gathers for table lookups) measured up to 1.5x slower on
     /// Zen 4 than their AVX2 code.
     fn task(&self, first: usize, out: &mut [f32]) -> Result<()> {
-        let c1_decode = self.rows == 1
-            && self.rule == Rule::C1
-            && matches!(self.source, Source::View(WeightView::Quant(_)));
         match simd::level() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx512 only where the CPU has its features.
-            Level::Avx512 if c1_decode => unsafe { self.task_avx512(first, out) },
+            Level::Avx512 if self.quant_decode() => unsafe { self.task_avx512(first, out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2, FMA, F16C.
             Level::Avx2 | Level::Avx512 => unsafe { self.task_avx2(first, out) },
@@ -158,6 +162,13 @@ impl MatVec<'_> {
     fn task_body(&self, first: usize, out: &mut [f32], level: Level) -> Result<()> {
         let rows = self.rows;
         if rows == 1 {
+            #[cfg(target_arch = "x86_64")]
+            if let (Level::Avx512, Rule::C2 { init }, Source::View(WeightView::Quant(view))) =
+                (level, self.rule, &self.source)
+            {
+                self.c2_quant_rows(*view, init, first, out);
+                return Ok(());
+            }
             if let (Rule::C2 { init }, true) = (self.rule, out.len() > TILE) {
                 return self.task_c2_single(init, first, out, level);
             }
@@ -378,6 +389,86 @@ impl MatVec<'_> {
             }
         }
         acc
+    }
+
+    /// Rule C2 for one input row over up to [`DECODE_TILE`] rows of release FP8/FP4 bytes with
+    /// the AVX-512 kernels: eight rows' chains per vector, four vectors of independent chains.
+    /// A group of fewer than eight rows, a partial block, a NaN code or a scale that could
+    /// overflow f32 takes the generic block decode for that group and block, in place.
+    ///
+    /// Only called at [`Level::Avx512`], i.e. inside `task_avx512`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c2_quant_rows(&self, v: QuantView, init: f64, first: usize, out: &mut [f32]) {
+        let nw = out.len();
+        let r0 = self.w_first + first;
+        let x = &self.x[self.x_off..][..self.n_in];
+        let fp4 = v.kind == QuantKind::Fp4;
+        let row_bytes = if fp4 { v.cols / 2 } else { v.cols };
+        let mut acc = [init; DECODE_TILE];
+        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        for k0 in (0..self.n_in).step_by(BLOCK) {
+            let len = BLOCK.min(self.n_in - k0);
+            // Thirty-two rows walked at once are too many streams for the hardware prefetcher
+            // (the kernel ran at a third of its in-cache rate): fetch each row's bytes ahead.
+            let at = if fp4 { k0 / 2 } else { k0 };
+            if at % 64 == 0 {
+                for i in 0..nw {
+                    simd::avx512::prefetch(
+                        &v.codes[(r0 + i) * row_bytes..][..row_bytes],
+                        at + PREFETCH_AHEAD,
+                    );
+                }
+            }
+            for (g, chains) in acc
+                .chunks_exact_mut(TILE)
+                .enumerate()
+                .take(nw.div_ceil(TILE))
+            {
+                let chains: &mut [f64; TILE] = chains.try_into().expect("eight chains");
+                let (rg, n) = (r0 + g * TILE, (nw - g * TILE).min(TILE));
+                let sb: [u8; TILE] =
+                    std::array::from_fn(|i| v.scales[scale_at(&v, rg + i.min(n - 1), k0)]);
+                let fast =
+                    n == TILE && len == BLOCK && sb.iter().all(|&b| b <= SAFE_SCALE_BYTE) && {
+                        let s = sb.map(e8m0_to_f64);
+                        let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+                        if fp4 {
+                            let rows = std::array::from_fn(|i| {
+                                v.codes[(rg + i) * row_bytes + k0 / 2..][..BLOCK / 2]
+                                    .try_into()
+                                    .expect("half block")
+                            });
+                            // SAFETY: only reached from `task_avx512`.
+                            unsafe { simd::avx512::fp4_c2_block8(chains, xb, rows, &s) };
+                            true
+                        } else {
+                            let rows = std::array::from_fn(|i| {
+                                v.codes[(rg + i) * row_bytes + k0..][..BLOCK]
+                                    .try_into()
+                                    .expect("block")
+                            });
+                            // SAFETY: as above.
+                            unsafe { simd::avx512::fp8_c2_block8(chains, xb, rows, &s) }
+                        }
+                    };
+                if !fast {
+                    self.decode(&[], rg, n, k0, len, &mut w, Level::Avx512);
+                    let mut c = [*chains];
+                    dot_rows(&mut c, [&x[k0..k0 + len]], &w, Level::Avx512);
+                    *chains = c[0];
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            let v = a as f32;
+            *o = if self.round_out { bf16(v) } else { v };
+        }
+    }
+
+    /// A single-row product on release FP8/FP4 bytes: what the AVX-512 kernels serve.
+    fn quant_decode(&self) -> bool {
+        self.rows == 1 && matches!(self.source, Source::View(WeightView::Quant(_)))
     }
 
     /// One C1 block of weight row `r` at columns `k0 ..` (a multiple of 32): the exact block

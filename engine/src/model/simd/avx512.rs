@@ -8,6 +8,10 @@
 //! and so is any sum of them (the C1 argument of MODEL.md §5.4 in `linear`), so the result is
 //! the portable kernel's block sum to the bit; the scale, the rounding to f32 and the f32
 //! accumulation over blocks are then done for the eight rows as one vector, in the same order.
+//!
+//! Rule C2 (one f64 chain per row, k increasing) cannot reorder a row's sum, so its kernels
+//! put the rows in the lanes instead: eight rows' codes are transposed by byte permutes into
+//! columns, and each column is one vector multiply-add advancing the eight chains.
 
 use super::super::quant::BLOCK;
 use crate::dtype::{E2M1_F64_TOP, E4M3_F64_TOP};
@@ -127,17 +131,7 @@ pub unsafe fn fp4_c1_block8(
     let mut sums = [_mm512_setzero_pd(); 8];
     for quad in 0..2 {
         // Rows 4·quad .. 4·quad + 4, one per 128-bit lane.
-        let r = &rows[4 * quad..4 * quad + 4];
-        let c = _mm512_inserti32x4::<3>(
-            _mm512_inserti32x4::<2>(
-                _mm512_inserti32x4::<1>(
-                    _mm512_castsi128_si512(_mm_loadu_si128(r[0].as_ptr().cast())),
-                    _mm_loadu_si128(r[1].as_ptr().cast()),
-                ),
-                _mm_loadu_si128(r[2].as_ptr().cast()),
-            ),
-            _mm_loadu_si128(r[3].as_ptr().cast()),
-        );
+        let c = lanes4(std::array::from_fn(|r| rows[4 * quad + r]));
         let even = _mm512_and_si512(c, nibble);
         let odd = _mm512_and_si512(_mm512_srli_epi16::<4>(c), nibble);
         // Each lane's row in element order: elements 0..16, then 16..32.
@@ -160,6 +154,154 @@ pub unsafe fn fp4_c1_block8(
         }
     }
     accumulate(acc, sums, scale);
+}
+
+/// `TRANSPOSE[h]`: byte permute from two vectors of four rows' 16 codes each (rows 0..4 in
+/// the first, 4..8 in the second, one row per 128-bit lane) to columns `8h .. 8h + 8` of the
+/// 16, each column's eight rows adjacent: output byte `8g + r` is row r, column `8h + g`.
+static TRANSPOSE: [[u8; 64]; 2] = {
+    let mut t = [[0u8; 64]; 2];
+    let mut h = 0;
+    while h < 2 {
+        let mut g = 0;
+        while g < 8 {
+            let mut r = 0;
+            while r < 8 {
+                let column = 8 * h + g;
+                t[h][8 * g + r] = if r < 4 {
+                    16 * r + column
+                } else {
+                    64 + 16 * (r - 4) + column
+                } as u8;
+                r += 1;
+            }
+            g += 1;
+        }
+        h += 1;
+    }
+    t
+};
+
+/// One C2 step of eight FP8 rows over one full block: for k increasing,
+/// `acc[i] = fma(x[k], code[i][k] · scale[i], acc[i])`, the rows being the lanes. The product
+/// is exact, so this is the portable chain to the bit. `false`, nothing changed, if a code is
+/// NaN. The scales must not overflow f32 with any code.
+///
+/// # Safety
+/// As for [`fp8_c1_block8`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn fp8_c2_block8(
+    acc: &mut [f64; 8],
+    x: &[f64; BLOCK],
+    rows: [&[u8; BLOCK]; 8],
+    scale: &[f64; 8],
+) -> bool {
+    let sign = _mm512_set1_epi8(i8::MIN);
+    // Columns 0..16 and 16..32, four rows per vector.
+    let quarter = |h: usize, first: usize| {
+        lanes4(std::array::from_fn(|r| {
+            rows[first + r][16 * h..16 * h + 16]
+                .try_into()
+                .expect("16 codes")
+        }))
+    };
+    let sources = [
+        (quarter(0, 0), quarter(0, 4)),
+        (quarter(1, 0), quarter(1, 4)),
+    ];
+    let mut nan: __mmask64 = 0;
+    for (a, b) in sources {
+        for c in [a, b] {
+            nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(c, sign), _mm512_set1_epi8(-1));
+        }
+    }
+    if nan != 0 {
+        return false;
+    }
+    let low = [load(&E4M3_LOW[..64]), load(&E4M3_LOW[64..])];
+    let high = [load(&E4M3_HIGH[..64]), load(&E4M3_HIGH[64..])];
+    let mut chain = _mm512_loadu_pd(acc.as_ptr());
+    let s = _mm512_loadu_pd(scale.as_ptr());
+    for q in 0..4 {
+        let (a, b) = sources[q / 2];
+        let columns = _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b);
+        let lo = _mm512_permutex2var_epi8(low[0], columns, low[1]);
+        let hi = _mm512_ternarylogic_epi32::<0xF8>(
+            _mm512_permutex2var_epi8(high[0], columns, high[1]),
+            columns,
+            sign,
+        );
+        chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi, s);
+    }
+    _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+    true
+}
+
+/// [`fp8_c2_block8`] for eight rows of packed FP4 (16 bytes each, low nibble first).
+///
+/// # Safety
+/// As for [`fp8_c1_block8`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn fp4_c2_block8(
+    acc: &mut [f64; 8],
+    x: &[f64; BLOCK],
+    rows: [&[u8; BLOCK / 2]; 8],
+    scale: &[f64; 8],
+) {
+    let nibble = _mm512_set1_epi8(0x0F);
+    // Four rows per vector, each lane's row in element order: 0..16 (`first`), 16..32.
+    let elements = |first: usize| {
+        let c = lanes4(std::array::from_fn(|r| rows[first + r]));
+        let even = _mm512_and_si512(c, nibble);
+        let odd = _mm512_and_si512(_mm512_srli_epi16::<4>(c), nibble);
+        (
+            _mm512_unpacklo_epi8(even, odd),
+            _mm512_unpackhi_epi8(even, odd),
+        )
+    };
+    let ((a0, a1), (b0, b1)) = (elements(0), elements(4));
+    let sources = [(a0, b0), (a1, b1)];
+    let low = load(&E2M1_LOW);
+    let high = load(&E2M1_HIGH);
+    let mut chain = _mm512_loadu_pd(acc.as_ptr());
+    let s = _mm512_loadu_pd(scale.as_ptr());
+    for q in 0..4 {
+        let (a, b) = sources[q / 2];
+        let columns = _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b);
+        let lo = _mm512_shuffle_epi8(low, columns);
+        let hi = _mm512_shuffle_epi8(high, columns);
+        chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi, s);
+    }
+    _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+}
+
+/// Four rows of 16 bytes, row r in 128-bit lane r.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn lanes4(rows: [&[u8; 16]; 4]) -> __m512i {
+    let lane = |r: usize| _mm_loadu_si128(rows[r].as_ptr().cast());
+    _mm512_inserti32x4::<3>(
+        _mm512_inserti32x4::<2>(
+            _mm512_inserti32x4::<1>(_mm512_castsi128_si512(lane(0)), lane(1)),
+            lane(2),
+        ),
+        lane(3),
+    )
+}
+
+/// Eight columns (`x` their inputs) of eight rows' values, the columns' table bytes in `lo`,
+/// `hi` (byte `8g + r`: column g, row r): `chain = fma(x[g], value · s, chain)`, g increasing.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+unsafe fn chains8(mut chain: __m512d, x: &[f64], lo: __m512i, hi: __m512i, s: __m512d) -> __m512d {
+    let x: &[f64; 8] = x.try_into().expect("eight columns");
+    for (g, &xg) in x.iter().enumerate() {
+        let w = _mm512_mul_pd(place(lo, hi, g), s);
+        chain = _mm512_fmadd_pd(_mm512_set1_pd(xg), w, chain);
+    }
+    chain
 }
 
 #[inline]
@@ -202,4 +344,14 @@ unsafe fn accumulate(acc: &mut [f32; 8], s: [__m512d; 8], scale: &[f64; 8]) {
     let blocks = _mm512_cvtpd_ps(_mm512_mul_pd(total, _mm512_loadu_pd(scale.as_ptr())));
     let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), blocks);
     _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+}
+
+/// Ask for the cache line of `bytes[at]` (nothing past the end: a row's last lines are
+/// already on their way).
+#[inline(always)]
+pub fn prefetch(bytes: &[u8], at: usize) {
+    if let Some(b) = bytes.get(at) {
+        // SAFETY: a prefetch has no architectural effect, and the address is in `bytes`.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(b).cast()) };
+    }
 }
