@@ -6,6 +6,7 @@
 //! upstream. The candidate source turns its scores into candidate blocks (with the newest
 //! reachable block pinned); index sources after it mask their scores to those blocks.
 
+use std::cell::Cell;
 use std::sync::Arc;
 
 use super::parallel::{for_each_chunk, worth_parallel};
@@ -20,6 +21,7 @@ use super::numerics::Numerics;
 use super::pool::PoolVec;
 use super::quant;
 use super::rope::Rope;
+use super::simd::{self, Level};
 use super::topk;
 use super::{Chunk, LayerCtx};
 use crate::checkpoint::Checkpoint;
@@ -133,7 +135,9 @@ impl Indexer {
         Ok((iq, w))
     }
 
-    /// `score[t] = Σ_h relu(iq_h · key_t) · w_h` for t < n (keys [≥n, head_dim]).
+    /// `score[t] = Σ_h relu(iq_h · key_t) · w_h` for t < n (keys [≥n, head_dim]). Each dot
+    /// is one f64 chain in increasing index from the empty sum's start (rule C2, as
+    /// `Iterator::sum` adds); [`KEY_LANES`] keys are scored together, one per vector lane.
     pub fn scores(
         &self,
         iq: &[f32],
@@ -145,20 +149,76 @@ impl Indexer {
         let hd = self.head_dim;
         let mut scores = PoolVec::filled(n, 0.0f32);
         let parallel = worth_parallel(n * self.n_heads * hd);
-        for_each_chunk(&mut scores, 1, parallel, |t, score| {
-            let score = &mut score[0];
-            let key = &keys[t * hd..(t + 1) * hd];
-            let mut acc = 0.0f64;
-            for h in 0..self.n_heads {
-                let q = &iq[h * hd..(h + 1) * hd];
-                let dot: f64 = q.iter().zip(key).map(|(a, b)| *a as f64 * *b as f64).sum();
-                let dot = numerics.round1(dot as f32).max(0.0);
-                acc += numerics.round1(dot * w[h]) as f64;
+        for_each_chunk(&mut scores, KEY_LANES, parallel, |g, out| {
+            let keys = &keys[g * KEY_LANES * hd..][..out.len() * hd];
+            let heads = Heads { iq, w, dim: hd };
+            match simd::level() {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2 and FMA.
+                Level::Avx2 | Level::Avx512 => unsafe {
+                    score_keys_avx2(&heads, keys, out, numerics)
+                },
+                _ => score_keys(&heads, keys, out, numerics),
             }
-            *score = numerics.round1(acc as f32);
         });
         scores
     }
+}
+
+/// One query's index heads: queries `iq` [heads, dim] and weights `w` [heads].
+struct Heads<'a> {
+    iq: &'a [f32],
+    w: &'a [f32],
+    dim: usize,
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn score_keys_avx2(heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) {
+    score_keys(heads, keys, out, numerics)
+}
+
+/// [`Indexer::scores`] for up to [`KEY_LANES`] keys (`keys` [out.len(), dim]): the keys
+/// transposed into columns, then per head every key's chain advances over the columns (a
+/// product of two f32 is exact in f64, so multiply-then-add is each step of the scalar sum).
+#[inline(always)]
+fn score_keys(heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) {
+    let hd = heads.dim;
+    let start = std::iter::empty::<f64>().sum::<f64>();
+    let mut columns = KEY_COLUMNS.with(Cell::take);
+    columns.clear();
+    columns.resize(hd, [0.0; KEY_LANES]);
+    for (l, key) in keys.chunks_exact(hd).enumerate() {
+        for (c, &k) in columns.iter_mut().zip(key) {
+            c[l] = f64::from(k);
+        }
+    }
+    let mut total = [0f64; KEY_LANES];
+    for (q, &wh) in heads.iq.chunks_exact(hd).zip(heads.w) {
+        let mut dot = [start; KEY_LANES];
+        for (&qd, c) in q.iter().zip(columns.iter()) {
+            let qd = f64::from(qd);
+            for (d, &k) in dot.iter_mut().zip(c) {
+                *d += qd * k;
+            }
+        }
+        for (t, &d) in total.iter_mut().zip(&dot).take(out.len()) {
+            let relu = numerics.round1(d as f32).max(0.0);
+            *t += f64::from(numerics.round1(relu * wh));
+        }
+    }
+    for (o, &t) in out.iter_mut().zip(&total) {
+        *o = numerics.round1(t as f32);
+    }
+    KEY_COLUMNS.with(|c| c.set(columns));
+}
+
+/// Index keys scored together by [`Indexer::scores`]: independent chains, one per lane.
+const KEY_LANES: usize = 8;
+
+thread_local! {
+    /// [`score_keys`]' transposed keys, reused (taken while in use).
+    static KEY_COLUMNS: Cell<Vec<[f64; KEY_LANES]>> = const { Cell::new(Vec::new()) };
 }
 
 /// Candidate blocks of the candidate source for one query (§6.4.6): `scores` over the
@@ -335,5 +395,74 @@ impl Indexer {
         handoff.topk = lists;
         handoff.topk_margins = margins;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The scalar definition: per key and head one f64 `sum` in increasing index.
+    fn scalar_score(heads: &Heads, key: &[f32], numerics: Numerics) -> f32 {
+        let mut acc = 0.0f64;
+        for (q, &wh) in heads.iq.chunks_exact(heads.dim).zip(heads.w) {
+            let dot: f64 = q.iter().zip(key).map(|(a, b)| *a as f64 * *b as f64).sum();
+            let dot = numerics.round1(dot as f32).max(0.0);
+            acc += numerics.round1(dot * wh) as f64;
+        }
+        numerics.round1(acc as f32)
+    }
+
+    /// Keys scored a lane each give the scalar definition's bits, for every group size, in
+    /// both profiles and at every vector level (zero dots included: a ReLU at exactly 0).
+    #[test]
+    fn keys_scored_together_equal_the_scalar_sums() {
+        let mut state = 1u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                * if state % 7 == 0 { 0.0 } else { 1.0 }
+        };
+        let (n_heads, dim) = (5, 24);
+        // Each head's first two weights are large and every key's first two values cancel
+        // through them: in increasing order the small terms after them add exactly, in any
+        // order that meets them first their sum is rounded at the large scale.
+        let iq: Vec<f32> = (0..n_heads * dim)
+            .map(|i| if i % dim < 2 { 1.5e9 } else { next() * 1e3 })
+            .collect();
+        let w: Vec<f32> = (0..n_heads).map(|_| next()).collect();
+        let heads = Heads {
+            iq: &iq,
+            w: &w,
+            dim,
+        };
+        for n in 1..=KEY_LANES {
+            let keys: Vec<f32> = (0..n * dim)
+                .map(|i| match i % dim {
+                    0 => 3.0e9,
+                    1 => -3.0e9,
+                    _ => next() * 3.0,
+                })
+                .collect();
+            for numerics in [Numerics::Upstream, Numerics::Exact] {
+                let want: Vec<f32> = keys
+                    .chunks_exact(dim)
+                    .map(|k| scalar_score(&heads, k, numerics))
+                    .collect();
+                let mut got = vec![f32::NAN; n];
+                score_keys(&heads, &keys, &mut got, numerics);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got), bits(&want), "{n} keys {numerics}");
+                #[cfg(target_arch = "x86_64")]
+                if simd::available() >= Level::Avx2 {
+                    let mut got = vec![f32::NAN; n];
+                    // SAFETY: the CPU has AVX2 and FMA.
+                    unsafe { score_keys_avx2(&heads, &keys, &mut got, numerics) };
+                    assert_eq!(bits(&got), bits(&want), "{n} keys {numerics} avx2");
+                }
+            }
+        }
     }
 }

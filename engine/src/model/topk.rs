@@ -32,14 +32,22 @@ pub fn select(values: &[f32], k: usize, ties_reversed: bool, what: &str) -> Resu
         return Err(Error::Model(format!("{what}: NaN score at index {i}")));
     }
     let mut order: PoolVec<usize> = (0..values.len()).collect();
-    // NaN-free, so partial_cmp is total here. (An unstable sort: the comparison is total and
-    // breaks every tie by index, so the order is unique, and it needs no buffer.)
-    order.sort_unstable_by(|&a, &b| {
+    // NaN-free, so partial_cmp is total here, and every tie is broken by index: the order is
+    // unique, so an unstable sort is exact and needs no buffer. Only the first k + 1 places
+    // are needed (the selection and the margin's runner-up): they are partitioned off first
+    // (linear time), then sorted, which gives the same places as sorting everything.
+    let rule = |&a: &usize, &b: &usize| {
         let by_value = values[b]
             .partial_cmp(&values[a])
             .unwrap_or(std::cmp::Ordering::Equal);
         by_value.then(if ties_reversed { b.cmp(&a) } else { a.cmp(&b) })
-    });
+    };
+    if k < order.len() {
+        order.select_nth_unstable_by(k, rule);
+        order[..k].sort_unstable_by(rule);
+    } else {
+        order.sort_unstable_by(rule);
+    }
     let margin = margin(values, &order, k);
     order.truncate(k.min(values.len()));
     Ok(Selection {
@@ -48,7 +56,8 @@ pub fn select(values: &[f32], k: usize, ties_reversed: bool, what: &str) -> Resu
     })
 }
 
-/// The margin of choosing the first `k` of `order` (all indices, sorted by the tie rule).
+/// The margin of choosing the first `k` of `order` (all indices; the first k + 1 in the order
+/// of the tie rule).
 fn margin(values: &[f32], order: &[usize], k: usize) -> f32 {
     if k == 0 || k >= order.len() {
         return f32::INFINITY;
@@ -110,5 +119,45 @@ mod tests {
         assert_eq!(m(&[2.0, ninf, ninf], 2), inf);
         // All zero (every ReLU off): a tie, the scale floor keeps it finite.
         assert_eq!(m(&[0.0, 0.0, 0.0], 1), 0.0);
+    }
+
+    /// The partitioned selection gives exactly the places a full sort gives, for every k, on
+    /// values full of ties and infinities, in both tie modes.
+    #[test]
+    fn partial_selection_equals_the_full_sort() {
+        let mut state = 9u64;
+        for n in 0..60usize {
+            let values: Vec<f32> = (0..n)
+                .map(|_| {
+                    state = state
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    match (state >> 33) % 9 {
+                        0 => f32::INFINITY,
+                        1 => f32::NEG_INFINITY,
+                        r => r as f32 * 0.5 - 2.0,
+                    }
+                })
+                .collect();
+            for reversed in [false, true] {
+                let mut full: Vec<usize> = (0..n).collect();
+                full.sort_by(|&a, &b| {
+                    values[b]
+                        .partial_cmp(&values[a])
+                        .unwrap()
+                        .then(if reversed { b.cmp(&a) } else { a.cmp(&b) })
+                });
+                for k in 0..=n + 1 {
+                    let got = select(&values, k, reversed, "t").unwrap();
+                    assert_eq!(&got.indices[..], &full[..k.min(n)], "n {n} k {k}");
+                    let want = margin(&values, &full, k);
+                    assert!(
+                        got.margin.to_bits() == want.to_bits(),
+                        "n {n} k {k}: margin {} want {want}",
+                        got.margin
+                    );
+                }
+            }
+        }
     }
 }
