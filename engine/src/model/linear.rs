@@ -874,6 +874,9 @@ pub(crate) mod tests {
             let wb: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
             let (q8, v8) = random_grouped(out, 40, 8, 16, &mut rng);
             let (q4, v4) = random_grouped(out, 40, 4, 16, &mut rng);
+            // Groups of whole 32-column blocks: the AVX-512 kernels read these directly.
+            let (q8w, v8w) = random_grouped(out, inp, 8, 64, &mut rng);
+            let (q4w, v4w) = random_grouped(out, inp, 4, 32, &mut rng);
             let quant = |kind, codes, e: &[i32]| StoredBytes::Quant {
                 kind,
                 codes,
@@ -942,6 +945,8 @@ pub(crate) mod tests {
             );
             add("q8", vec![out, 40], Storage::Q8G, v8, q8);
             add("q4", vec![out, 40], Storage::Q4G, v4, q4);
+            add("q8w", vec![out, inp], Storage::Q8G, v8w, q8w);
+            add("q4w", vec![out, inp], Storage::Q4G, v4w, q4w);
             let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
                 layout: Layout::Container,
                 tensors: tensors.clone(),
@@ -964,6 +969,8 @@ pub(crate) mod tests {
                 ("f32", LinearKind::F32),
                 ("q8", LinearKind::Bf16),
                 ("q4", LinearKind::F32),
+                ("q8w", LinearKind::Bf16),
+                ("q4w", LinearKind::F32),
             ];
             for (name, kind) in cases {
                 let by_rows = Linear::load(&rows_ckpt, name, kind).unwrap();

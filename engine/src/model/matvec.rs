@@ -101,7 +101,7 @@ impl MatVec<'_> {
             // measured twice as fast (fewer rows walked at once) but for the AVX-512 FP8/FP4
             // kernels, whose C2 chains need the wide tasks' independent rows.
             let size = if n_out * self.n_in <= WIDE_TASK_WEIGHTS
-                || (simd::level() == Level::Avx512 && self.quant_decode())
+                || (simd::level() == Level::Avx512 && self.byte_rows_decode())
             {
                 DECODE_TILE
             } else {
@@ -131,14 +131,14 @@ impl MatVec<'_> {
     ///
     /// The body is compiled for the target's baseline, with AVX2 and with AVX-512 (see
     /// [`simd`]), and the copy is chosen at run time; all give the same bits. The AVX-512 copy
-    /// serves only the single-row FP8/FP4 kernels it was written for: the compiler's own AVX-512
+    /// serves only the single-row kernels it was written for: the compiler's own AVX-512
     /// code for the other loops (gathers for table lookups) measured up to 1.5x slower on
     /// Zen 4 than their AVX2 code.
     fn task(&self, first: usize, out: &mut [f32]) -> Result<()> {
         match simd::level() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx512 only where the CPU has its features.
-            Level::Avx512 if self.quant_decode() => unsafe { self.task_avx512(first, out) },
+            Level::Avx512 if self.byte_rows_decode() => unsafe { self.task_avx512(first, out) },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2, FMA, F16C.
             Level::Avx2 | Level::Avx512 => unsafe { self.task_avx2(first, out) },
@@ -163,11 +163,13 @@ impl MatVec<'_> {
         let rows = self.rows;
         if rows == 1 {
             #[cfg(target_arch = "x86_64")]
-            if let (Level::Avx512, Rule::C2 { init }, Source::View(WeightView::Quant(view))) =
+            if let (Level::Avx512, Rule::C2 { init }, Source::View(view)) =
                 (level, self.rule, &self.source)
             {
-                self.c2_quant_rows(*view, init, first, out);
-                return Ok(());
+                if let Some(bytes) = ByteRows::of(*view) {
+                    self.c2_rows8(bytes, init, first, out);
+                    return Ok(());
+                }
             }
             if let (Rule::C2 { init }, true) = (self.rule, out.len() > TILE) {
                 return self.task_c2_single(init, first, out, level);
@@ -391,33 +393,29 @@ impl MatVec<'_> {
         acc
     }
 
-    /// Rule C2 for one input row over up to [`DECODE_TILE`] rows of release FP8/FP4 bytes with
-    /// the AVX-512 kernels: eight rows' chains per vector, four vectors of independent chains.
-    /// A group of fewer than eight rows, a partial block, a NaN code or a scale that could
-    /// overflow f32 takes the generic block decode for that group and block, in place.
+    /// Rule C2 for one input row over up to [`DECODE_TILE`] rows of stored bytes with the
+    /// AVX-512 kernels ([`ByteRows`]): eight rows' chains per vector, four vectors of
+    /// independent chains. A group of fewer than eight rows, a partial block, or a block the
+    /// kernel leaves (a NaN code, a scale that could overflow f32) takes the generic block
+    /// decode for that group and block, in place.
     ///
     /// Only called at [`Level::Avx512`], i.e. inside `task_avx512`.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    fn c2_quant_rows(&self, v: QuantView, init: f64, first: usize, out: &mut [f32]) {
+    fn c2_rows8(&self, bytes: ByteRows, init: f64, first: usize, out: &mut [f32]) {
         let nw = out.len();
         let r0 = self.w_first + first;
         let x = &self.x[self.x_off..][..self.n_in];
-        let fp4 = v.kind == QuantKind::Fp4;
-        let row_bytes = if fp4 { v.cols / 2 } else { v.cols };
         let mut acc = [init; DECODE_TILE];
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         for k0 in (0..self.n_in).step_by(BLOCK) {
             let len = BLOCK.min(self.n_in - k0);
             // Thirty-two rows walked at once are too many streams for the hardware prefetcher
             // (the kernel ran at a third of its in-cache rate): fetch each row's bytes ahead.
-            let at = if fp4 { k0 / 2 } else { k0 };
+            let at = bytes.offset(k0);
             if at % 64 == 0 {
                 for i in 0..nw {
-                    simd::avx512::prefetch(
-                        &v.codes[(r0 + i) * row_bytes..][..row_bytes],
-                        at + PREFETCH_AHEAD,
-                    );
+                    simd::avx512::prefetch(bytes.row(r0 + i), at + PREFETCH_AHEAD);
                 }
             }
             for (g, chains) in acc
@@ -427,31 +425,10 @@ impl MatVec<'_> {
             {
                 let chains: &mut [f64; TILE] = chains.try_into().expect("eight chains");
                 let (rg, n) = (r0 + g * TILE, (nw - g * TILE).min(TILE));
-                let sb: [u8; TILE] =
-                    std::array::from_fn(|i| v.scales[scale_at(&v, rg + i.min(n - 1), k0)]);
-                let fast =
-                    n == TILE && len == BLOCK && sb.iter().all(|&b| b <= SAFE_SCALE_BYTE) && {
-                        let s = sb.map(e8m0_to_f64);
-                        let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
-                        if fp4 {
-                            let rows = std::array::from_fn(|i| {
-                                v.codes[(rg + i) * row_bytes + k0 / 2..][..BLOCK / 2]
-                                    .try_into()
-                                    .expect("half block")
-                            });
-                            // SAFETY: only reached from `task_avx512`.
-                            unsafe { simd::avx512::fp4_c2_block8(chains, xb, rows, &s) };
-                            true
-                        } else {
-                            let rows = std::array::from_fn(|i| {
-                                v.codes[(rg + i) * row_bytes + k0..][..BLOCK]
-                                    .try_into()
-                                    .expect("block")
-                            });
-                            // SAFETY: as above.
-                            unsafe { simd::avx512::fp8_c2_block8(chains, xb, rows, &s) }
-                        }
-                    };
+                let fast = n == TILE && len == BLOCK && {
+                    let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+                    bytes.block8(rg, k0, xb, chains)
+                };
                 if !fast {
                     self.decode(&[], rg, n, k0, len, &mut w, Level::Avx512);
                     let mut c = [*chains];
@@ -466,9 +443,10 @@ impl MatVec<'_> {
         }
     }
 
-    /// A single-row product on release FP8/FP4 bytes: what the AVX-512 kernels serve.
-    fn quant_decode(&self) -> bool {
-        self.rows == 1 && matches!(self.source, Source::View(WeightView::Quant(_)))
+    /// A single-row product on stored bytes the AVX-512 kernels serve.
+    fn byte_rows_decode(&self) -> bool {
+        self.rows == 1
+            && matches!(&self.source, Source::View(view) if ByteRows::of(*view).is_some())
     }
 
     /// One C1 block of weight row `r` at columns `k0 ..` (a multiple of 32): the exact block
@@ -765,6 +743,144 @@ fn decode_row_block<const W: usize>(
                     }
                 }
                 k = end;
+            }
+        }
+    }
+}
+
+/// Weight rows the AVX-512 C2 kernels read: release FP8/FP4 codes with E8M0 scales, or
+/// container Q8G/Q4G codes whose f16 groups are whole 32-column blocks.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum ByteRows<'a> {
+    Quant(QuantView<'a>),
+    Grouped {
+        bits: u8,
+        group: usize,
+        groups: usize,
+        row_bytes: usize,
+        codes: &'a [u8],
+        scales: &'a [u8],
+    },
+}
+
+#[cfg(target_arch = "x86_64")]
+impl<'a> ByteRows<'a> {
+    fn of(view: WeightView<'a>) -> Option<Self> {
+        match view {
+            WeightView::Quant(v) => Some(ByteRows::Quant(v)),
+            WeightView::Grouped {
+                bits,
+                cols,
+                group,
+                row_bytes,
+                codes,
+                scales,
+                ..
+            } if group.is_multiple_of(BLOCK) => Some(ByteRows::Grouped {
+                bits,
+                group,
+                groups: cols.div_ceil(group),
+                row_bytes,
+                codes,
+                scales,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether a byte holds two weights.
+    fn packed(&self) -> bool {
+        match self {
+            ByteRows::Quant(v) => v.kind == QuantKind::Fp4,
+            ByteRows::Grouped { bits, .. } => *bits == 4,
+        }
+    }
+
+    /// Byte offset of column `k` in a row.
+    fn offset(&self, k: usize) -> usize {
+        if self.packed() {
+            k / 2
+        } else {
+            k
+        }
+    }
+
+    /// The stored bytes of weight row `r`.
+    fn row(&self, r: usize) -> &'a [u8] {
+        match *self {
+            ByteRows::Quant(v) => {
+                let n = if v.kind == QuantKind::Fp4 {
+                    v.cols / 2
+                } else {
+                    v.cols
+                };
+                &v.codes[r * n..][..n]
+            }
+            ByteRows::Grouped {
+                row_bytes, codes, ..
+            } => &codes[r * row_bytes..][..row_bytes],
+        }
+    }
+
+    /// One C2 step of rows `r .. r + 8` over the full block at `k0`; `false`, nothing
+    /// changed, where the kernel leaves the block to the generic decode.
+    ///
+    /// Only called at [`Level::Avx512`].
+    #[inline(always)]
+    fn block8(&self, r: usize, k0: usize, x: &[f64; BLOCK], chains: &mut [f64; TILE]) -> bool {
+        let at = self.offset(k0);
+        match *self {
+            ByteRows::Quant(v) => {
+                let sb: [u8; TILE] = std::array::from_fn(|i| v.scales[scale_at(&v, r + i, k0)]);
+                if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {
+                    return false;
+                }
+                let s = sb.map(e8m0_to_f64);
+                if self.packed() {
+                    let rows = std::array::from_fn(|i| {
+                        self.row(r + i)[at..][..BLOCK / 2]
+                            .try_into()
+                            .expect("half block")
+                    });
+                    // SAFETY: only reached from `task_avx512`.
+                    unsafe { simd::avx512::fp4_c2_block8(chains, x, rows, &s) };
+                    true
+                } else {
+                    let rows = std::array::from_fn(|i| {
+                        self.row(r + i)[at..][..BLOCK].try_into().expect("block")
+                    });
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::fp8_c2_block8(chains, x, rows, &s) }
+                }
+            }
+            ByteRows::Grouped {
+                group,
+                groups,
+                scales,
+                ..
+            } => {
+                let g = k0 / group;
+                let s: [f64; TILE] = std::array::from_fn(|i| {
+                    let at = 2 * ((r + i) * groups + g);
+                    f64::from(f16_to_f32(u16::from_le_bytes([scales[at], scales[at + 1]])))
+                });
+                if self.packed() {
+                    let rows = std::array::from_fn(|i| {
+                        self.row(r + i)[at..][..BLOCK / 2]
+                            .try_into()
+                            .expect("half block")
+                    });
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::q4_c2_block8(chains, x, rows, &s) };
+                } else {
+                    let rows = std::array::from_fn(|i| {
+                        self.row(r + i)[at..][..BLOCK].try_into().expect("block")
+                    });
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::q8_c2_block8(chains, x, rows, &s) };
+                }
+                true
             }
         }
     }

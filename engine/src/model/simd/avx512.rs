@@ -277,6 +277,99 @@ pub unsafe fn fp4_c2_block8(
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
 }
 
+/// [`fp8_c2_block8`] for eight rows of container Q8G codes (int8, 32 per row): the weight is
+/// `code · scale[i]` (exact: eight bits times an f16).
+///
+/// # Safety
+/// As for [`fp8_c1_block8`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn q8_c2_block8(
+    acc: &mut [f64; 8],
+    x: &[f64; BLOCK],
+    rows: [&[u8; BLOCK]; 8],
+    scale: &[f64; 8],
+) {
+    let quarter = |h: usize, first: usize| {
+        lanes4(std::array::from_fn(|r| {
+            rows[first + r][16 * h..16 * h + 16]
+                .try_into()
+                .expect("16 codes")
+        }))
+    };
+    let sources = [
+        (quarter(0, 0), quarter(0, 4)),
+        (quarter(1, 0), quarter(1, 4)),
+    ];
+    int_chains(acc, x, sources, scale);
+}
+
+/// [`q8_c2_block8`] for container Q4G codes (16 bytes per row, low nibble first, value
+/// `nibble − 8`).
+///
+/// # Safety
+/// As for [`fp8_c1_block8`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn q4_c2_block8(
+    acc: &mut [f64; 8],
+    x: &[f64; BLOCK],
+    rows: [&[u8; BLOCK / 2]; 8],
+    scale: &[f64; 8],
+) {
+    let nibble = _mm512_set1_epi8(0x0F);
+    let eight = _mm512_set1_epi8(8);
+    let elements = |first: usize| {
+        let c = lanes4(std::array::from_fn(|r| rows[first + r]));
+        let even = _mm512_sub_epi8(_mm512_and_si512(c, nibble), eight);
+        let odd = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(c), nibble), eight);
+        (
+            _mm512_unpacklo_epi8(even, odd),
+            _mm512_unpackhi_epi8(even, odd),
+        )
+    };
+    let ((a0, a1), (b0, b1)) = (elements(0), elements(4));
+    int_chains(acc, x, [(a0, b0), (a1, b1)], scale);
+}
+
+/// The C2 chains of eight rows over 32 columns of int8 values, given as two pairs of
+/// four-row vectors (columns 0..16, 16..32; see [`TRANSPOSE`]).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+unsafe fn int_chains(
+    acc: &mut [f64; 8],
+    x: &[f64; BLOCK],
+    sources: [(__m512i, __m512i); 2],
+    scale: &[f64; 8],
+) {
+    let mut chain = _mm512_loadu_pd(acc.as_ptr());
+    let s = _mm512_loadu_pd(scale.as_ptr());
+    for q in 0..4 {
+        let (a, b) = sources[q / 2];
+        let columns = _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b);
+        // 128-bit lane l: columns 2l and 2l + 1, eight rows each.
+        let lanes = [
+            _mm512_castsi512_si128(columns),
+            _mm512_extracti32x4_epi32::<1>(columns),
+            _mm512_extracti32x4_epi32::<2>(columns),
+            _mm512_extracti32x4_epi32::<3>(columns),
+        ];
+        for (l, lane) in lanes.into_iter().enumerate() {
+            let ints = _mm512_cvtepi8_epi32(lane);
+            let pair = [
+                _mm512_cvtepi32_pd(_mm512_castsi512_si256(ints)),
+                _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(ints)),
+            ];
+            for (j, values) in pair.into_iter().enumerate() {
+                let k = 8 * q + 2 * l + j;
+                let w = _mm512_mul_pd(values, s);
+                chain = _mm512_fmadd_pd(_mm512_set1_pd(x[k]), w, chain);
+            }
+        }
+    }
+    _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+}
+
 /// Four rows of 16 bytes, row r in 128-bit lane r.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
