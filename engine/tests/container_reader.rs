@@ -555,3 +555,44 @@ fn waste_container_without_attn_sink_is_refused() {
         Ok(_) => panic!("must refuse"),
     }
 }
+
+/// The kernels' view of every expert matrix decodes exactly as `rows_f32`: each vector alone,
+/// and eight rows at once (an index band's run, and rows across a band's end), and a CRC
+/// check on request withholds the view (every read must then be checked).
+#[test]
+fn expert_views_decode_like_rows_f32() {
+    use ds41_engine::checkpoint::{WeightView, VQ_WIDTH};
+    let (_guard, dir) = waste_container();
+    let ck = ContainerCheckpoint::open(&dir).unwrap();
+    let mut seen = 0;
+    for name in ck.names().into_iter().filter(|n| n.contains(".experts.")) {
+        let Some(WeightView::Vq(v)) = ck.weight_view(&name).unwrap() else {
+            panic!("{name}: no VQ view");
+        };
+        let mut rows = vec![0f32; v.rows * v.cols];
+        ck.rows_f32(&name, 0, &mut rows).unwrap();
+        let at = |r: usize, c: usize| rows[r * v.cols + c].to_bits();
+        for r in 0..v.rows {
+            for vec in 0..v.cols / VQ_WIDTH {
+                let got = v.vector(r, vec).map(f32::to_bits);
+                let want: [u32; VQ_WIDTH] = std::array::from_fn(|t| at(r, vec * VQ_WIDTH + t));
+                assert_eq!(got, want, "{name} row {r} vector {vec}");
+            }
+        }
+        for r in (0..v.rows.saturating_sub(8)).step_by(5) {
+            let mut block = [[0f32; 16]; 8];
+            v.vectors(r, 1, &mut block);
+            for (i, row) in block.iter().enumerate() {
+                for (c, x) in row.iter().enumerate() {
+                    assert_eq!(x.to_bits(), at(r + i, VQ_WIDTH + c), "{name} rows {r}+{i}");
+                }
+            }
+        }
+        seen += 1;
+    }
+    assert!(seen > 0);
+    let checked =
+        ContainerCheckpoint::open_with(&dir, ContainerOptions { verify_crc: true }).unwrap();
+    let name = "layers.0.ffn.experts.0.w1.weight";
+    assert!(checked.weight_view(name).unwrap().is_none());
+}

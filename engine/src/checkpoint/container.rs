@@ -14,8 +14,8 @@ use super::names::{
     container_to_release, expected_tensors, expert_name, release_to_container, ContainerName,
 };
 use super::{
-    check_rows_request, rows_cols, tensor_err, Checkpoint, DenseDtype, Layout, QuantView, Storage,
-    WeightView,
+    check_rows_request, rows_cols, tensor_err, vq_indices, vq_vector, Checkpoint, DenseDtype,
+    Layout, QuantView, Storage, VqView, WeightView, VQ_ROW_BAND, VQ_WIDTH,
 };
 use crate::config::{
     parse_json_bytes, read_json, Config, EngramHashConstants, EngramLayerHash, EngramPad,
@@ -606,16 +606,11 @@ impl ContainerCheckpoint {
         let nvec = ncols / vd;
         let idx = &rec[h.kind_off[kind] as usize..];
         // per-row f16 scales: gate M, then up M, then down M
-        let scale_base = h.chan_corr_off as usize
-            + 2 * match kind {
-                0 => 0,
-                1 => self.config.moe_inter_dim,
-                _ => 2 * self.config.moe_inter_dim,
-            };
+        let scale_base =
+            h.chan_corr_off as usize + 2 * rows_before(kind, self.config.moe_inter_dim);
         let cb0 = bank.codebook_base + kind * stages;
         // This kind's codebooks, looked up once rather than once per weight.
         let books = &self.codebooks[cb0..cb0 + stages];
-        let mut sel = [0usize; 8];
         for (i, row) in out.chunks_exact_mut(ncols).enumerate() {
             let r = first + i;
             let s = f16_to_f32(u16::from_le_bytes([
@@ -623,43 +618,21 @@ impl ContainerCheckpoint {
                 rec[scale_base + 2 * r + 1],
             ]));
             for v in 0..nvec {
-                let at = (((r / 64) * nvec + v) * 64 + r % 64) * bpv;
-                let b = &idx[at..at + bpv];
-                match q.format {
-                    VqFormat::Vq3r => {
-                        sel[..stages]
-                            .iter_mut()
-                            .zip(b)
-                            .for_each(|(s, &x)| *s = x as usize);
-                        if let Some(&bad) = sel[..stages].iter().find(|&&x| x >= q.entries) {
-                            return Err(fmt_err(
-                                &bank.path,
-                                (expert * bank.record_size + h.kind_off[kind] as usize + at) as u64,
-                                format!("expert {expert} of layer {layer}: index {bad} ≥ the codebooks' {} entries", q.entries),
-                            ));
-                        }
-                    }
-                    VqFormat::Vq4p => {
-                        sel[0] = (b[0] & 0x3F) as usize;
-                        sel[1] = ((b[0] >> 6) | ((b[1] & 0x0F) << 2)) as usize;
-                        sel[2] = ((b[1] >> 4) | ((b[2] & 0x03) << 4)) as usize;
-                        sel[3] = (b[2] >> 2) as usize;
-                    }
+                let at = (((r / VQ_ROW_BAND) * nvec + v) * VQ_ROW_BAND + r % VQ_ROW_BAND) * bpv;
+                let sel = vq_indices(&idx[at..at + bpv], q.format == VqFormat::Vq4p);
+                if let Some(&bad) = sel[..stages].iter().find(|&&x| x >= q.entries) {
+                    return Err(fmt_err(
+                        &bank.path,
+                        (expert * bank.record_size + h.kind_off[kind] as usize + at) as u64,
+                        format!(
+                            "expert {expert} of layer {layer}: index {bad} ≥ the codebooks' {} entries",
+                            q.entries
+                        ),
+                    ));
                 }
                 let dst = &mut row[v * vd..(v + 1) * vd];
-                if let Ok(dst) = <&mut [f32; 8]>::try_from(&mut *dst) {
-                    // The usual vector width: the same sums (stages in order from 0.0), with
-                    // the loops swapped so the eight elements add as one vector.
-                    let mut acc = [0.0f32; 8];
-                    for (book, &ix) in books.iter().zip(&sel[..stages]) {
-                        let entry: &[f32; 8] = book[ix * 8..][..8].try_into().expect("entry");
-                        for (a, e) in acc.iter_mut().zip(entry) {
-                            *a += e;
-                        }
-                    }
-                    for (o, a) in dst.iter_mut().zip(acc) {
-                        *o = s * a;
-                    }
+                if let Ok(dst) = <&mut [f32; VQ_WIDTH]>::try_from(&mut *dst) {
+                    *dst = vq_vector(books, &sel, s);
                     continue;
                 }
                 for (t, o) in dst.iter_mut().enumerate() {
@@ -672,6 +645,39 @@ impl ContainerCheckpoint {
             }
         }
         Ok(())
+    }
+
+    /// The view of expert matrix κ of one record, when the kernels may read it directly:
+    /// eight-wide vectors whose every index is valid by construction (VQ4P's six bits with at
+    /// least 64 entries, VQ3R's bytes with 256), and no per-read CRC check asked for.
+    fn expert_view(&self, layer: usize, expert: usize, kind: usize) -> Option<VqView<'_>> {
+        let q = self.quant;
+        let all_valid = match q.format {
+            VqFormat::Vq3r => q.entries >= 256,
+            VqFormat::Vq4p => q.entries >= 64,
+        };
+        if q.vec_dim != VQ_WIDTH || !all_valid || self.options.verify_crc {
+            return None;
+        }
+        let bank = self.banks.get(&layer)?;
+        let h = bank.headers.get(expert)?;
+        let rec = bank
+            .map
+            .get(expert * bank.record_size..(expert + 1) * bank.record_size)?;
+        let (rows, cols) = self.kind_shape(kind);
+        let scale_base =
+            h.chan_corr_off as usize + 2 * rows_before(kind, self.config.moe_inter_dim);
+        let cb0 = bank.codebook_base + kind * q.stages;
+        Some(VqView {
+            rows,
+            cols,
+            packed: q.format == VqFormat::Vq4p,
+            stages: q.stages,
+            entries: q.entries,
+            books: self.codebooks.get(cb0..cb0 + q.stages)?,
+            indices: rec.get(h.kind_off[kind] as usize..)?,
+            scales: rec.get(scale_base..scale_base + 2 * rows)?,
+        })
     }
 
     fn engram_rows(&self, name: &str, layer: usize, first: usize, out: &mut [f32]) -> Result<()> {
@@ -1427,10 +1433,16 @@ impl Checkpoint for ContainerCheckpoint {
     }
     fn weight_view(&self, name: &str) -> Result<Option<WeightView<'_>>> {
         let Some(e) = self.trunk_entries.get(name) else {
-            // Experts (VQ) and Engram rows are read with `rows_f32`. (No `lookup`: it clones
-            // the shape, and this runs on every decode step.)
+            // Experts are VQ views where the kernels may read them, Engram rows are read with
+            // `rows_f32`. (No `lookup`: it clones the shape, and this runs on every decode
+            // step.)
             return match release_to_container(name) {
-                ContainerName::Expert { .. } | ContainerName::EngramTable { .. } => Ok(None),
+                ContainerName::Expert {
+                    layer,
+                    expert,
+                    kind,
+                } => Ok(self.expert_view(layer, expert, kind).map(WeightView::Vq)),
+                ContainerName::EngramTable { .. } => Ok(None),
                 _ => self.lookup(name).map(|_| None),
             };
         };
@@ -1482,5 +1494,14 @@ impl Checkpoint for ContainerCheckpoint {
     }
     fn engram_token_map(&self) -> Result<Option<Vec<i32>>> {
         Ok(self.tokmap.clone())
+    }
+}
+
+/// Scale rows of the kinds before kind κ in a record: gate M, then up M, then down.
+fn rows_before(kind: usize, inter: usize) -> usize {
+    match kind {
+        0 => 0,
+        1 => inter,
+        _ => 2 * inter,
     }
 }

@@ -114,6 +114,140 @@ impl QuantView<'_> {
     }
 }
 
+/// Columns of one VQ vector.
+pub const VQ_WIDTH: usize = 8;
+/// Rows whose indices of one vector position are stored together (CONTAINER.md §4.2).
+pub const VQ_ROW_BAND: usize = 64;
+/// Most VQ stages a format has (VQ4P).
+pub const MAX_VQ_STAGES: usize = 4;
+
+/// The bytes of one container VQ expert matrix `[rows, cols]` (CONTAINER.md §4.2): vector v of
+/// row r (columns `8v .. 8v + 8`) is `scale[r] · Σ_stage book[stage][index]`, the stages
+/// added in order from 0.0 in f32. Served only when every index is below `entries` (VQ4P's
+/// six-bit indices, VQ3R's bytes with 256 entries).
+#[derive(Debug, Clone, Copy)]
+pub struct VqView<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    /// Four six-bit indices packed in three bytes (VQ4P), else one byte per stage (VQ3R).
+    pub packed: bool,
+    pub stages: usize,
+    pub entries: usize,
+    /// One codebook per stage, `entries × 8` f32.
+    pub books: &'a [Vec<f32>],
+    /// The matrix's index bytes: vector v of row r at
+    /// `((r / 64 · (cols / 8) + v) · 64 + r % 64) · bytes_per_vector`.
+    pub indices: &'a [u8],
+    /// One f16 per row.
+    pub scales: &'a [u8],
+}
+
+impl VqView<'_> {
+    pub fn bytes_per_vector(&self) -> usize {
+        if self.packed {
+            3
+        } else {
+            self.stages
+        }
+    }
+
+    /// The f16 scale of row `r`, as f32.
+    #[inline(always)]
+    pub fn scale(&self, r: usize) -> f32 {
+        crate::dtype::f16_to_f32(u16::from_le_bytes([
+            self.scales[2 * r],
+            self.scales[2 * r + 1],
+        ]))
+    }
+
+    /// The stage indices of vector `v` of row `r` (`stages` of them used).
+    #[inline(always)]
+    pub fn indices(&self, r: usize, v: usize) -> [usize; MAX_VQ_STAGES] {
+        let bpv = self.bytes_per_vector();
+        let at =
+            ((r / VQ_ROW_BAND * (self.cols / VQ_WIDTH) + v) * VQ_ROW_BAND + r % VQ_ROW_BAND) * bpv;
+        vq_indices(&self.indices[at..at + bpv], self.packed)
+    }
+
+    /// Vector `v` of row `r`: exactly the values `rows_f32` gives.
+    #[inline(always)]
+    pub fn vector(&self, r: usize, v: usize) -> [f32; VQ_WIDTH] {
+        vq_vector(
+            &self.books[..self.stages],
+            &self.indices(r, v),
+            self.scale(r),
+        )
+    }
+
+    /// Vectors `v0 ..` of rows `r .. r + R` into `out` (`R · 8` columns per row): [`Self::vector`]
+    /// with each row's scale decoded once and, where the rows share an index band, their
+    /// indices read as one run.
+    #[inline(always)]
+    pub fn vectors<const R: usize, const C: usize>(
+        &self,
+        r: usize,
+        v0: usize,
+        out: &mut [[f32; C]; R],
+    ) {
+        let books = &self.books[..self.stages];
+        let scales: [f32; R] = std::array::from_fn(|i| self.scale(r + i));
+        let bpv = self.bytes_per_vector();
+        let one_band = r % VQ_ROW_BAND + R <= VQ_ROW_BAND;
+        for j in 0..C / VQ_WIDTH {
+            let v = v0 + j;
+            if one_band {
+                let at = ((r / VQ_ROW_BAND * (self.cols / VQ_WIDTH) + v) * VQ_ROW_BAND
+                    + r % VQ_ROW_BAND)
+                    * bpv;
+                let run = &self.indices[at..at + R * bpv];
+                for ((row, b), &s) in out.iter_mut().zip(run.chunks_exact(bpv)).zip(&scales) {
+                    let sel = vq_indices(b, self.packed);
+                    row[j * VQ_WIDTH..][..VQ_WIDTH].copy_from_slice(&vq_vector(books, &sel, s));
+                }
+            } else {
+                for (i, (row, &s)) in out.iter_mut().zip(&scales).enumerate() {
+                    let sel = self.indices(r + i, v);
+                    row[j * VQ_WIDTH..][..VQ_WIDTH].copy_from_slice(&vq_vector(books, &sel, s));
+                }
+            }
+        }
+    }
+}
+
+/// The stage indices of one VQ vector's bytes: one per byte (VQ3R), or four six-bit fields
+/// low bits first (VQ4P).
+#[inline(always)]
+pub(crate) fn vq_indices(b: &[u8], packed: bool) -> [usize; MAX_VQ_STAGES] {
+    if packed {
+        [
+            usize::from(b[0] & 0x3F),
+            usize::from((b[0] >> 6) | ((b[1] & 0x0F) << 2)),
+            usize::from((b[1] >> 4) | ((b[2] & 0x03) << 4)),
+            usize::from(b[2] >> 2),
+        ]
+    } else {
+        std::array::from_fn(|i| b.get(i).map_or(0, |&x| usize::from(x)))
+    }
+}
+
+/// `scale · Σ_stage book[stage][index]` over eight elements, the stages added in order from
+/// 0.0 in f32 (CONTAINER.md §4.2).
+#[inline(always)]
+pub(crate) fn vq_vector(
+    books: &[Vec<f32>],
+    sel: &[usize; MAX_VQ_STAGES],
+    scale: f32,
+) -> [f32; VQ_WIDTH] {
+    let mut acc = [0.0f32; VQ_WIDTH];
+    for (book, &ix) in books.iter().zip(sel) {
+        let entry: &[f32; VQ_WIDTH] = book[ix * VQ_WIDTH..][..VQ_WIDTH].try_into().expect("entry");
+        for (a, e) in acc.iter_mut().zip(entry) {
+            *a += e;
+        }
+    }
+    acc.map(|a| scale * a)
+}
+
 /// Element type of an unquantised [`WeightView::Dense`] weight (little-endian bytes).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum DenseDtype {
@@ -145,6 +279,8 @@ pub enum WeightView<'a> {
         cols: usize,
         bytes: &'a [u8],
     },
+    /// Container VQ expert rows (eight-wide vectors, every index valid).
+    Vq(VqView<'a>),
     /// Container Q8G (`bits` 8: int8) or Q4G (`bits` 4: nibble − 8, low nibble first): row r
     /// is `codes[r·row_bytes ..]`, its f16 group scales `scales[r·2·ceil(cols/group) ..]`.
     Grouped {
@@ -166,6 +302,7 @@ impl WeightView<'_> {
             WeightView::Dense { rows, cols, .. } | WeightView::Grouped { rows, cols, .. } => {
                 (rows, cols)
             }
+            WeightView::Vq(v) => (v.rows, v.cols),
         }
     }
 
@@ -215,6 +352,21 @@ impl WeightView<'_> {
                 rows.checked_mul(cols)
                     .and_then(|n| n.checked_mul(dtype.width())),
             ),
+            WeightView::Vq(v) => {
+                if v.cols % VQ_WIDTH != 0 || v.books.len() != v.stages || v.stages > MAX_VQ_STAGES {
+                    return Err(format!("{} columns in {} stages", v.cols, v.stages));
+                }
+                if let Some(b) = v.books.iter().find(|b| b.len() < v.entries * VQ_WIDTH) {
+                    return Err(format!("a codebook of {} values", b.len()));
+                }
+                let vectors = v.rows.div_ceil(VQ_ROW_BAND) * VQ_ROW_BAND * (v.cols / VQ_WIDTH);
+                need(
+                    "indices",
+                    v.indices.len(),
+                    vectors.checked_mul(v.bytes_per_vector()),
+                )?;
+                need("scales", v.scales.len(), v.rows.checked_mul(2))
+            }
             WeightView::Grouped {
                 bits,
                 rows,

@@ -25,7 +25,9 @@ use std::cell::Cell;
 use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
 use super::simd::{self, Level};
-use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView};
+use crate::checkpoint::{
+    Checkpoint, DenseDtype, QuantKind, QuantView, VqView, WeightView, VQ_WIDTH,
+};
 use crate::dtype::{
     bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, e8m0_to_f64, f16_to_f32, E2M1_PAIR_F64,
     E4M3_F64,
@@ -411,12 +413,9 @@ impl MatVec<'_> {
         for k0 in (0..self.n_in).step_by(BLOCK) {
             let len = BLOCK.min(self.n_in - k0);
             // Thirty-two rows walked at once are too many streams for the hardware prefetcher
-            // (the kernel ran at a third of its in-cache rate): fetch each row's bytes ahead.
-            let at = bytes.offset(k0);
-            if at % 64 == 0 {
-                for i in 0..nw {
-                    simd::avx512::prefetch(bytes.row(r0 + i), at + PREFETCH_AHEAD);
-                }
+            // (the FP8 kernel ran at a third of its in-cache rate): fetch each row ahead.
+            for i in 0..nw {
+                bytes.prefetch(r0 + i, k0);
             }
             for (g, chains) in acc
                 .chunks_exact_mut(TILE)
@@ -701,6 +700,15 @@ fn decode_row_block<const W: usize>(
                 }
             }
         }
+        WeightView::Vq(v) => {
+            // A block is whole vectors: 32-aligned, and `cols` is a multiple of eight.
+            for (j, run) in w.chunks_exact_mut(VQ_WIDTH).enumerate() {
+                let values = v.vector(r, k0 / VQ_WIDTH + j);
+                for (wk, &x) in run.iter_mut().zip(&values) {
+                    wk[i] = f64::from(x);
+                }
+            }
+        }
         WeightView::Grouped {
             bits,
             cols,
@@ -748,12 +756,14 @@ fn decode_row_block<const W: usize>(
     }
 }
 
-/// Weight rows the AVX-512 C2 kernels read: release FP8/FP4 codes with E8M0 scales, or
-/// container Q8G/Q4G codes whose f16 groups are whole 32-column blocks.
+/// Weight rows the AVX-512 C2 kernels read: release FP8/FP4 codes with E8M0 scales,
+/// container Q8G/Q4G codes whose f16 groups are whole 32-column blocks, or container VQ
+/// vectors.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 enum ByteRows<'a> {
     Quant(QuantView<'a>),
+    Vq(VqView<'a>),
     Grouped {
         bits: u8,
         group: usize,
@@ -769,6 +779,7 @@ impl<'a> ByteRows<'a> {
     fn of(view: WeightView<'a>) -> Option<Self> {
         match view {
             WeightView::Quant(v) => Some(ByteRows::Quant(v)),
+            WeightView::Vq(v) => Some(ByteRows::Vq(v)),
             WeightView::Grouped {
                 bits,
                 cols,
@@ -790,14 +801,17 @@ impl<'a> ByteRows<'a> {
     }
 
     /// Whether a byte holds two weights.
+    #[inline(always)]
     fn packed(&self) -> bool {
         match self {
             ByteRows::Quant(v) => v.kind == QuantKind::Fp4,
             ByteRows::Grouped { bits, .. } => *bits == 4,
+            ByteRows::Vq(_) => false,
         }
     }
 
     /// Byte offset of column `k` in a row.
+    #[inline(always)]
     fn offset(&self, k: usize) -> usize {
         if self.packed() {
             k / 2
@@ -806,7 +820,9 @@ impl<'a> ByteRows<'a> {
         }
     }
 
-    /// The stored bytes of weight row `r`.
+    /// The stored bytes of weight row `r`, where a row is contiguous (not VQ's banded
+    /// indices).
+    #[inline(always)]
     fn row(&self, r: usize) -> &'a [u8] {
         match *self {
             ByteRows::Quant(v) => {
@@ -820,6 +836,17 @@ impl<'a> ByteRows<'a> {
             ByteRows::Grouped {
                 row_bytes, codes, ..
             } => &codes[r * row_bytes..][..row_bytes],
+            ByteRows::Vq(_) => &[],
+        }
+    }
+
+    /// Fetch row `r`'s bytes [`PREFETCH_AHEAD`] past column `k0` (rows walked in parallel
+    /// outrun the hardware prefetcher).
+    #[inline(always)]
+    fn prefetch(&self, r: usize, k0: usize) {
+        let at = self.offset(k0);
+        if at % 64 == 0 {
+            simd::avx512::prefetch(self.row(r), at + PREFETCH_AHEAD);
         }
     }
 
@@ -831,6 +858,13 @@ impl<'a> ByteRows<'a> {
     fn block8(&self, r: usize, k0: usize, x: &[f64; BLOCK], chains: &mut [f64; TILE]) -> bool {
         let at = self.offset(k0);
         match *self {
+            ByteRows::Vq(v) => {
+                let mut rows = [[0f32; BLOCK]; TILE];
+                v.vectors(r, k0 / VQ_WIDTH, &mut rows);
+                // SAFETY: only reached from `task_avx512`.
+                unsafe { simd::avx512::f32_c2_block8(chains, x, &rows) };
+                true
+            }
             ByteRows::Quant(v) => {
                 let sb: [u8; TILE] = std::array::from_fn(|i| v.scales[scale_at(&v, r + i, k0)]);
                 if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {

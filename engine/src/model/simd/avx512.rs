@@ -370,6 +370,51 @@ unsafe fn int_chains(
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
 }
 
+/// [`fp8_c2_block8`] for eight rows of 32 f32 values (decoded VQ vectors): each 8×8 tile
+/// transposed in registers, each column widened to f64 and one multiply-add.
+///
+/// # Safety
+/// As for [`fp8_c1_block8`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: &[[f32; BLOCK]; 8]) {
+    let mut chain = _mm512_loadu_pd(acc.as_ptr());
+    for tile in 0..BLOCK / 8 {
+        let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(rows[i][8 * tile..].as_ptr()));
+        let t: [__m256; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+            if i % 2 == 0 {
+                _mm256_unpacklo_ps(a, b)
+            } else {
+                _mm256_unpackhi_ps(a, b)
+            }
+        });
+        // Per 128-bit half: rows 0..4 (u[0..4]) and 4..8 (u[4..8]) of columns 0..4 / 4..8.
+        let u: [__m256; 8] = std::array::from_fn(|i| {
+            let (a, b) = (
+                t[4 * (i / 4) + (i % 4) / 2],
+                t[4 * (i / 4) + (i % 4) / 2 + 2],
+            );
+            if i % 2 == 0 {
+                _mm256_shuffle_ps::<0x44>(a, b)
+            } else {
+                _mm256_shuffle_ps::<0xEE>(a, b)
+            }
+        });
+        for c in 0..8 {
+            let (lo, hi) = (u[c % 4], u[4 + c % 4]);
+            let column = if c < 4 {
+                _mm256_permute2f128_ps::<0x20>(lo, hi)
+            } else {
+                _mm256_permute2f128_ps::<0x31>(lo, hi)
+            };
+            let w = _mm512_cvtps_pd(column);
+            chain = _mm512_fmadd_pd(_mm512_set1_pd(x[8 * tile + c]), w, chain);
+        }
+    }
+    _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+}
+
 /// Four rows of 16 bytes, row r in 128-bit lane r.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
