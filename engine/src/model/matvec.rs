@@ -757,13 +757,19 @@ fn decode_row_block<const W: usize>(
 }
 
 /// Weight rows the AVX-512 C2 kernels read: release FP8/FP4 codes with E8M0 scales,
-/// container Q8G/Q4G codes whose f16 groups are whole 32-column blocks, or container VQ
-/// vectors.
+/// container Q8G/Q4G codes whose f16 groups are whole 32-column blocks, container VQ
+/// vectors, or bf16 / f32 rows.
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy)]
 enum ByteRows<'a> {
     Quant(QuantView<'a>),
     Vq(VqView<'a>),
+    /// `bf16` or f32 little-endian rows of `cols` values.
+    Dense {
+        bf16: bool,
+        cols: usize,
+        bytes: &'a [u8],
+    },
     Grouped {
         bits: u8,
         group: usize,
@@ -780,6 +786,13 @@ impl<'a> ByteRows<'a> {
         match view {
             WeightView::Quant(v) => Some(ByteRows::Quant(v)),
             WeightView::Vq(v) => Some(ByteRows::Vq(v)),
+            WeightView::Dense {
+                dtype, cols, bytes, ..
+            } if dtype != DenseDtype::F16 => Some(ByteRows::Dense {
+                bf16: dtype == DenseDtype::Bf16,
+                cols,
+                bytes,
+            }),
             WeightView::Grouped {
                 bits,
                 cols,
@@ -806,17 +819,17 @@ impl<'a> ByteRows<'a> {
         match self {
             ByteRows::Quant(v) => v.kind == QuantKind::Fp4,
             ByteRows::Grouped { bits, .. } => *bits == 4,
-            ByteRows::Vq(_) => false,
+            ByteRows::Vq(_) | ByteRows::Dense { .. } => false,
         }
     }
 
     /// Byte offset of column `k` in a row.
     #[inline(always)]
     fn offset(&self, k: usize) -> usize {
-        if self.packed() {
-            k / 2
-        } else {
-            k
+        match *self {
+            ByteRows::Dense { bf16, .. } => k * if bf16 { 2 } else { 4 },
+            _ if self.packed() => k / 2,
+            _ => k,
         }
     }
 
@@ -837,6 +850,10 @@ impl<'a> ByteRows<'a> {
                 row_bytes, codes, ..
             } => &codes[r * row_bytes..][..row_bytes],
             ByteRows::Vq(_) => &[],
+            ByteRows::Dense { cols, bytes, .. } => {
+                let n = self.offset(cols);
+                &bytes[r * n..][..n]
+            }
         }
     }
 
@@ -858,6 +875,24 @@ impl<'a> ByteRows<'a> {
     fn block8(&self, r: usize, k0: usize, x: &[f64; BLOCK], chains: &mut [f64; TILE]) -> bool {
         let at = self.offset(k0);
         match *self {
+            ByteRows::Dense { bf16, .. } => {
+                let mut rows = [[0f32; BLOCK]; TILE];
+                for (i, row) in rows.iter_mut().enumerate() {
+                    let b = &self.row(r + i)[at..];
+                    if bf16 {
+                        for (o, c) in row.iter_mut().zip(b.chunks_exact(2)) {
+                            *o = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                        }
+                    } else {
+                        for (o, c) in row.iter_mut().zip(b.chunks_exact(4)) {
+                            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        }
+                    }
+                }
+                // SAFETY: only reached from `task_avx512`.
+                unsafe { simd::avx512::f32_c2_block8(chains, x, &rows) };
+                true
+            }
             ByteRows::Vq(v) => {
                 let mut rows = [[0f32; BLOCK]; TILE];
                 v.vectors(r, k0 / VQ_WIDTH, &mut rows);

@@ -365,7 +365,8 @@ fn kernels(args: &Args, numerics: Numerics) -> anyhow::Result<i32> {
     );
     let kinds = [
         ("FP8 (C1 in upstream)", "w", LinearKind::Fp8),
-        ("BF16 (C2)", "w", LinearKind::Bf16),
+        ("FP8 read as BF16 (C2)", "w", LinearKind::Bf16),
+        ("BF16 (C2)", "w16", LinearKind::Bf16),
         ("F32 (C2)", "w32", LinearKind::F32),
     ];
     for (label, name, kind) in kinds {
@@ -396,14 +397,16 @@ fn kernels(args: &Args, numerics: Numerics) -> anyhow::Result<i32> {
 }
 
 /// One in-memory weight stored as FP8 codes with 32x32 E8M0 block scales, served as `w`
-/// (stored FP8: the FP8 and BF16 kinds accept it, C1 applies) and as `w32` (its exact values
-/// stored F32). Both are read by the kernels through `weight_view`, like a mapped checkpoint.
+/// (stored FP8: the FP8 and BF16 kinds accept it, C1 applies), as `w16` and as `w32` (its
+/// exact values stored BF16 and F32). All are read by the kernels through `weight_view`,
+/// like a mapped checkpoint.
 struct MemWeights {
     shape: Vec<usize>,
     codes: Vec<u8>,
     scales: Vec<u8>,
     values: Vec<f32>,
     f32_bytes: Vec<u8>,
+    bf16_bytes: Vec<u8>,
     cfg: Config,
 }
 
@@ -434,12 +437,18 @@ impl MemWeights {
             })
             .collect();
         let f32_bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        // Exact: an e4m3 value times a power of two has at most four significant bits.
+        let bf16_bytes = values
+            .iter()
+            .flat_map(|v| ((v.to_bits() >> 16) as u16).to_le_bytes())
+            .collect();
         Ok(MemWeights {
             shape: vec![out, inp],
             codes,
             scales,
             values,
             f32_bytes,
+            bf16_bytes,
             cfg: bench_config()?,
         })
     }
@@ -461,19 +470,19 @@ impl Checkpoint for MemWeights {
         &self.cfg
     }
     fn contains(&self, name: &str) -> bool {
-        name == "w" || name == "w32"
+        matches!(name, "w" | "w16" | "w32")
     }
     fn names(&self) -> Vec<String> {
-        vec!["w".into(), "w32".into()]
+        vec!["w".into(), "w16".into(), "w32".into()]
     }
     fn shape(&self, _: &str) -> ds41_engine::Result<Vec<usize>> {
         Ok(self.shape.clone())
     }
     fn storage(&self, name: &str) -> ds41_engine::Result<Storage> {
-        Ok(if name == "w32" {
-            Storage::F32
-        } else {
-            Storage::Fp8Block
+        Ok(match name {
+            "w32" => Storage::F32,
+            "w16" => Storage::Bf16,
+            _ => Storage::Fp8Block,
         })
     }
     fn tensor_f32(&self, _: &str) -> ds41_engine::Result<Vec<f32>> {
@@ -495,13 +504,18 @@ impl Checkpoint for MemWeights {
         }))
     }
     fn weight_view(&self, name: &str) -> ds41_engine::Result<Option<WeightView<'_>>> {
-        if name == "w32" {
-            return Ok(Some(WeightView::Dense {
-                dtype: DenseDtype::F32,
+        let dense = |dtype, bytes| {
+            Ok(Some(WeightView::Dense {
+                dtype,
                 rows: self.shape[0],
                 cols: self.shape[1],
-                bytes: &self.f32_bytes,
-            }));
+                bytes,
+            }))
+        };
+        match name {
+            "w32" => return dense(DenseDtype::F32, &self.f32_bytes),
+            "w16" => return dense(DenseDtype::Bf16, &self.bf16_bytes),
+            _ => {}
         }
         Ok(self.quant_view(name)?.map(WeightView::Quant))
     }
