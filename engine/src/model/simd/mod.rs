@@ -4,7 +4,7 @@
 //! A kernel either has one body compiled per level (`#[target_feature]`), or a hand-written
 //! vector copy whose operations may be reordered only where MODEL.md §5.4 makes the result
 //! order-free (the exact FP8/FP4 block sums of rule C1). Either way every level gives the same
-//! bits. `DS41_SIMD=portable` (or `avx2`) caps the level, to compare or to rule the vector
+//! bits. `DS41_SIMD=portable` (or `avx2`, `avx512`) caps the level, to compare or to rule the vector
 //! paths out when in doubt.
 
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -57,14 +57,20 @@ pub fn level() -> Level {
         .unwrap_or(Level::Portable)
 }
 
-/// The best level of this CPU, capped by `DS41_SIMD` (`portable` or `avx2`).
+/// The best level of this CPU, capped by `DS41_SIMD` (`portable`, `avx2` or `avx512`; another
+/// value is reported on stderr once and ignored).
 pub fn available() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        let cap = match std::env::var("DS41_SIMD").as_deref() {
-            Ok("portable") => Level::Portable,
-            Ok("avx2") => Level::Avx2,
-            _ => Level::Avx512,
+        let cap = match std::env::var("DS41_SIMD") {
+            Err(_) => Level::Avx512,
+            Ok(v) => Level::ALL
+                .into_iter()
+                .find(|l| l.name() == v)
+                .unwrap_or_else(|| {
+                    eprintln!("ds41: DS41_SIMD={v:?} is none of portable, avx2, avx512; ignored");
+                    Level::Avx512
+                }),
         };
         detected().min(cap)
     })
