@@ -138,7 +138,7 @@ fn release_with_huge_token_id() -> (tempfile::TempDir, PathBuf) {
     let path = model.join("tokenizer.json");
     let mut v: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let vocab = v["model"]["vocab"].as_object_mut().unwrap();
-    let key = vocab.keys().last().unwrap().clone();
+    let key = vocab.keys().next_back().unwrap().clone();
     vocab.insert(key, serde_json::json!(u32::MAX));
     std::fs::write(&path, serde_json::to_vec(&v).unwrap()).unwrap();
     (dir, model)

@@ -336,8 +336,7 @@ fn a_golden_of_another_geometry_is_refused() {
     let g = golden("window_mtp_s4", "dspark_p37_d11");
     let ids = g.input_ids().unwrap();
     let err = run(&model, &Options::default(), &ids, 37, Some(&g))
-        .err()
-        .expect("refused")
+        .expect_err("refused")
         .to_string();
     assert!(err.contains("`dspark.main_hidden` has shape"), "{err}");
 }

@@ -116,10 +116,10 @@ fn tiny_release_loads_and_dequantises_exactly() {
         .rows_f32("layers.1.attn.wq_b.weight", 63, &mut vec![0.0; 2 * 32])
         .is_err());
     assert!(ck
-        .rows_f32("layers.1.attn.wq_b.weight", 0, &mut vec![0.0; 33])
+        .rows_f32("layers.1.attn.wq_b.weight", 0, &mut [0.0; 33])
         .is_err());
     assert!(ck
-        .rows_f32("layers.1.attn.wq_b.weight", usize::MAX, &mut vec![0.0; 32])
+        .rows_f32("layers.1.attn.wq_b.weight", usize::MAX, &mut [0.0; 32])
         .is_err());
     assert!(matches!(
         ck.tensor_f32("no.such"),

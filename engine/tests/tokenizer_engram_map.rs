@@ -160,7 +160,10 @@ fn i64s(v: &Value) -> Vec<i64> {
 }
 
 fn is_prime(n: u64) -> bool {
-    n >= 2 && (2..).take_while(|d| d * d <= n).all(|d| n % d != 0)
+    n >= 2
+        && (2..)
+            .take_while(|d| d * d <= n)
+            .all(|d| !n.is_multiple_of(d))
 }
 
 /// Primes: the smallest primes above `engram_vocab_size - 1`, handed out in order (layer 1

@@ -236,7 +236,7 @@ pub fn safetensors_header(tensors: &[Stored]) -> Vec<u8> {
         off = end;
     }
     let mut h = serde_json::to_vec(&Value::Object(map)).expect("header serialises");
-    while h.len() % 8 != 0 {
+    while !h.len().is_multiple_of(8) {
         h.push(b' ');
     }
     h

@@ -305,8 +305,8 @@ pub fn render_text(r: &Report) -> String {
     let _ = writeln!(s, "\nlayer roles (MODEL.md §3)");
     let _ = writeln!(
         s,
-        "  {:>5} {:>5}  {:<52} {:>7} {:>7} {:>7}  {}",
-        "layer", "ratio", "role", "KV from", "top-k", "keys", "Engram"
+        "  {:>5} {:>5}  {:<52} {:>7} {:>7} {:>7}  Engram",
+        "layer", "ratio", "role", "KV from", "top-k", "keys"
     );
     for row in &r.roles {
         let d = &row.detail;

@@ -148,8 +148,8 @@ impl super::CheckFamily for EngramSpec {
                 if let Some(o) = require_layout(engine, ctx, m)? {
                     return Ok(o);
                 }
-                let dir = ctx.checkpoint(m, details)?;
-                dir
+
+                ctx.checkpoint(m, details)?
             }
             (None, Some(w)) => {
                 let dir = ctx.scratch(case)?;

@@ -844,7 +844,7 @@ fn parse_trunk(
             if len == 0 {
                 continue;
             }
-            if start.checked_add(len).map_or(true, |end| end > trunk_len) {
+            if start.checked_add(len).is_none_or(|end| end > trunk_len) {
                 return Err(fmt_err(trunk_path, start as u64, format!("tensor `{name}`: bytes {start}..{} lie beyond the end of trunk.bin ({trunk_len} bytes)", start.saturating_add(len))));
             }
             ranges.push((start, start + len, name.to_string()));
@@ -1083,7 +1083,7 @@ fn open_banks(
                 (32, h.chan_corr_off as usize, scales_len),
             ];
             for (hoff, start, len) in regions {
-                if start < cursor || start.checked_add(len).map_or(true, |end| end > record_size) {
+                if start < cursor || start.checked_add(len).is_none_or(|end| end > record_size) {
                     return Err(bad(hoff, format!("section at {start} (+{len} bytes) overlaps the previous one or leaves the {record_size}-byte record")));
                 }
                 cursor = start + len;

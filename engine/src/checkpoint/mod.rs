@@ -103,7 +103,7 @@ impl QuantView<'_> {
         match self.kind {
             QuantKind::Fp4 => {
                 let b = self.codes[r * (self.cols / 2) + c / 2];
-                if c % 2 == 0 {
+                if c.is_multiple_of(2) {
                     b & 0xF
                 } else {
                     b >> 4
@@ -559,7 +559,7 @@ pub(crate) fn check_rows_request(
     out_len: usize,
 ) -> Result<usize> {
     let (rows, cols) = rows_cols(shape);
-    if cols == 0 || out_len % cols != 0 {
+    if cols == 0 || !out_len.is_multiple_of(cols) {
         return Err(tensor_err(
             file,
             name,
@@ -567,7 +567,7 @@ pub(crate) fn check_rows_request(
         ));
     }
     let n = out_len / cols;
-    if first.checked_add(n).map_or(true, |end| end > rows) {
+    if first.checked_add(n).is_none_or(|end| end > rows) {
         return Err(tensor_err(
             file,
             name,

@@ -72,9 +72,11 @@ impl Config {
         bounded("n_heads", self.n_heads, 1, 4096)?;
         bounded("head_dim", self.head_dim, 1, 1 << 13)?;
         bounded("rope_head_dim", self.rope_head_dim, 2, self.head_dim.max(2))?;
-        check(self.rope_head_dim % 2 == 0, "rope_head_dim", || {
-            format!("must be even (rotary pairs), got {}", self.rope_head_dim)
-        })?;
+        check(
+            self.rope_head_dim.is_multiple_of(2),
+            "rope_head_dim",
+            || format!("must be even (rotary pairs), got {}", self.rope_head_dim),
+        )?;
         check(self.head_dim >= self.rope_head_dim, "head_dim", || {
             format!(
                 "must be >= rope_head_dim ({} < {})",
@@ -83,12 +85,16 @@ impl Config {
         })?;
         bounded("q_lora_rank", self.q_lora_rank, 1, 1 << 16)?;
         bounded("o_groups", self.o_groups, 1, self.n_heads)?;
-        check(self.n_heads % self.o_groups == 0, "o_groups", || {
-            format!(
-                "n_heads ({}) must be divisible by o_groups ({})",
-                self.n_heads, self.o_groups
-            )
-        })?;
+        check(
+            self.n_heads.is_multiple_of(self.o_groups),
+            "o_groups",
+            || {
+                format!(
+                    "n_heads ({}) must be divisible by o_groups ({})",
+                    self.n_heads, self.o_groups
+                )
+            },
+        )?;
         bounded("o_lora_rank", self.o_lora_rank, 1, 1 << 16)?;
         bounded("moe_inter_dim", self.moe_inter_dim, 1, 1 << 16)?;
         bounded("n_routed_experts", self.n_routed_experts, 1, 1 << 16)?;
@@ -353,7 +359,7 @@ impl Config {
     /// container (exact regime, q_lora 48) does not satisfy them and does not need to.
     pub fn validate_upstream_kernels(&self) -> Result<()> {
         let m32 = |field: &str, what: &str, v: usize| {
-            check(v % 32 == 0, field, || {
+            check(v.is_multiple_of(32), field, || {
                 format!("{what} = {v} must be a multiple of 32 (FP8/FP4 block kernels)")
             })
         };
@@ -384,7 +390,7 @@ impl Config {
             "FP4 indexer q/k block axis",
             self.index_head_dim,
         )?;
-        check(self.head_dim % 16 == 0, "head_dim", || {
+        check(self.head_dim.is_multiple_of(16), "head_dim", || {
             format!(
                 "compressed-KV FP4 block axis = {} must be a multiple of 16",
                 self.head_dim

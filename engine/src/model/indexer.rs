@@ -423,7 +423,7 @@ mod tests {
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
-                * if state % 7 == 0 { 0.0 } else { 1.0 }
+                * if state.is_multiple_of(7) { 0.0 } else { 1.0 }
         };
         let (n_heads, dim) = (5, 24);
         // Each head's first two weights are large and every key's first two values cancel

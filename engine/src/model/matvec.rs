@@ -875,9 +875,31 @@ impl<'a> ByteRows<'a> {
     #[inline(always)]
     fn prefetch(&self, r: usize, k0: usize) {
         let at = self.offset(k0);
-        if at % 64 == 0 {
+        if at.is_multiple_of(64) {
             simd::avx512::prefetch(self.row(r), at + PREFETCH_AHEAD);
         }
+    }
+
+    /// The 32 bytes at `at` of rows `r .. r + 8`.
+    #[inline(always)]
+    fn byte_blocks(&self, r: usize, at: usize) -> [&'a [u8; BLOCK]; TILE] {
+        eight(
+            #[inline(always)]
+            |i| self.row(r + i)[at..][..BLOCK].try_into().expect("block"),
+        )
+    }
+
+    /// The 16 bytes (32 packed values) at `at` of rows `r .. r + 8`.
+    #[inline(always)]
+    fn packed_blocks(&self, r: usize, at: usize) -> [&'a [u8; BLOCK / 2]; TILE] {
+        eight(
+            #[inline(always)]
+            |i| {
+                self.row(r + i)[at..][..BLOCK / 2]
+                    .try_into()
+                    .expect("half block")
+            },
+        )
     }
 
     /// One C2 step of rows `r .. r + 8` over the full block at `k0`; `false`, nothing
@@ -926,22 +948,12 @@ impl<'a> ByteRows<'a> {
                     |i| e8m0_to_f64(sb[i]),
                 );
                 if self.packed() {
-                    let rows = eight(
-                        #[inline(always)]
-                        |i| {
-                            self.row(r + i)[at..][..BLOCK / 2]
-                                .try_into()
-                                .expect("half block")
-                        },
-                    );
+                    let rows = self.packed_blocks(r, at);
                     // SAFETY: only reached from `task_avx512`.
                     unsafe { simd::avx512::fp4_c2_block8(chains, x, rows, &s) };
                     true
                 } else {
-                    let rows = eight(
-                        #[inline(always)]
-                        |i| self.row(r + i)[at..][..BLOCK].try_into().expect("block"),
-                    );
+                    let rows = self.byte_blocks(r, at);
                     // SAFETY: as above.
                     unsafe { simd::avx512::fp8_c2_block8(chains, x, rows, &s) }
                 }
@@ -961,21 +973,11 @@ impl<'a> ByteRows<'a> {
                     },
                 );
                 if self.packed() {
-                    let rows = eight(
-                        #[inline(always)]
-                        |i| {
-                            self.row(r + i)[at..][..BLOCK / 2]
-                                .try_into()
-                                .expect("half block")
-                        },
-                    );
+                    let rows = self.packed_blocks(r, at);
                     // SAFETY: as above.
                     unsafe { simd::avx512::q4_c2_block8(chains, x, rows, &s) };
                 } else {
-                    let rows = eight(
-                        #[inline(always)]
-                        |i| self.row(r + i)[at..][..BLOCK].try_into().expect("block"),
-                    );
+                    let rows = self.byte_blocks(r, at);
                     // SAFETY: as above.
                     unsafe { simd::avx512::q8_c2_block8(chains, x, rows, &s) };
                 }

@@ -80,9 +80,6 @@ pub unsafe fn fp8_c1_block8(
     rows: [&[u8; BLOCK]; 8],
     scale: &[f64; 8],
 ) -> bool {
-    let low = [load(&E4M3_LOW[..64]), load(&E4M3_LOW[64..])];
-    let high = [load(&E4M3_HIGH[..64]), load(&E4M3_HIGH[64..])];
-    let sign = _mm512_set1_epi8(i8::MIN);
     let mut nan: __mmask64 = 0;
     let mut sums = [_mm512_setzero_pd(); 8];
     for pair in 0..4 {
@@ -91,14 +88,8 @@ pub unsafe fn fp8_c1_block8(
             _mm512_castsi256_si512(_mm256_loadu_si256(rows[2 * pair].as_ptr().cast())),
             _mm256_loadu_si256(rows[2 * pair + 1].as_ptr().cast()),
         );
-        nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(c, sign), _mm512_set1_epi8(-1));
-        // The table index is the code's low seven bits; its sign is or-ed into the high byte.
-        let lo = _mm512_permutex2var_epi8(low[0], c, low[1]);
-        let hi = _mm512_ternarylogic_epi32::<0xF8>(
-            _mm512_permutex2var_epi8(high[0], c, high[1]),
-            c,
-            sign,
-        );
+        nan |= e4m3_nan(c);
+        let (lo, hi) = e4m3_top_bytes(c);
         for g in 0..8 {
             let w = place(lo, hi, g);
             let row = 2 * pair + g / 4;
@@ -125,25 +116,13 @@ pub unsafe fn fp4_c1_block8(
     rows: [&[u8; BLOCK / 2]; 8],
     scale: &[f64; 8],
 ) {
-    let low = load(&E2M1_LOW);
-    let high = load(&E2M1_HIGH);
-    let nibble = _mm512_set1_epi8(0x0F);
     let mut sums = [_mm512_setzero_pd(); 8];
     for quad in 0..2 {
         // Rows 4·quad .. 4·quad + 4, one per 128-bit lane.
         let c = lanes4(std::array::from_fn(|r| rows[4 * quad + r]));
-        let even = _mm512_and_si512(c, nibble);
-        let odd = _mm512_and_si512(_mm512_srli_epi16::<4>(c), nibble);
-        // Each lane's row in element order: elements 0..16, then 16..32.
-        for (half, codes) in [
-            _mm512_unpacklo_epi8(even, odd),
-            _mm512_unpackhi_epi8(even, odd),
-        ]
-        .into_iter()
-        .enumerate()
-        {
-            let lo = _mm512_shuffle_epi8(low, codes);
-            let hi = _mm512_shuffle_epi8(high, codes);
+        let (first, second) = nibble_elements(c, 0);
+        for (half, codes) in [first, second].into_iter().enumerate() {
+            let (lo, hi) = e2m1_top_bytes(codes);
             for g in 0..8 {
                 // Lane g / 2 (a row), elements 16·half + 8·(g % 2) ..
                 let row = 4 * quad + g / 2;
@@ -197,41 +176,17 @@ pub unsafe fn fp8_c2_block8(
     rows: [&[u8; BLOCK]; 8],
     scale: &[f64; 8],
 ) -> bool {
-    let sign = _mm512_set1_epi8(i8::MIN);
-    // Columns 0..16 and 16..32, four rows per vector.
-    let quarter = |h: usize, first: usize| {
-        lanes4(std::array::from_fn(|r| {
-            rows[first + r][16 * h..16 * h + 16]
-                .try_into()
-                .expect("16 codes")
-        }))
-    };
-    let sources = [
-        (quarter(0, 0), quarter(0, 4)),
-        (quarter(1, 0), quarter(1, 4)),
-    ];
-    let mut nan: __mmask64 = 0;
-    for (a, b) in sources {
-        for c in [a, b] {
-            nan |= _mm512_cmpeq_epi8_mask(_mm512_or_si512(c, sign), _mm512_set1_epi8(-1));
-        }
-    }
+    let sources = byte_halves(rows);
+    let nan = sources
+        .iter()
+        .fold(0, |m, &(a, b)| m | e4m3_nan(a) | e4m3_nan(b));
     if nan != 0 {
         return false;
     }
-    let low = [load(&E4M3_LOW[..64]), load(&E4M3_LOW[64..])];
-    let high = [load(&E4M3_HIGH[..64]), load(&E4M3_HIGH[64..])];
     let mut chain = _mm512_loadu_pd(acc.as_ptr());
     let s = _mm512_loadu_pd(scale.as_ptr());
     for q in 0..4 {
-        let (a, b) = sources[q / 2];
-        let columns = _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b);
-        let lo = _mm512_permutex2var_epi8(low[0], columns, low[1]);
-        let hi = _mm512_ternarylogic_epi32::<0xF8>(
-            _mm512_permutex2var_epi8(high[0], columns, high[1]),
-            columns,
-            sign,
-        );
+        let (lo, hi) = e4m3_top_bytes(columns(sources, q));
         chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi, s);
     }
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
@@ -250,28 +205,11 @@ pub unsafe fn fp4_c2_block8(
     rows: [&[u8; BLOCK / 2]; 8],
     scale: &[f64; 8],
 ) {
-    let nibble = _mm512_set1_epi8(0x0F);
-    // Four rows per vector, each lane's row in element order: 0..16 (`first`), 16..32.
-    let elements = |first: usize| {
-        let c = lanes4(std::array::from_fn(|r| rows[first + r]));
-        let even = _mm512_and_si512(c, nibble);
-        let odd = _mm512_and_si512(_mm512_srli_epi16::<4>(c), nibble);
-        (
-            _mm512_unpacklo_epi8(even, odd),
-            _mm512_unpackhi_epi8(even, odd),
-        )
-    };
-    let ((a0, a1), (b0, b1)) = (elements(0), elements(4));
-    let sources = [(a0, b0), (a1, b1)];
-    let low = load(&E2M1_LOW);
-    let high = load(&E2M1_HIGH);
+    let sources = nibble_halves(rows, 0);
     let mut chain = _mm512_loadu_pd(acc.as_ptr());
     let s = _mm512_loadu_pd(scale.as_ptr());
     for q in 0..4 {
-        let (a, b) = sources[q / 2];
-        let columns = _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b);
-        let lo = _mm512_shuffle_epi8(low, columns);
-        let hi = _mm512_shuffle_epi8(high, columns);
+        let (lo, hi) = e2m1_top_bytes(columns(sources, q));
         chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi, s);
     }
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
@@ -290,18 +228,7 @@ pub unsafe fn q8_c2_block8(
     rows: [&[u8; BLOCK]; 8],
     scale: &[f64; 8],
 ) {
-    let quarter = |h: usize, first: usize| {
-        lanes4(std::array::from_fn(|r| {
-            rows[first + r][16 * h..16 * h + 16]
-                .try_into()
-                .expect("16 codes")
-        }))
-    };
-    let sources = [
-        (quarter(0, 0), quarter(0, 4)),
-        (quarter(1, 0), quarter(1, 4)),
-    ];
-    int_chains(acc, x, sources, scale);
+    int_chains(acc, x, byte_halves(rows), scale);
 }
 
 /// [`q8_c2_block8`] for container Q4G codes (16 bytes per row, low nibble first, value
@@ -317,23 +244,11 @@ pub unsafe fn q4_c2_block8(
     rows: [&[u8; BLOCK / 2]; 8],
     scale: &[f64; 8],
 ) {
-    let nibble = _mm512_set1_epi8(0x0F);
-    let eight = _mm512_set1_epi8(8);
-    let elements = |first: usize| {
-        let c = lanes4(std::array::from_fn(|r| rows[first + r]));
-        let even = _mm512_sub_epi8(_mm512_and_si512(c, nibble), eight);
-        let odd = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(c), nibble), eight);
-        (
-            _mm512_unpacklo_epi8(even, odd),
-            _mm512_unpackhi_epi8(even, odd),
-        )
-    };
-    let ((a0, a1), (b0, b1)) = (elements(0), elements(4));
-    int_chains(acc, x, [(a0, b0), (a1, b1)], scale);
+    int_chains(acc, x, nibble_halves(rows, 8), scale);
 }
 
 /// The C2 chains of eight rows over 32 columns of int8 values, given as two pairs of
-/// four-row vectors (columns 0..16, 16..32; see [`TRANSPOSE`]).
+/// four-row vectors (columns 0..16, 16..32; see [`columns`]).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
 unsafe fn int_chains(
@@ -345,8 +260,7 @@ unsafe fn int_chains(
     let mut chain = _mm512_loadu_pd(acc.as_ptr());
     let s = _mm512_loadu_pd(scale.as_ptr());
     for q in 0..4 {
-        let (a, b) = sources[q / 2];
-        let columns = _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b);
+        let columns = columns(sources, q);
         // 128-bit lane l: columns 2l and 2l + 1, eight rows each.
         let lanes = [
             _mm512_castsi512_si128(columns),
@@ -413,6 +327,94 @@ pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: &[[f32; 
         }
     }
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+}
+
+/// Eight rows of 32 bytes as two pairs of four-row vectors: columns 0..16 of rows 0..4 and
+/// of rows 4..8, then columns 16..32 (one row per 128-bit lane).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn byte_halves(rows: [&[u8; BLOCK]; 8]) -> [(__m512i, __m512i); 2] {
+    let quarter = |h: usize, first: usize| {
+        lanes4(std::array::from_fn(|r| {
+            rows[first + r][16 * h..16 * h + 16]
+                .try_into()
+                .expect("16 codes")
+        }))
+    };
+    [
+        (quarter(0, 0), quarter(0, 4)),
+        (quarter(1, 0), quarter(1, 4)),
+    ]
+}
+
+/// [`byte_halves`] for eight rows of packed nibbles (16 bytes, low nibble first), each
+/// element a byte `nibble − minus`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn nibble_halves(rows: [&[u8; BLOCK / 2]; 8], minus: i8) -> [(__m512i, __m512i); 2] {
+    let ((a0, a1), (b0, b1)) = (
+        nibble_elements(lanes4(std::array::from_fn(|r| rows[r])), minus),
+        nibble_elements(lanes4(std::array::from_fn(|r| rows[4 + r])), minus),
+    );
+    [(a0, b0), (a1, b1)]
+}
+
+/// Four rows of 16 packed bytes (one per 128-bit lane) as bytes `nibble − minus` in element
+/// order: each lane's elements 0..16, then 16..32.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn nibble_elements(c: __m512i, minus: i8) -> (__m512i, __m512i) {
+    let nibble = _mm512_set1_epi8(0x0F);
+    let minus = _mm512_set1_epi8(minus);
+    let even = _mm512_sub_epi8(_mm512_and_si512(c, nibble), minus);
+    let odd = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16::<4>(c), nibble), minus);
+    (
+        _mm512_unpacklo_epi8(even, odd),
+        _mm512_unpackhi_epi8(even, odd),
+    )
+}
+
+/// Columns `8q .. 8q + 8` of [`byte_halves`]' eight rows: byte `8g + r` is row r, column
+/// `8q + g`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn columns(sources: [(__m512i, __m512i); 2], q: usize) -> __m512i {
+    let (a, b) = sources[q / 2];
+    _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b)
+}
+
+/// The low and high table bytes of 64 e4m3 codes: the table index is the code's low seven
+/// bits, its sign is or-ed into the high byte.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn e4m3_top_bytes(c: __m512i) -> (__m512i, __m512i) {
+    let (low, high) = (&E4M3_LOW, &E4M3_HIGH);
+    let lo = _mm512_permutex2var_epi8(load(&low[..64]), c, load(&low[64..]));
+    let hi = _mm512_permutex2var_epi8(load(&high[..64]), c, load(&high[64..]));
+    (
+        lo,
+        _mm512_ternarylogic_epi32::<0xF8>(hi, c, _mm512_set1_epi8(i8::MIN)),
+    )
+}
+
+/// The low and high table bytes of 64 e2m1 nibbles (one per byte).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn e2m1_top_bytes(c: __m512i) -> (__m512i, __m512i) {
+    (
+        _mm512_shuffle_epi8(load(&E2M1_LOW), c),
+        _mm512_shuffle_epi8(load(&E2M1_HIGH), c),
+    )
+}
+
+/// Which of 64 e4m3 codes are NaN (0x7F, 0xFF).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn e4m3_nan(c: __m512i) -> __mmask64 {
+    _mm512_cmpeq_epi8_mask(
+        _mm512_or_si512(c, _mm512_set1_epi8(i8::MIN)),
+        _mm512_set1_epi8(-1),
+    )
 }
 
 /// Four rows of 16 bytes, row r in 128-bit lane r.
