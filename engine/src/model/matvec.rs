@@ -423,12 +423,19 @@ impl MatVec<'_> {
         let x = &self.x[self.x_off..][..self.n_in];
         let mut acc = [init; DECODE_TILE];
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        // The rows' bytes, found once per task rather than once per block (lanes ≥ nw: none).
+        let rows: [&[u8]; DECODE_TILE] =
+            std::array::from_fn(|i| if i < nw { bytes.row(r0 + i) } else { &[] });
         for k0 in (0..self.n_in).step_by(BLOCK) {
             let len = BLOCK.min(self.n_in - k0);
             // Thirty-two rows walked at once are too many streams for the hardware prefetcher
-            // (the FP8 kernel ran at a third of its in-cache rate): fetch each row ahead.
-            for i in 0..nw {
-                bytes.prefetch(r0 + i, k0);
+            // (the FP8 kernel ran at a third of its in-cache rate): fetch each row ahead, a
+            // cache line at a time.
+            let at = bytes.offset(k0);
+            if at.is_multiple_of(64) {
+                for row in &rows[..nw] {
+                    simd::avx512::prefetch(row, at + PREFETCH_AHEAD);
+                }
             }
             for (g, chains) in acc
                 .chunks_exact_mut(TILE)
@@ -439,7 +446,8 @@ impl MatVec<'_> {
                 let (rg, n) = (r0 + g * TILE, (nw - g * TILE).min(TILE));
                 let fast = n == TILE && len == BLOCK && {
                     let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
-                    bytes.block8(rg, k0, xb, chains)
+                    let group = rows[g * TILE..][..TILE].try_into().expect("eight rows");
+                    bytes.block8(group, rg, k0, xb, chains)
                 };
                 if !fast {
                     self.decode(&[], rg, n, k0, len, &mut w, Level::Avx512);
@@ -870,50 +878,44 @@ impl<'a> ByteRows<'a> {
         }
     }
 
-    /// Fetch row `r`'s bytes [`PREFETCH_AHEAD`] past column `k0` (rows walked in parallel
-    /// outrun the hardware prefetcher).
+    /// The 32 bytes at `at` of eight rows.
     #[inline(always)]
-    fn prefetch(&self, r: usize, k0: usize) {
-        let at = self.offset(k0);
-        if at.is_multiple_of(64) {
-            simd::avx512::prefetch(self.row(r), at + PREFETCH_AHEAD);
-        }
-    }
-
-    /// The 32 bytes at `at` of rows `r .. r + 8`.
-    #[inline(always)]
-    fn byte_blocks(&self, r: usize, at: usize) -> [&'a [u8; BLOCK]; TILE] {
+    fn byte_blocks<'r>(rows: &[&'r [u8]; TILE], at: usize) -> [&'r [u8; BLOCK]; TILE] {
         eight(
             #[inline(always)]
-            |i| self.row(r + i)[at..][..BLOCK].try_into().expect("block"),
+            |i| rows[i][at..][..BLOCK].try_into().expect("block"),
         )
     }
 
-    /// The 16 bytes (32 packed values) at `at` of rows `r .. r + 8`.
+    /// The 16 bytes (32 packed values) at `at` of eight rows.
     #[inline(always)]
-    fn packed_blocks(&self, r: usize, at: usize) -> [&'a [u8; BLOCK / 2]; TILE] {
+    fn packed_blocks<'r>(rows: &[&'r [u8]; TILE], at: usize) -> [&'r [u8; BLOCK / 2]; TILE] {
         eight(
             #[inline(always)]
-            |i| {
-                self.row(r + i)[at..][..BLOCK / 2]
-                    .try_into()
-                    .expect("half block")
-            },
+            |i| rows[i][at..][..BLOCK / 2].try_into().expect("half block"),
         )
     }
 
-    /// One C2 step of rows `r .. r + 8` over the full block at `k0`; `false`, nothing
-    /// changed, where the kernel leaves the block to the generic decode.
+    /// One C2 step of rows `r .. r + 8` (their bytes `rows`, from [`Self::row`]) over the
+    /// full block at `k0`; `false`, nothing changed, where the kernel leaves the block to the
+    /// generic decode.
     ///
     /// Only called at [`Level::Avx512`].
     #[inline(always)]
-    fn block8(&self, r: usize, k0: usize, x: &[f64; BLOCK], chains: &mut [f64; TILE]) -> bool {
+    fn block8(
+        &self,
+        rows: &[&[u8]; TILE],
+        r: usize,
+        k0: usize,
+        x: &[f64; BLOCK],
+        chains: &mut [f64; TILE],
+    ) -> bool {
         let at = self.offset(k0);
         match *self {
             ByteRows::Dense { bf16, .. } => {
-                let mut rows = [[0f32; BLOCK]; TILE];
-                for (i, row) in rows.iter_mut().enumerate() {
-                    let b = &self.row(r + i)[at..];
+                let mut values = [[0f32; BLOCK]; TILE];
+                for (row, bytes) in values.iter_mut().zip(rows) {
+                    let b = &bytes[at..];
                     if bf16 {
                         for (o, c) in row.iter_mut().zip(b.chunks_exact(2)) {
                             *o = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
@@ -925,14 +927,14 @@ impl<'a> ByteRows<'a> {
                     }
                 }
                 // SAFETY: only reached from `task_avx512`.
-                unsafe { simd::avx512::f32_c2_block8(chains, x, &rows) };
+                unsafe { simd::avx512::f32_c2_block8(chains, x, &values) };
                 true
             }
             ByteRows::Vq(v) => {
-                let mut rows = [[0f32; BLOCK]; TILE];
-                v.vectors(r, k0 / VQ_WIDTH, &mut rows);
+                let mut values = [[0f32; BLOCK]; TILE];
+                v.vectors(r, k0 / VQ_WIDTH, &mut values);
                 // SAFETY: only reached from `task_avx512`.
-                unsafe { simd::avx512::f32_c2_block8(chains, x, &rows) };
+                unsafe { simd::avx512::f32_c2_block8(chains, x, &values) };
                 true
             }
             ByteRows::Quant(v) => {
@@ -948,12 +950,12 @@ impl<'a> ByteRows<'a> {
                     |i| e8m0_to_f64(sb[i]),
                 );
                 if self.packed() {
-                    let rows = self.packed_blocks(r, at);
+                    let rows = Self::packed_blocks(rows, at);
                     // SAFETY: only reached from `task_avx512`.
                     unsafe { simd::avx512::fp4_c2_block8(chains, x, rows, &s) };
                     true
                 } else {
-                    let rows = self.byte_blocks(r, at);
+                    let rows = Self::byte_blocks(rows, at);
                     // SAFETY: as above.
                     unsafe { simd::avx512::fp8_c2_block8(chains, x, rows, &s) }
                 }
@@ -973,11 +975,11 @@ impl<'a> ByteRows<'a> {
                     },
                 );
                 if self.packed() {
-                    let rows = self.packed_blocks(r, at);
+                    let rows = Self::packed_blocks(rows, at);
                     // SAFETY: as above.
                     unsafe { simd::avx512::q4_c2_block8(chains, x, rows, &s) };
                 } else {
-                    let rows = self.byte_blocks(r, at);
+                    let rows = Self::byte_blocks(rows, at);
                     // SAFETY: as above.
                     unsafe { simd::avx512::q8_c2_block8(chains, x, rows, &s) };
                 }
