@@ -463,10 +463,18 @@ impl MatVec<'_> {
         }
     }
 
-    /// A single-row product on stored bytes the AVX-512 kernels serve.
+    /// A single-row product the AVX-512 kernels serve: rule C1 on release FP8/FP4 bytes, rule
+    /// C2 on any [`ByteRows`]. (A container's requantised trunk under rule C1 is not one: it
+    /// takes the AVX2 copy of the generic path.)
     fn byte_rows_decode(&self) -> bool {
+        let Source::View(view) = &self.source else {
+            return false;
+        };
         self.rows == 1
-            && matches!(&self.source, Source::View(view) if ByteRows::of(*view).is_some())
+            && match self.rule {
+                Rule::C1 => matches!(view, WeightView::Quant(_)),
+                Rule::C2 { .. } => ByteRows::of(*view).is_some(),
+            }
     }
 
     /// One C1 block of weight row `r` at columns `k0 ..` (a multiple of 32): the exact block
