@@ -22,12 +22,15 @@
 
 use std::cell::Cell;
 
+#[cfg(target_arch = "x86_64")]
+mod byte_rows;
+#[cfg(target_arch = "x86_64")]
+use byte_rows::ByteRows;
+
 use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
 use super::simd::{self, Level};
-use crate::checkpoint::{
-    Checkpoint, DenseDtype, QuantKind, QuantView, VqView, WeightView, VQ_WIDTH,
-};
+use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView, VQ_WIDTH};
 use crate::dtype::{
     bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, e8m0_to_f64, f16_to_f32, E2M1_PAIR_F64,
     E4M3_F64,
@@ -373,22 +376,12 @@ impl MatVec<'_> {
                     |i| e8m0_to_f64(sb[i]),
                 );
                 if fp4 {
-                    let rows = eight(
-                        #[inline(always)]
-                        |i| {
-                            codes[i][kb * BLOCK / 2..][..BLOCK / 2]
-                                .try_into()
-                                .expect("half block")
-                        },
-                    );
+                    let rows = ByteRows::packed_blocks(&codes, kb * BLOCK / 2);
                     // SAFETY: only reached from `task_avx512`.
                     unsafe { simd::avx512::fp4_c1_block8(&mut acc, xb, rows, &s) };
                     true
                 } else {
-                    let rows = eight(
-                        #[inline(always)]
-                        |i| codes[i][kb * BLOCK..][..BLOCK].try_into().expect("block"),
-                    );
+                    let rows = ByteRows::byte_blocks(&codes, kb * BLOCK);
                     // SAFETY: as above.
                     unsafe { simd::avx512::fp8_c1_block8(&mut acc, xb, rows, &s) }
                 }
@@ -785,221 +778,10 @@ fn decode_row_block<const W: usize>(
     }
 }
 
-/// Weight rows the AVX-512 C2 kernels read: release FP8/FP4 codes with E8M0 scales,
-/// container Q8G/Q4G codes whose f16 groups are whole 32-column blocks, container VQ
-/// vectors, or bf16 / f32 rows.
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy)]
-enum ByteRows<'a> {
-    Quant(QuantView<'a>),
-    Vq(VqView<'a>),
-    /// `bf16` or f32 little-endian rows of `cols` values.
-    Dense {
-        bf16: bool,
-        cols: usize,
-        bytes: &'a [u8],
-    },
-    Grouped {
-        bits: u8,
-        group: usize,
-        groups: usize,
-        row_bytes: usize,
-        codes: &'a [u8],
-        scales: &'a [u8],
-    },
-}
-
-#[cfg(target_arch = "x86_64")]
-impl<'a> ByteRows<'a> {
-    fn of(view: WeightView<'a>) -> Option<Self> {
-        match view {
-            WeightView::Quant(v) => Some(ByteRows::Quant(v)),
-            WeightView::Vq(v) => Some(ByteRows::Vq(v)),
-            WeightView::Dense {
-                dtype, cols, bytes, ..
-            } if dtype != DenseDtype::F16 => Some(ByteRows::Dense {
-                bf16: dtype == DenseDtype::Bf16,
-                cols,
-                bytes,
-            }),
-            WeightView::Grouped {
-                bits,
-                cols,
-                group,
-                row_bytes,
-                codes,
-                scales,
-                ..
-            } if group.is_multiple_of(BLOCK) => Some(ByteRows::Grouped {
-                bits,
-                group,
-                groups: cols.div_ceil(group),
-                row_bytes,
-                codes,
-                scales,
-            }),
-            _ => None,
-        }
-    }
-
-    /// Whether a byte holds two weights.
-    #[inline(always)]
-    fn packed(&self) -> bool {
-        match self {
-            ByteRows::Quant(v) => v.kind == QuantKind::Fp4,
-            ByteRows::Grouped { bits, .. } => *bits == 4,
-            ByteRows::Vq(_) | ByteRows::Dense { .. } => false,
-        }
-    }
-
-    /// Byte offset of column `k` in a row.
-    #[inline(always)]
-    fn offset(&self, k: usize) -> usize {
-        match *self {
-            ByteRows::Dense { bf16, .. } => k * if bf16 { 2 } else { 4 },
-            _ if self.packed() => k / 2,
-            _ => k,
-        }
-    }
-
-    /// The stored bytes of weight row `r`, where a row is contiguous (not VQ's banded
-    /// indices).
-    #[inline(always)]
-    fn row(&self, r: usize) -> &'a [u8] {
-        match *self {
-            ByteRows::Quant(v) => {
-                let n = if v.kind == QuantKind::Fp4 {
-                    v.cols / 2
-                } else {
-                    v.cols
-                };
-                &v.codes[r * n..][..n]
-            }
-            ByteRows::Grouped {
-                row_bytes, codes, ..
-            } => &codes[r * row_bytes..][..row_bytes],
-            ByteRows::Vq(_) => &[],
-            ByteRows::Dense { cols, bytes, .. } => {
-                let n = self.offset(cols);
-                &bytes[r * n..][..n]
-            }
-        }
-    }
-
-    /// The 32 bytes at `at` of eight rows.
-    #[inline(always)]
-    fn byte_blocks<'r>(rows: &[&'r [u8]; TILE], at: usize) -> [&'r [u8; BLOCK]; TILE] {
-        eight(
-            #[inline(always)]
-            |i| rows[i][at..][..BLOCK].try_into().expect("block"),
-        )
-    }
-
-    /// The 16 bytes (32 packed values) at `at` of eight rows.
-    #[inline(always)]
-    fn packed_blocks<'r>(rows: &[&'r [u8]; TILE], at: usize) -> [&'r [u8; BLOCK / 2]; TILE] {
-        eight(
-            #[inline(always)]
-            |i| rows[i][at..][..BLOCK / 2].try_into().expect("half block"),
-        )
-    }
-
-    /// One C2 step of rows `r .. r + 8` (their bytes `rows`, from [`Self::row`]) over the
-    /// full block at `k0`; `false`, nothing changed, where the kernel leaves the block to the
-    /// generic decode.
-    ///
-    /// Only called at [`Level::Avx512`].
-    #[inline(always)]
-    fn block8(
-        &self,
-        rows: &[&[u8]; TILE],
-        r: usize,
-        k0: usize,
-        x: &[f64; BLOCK],
-        chains: &mut [f64; TILE],
-    ) -> bool {
-        let at = self.offset(k0);
-        match *self {
-            ByteRows::Dense { bf16, .. } => {
-                let mut values = [[0f32; BLOCK]; TILE];
-                for (row, bytes) in values.iter_mut().zip(rows) {
-                    let b = &bytes[at..];
-                    if bf16 {
-                        for (o, c) in row.iter_mut().zip(b.chunks_exact(2)) {
-                            *o = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-                        }
-                    } else {
-                        for (o, c) in row.iter_mut().zip(b.chunks_exact(4)) {
-                            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        }
-                    }
-                }
-                // SAFETY: only reached from `task_avx512`.
-                unsafe { simd::avx512::f32_c2_block8(chains, x, &values) };
-                true
-            }
-            ByteRows::Vq(v) => {
-                let mut values = [[0f32; BLOCK]; TILE];
-                v.vectors(r, k0 / VQ_WIDTH, &mut values);
-                // SAFETY: only reached from `task_avx512`.
-                unsafe { simd::avx512::f32_c2_block8(chains, x, &values) };
-                true
-            }
-            ByteRows::Quant(v) => {
-                let sb: [u8; TILE] = eight(
-                    #[inline(always)]
-                    |i| v.scales[scale_at(&v, r + i, k0)],
-                );
-                if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {
-                    return false;
-                }
-                let s = eight(
-                    #[inline(always)]
-                    |i| e8m0_to_f64(sb[i]),
-                );
-                if self.packed() {
-                    let rows = Self::packed_blocks(rows, at);
-                    // SAFETY: only reached from `task_avx512`.
-                    unsafe { simd::avx512::fp4_c2_block8(chains, x, rows, &s) };
-                    true
-                } else {
-                    let rows = Self::byte_blocks(rows, at);
-                    // SAFETY: as above.
-                    unsafe { simd::avx512::fp8_c2_block8(chains, x, rows, &s) }
-                }
-            }
-            ByteRows::Grouped {
-                group,
-                groups,
-                scales,
-                ..
-            } => {
-                let g = k0 / group;
-                let s: [f64; TILE] = eight(
-                    #[inline(always)]
-                    |i| {
-                        let at = 2 * ((r + i) * groups + g);
-                        f64::from(f16_to_f32(u16::from_le_bytes([scales[at], scales[at + 1]])))
-                    },
-                );
-                if self.packed() {
-                    let rows = Self::packed_blocks(rows, at);
-                    // SAFETY: as above.
-                    unsafe { simd::avx512::q4_c2_block8(chains, x, rows, &s) };
-                } else {
-                    let rows = Self::byte_blocks(rows, at);
-                    // SAFETY: as above.
-                    unsafe { simd::avx512::q8_c2_block8(chains, x, rows, &s) };
-                }
-                true
-            }
-        }
-    }
-}
-
 /// `[f(0), .., f(7)]`, written out: `std::array::from_fn` with a fallible closure (a slice
 /// converted to an array) was left out of line and cost ~7% of a decode in the per-block
 /// loops.
+#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn eight<T>(f: impl Fn(usize) -> T) -> [T; TILE] {
     [f(0), f(1), f(2), f(3), f(4), f(5), f(6), f(7)]

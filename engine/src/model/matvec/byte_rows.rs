@@ -1,0 +1,221 @@
+//! The rows the AVX-512 C2 kernels read (MODEL.md §5.4 rule C2, one chain per lane): one
+//! enum over every stored form they serve, so the row walk of `MatVec::c2_rows8` is written
+//! once.
+
+use super::{eight, scale_at, BLOCK, SAFE_SCALE_BYTE, TILE};
+use crate::checkpoint::{DenseDtype, QuantKind, QuantView, VqView, WeightView, VQ_WIDTH};
+use crate::dtype::{bf16_to_f32, e8m0_to_f64, f16_to_f32};
+use crate::model::simd;
+
+/// Weight rows the AVX-512 C2 kernels read: release FP8/FP4 codes with E8M0 scales,
+/// container Q8G/Q4G codes whose f16 groups are whole 32-column blocks, container VQ
+/// vectors, or bf16 / f32 rows.
+#[derive(Clone, Copy)]
+pub(super) enum ByteRows<'a> {
+    Quant(QuantView<'a>),
+    Vq(VqView<'a>),
+    /// `bf16` or f32 little-endian rows of `cols` values.
+    Dense {
+        bf16: bool,
+        cols: usize,
+        bytes: &'a [u8],
+    },
+    Grouped {
+        bits: u8,
+        group: usize,
+        groups: usize,
+        row_bytes: usize,
+        codes: &'a [u8],
+        scales: &'a [u8],
+    },
+}
+
+impl<'a> ByteRows<'a> {
+    pub(super) fn of(view: WeightView<'a>) -> Option<Self> {
+        match view {
+            WeightView::Quant(v) => Some(ByteRows::Quant(v)),
+            WeightView::Vq(v) => Some(ByteRows::Vq(v)),
+            WeightView::Dense {
+                dtype, cols, bytes, ..
+            } if dtype != DenseDtype::F16 => Some(ByteRows::Dense {
+                bf16: dtype == DenseDtype::Bf16,
+                cols,
+                bytes,
+            }),
+            WeightView::Grouped {
+                bits,
+                cols,
+                group,
+                row_bytes,
+                codes,
+                scales,
+                ..
+            } if group.is_multiple_of(BLOCK) => Some(ByteRows::Grouped {
+                bits,
+                group,
+                groups: cols.div_ceil(group),
+                row_bytes,
+                codes,
+                scales,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether a byte holds two weights.
+    #[inline(always)]
+    pub(super) fn packed(&self) -> bool {
+        match self {
+            ByteRows::Quant(v) => v.kind == QuantKind::Fp4,
+            ByteRows::Grouped { bits, .. } => *bits == 4,
+            ByteRows::Vq(_) | ByteRows::Dense { .. } => false,
+        }
+    }
+
+    /// Byte offset of column `k` in a row.
+    #[inline(always)]
+    pub(super) fn offset(&self, k: usize) -> usize {
+        match *self {
+            ByteRows::Dense { bf16, .. } => k * if bf16 { 2 } else { 4 },
+            _ if self.packed() => k / 2,
+            _ => k,
+        }
+    }
+
+    /// The stored bytes of weight row `r`, where a row is contiguous (not VQ's banded
+    /// indices).
+    #[inline(always)]
+    pub(super) fn row(&self, r: usize) -> &'a [u8] {
+        match *self {
+            ByteRows::Quant(v) => {
+                let n = if v.kind == QuantKind::Fp4 {
+                    v.cols / 2
+                } else {
+                    v.cols
+                };
+                &v.codes[r * n..][..n]
+            }
+            ByteRows::Grouped {
+                row_bytes, codes, ..
+            } => &codes[r * row_bytes..][..row_bytes],
+            ByteRows::Vq(_) => &[],
+            ByteRows::Dense { cols, bytes, .. } => {
+                let n = self.offset(cols);
+                &bytes[r * n..][..n]
+            }
+        }
+    }
+
+    /// The 32 bytes at `at` of eight rows.
+    #[inline(always)]
+    pub(super) fn byte_blocks<'r>(rows: &[&'r [u8]; TILE], at: usize) -> [&'r [u8; BLOCK]; TILE] {
+        eight(
+            #[inline(always)]
+            |i| rows[i][at..][..BLOCK].try_into().expect("block"),
+        )
+    }
+
+    /// The 16 bytes (32 packed values) at `at` of eight rows.
+    #[inline(always)]
+    pub(super) fn packed_blocks<'r>(
+        rows: &[&'r [u8]; TILE],
+        at: usize,
+    ) -> [&'r [u8; BLOCK / 2]; TILE] {
+        eight(
+            #[inline(always)]
+            |i| rows[i][at..][..BLOCK / 2].try_into().expect("half block"),
+        )
+    }
+
+    /// One C2 step of rows `r .. r + 8` (their bytes `rows`, from [`Self::row`]) over the
+    /// full block at `k0`; `false`, nothing changed, where the kernel leaves the block to the
+    /// generic decode.
+    ///
+    /// Only called at [`Level::Avx512`].
+    #[inline(always)]
+    pub(super) fn block8(
+        &self,
+        rows: &[&[u8]; TILE],
+        r: usize,
+        k0: usize,
+        x: &[f64; BLOCK],
+        chains: &mut [f64; TILE],
+    ) -> bool {
+        let at = self.offset(k0);
+        match *self {
+            ByteRows::Dense { bf16, .. } => {
+                let mut values = [[0f32; BLOCK]; TILE];
+                for (row, bytes) in values.iter_mut().zip(rows) {
+                    let b = &bytes[at..];
+                    if bf16 {
+                        for (o, c) in row.iter_mut().zip(b.chunks_exact(2)) {
+                            *o = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
+                        }
+                    } else {
+                        for (o, c) in row.iter_mut().zip(b.chunks_exact(4)) {
+                            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+                        }
+                    }
+                }
+                // SAFETY: only reached from `task_avx512`.
+                unsafe { simd::avx512::f32_c2_block8(chains, x, &values) };
+                true
+            }
+            ByteRows::Vq(v) => {
+                let mut values = [[0f32; BLOCK]; TILE];
+                v.vectors(r, k0 / VQ_WIDTH, &mut values);
+                // SAFETY: only reached from `task_avx512`.
+                unsafe { simd::avx512::f32_c2_block8(chains, x, &values) };
+                true
+            }
+            ByteRows::Quant(v) => {
+                let sb: [u8; TILE] = eight(
+                    #[inline(always)]
+                    |i| v.scales[scale_at(&v, r + i, k0)],
+                );
+                if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {
+                    return false;
+                }
+                let s = eight(
+                    #[inline(always)]
+                    |i| e8m0_to_f64(sb[i]),
+                );
+                if self.packed() {
+                    let rows = Self::packed_blocks(rows, at);
+                    // SAFETY: only reached from `task_avx512`.
+                    unsafe { simd::avx512::fp4_c2_block8(chains, x, rows, &s) };
+                    true
+                } else {
+                    let rows = Self::byte_blocks(rows, at);
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::fp8_c2_block8(chains, x, rows, &s) }
+                }
+            }
+            ByteRows::Grouped {
+                group,
+                groups,
+                scales,
+                ..
+            } => {
+                let g = k0 / group;
+                let s: [f64; TILE] = eight(
+                    #[inline(always)]
+                    |i| {
+                        let at = 2 * ((r + i) * groups + g);
+                        f64::from(f16_to_f32(u16::from_le_bytes([scales[at], scales[at + 1]])))
+                    },
+                );
+                if self.packed() {
+                    let rows = Self::packed_blocks(rows, at);
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::q4_c2_block8(chains, x, rows, &s) };
+                } else {
+                    let rows = Self::byte_blocks(rows, at);
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::q8_c2_block8(chains, x, rows, &s) };
+                }
+                true
+            }
+        }
+    }
+}
