@@ -1,22 +1,25 @@
-//! Matrix-vector kernels on the stored weight bytes (MODEL.md §5.4 C1/C2; issue 4 item 6).
+//! Matrix-vector kernels on the stored weight bytes (MODEL.md §5.4 C1/C2).
 //!
 //! A task computes [`TILE`] output rows for every input row of a call. It walks the reduction
 //! in 32-column blocks: the block of its weight rows is decoded straight from the mapped
 //! checkpoint bytes ([`WeightView`]: e4m3 / e2m1 lookup tables times the block's E8M0 scale,
-//! bf16 / f16 / f32 rows, container Q8G / Q4G groups) into a small stack array, then every
-//! input row is run over it. No f32 copy of the weight rows is made per call, and in a
-//! prefill each block is decoded once for all rows. A decode (one input row) under rule C2
-//! on a weight that stays in cache takes [`DECODE_TILE`] rows per task instead, enough
+//! bf16 / f16 / f32 rows, container Q8G / Q4G groups and VQ vectors) into a small stack array,
+//! then every input row is run over it. No f32 copy of the weight rows is made per call, and
+//! in a prefill each block is decoded once for all rows. A decode (one input row) under rule
+//! C2 on a weight that stays in cache takes [`DECODE_TILE`] rows per task instead, enough
 //! independent chains for the vector units; full FP8/FP4 blocks are decoded eight rows at a
-//! time by the AVX2 decoders of [`simd`].
+//! time by the AVX2 decoders of [`simd`]. Where the CPU has AVX-512, a decode is served by the
+//! eight-row kernels of `simd::avx512` instead: rule C1 on release FP8/FP4 bytes, rule C2 on
+//! every stored form of `ByteRows`, in `DECODE_TILE`-row tasks.
 //!
 //! The decoded values are exactly the values `Checkpoint::rows_f32` returns (same f32
 //! products), widened to f64, and every output is the same sequence of f64 operations as a
 //! kernel on dequantised rows: C1 sums each 32-block in f64 in increasing k, rounds it to f32
 //! and accumulates blocks in f32 in increasing order; C2 is one f64 chain in increasing k.
-//! Results therefore do not depend on the storage path, the number of rows in the call or
-//! the thread count. Storages without a view (a container's VQ experts, test doubles) are
-//! read with `rows_f32` into a per-thread scratch buffer of the task's rows.
+//! Results therefore do not depend on the storage path, the vector level, the number of rows
+//! in the call or the thread count. Storages without a view (Engram rows, a VQ bank whose
+//! indices could be invalid, test doubles) are read with `rows_f32` into a per-thread scratch
+//! buffer of the task's rows.
 //!
 //! Scratch buffers are per thread and reused, so a call allocates nothing once warmed up.
 

@@ -1,4 +1,5 @@
-//! C1 block sums of eight weight rows at once with AVX-512 (F, BW, VL, VBMI).
+//! Eight weight rows at once with AVX-512 (F, BW, VL, VBMI): rule C1's block sums and rule
+//! C2's chains (MODEL.md §5.4).
 //!
 //! Every e4m3 and e2m1 value is an f64 that is zero below bit 48 (`dtype::E4M3_F64_TOP`), so a
 //! weight's f64 is built from two byte lookups (`vpermi2b` over a 128-entry table, `vpshufb`
@@ -11,7 +12,9 @@
 //!
 //! Rule C2 (one f64 chain per row, k increasing) cannot reorder a row's sum, so its kernels
 //! put the rows in the lanes instead: eight rows' codes are transposed by byte permutes into
-//! columns, and each column is one vector multiply-add advancing the eight chains.
+//! columns, and each column is one vector multiply-add advancing the eight chains. Container
+//! int8 / nibble codes are widened to f64 per column; decoded f32 rows (VQ vectors, bf16 and
+//! f32 weights) are transposed eight by eight.
 
 use super::super::quant::BLOCK;
 use crate::dtype::{E2M1_F64_TOP, E4M3_F64_TOP};
