@@ -971,6 +971,9 @@ pub(crate) mod tests {
                 ("q4", LinearKind::F32),
                 ("q8w", LinearKind::Bf16),
                 ("q4w", LinearKind::F32),
+                // A container's requantised trunk read by the FP8/FP4 kinds: rule C1 upstream.
+                ("q8w", LinearKind::Fp8),
+                ("q4w", LinearKind::Fp4),
             ];
             for (name, kind) in cases {
                 let by_rows = Linear::load(&rows_ckpt, name, kind).unwrap();

@@ -179,6 +179,21 @@ impl MatVec<'_> {
                     return Ok(());
                 }
             }
+            #[cfg(target_arch = "x86_64")]
+            if let (Level::Avx512, Rule::C1, Source::View(view @ WeightView::Grouped { .. })) =
+                (level, self.rule, &self.source)
+            {
+                if let Some(bytes) = ByteRows::of(*view) {
+                    for (t, o) in out.chunks_mut(TILE).enumerate() {
+                        if o.len() == TILE {
+                            o.copy_from_slice(&self.c1_grouped_rows8(bytes, first + t * TILE));
+                        } else {
+                            self.task_tile(first + t * TILE, o, level)?;
+                        }
+                    }
+                    return Ok(());
+                }
+            }
             if let (Rule::C2 { init }, true) = (self.rule, out.len() > TILE) {
                 return self.task_c2_single(init, first, out, level);
             }
@@ -459,16 +474,56 @@ impl MatVec<'_> {
         }
     }
 
-    /// A single-row product the AVX-512 kernels serve: rule C1 on release FP8/FP4 bytes, rule
-    /// C2 on any [`ByteRows`]. (A container's requantised trunk under rule C1 is not one: it
-    /// takes the AVX2 copy of the generic path.)
+    /// Rule C1 for one input row over weight rows `first ..` (eight) of container Q8G/Q4G
+    /// groups with the AVX-512 kernels; a block they leave (a scale that is not finite) and a
+    /// partial block take the generic block decode, in place, as `task_tile` does.
+    ///
+    /// Only called at [`Level::Avx512`], i.e. inside `task_avx512`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c1_grouped_rows8(&self, bytes: ByteRows, first: usize) -> [f32; TILE] {
+        let r0 = self.w_first + first;
+        let x = &self.x[self.x_off..][..self.n_in];
+        let rows: [&[u8]; TILE] = eight(
+            #[inline(always)]
+            |i| bytes.row(r0 + i),
+        );
+        let mut acc = [0f32; TILE];
+        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        for k0 in (0..self.n_in).step_by(BLOCK) {
+            let len = BLOCK.min(self.n_in - k0);
+            let done = len == BLOCK && {
+                let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+                bytes.c1_block8(&rows, r0, k0, xb, &mut acc)
+            };
+            if !done {
+                self.decode(&[], r0, TILE, k0, len, &mut w, Level::Avx512);
+                let mut block = [[0f64; TILE]];
+                dot_rows(&mut block, [&x[k0..k0 + len]], &w, Level::Avx512);
+                for (a, &b) in acc.iter_mut().zip(&block[0]) {
+                    *a += b as f32;
+                }
+            }
+        }
+        if self.round_out {
+            acc.iter_mut().for_each(|a| *a = bf16(*a));
+        }
+        acc
+    }
+
+    /// A single-row product the AVX-512 kernels serve: rule C1 on release FP8/FP4 bytes and
+    /// container Q8G/Q4G groups of whole blocks, rule C2 on any [`ByteRows`].
     fn byte_rows_decode(&self) -> bool {
         let Source::View(view) = &self.source else {
             return false;
         };
         self.rows == 1
             && match self.rule {
-                Rule::C1 => matches!(view, WeightView::Quant(_)),
+                Rule::C1 => match view {
+                    WeightView::Quant(_) => true,
+                    WeightView::Grouped { .. } => ByteRows::of(*view).is_some(),
+                    _ => false,
+                },
                 Rule::C2 { .. } => ByteRows::of(*view).is_some(),
             }
     }

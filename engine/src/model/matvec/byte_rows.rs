@@ -127,6 +127,44 @@ impl<'a> ByteRows<'a> {
         )
     }
 
+    /// One C1 step of rows `r .. r + 8` of container Q8G/Q4G codes over the full block at
+    /// `k0` (see `simd::avx512::q8_c1_block8`); `false`, nothing changed, for another form or
+    /// a scale that is not finite.
+    ///
+    /// Only called at [`Level::Avx512`](simd::Level::Avx512).
+    #[inline(always)]
+    pub(super) fn c1_block8(
+        &self,
+        rows: &[&[u8]; TILE],
+        r: usize,
+        k0: usize,
+        x: &[f64; BLOCK],
+        acc: &mut [f32; TILE],
+    ) -> bool {
+        let ByteRows::Grouped {
+            group,
+            groups,
+            scales,
+            ..
+        } = *self
+        else {
+            return false;
+        };
+        let s = group_scales(scales, groups, r, k0 / group);
+        if !s.iter().all(|v| v.is_finite()) {
+            return false;
+        }
+        let at = self.offset(k0);
+        if self.packed() {
+            // SAFETY: only reached from `task_avx512`.
+            unsafe { simd::avx512::q4_c1_block8(acc, x, Self::packed_blocks(rows, at), &s) };
+        } else {
+            // SAFETY: as above.
+            unsafe { simd::avx512::q8_c1_block8(acc, x, Self::byte_blocks(rows, at), &s) };
+        }
+        true
+    }
+
     /// One C2 step of rows `r .. r + 8` (their bytes `rows`, from [`Self::row`]) over the
     /// full block at `k0`; `false`, nothing changed, where the kernel leaves the block to the
     /// generic decode.
@@ -197,14 +235,7 @@ impl<'a> ByteRows<'a> {
                 scales,
                 ..
             } => {
-                let g = k0 / group;
-                let s: [f64; TILE] = eight(
-                    #[inline(always)]
-                    |i| {
-                        let at = 2 * ((r + i) * groups + g);
-                        f64::from(f16_to_f32(u16::from_le_bytes([scales[at], scales[at + 1]])))
-                    },
-                );
+                let s = group_scales(scales, groups, r, k0 / group);
                 if self.packed() {
                     let rows = Self::packed_blocks(rows, at);
                     // SAFETY: as above.
@@ -218,4 +249,16 @@ impl<'a> ByteRows<'a> {
             }
         }
     }
+}
+
+/// The f16 scales of group `g` of rows `r .. r + 8` (`groups` per row), as f64.
+#[inline(always)]
+fn group_scales(scales: &[u8], groups: usize, r: usize, g: usize) -> [f64; TILE] {
+    eight(
+        #[inline(always)]
+        |i| {
+            let at = 2 * ((r + i) * groups + g);
+            f64::from(f16_to_f32(u16::from_le_bytes([scales[at], scales[at + 1]])))
+        },
+    )
 }

@@ -250,6 +250,76 @@ pub unsafe fn q4_c2_block8(
     int_chains(acc, x, nibble_halves(rows, 8), scale);
 }
 
+/// [`fp8_c1_block8`] for eight rows of container Q8G codes: `acc[i] += f32(P_i · scale[i])`
+/// with `P_i = Σ_k x[k] · code[i][k]`. For act-quantised inputs (rule C1) every product and
+/// every sum is exact in f64 (at most 11 significant bits per product over a 40-bit range),
+/// and so is `P_i` times an f16 scale: the generic kernel's `Σ x·(code·scale)` to the bit.
+/// The scales must be finite.
+///
+/// # Safety
+/// As for [`fp8_c1_block8`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn q8_c1_block8(
+    acc: &mut [f32; 8],
+    x: &[f64; BLOCK],
+    rows: [&[u8; BLOCK]; 8],
+    scale: &[f64; 8],
+) {
+    int_sums(acc, x, byte_halves(rows), scale);
+}
+
+/// [`q8_c1_block8`] for container Q4G codes (value `nibble − 8`).
+///
+/// # Safety
+/// As for [`fp8_c1_block8`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn q4_c1_block8(
+    acc: &mut [f32; 8],
+    x: &[f64; BLOCK],
+    rows: [&[u8; BLOCK / 2]; 8],
+    scale: &[f64; 8],
+) {
+    int_sums(acc, x, nibble_halves(rows, 8), scale);
+}
+
+/// The C1 step of eight rows of int8 values in the two-pairs layout of [`byte_halves`]: each
+/// row's values widened to f64 and summed in lanes, then [`accumulate`].
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
+unsafe fn int_sums(
+    acc: &mut [f32; 8],
+    x: &[f64; BLOCK],
+    sources: [(__m512i, __m512i); 2],
+    scale: &[f64; 8],
+) {
+    let mut sums = [_mm512_setzero_pd(); 8];
+    for (h, (a, b)) in sources.into_iter().enumerate() {
+        let (x_lo, x_hi) = (
+            _mm512_loadu_pd(x[16 * h..].as_ptr()),
+            _mm512_loadu_pd(x[16 * h + 8..].as_ptr()),
+        );
+        for (quad, v) in [a, b].into_iter().enumerate() {
+            let lanes = [
+                _mm512_castsi512_si128(v),
+                _mm512_extracti32x4_epi32::<1>(v),
+                _mm512_extracti32x4_epi32::<2>(v),
+                _mm512_extracti32x4_epi32::<3>(v),
+            ];
+            for (l, lane) in lanes.into_iter().enumerate() {
+                let row = 4 * quad + l;
+                let ints = _mm512_cvtepi8_epi32(lane);
+                let lo = _mm512_cvtepi32_pd(_mm512_castsi512_si256(ints));
+                let hi = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(ints));
+                sums[row] = _mm512_fmadd_pd(x_lo, lo, sums[row]);
+                sums[row] = _mm512_fmadd_pd(x_hi, hi, sums[row]);
+            }
+        }
+    }
+    accumulate(acc, sums, scale);
+}
+
 /// The C2 chains of eight rows over 32 columns of int8 values, given as two pairs of
 /// four-row vectors (columns 0..16, 16..32; see [`columns`]).
 #[inline]
