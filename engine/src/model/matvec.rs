@@ -589,7 +589,7 @@ impl MatVec<'_> {
         let safe = |r: usize, k0: usize| {
             self.n_in - k0 >= BLOCK && v.scales[scale_at(&v, r, k0)] <= SAFE_SCALE_BYTE
         };
-        let scale = |r: usize, k0: usize| f64::from(e8m0_to_f32(v.scales[scale_at(&v, r, k0)]));
+        let scale = |r: usize, k0: usize| e8m0_to_f64(v.scales[scale_at(&v, r, k0)]);
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         let mut acc = [init; TILE];
         for k0 in (0..self.n_in).step_by(BLOCK) {
@@ -702,7 +702,7 @@ fn quant_tile<const W: usize>(
     if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {
         return false;
     }
-    let s = sb.map(|b| f64::from(e8m0_to_f32(b)));
+    let s = sb.map(e8m0_to_f64);
     if v.kind == QuantKind::Fp4 {
         let rb = v.cols / 2;
         let rows = std::array::from_fn(|j| {
