@@ -21,7 +21,7 @@ use super::numerics::Numerics;
 use super::pool::PoolVec;
 use super::quant;
 use super::rope::Rope;
-use super::simd::{self, Level};
+use super::simd::{self, madd, Level};
 use super::topk;
 use super::{Chunk, LayerCtx};
 use crate::checkpoint::Checkpoint;
@@ -137,7 +137,7 @@ impl Indexer {
 
     /// `score[t] = Σ_h relu(iq_h · key_t) · w_h` for t < n (keys [≥n, head_dim]). Each dot
     /// is one f64 chain in increasing index from the empty sum's start (rule C2, as
-    /// `Iterator::sum` adds); eight keys are scored together, one per vector lane.
+    /// `Iterator::sum` adds); [`KEY_LANES`] keys are scored together, one per vector lane.
     pub fn scores(
         &self,
         iq: &[f32],
@@ -149,17 +149,11 @@ impl Indexer {
         let hd = self.head_dim;
         let mut scores = PoolVec::filled(n, 0.0f32);
         let parallel = worth_parallel(n * self.n_heads * hd);
+        let level = simd::level();
         for_each_chunk(&mut scores, KEY_LANES, parallel, |g, out| {
             let keys = &keys[g * KEY_LANES * hd..][..out.len() * hd];
             let heads = Heads { iq, w, dim: hd };
-            match simd::level() {
-                #[cfg(target_arch = "x86_64")]
-                // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2 and FMA.
-                Level::Avx2 | Level::Avx512 => unsafe {
-                    score_keys_avx2(&heads, keys, out, numerics)
-                },
-                _ => score_keys(&heads, keys, out, numerics),
-            }
+            score_keys_at(level, &heads, keys, out, numerics)
         });
         scores
     }
@@ -172,21 +166,34 @@ struct Heads<'a> {
     dim: usize,
 }
 
+/// [`score_keys`] compiled for `level` (every copy gives the same bits).
+fn score_keys_at(level: Level, heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` is at most what the CPU has: AVX2 and FMA at least here.
+        Level::Avx2 | Level::Avx512 => unsafe { score_keys_avx2(heads, keys, out, numerics) },
+        _ => score_keys(Level::Portable, heads, keys, out, numerics),
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn score_keys_avx2(heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) {
-    score_keys(heads, keys, out, numerics)
+    score_keys(Level::Avx2, heads, keys, out, numerics)
 }
 
 /// [`Indexer::scores`] for up to [`KEY_LANES`] keys (`keys` [out.len(), dim]): the keys
 /// transposed into columns, then per head every key's chain advances over the columns (a
-/// product of two f32 is exact in f64, so multiply-then-add is each step of the scalar sum).
+/// product of two f32 is exact in f64, so multiply-then-add is each step of the scalar sum),
+/// the keys being independent chains in vector lanes; the heads' terms are added to the keys'
+/// totals in head order.
 #[inline(always)]
-fn score_keys(heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) {
+fn score_keys(level: Level, heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) {
     let hd = heads.dim;
     let start = std::iter::empty::<f64>().sum::<f64>();
-    let mut columns = KEY_COLUMNS.with(Cell::take);
+    let (mut columns, mut q) = KEY_SCRATCH.with(Cell::take);
     columns.clear();
+    // Lanes past `out.len()` stay zero and are never written out.
     columns.resize(hd, [0.0; KEY_LANES]);
     for (l, key) in keys.chunks_exact(hd).enumerate() {
         for (c, &k) in columns.iter_mut().zip(key) {
@@ -194,31 +201,48 @@ fn score_keys(heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) 
         }
     }
     let mut total = [0f64; KEY_LANES];
-    for (q, &wh) in heads.iq.chunks_exact(hd).zip(heads.w) {
+    for (qh, &wh) in heads.iq.chunks_exact(hd).zip(heads.w) {
+        q.clear();
+        q.extend(qh.iter().map(|&v| f64::from(v)));
         let mut dot = [start; KEY_LANES];
-        for (&qd, c) in q.iter().zip(columns.iter()) {
-            let qd = f64::from(qd);
-            for (d, &k) in dot.iter_mut().zip(c) {
-                *d += qd * k;
+        #[cfg(target_arch = "x86_64")]
+        if level >= Level::Avx2 {
+            // SAFETY: `level` is Avx2 or above only inside `score_keys_avx2`.
+            unsafe { simd::x86::chains_32(&mut dot, &q, &columns) };
+        }
+        if level < Level::Avx2 {
+            for (&qd, c) in q.iter().zip(columns.iter()) {
+                for (a, &k) in dot.iter_mut().zip(c) {
+                    *a = madd(level, *a, qd, k);
+                }
             }
         }
-        for (t, &d) in total.iter_mut().zip(&dot).take(out.len()) {
-            let relu = numerics.round1(d as f32).max(0.0);
-            *t += f64::from(numerics.round1(relu * wh));
+        // One loop per regime, so neither tests the regime per lane.
+        if numerics.is_upstream() {
+            for (t, &d) in total.iter_mut().zip(&dot) {
+                *t += f64::from(quant::bf16(quant::bf16(d as f32).max(0.0) * wh));
+            }
+        } else {
+            for (t, &d) in total.iter_mut().zip(&dot) {
+                *t += f64::from((d as f32).max(0.0) * wh);
+            }
         }
     }
     for (o, &t) in out.iter_mut().zip(&total) {
         *o = numerics.round1(t as f32);
     }
-    KEY_COLUMNS.with(|c| c.set(columns));
+    KEY_SCRATCH.with(|c| c.set((columns, q)));
 }
 
-/// Index keys scored together by [`Indexer::scores`]: independent chains, one per lane.
-const KEY_LANES: usize = 8;
+/// Index keys scored together by [`Indexer::scores`]: independent chains, one per lane, as
+/// many as the 32-row chain kernel advances at once.
+const KEY_LANES: usize = 32;
 
 thread_local! {
-    /// [`score_keys`]' transposed keys, reused (taken while in use).
-    static KEY_COLUMNS: Cell<Vec<[f64; KEY_LANES]>> = const { Cell::new(Vec::new()) };
+    /// [`score_keys`]' transposed keys and one head's query in f64, reused (taken while in
+    /// use).
+    static KEY_SCRATCH: Cell<(Vec<[f64; KEY_LANES]>, Vec<f64>)> =
+        const { Cell::new((Vec::new(), Vec::new())) };
 }
 
 /// Candidate blocks of the candidate source for one query (§6.4.6): `scores` over the
@@ -425,7 +449,7 @@ mod tests {
             ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
                 * if state.is_multiple_of(7) { 0.0 } else { 1.0 }
         };
-        let (n_heads, dim) = (5, 24);
+        let (n_heads, dim) = (9, 24);
         // Each head's first two weights are large and every key's first two values cancel
         // through them: in increasing order the small terms after them add exactly, in any
         // order that meets them first their sum is rounded at the large scale.
@@ -451,16 +475,11 @@ mod tests {
                     .chunks_exact(dim)
                     .map(|k| scalar_score(&heads, k, numerics))
                     .collect();
-                let mut got = vec![f32::NAN; n];
-                score_keys(&heads, &keys, &mut got, numerics);
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                assert_eq!(bits(&got), bits(&want), "{n} keys {numerics}");
-                #[cfg(target_arch = "x86_64")]
-                if simd::available() >= Level::Avx2 {
+                for level in Level::ALL.into_iter().filter(|&l| l <= simd::available()) {
                     let mut got = vec![f32::NAN; n];
-                    // SAFETY: the CPU has AVX2 and FMA.
-                    unsafe { score_keys_avx2(&heads, &keys, &mut got, numerics) };
-                    assert_eq!(bits(&got), bits(&want), "{n} keys {numerics} avx2");
+                    score_keys_at(level, &heads, &keys, &mut got, numerics);
+                    assert_eq!(bits(&got), bits(&want), "{n} keys {numerics} {level:?}");
                 }
             }
         }

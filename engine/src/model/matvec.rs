@@ -32,7 +32,7 @@ use byte_rows::ByteRows;
 
 use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
-use super::simd::{self, Level};
+use super::simd::{self, madd, Level};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView, VQ_WIDTH};
 use crate::dtype::{
     bf16_to_f32, e2m1_pair, e4m3_to_f32, e8m0_to_f32, e8m0_to_f64, f16_to_f32, E2M1_PAIR_F64,
@@ -983,18 +983,6 @@ fn dot_rows<const R: usize>(
                 }
             }
         }
-    }
-}
-
-/// `acc + x · w`. Both factors are f32 values, so the product is exact in f64 and a fused
-/// multiply-add (used where the CPU has one) rounds once, exactly like the separate
-/// multiply and add: the two copies of a kernel give the same bits.
-#[inline(always)]
-fn madd(level: Level, acc: f64, x: f64, w: f64) -> f64 {
-    if level >= Level::Avx2 {
-        x.mul_add(w, acc)
-    } else {
-        acc + x * w
     }
 }
 

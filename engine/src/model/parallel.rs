@@ -10,9 +10,11 @@
 use rayon::prelude::*;
 
 /// Multiply-adds below which a loop runs on the calling thread: at the kernels' rate a
-/// quarter of a million take tens of microseconds, about what a hand-off costs on a busy
-/// machine (and a woken worker spins for a while before sleeping again).
-pub(crate) const MIN_PARALLEL_WORK: usize = 1 << 18;
+/// million take a hundred-odd microseconds, about what a hand-off to a sleeping worker
+/// costs on a busy virtual machine. At a quarter of that, a dim-128 model's index scores
+/// went to the pool from 512 keys on and its decode ran ~25% slower on two threads than on
+/// one (`ds41 bench`, 1,500 tokens).
+pub(crate) const MIN_PARALLEL_WORK: usize = 1 << 20;
 
 /// Is a loop of about `work` multiply-adds worth the pool?
 pub(crate) fn worth_parallel(work: usize) -> bool {

@@ -27,14 +27,13 @@ pub const E2M1_GRID: [f32; 8] = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0];
 #[inline]
 pub fn bf16(x: f32) -> f32 {
     let bits = x.to_bits();
-    if x.is_nan() {
-        // Keep sign and payload top bits, force the quiet bit so truncation cannot give inf.
-        return f32::from_bits((bits & 0xFFFF_0000) | 0x0040_0000);
-    }
+    // NaN: keep sign and payload top bits, force the quiet bit so truncation cannot give inf.
+    let nan = (bits & 0xFFFF_0000) | 0x0040_0000;
     // Add half an ulp minus one, plus the lsb of the kept part: the classic RNE bias.
     let lsb = (bits >> 16) & 1;
     let rounded = bits.wrapping_add(0x7FFF + lsb) & 0xFFFF_0000;
-    f32::from_bits(rounded)
+    // Both computed and one selected, with no branch, so loops of roundings vectorise.
+    f32::from_bits(if x.is_nan() { nan } else { rounded })
 }
 
 /// Round every element to bf16 in place.
@@ -67,14 +66,21 @@ pub fn pow2ceil(t: f32) -> f32 {
 }
 
 /// Round `a ≥ 0` (finite) to the nearest multiple of `quantum` (a power of two), ties to even
-/// multiple. Exact: `a / quantum` is exact in f64, and for 0 ≤ v < 2^51 adding and removing
-/// 2^52 rounds v to an integer with the FPU's round-to-nearest-even, which is
-/// `round_ties_even` without the library call it compiles to on baseline x86-64 (larger
-/// values, which only saturate, take the library call).
+/// multiple. Exact: `a / quantum` is exact in f64, and is taken as a product with the
+/// reciprocal (also a power of two, so the same value without a division's latency); for
+/// 0 ≤ v < 2^51 adding and removing 2^52 rounds v to an integer with the FPU's
+/// round-to-nearest-even, which is `round_ties_even` without the library call it compiles to
+/// on baseline x86-64 (larger values, which only saturate, take the library call).
 #[inline]
 fn round_to_quantum(a: f64, quantum: f64) -> f64 {
     const TWO_52: f64 = 4_503_599_627_370_496.0;
-    let v = a / quantum;
+    // 2^-k from the exponent field of 2^k (a normal power of two: 2^-9 ..= 2^5 here).
+    let field = quantum.to_bits() >> 52;
+    debug_assert!(
+        quantum.to_bits() & ((1 << 52) - 1) == 0 && (1..2046).contains(&field),
+        "{quantum} is a normal power of two"
+    );
+    let v = a * f64::from_bits((2046 - field) << 52);
     debug_assert!(v >= 0.0, "{a} / {quantum}");
     if v < TWO_52 / 2.0 {
         (v + TWO_52) - TWO_52

@@ -35,6 +35,20 @@ impl Level {
     }
 }
 
+/// `acc + x · w` where both factors are f32 values widened to f64: their product is exact,
+/// so a fused multiply-add (used at the levels whose CPUs have one) rounds once, exactly like
+/// the separate multiply and add, and every copy of a kernel gives the same bits. Meant for
+/// bodies inlined into a `#[target_feature]` copy, where `level` is a constant (elsewhere
+/// `mul_add` would be a library call).
+#[inline(always)]
+pub(crate) fn madd(level: Level, acc: f64, x: f64, w: f64) -> f64 {
+    if level >= Level::Avx2 {
+        x.mul_add(w, acc)
+    } else {
+        acc + x * w
+    }
+}
+
 /// No cap: [`cap_level`]'s "none".
 const UNCAPPED: u8 = u8::MAX;
 
