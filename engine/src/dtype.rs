@@ -168,9 +168,22 @@ pub fn bf16_to_f32(bits: u16) -> f32 {
     f32::from_bits(((bits | quiet) as u32) << 16)
 }
 
-#[inline]
+/// IEEE binary16 → f32 (exact), bit-identical to the `half` crate's conversion for all 65,536
+/// inputs (a NaN keeps its payload and gets its quiet bit set). Written out, with no branch:
+/// the crate's function is a call that tests the CPU's features each time, and the kernels
+/// decode a row scale per row and block.
+#[inline(always)]
 pub fn f16_to_f32(bits: u16) -> f32 {
-    half::f16::from_bits(bits).to_f32()
+    let h = u32::from(bits);
+    let sign = (h & 0x8000) << 16;
+    let magnitude = h & 0x7FFF;
+    // Finite: the magnitude bits under f32's exponent field are the value times 2^-112 (a
+    // subnormal half becomes a subnormal f32, exactly), and 2^112 puts the bias back.
+    let finite = (f32::from_bits(magnitude << 13) * f32::from_bits((127 + 112) << 23)).to_bits();
+    let payload = (magnitude & 0x3FF) << 13;
+    let quiet = if payload != 0 { 0x0040_0000 } else { 0 };
+    let special = 0x7F80_0000 | payload | quiet;
+    f32::from_bits(sign | if magnitude >= 0x7C00 { special } else { finite })
 }
 
 #[cfg(test)]
@@ -196,6 +209,17 @@ mod tests {
             assert_eq!(
                 bf16_to_f32(bits).to_bits(),
                 half::bf16::from_bits(bits).to_f32().to_bits(),
+                "{bits:#06x}"
+            );
+        }
+    }
+
+    #[test]
+    fn f16_to_f32_is_the_half_crates_conversion_bit_for_bit() {
+        for bits in 0..=u16::MAX {
+            assert_eq!(
+                f16_to_f32(bits).to_bits(),
+                half::f16::from_bits(bits).to_f32().to_bits(),
                 "{bits:#06x}"
             );
         }

@@ -14,7 +14,8 @@ use super::names::{
     container_to_release, expected_tensors, expert_name, release_to_container, ContainerName,
 };
 use super::{
-    check_rows_request, rows_cols, tensor_err, vq_indices, vq_vector, Checkpoint, DenseDtype,
+    book_entries, check_rows_request, rows_cols, tensor_err, vq_indices, vq_vector, Checkpoint,
+    DenseDtype,
     Layout, QuantView, Storage, VqView, WeightView, VQ_ROW_BAND, VQ_WIDTH,
 };
 use crate::config::{
@@ -632,7 +633,7 @@ impl ContainerCheckpoint {
                 }
                 let dst = &mut row[v * vd..(v + 1) * vd];
                 if let Ok(dst) = <&mut [f32; VQ_WIDTH]>::try_from(&mut *dst) {
-                    *dst = vq_vector(books, &sel, s);
+                    *dst = vq_vector(book_entries(books, sel), s);
                     continue;
                 }
                 for (t, o) in dst.iter_mut().enumerate() {

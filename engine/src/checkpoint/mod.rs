@@ -160,28 +160,31 @@ impl VqView<'_> {
         ]))
     }
 
+    /// Where vector `v` of row `r` starts in [`Self::indices`].
+    #[inline(always)]
+    fn index_at(&self, r: usize, v: usize) -> usize {
+        ((r / VQ_ROW_BAND * (self.cols / VQ_WIDTH) + v) * VQ_ROW_BAND + r % VQ_ROW_BAND)
+            * self.bytes_per_vector()
+    }
+
     /// The stage indices of vector `v` of row `r` (`stages` of them used).
     #[inline(always)]
     pub fn indices(&self, r: usize, v: usize) -> [usize; MAX_VQ_STAGES] {
-        let bpv = self.bytes_per_vector();
-        let at =
-            ((r / VQ_ROW_BAND * (self.cols / VQ_WIDTH) + v) * VQ_ROW_BAND + r % VQ_ROW_BAND) * bpv;
-        vq_indices(&self.indices[at..at + bpv], self.packed)
+        let at = self.index_at(r, v);
+        vq_indices(&self.indices[at..at + self.bytes_per_vector()], self.packed)
     }
 
     /// Vector `v` of row `r`: exactly the values `rows_f32` gives.
     #[inline(always)]
     pub fn vector(&self, r: usize, v: usize) -> [f32; VQ_WIDTH] {
-        vq_vector(
-            &self.books[..self.stages],
-            &self.indices(r, v),
-            self.scale(r),
-        )
+        let books = &self.books[..self.stages];
+        vq_vector(book_entries(books, self.indices(r, v)), self.scale(r))
     }
 
     /// Vectors `v0 ..` of rows `r .. r + R` into `out` (`R · 8` columns per row): [`Self::vector`]
     /// with each row's scale decoded once and, where the rows share an index band, their
-    /// indices read as one run.
+    /// indices read as one run. The usual formats' codebooks are seen as fixed-size arrays, so
+    /// that an index (below 64 in VQ4P, 256 in VQ3R, by its width) needs no bounds check.
     #[inline(always)]
     pub fn vectors<const R: usize, const C: usize>(
         &self,
@@ -189,25 +192,88 @@ impl VqView<'_> {
         v0: usize,
         out: &mut [[f32; C]; R],
     ) {
-        let books = &self.books[..self.stages];
-        let scales: [f32; R] = std::array::from_fn(|i| self.scale(r + i));
+        let done = match (self.packed, self.stages) {
+            (true, 4) => self.vectors_from_arrays::<R, C, 64, 4>(r, v0, out),
+            (false, 3) => self.vectors_from_arrays::<R, C, 256, 3>(r, v0, out),
+            (false, 4) => self.vectors_from_arrays::<R, C, 256, 4>(r, v0, out),
+            _ => false,
+        };
+        if !done {
+            let books = &self.books[..self.stages];
+            self.fill(
+                r,
+                v0,
+                out,
+                #[inline(always)]
+                |b, s| vq_vector(book_entries(books, vq_indices(b, self.packed)), s),
+            );
+        }
+    }
+
+    /// [`Self::vectors`] with each of the `S` codebooks seen as `E` entries; `false` (nothing
+    /// written) if a codebook is shorter.
+    #[inline(always)]
+    fn vectors_from_arrays<const R: usize, const C: usize, const E: usize, const S: usize>(
+        &self,
+        r: usize,
+        v0: usize,
+        out: &mut [[f32; C]; R],
+    ) -> bool {
+        let books: [Option<&[[f32; VQ_WIDTH]; E]>; S] = std::array::from_fn(
+            #[inline(always)]
+            |s| self.books.get(s)?.as_chunks().0.get(..E)?.try_into().ok(),
+        );
+        if books.iter().any(Option::is_none) {
+            return false;
+        }
+        let books = books.map(|b| b.expect("every codebook checked"));
+        self.fill(
+            r,
+            v0,
+            out,
+            #[inline(always)]
+            |b, s| {
+                let sel = vq_indices(b, self.packed);
+                vq_vector(
+                    books.iter().zip(sel).map(
+                        #[inline(always)]
+                        |(book, ix)| &book[ix],
+                    ),
+                    s,
+                )
+            },
+        );
+        true
+    }
+
+    /// `out` filled by `vector(index bytes, row scale)` per vector, each row's scale decoded
+    /// once and, where the rows share an index band, their indices read as one run.
+    #[inline(always)]
+    fn fill<const R: usize, const C: usize>(
+        &self,
+        r: usize,
+        v0: usize,
+        out: &mut [[f32; C]; R],
+        vector: impl Fn(&[u8], f32) -> [f32; VQ_WIDTH],
+    ) {
+        let scales: [f32; R] = std::array::from_fn(
+            #[inline(always)]
+            |i| self.scale(r + i),
+        );
         let bpv = self.bytes_per_vector();
         let one_band = r % VQ_ROW_BAND + R <= VQ_ROW_BAND;
         for j in 0..C / VQ_WIDTH {
             let v = v0 + j;
             if one_band {
-                let at = ((r / VQ_ROW_BAND * (self.cols / VQ_WIDTH) + v) * VQ_ROW_BAND
-                    + r % VQ_ROW_BAND)
-                    * bpv;
-                let run = &self.indices[at..at + R * bpv];
+                let run = &self.indices[self.index_at(r, v)..][..R * bpv];
                 for ((row, b), &s) in out.iter_mut().zip(run.chunks_exact(bpv)).zip(&scales) {
-                    let sel = vq_indices(b, self.packed);
-                    row[j * VQ_WIDTH..][..VQ_WIDTH].copy_from_slice(&vq_vector(books, &sel, s));
+                    row[j * VQ_WIDTH..][..VQ_WIDTH].copy_from_slice(&vector(b, s));
                 }
             } else {
                 for (i, (row, &s)) in out.iter_mut().zip(&scales).enumerate() {
-                    let sel = self.indices(r + i, v);
-                    row[j * VQ_WIDTH..][..VQ_WIDTH].copy_from_slice(&vq_vector(books, &sel, s));
+                    let at = self.index_at(r + i, v);
+                    let b = &self.indices[at..at + bpv];
+                    row[j * VQ_WIDTH..][..VQ_WIDTH].copy_from_slice(&vector(b, s));
                 }
             }
         }
@@ -230,17 +296,31 @@ pub(crate) fn vq_indices(b: &[u8], packed: bool) -> [usize; MAX_VQ_STAGES] {
     }
 }
 
-/// `scale · Σ_stage book[stage][index]` over eight elements, the stages added in order from
-/// 0.0 in f32 (CONTAINER.md §4.2).
+/// The entries `books[stage][sel[stage]]` of one vector, stage by stage.
 #[inline(always)]
-pub(crate) fn vq_vector(
-    books: &[Vec<f32>],
-    sel: &[usize; MAX_VQ_STAGES],
+pub(crate) fn book_entries<'b>(
+    books: &'b [Vec<f32>],
+    sel: [usize; MAX_VQ_STAGES],
+) -> impl Iterator<Item = &'b [f32; VQ_WIDTH]> {
+    books.iter().zip(sel).map(
+        #[inline(always)]
+        |(book, ix)| {
+            book[ix * VQ_WIDTH..][..VQ_WIDTH]
+                .try_into()
+                .expect("eight values")
+        },
+    )
+}
+
+/// `scale · Σ_stage entry` over eight elements, the stages' entries added in order from 0.0 in
+/// f32 (CONTAINER.md §4.2).
+#[inline(always)]
+pub(crate) fn vq_vector<'b>(
+    entries: impl Iterator<Item = &'b [f32; VQ_WIDTH]>,
     scale: f32,
 ) -> [f32; VQ_WIDTH] {
     let mut acc = [0.0f32; VQ_WIDTH];
-    for (book, &ix) in books.iter().zip(sel) {
-        let entry: &[f32; VQ_WIDTH] = book[ix * VQ_WIDTH..][..VQ_WIDTH].try_into().expect("entry");
+    for entry in entries {
         for (a, e) in acc.iter_mut().zip(entry) {
             *a += e;
         }
@@ -578,4 +658,118 @@ pub(crate) fn check_rows_request(
         ));
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A VQ view over two 64-row bands (72 rows, 32 columns) with seeded codebooks, indices
+    /// and scales.
+    struct Bank {
+        books: Vec<Vec<f32>>,
+        indices: Vec<u8>,
+        scales: Vec<u8>,
+    }
+
+    fn bank(stages: usize, entries: usize, bytes_per_vector: usize, rows: usize) -> Bank {
+        let mut state = 7u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        let books = (0..stages)
+            .map(|_| {
+                (0..entries * VQ_WIDTH)
+                    .map(|_| (next() as f32 / u32::MAX as f32 - 0.25) * 3.0)
+                    .collect()
+            })
+            .collect();
+        let bands = rows.div_ceil(VQ_ROW_BAND);
+        let indices = (0..bands * 4 * VQ_ROW_BAND * bytes_per_vector)
+            .map(|_| next() as u8)
+            .collect();
+        // f16 scales between 1/4 and 4 (exponent 13 ..= 16), random mantissa.
+        let scales = (0..rows)
+            .flat_map(|_| {
+                let h = ((13 + next() % 4) << 10 | next() % 1024) as u16;
+                h.to_le_bytes()
+            })
+            .collect();
+        Bank {
+            books,
+            indices,
+            scales,
+        }
+    }
+
+    /// The definition (CONTAINER.md §4.2), written without the view's helpers: the stage
+    /// indices from the bytes, the entries added from 0.0 in stage order, times the f16 scale.
+    fn reference(v: &VqView, r: usize, vector: usize) -> [f32; VQ_WIDTH] {
+        let bpv = if v.packed { 3 } else { v.stages };
+        let at = ((r / 64 * (v.cols / 8) + vector) * 64 + r % 64) * bpv;
+        let b = &v.indices[at..at + bpv];
+        let sel: Vec<usize> = if v.packed {
+            let bits = u32::from(b[0]) | u32::from(b[1]) << 8 | u32::from(b[2]) << 16;
+            (0..4).map(|i| (bits >> (6 * i) & 63) as usize).collect()
+        } else {
+            b.iter().map(|&x| usize::from(x)).collect()
+        };
+        let scale = half::f16::from_le_bytes([v.scales[2 * r], v.scales[2 * r + 1]]).to_f32();
+        std::array::from_fn(|t| {
+            let mut acc = 0.0f32;
+            for (book, &ix) in v.books.iter().zip(&sel) {
+                acc += book[ix * VQ_WIDTH + t];
+            }
+            scale * acc
+        })
+    }
+
+    /// Every stage count and both index formats, in one band and across two, through the
+    /// fixed-size codebook path and the slice path alike.
+    #[test]
+    fn vq_vectors_equal_the_definition_in_every_format() {
+        let rows = 72;
+        for (packed, stages, entries) in [
+            (true, 4, 64),
+            (false, 3, 256),
+            (false, 4, 256),
+            (false, 2, 256),
+            (false, 3, 300),
+        ] {
+            let bpv = if packed { 3 } else { stages };
+            let b = bank(stages, entries, bpv, rows);
+            let v = VqView {
+                rows,
+                cols: 32,
+                packed,
+                stages,
+                entries,
+                books: &b.books,
+                indices: &b.indices,
+                scales: &b.scales,
+            };
+            let bits = |x: [f32; VQ_WIDTH]| x.map(f32::to_bits);
+            for r in 0..rows {
+                for vector in 0..4 {
+                    let want = bits(reference(&v, r, vector));
+                    assert_eq!(bits(v.vector(r, vector)), want, "{packed} {stages}: {r} {vector}");
+                }
+            }
+            for r in [0, 8, 56, 60, 64] {
+                let mut block = [[0f32; 32]; 8];
+                v.vectors(r, 0, &mut block);
+                for (i, row) in block.iter().enumerate() {
+                    for vector in 0..4 {
+                        let got: [f32; VQ_WIDTH] =
+                            row[vector * VQ_WIDTH..][..VQ_WIDTH].try_into().unwrap();
+                        let want = bits(reference(&v, r + i, vector));
+                        assert_eq!(bits(got), want, "{packed} {stages}: rows {r}+{i} {vector}");
+                    }
+                }
+            }
+        }
+    }
 }

@@ -68,9 +68,9 @@ pub fn pow2ceil(t: f32) -> f32 {
 /// Round `a ≥ 0` (finite) to the nearest multiple of `quantum` (a power of two), ties to even
 /// multiple. Exact: `a / quantum` is exact in f64, and is taken as a product with the
 /// reciprocal (also a power of two, so the same value without a division's latency); for
-/// 0 ≤ v < 2^51 adding and removing 2^52 rounds v to an integer with the FPU's
-/// round-to-nearest-even, which is `round_ties_even` without the library call it compiles to
-/// on baseline x86-64 (larger values, which only saturate, take the library call).
+/// 0 ≤ v < 2^52 adding and removing 2^52 rounds v to an integer with the FPU's
+/// round-to-nearest-even (the sum's ulp is 1), which is `round_ties_even` without the library
+/// call it compiles to on baseline x86-64; every larger f64 is an integer already.
 #[inline]
 fn round_to_quantum(a: f64, quantum: f64) -> f64 {
     const TWO_52: f64 = 4_503_599_627_370_496.0;
@@ -82,10 +82,10 @@ fn round_to_quantum(a: f64, quantum: f64) -> f64 {
     );
     let v = a * f64::from_bits((2046 - field) << 52);
     debug_assert!(v >= 0.0, "{a} / {quantum}");
-    if v < TWO_52 / 2.0 {
+    if v < TWO_52 {
         (v + TWO_52) - TWO_52
     } else {
-        v.round_ties_even()
+        v // already an integer
     }
 }
 
@@ -350,6 +350,30 @@ mod tests {
         round_bf16(&mut xs);
         assert_eq!(xs[0], 1.0);
         assert!(xs[1].is_nan());
+    }
+
+    /// The add-and-remove-2^52 rounding is `round_ties_even` for every magnitude: halves,
+    /// the binades where the sum's ulp changes (2^51, 2^52, 2^53) and beyond, at every
+    /// quantum the encoders use.
+    #[test]
+    fn round_to_quantum_is_round_ties_even_at_every_magnitude() {
+        for q in -9..=5 {
+            let quantum = 2f64.powi(q);
+            for e in [0, 1, 2, 3, 20, 50, 51, 52, 53, 60, 1000] {
+                let base = 2f64.powi(e);
+                for frac in [0.0, 0.25, 0.5, 0.75, 1.0, 1.5, 2.5, 3.5] {
+                    for v in [base + frac, base - frac, frac] {
+                        let v = v.max(0.0);
+                        let a = v * quantum;
+                        assert_eq!(
+                            round_to_quantum(a, quantum).to_bits(),
+                            v.round_ties_even().to_bits(),
+                            "{v} quanta of {quantum}"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     #[test]
