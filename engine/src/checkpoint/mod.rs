@@ -298,10 +298,10 @@ pub(crate) fn vq_indices(b: &[u8], packed: bool) -> [usize; MAX_VQ_STAGES] {
 
 /// The entries `books[stage][sel[stage]]` of one vector, stage by stage.
 #[inline(always)]
-pub(crate) fn book_entries<'b>(
-    books: &'b [Vec<f32>],
+pub(crate) fn book_entries(
+    books: &[Vec<f32>],
     sel: [usize; MAX_VQ_STAGES],
-) -> impl Iterator<Item = &'b [f32; VQ_WIDTH]> {
+) -> impl Iterator<Item = &[f32; VQ_WIDTH]> {
     books.iter().zip(sel).map(
         #[inline(always)]
         |(book, ix)| {
@@ -694,7 +694,7 @@ mod tests {
         // f16 scales between 1/4 and 4 (exponent 13 ..= 16), random mantissa.
         let scales = (0..rows)
             .flat_map(|_| {
-                let h = ((13 + next() % 4) << 10 | next() % 1024) as u16;
+                let h = (((13 + next() % 4) << 10) | (next() % 1024)) as u16;
                 h.to_le_bytes()
             })
             .collect();
