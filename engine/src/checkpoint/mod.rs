@@ -661,19 +661,56 @@ pub(crate) fn check_rows_request(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    /// A VQ view over two 64-row bands (72 rows, 32 columns) with seeded codebooks, indices
-    /// and scales.
-    struct Bank {
-        books: Vec<Vec<f32>>,
-        indices: Vec<u8>,
-        scales: Vec<u8>,
+    /// Seeded codebooks, banded indices and f16 row scales of a VQ matrix (CONTAINER.md §4.2).
+    pub(crate) struct Bank {
+        pub packed: bool,
+        pub stages: usize,
+        pub entries: usize,
+        pub rows: usize,
+        pub cols: usize,
+        pub books: Vec<Vec<f32>>,
+        pub indices: Vec<u8>,
+        pub scales: Vec<u8>,
     }
 
-    fn bank(stages: usize, entries: usize, bytes_per_vector: usize, rows: usize) -> Bank {
-        let mut state = 7u64;
+    impl Bank {
+        pub(crate) fn view(&self) -> VqView<'_> {
+            VqView {
+                rows: self.rows,
+                cols: self.cols,
+                packed: self.packed,
+                stages: self.stages,
+                entries: self.entries,
+                books: &self.books,
+                indices: &self.indices,
+                scales: &self.scales,
+            }
+        }
+
+        /// Every row's values by the definition ([`reference`]), row-major.
+        pub(crate) fn values(&self) -> Vec<f32> {
+            let v = self.view();
+            (0..self.rows)
+                .flat_map(|r| (0..self.cols / VQ_WIDTH).flat_map(move |c| reference(&v, r, c)))
+                .collect()
+        }
+    }
+
+    /// A `rows` × `cols` VQ matrix: VQ4P (four stages of six bits) when `packed`, else VQ3R
+    /// (a byte per stage), `entries` per codebook.
+    pub(crate) fn bank(
+        packed: bool,
+        stages: usize,
+        entries: usize,
+        rows: usize,
+        cols: usize,
+        seed: u64,
+    ) -> Bank {
+        let bytes_per_vector = if packed { 3 } else { stages };
+        let mut state = seed;
         let mut next = move || {
             state = state
                 .wrapping_mul(6364136223846793005)
@@ -688,7 +725,7 @@ mod tests {
             })
             .collect();
         let bands = rows.div_ceil(VQ_ROW_BAND);
-        let indices = (0..bands * 4 * VQ_ROW_BAND * bytes_per_vector)
+        let indices = (0..bands * cols / VQ_WIDTH * VQ_ROW_BAND * bytes_per_vector)
             .map(|_| next() as u8)
             .collect();
         // f16 scales between 1/4 and 4 (exponent 13 ..= 16), random mantissa.
@@ -699,6 +736,11 @@ mod tests {
             })
             .collect();
         Bank {
+            packed,
+            stages,
+            entries,
+            rows,
+            cols,
             books,
             indices,
             scales,
@@ -707,7 +749,7 @@ mod tests {
 
     /// The definition (CONTAINER.md §4.2), written without the view's helpers: the stage
     /// indices from the bytes, the entries added from 0.0 in stage order, times the f16 scale.
-    fn reference(v: &VqView, r: usize, vector: usize) -> [f32; VQ_WIDTH] {
+    pub(crate) fn reference(v: &VqView, r: usize, vector: usize) -> [f32; VQ_WIDTH] {
         let bpv = if v.packed { 3 } else { v.stages };
         let at = ((r / 64 * (v.cols / 8) + vector) * 64 + r % 64) * bpv;
         let b = &v.indices[at..at + bpv];
@@ -739,18 +781,8 @@ mod tests {
             (false, 2, 256),
             (false, 3, 300),
         ] {
-            let bpv = if packed { 3 } else { stages };
-            let b = bank(stages, entries, bpv, rows);
-            let v = VqView {
-                rows,
-                cols: 32,
-                packed,
-                stages,
-                entries,
-                books: &b.books,
-                indices: &b.indices,
-                scales: &b.scales,
-            };
+            let b = bank(packed, stages, entries, rows, 32, 7);
+            let v = b.view();
             let bits = |x: [f32; VQ_WIDTH]| x.map(f32::to_bits);
             for r in 0..rows {
                 for vector in 0..4 {

@@ -748,6 +748,7 @@ pub(crate) mod tests {
             codes: Vec<u8>,
             scales: Vec<u8>,
         },
+        Vq(crate::checkpoint::tests::Bank),
     }
 
     impl Checkpoint for ViewCheckpoint {
@@ -811,6 +812,7 @@ pub(crate) mod tests {
                     codes,
                     scales,
                 },
+                StoredBytes::Vq(bank) => WeightView::Vq(bank.view()),
             }))
         }
     }
@@ -947,6 +949,9 @@ pub(crate) mod tests {
             add("q4", vec![out, 40], Storage::Q4G, v4, q4);
             add("q8w", vec![out, inp], Storage::Q8G, v8w, q8w);
             add("q4w", vec![out, inp], Storage::Q4G, v4w, q4w);
+            // Container VQ3R expert rows, held by the row double as their exact values.
+            let vq = crate::checkpoint::tests::bank(false, 3, 256, out, inp, out as u64);
+            add("vq", vec![out, inp], Storage::F32, vq.values(), StoredBytes::Vq(vq));
             let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
                 layout: Layout::Container,
                 tensors: tensors.clone(),
@@ -974,6 +979,12 @@ pub(crate) mod tests {
                 // A container's requantised trunk read by the FP8/FP4 kinds: rule C1 upstream.
                 ("q8w", LinearKind::Fp8),
                 ("q4w", LinearKind::Fp4),
+                ("vq", LinearKind::F32),
+                // Container experts (rule C1 upstream, on values that are not on a grid), and
+                // bf16 / f32 rows read the same way.
+                ("vq", LinearKind::Fp4),
+                ("bf16", LinearKind::Fp8),
+                ("f32", LinearKind::Fp4),
             ];
             for (name, kind) in cases {
                 let by_rows = Linear::load(&rows_ckpt, name, kind).unwrap();

@@ -180,13 +180,13 @@ impl MatVec<'_> {
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            if let (Level::Avx512, Rule::C1, Source::View(view @ WeightView::Grouped { .. })) =
-                (level, self.rule, &self.source)
+            if let (Level::Avx512, Rule::C1, Source::View(view)) = (level, self.rule, &self.source)
             {
-                if let Some(bytes) = ByteRows::of(*view) {
+                if let Some(bytes) = ByteRows::of(*view).filter(|b| !matches!(b, ByteRows::Quant(_)))
+                {
                     for (t, o) in out.chunks_mut(TILE).enumerate() {
                         if o.len() == TILE {
-                            o.copy_from_slice(&self.c1_grouped_rows8(bytes, first + t * TILE));
+                            o.copy_from_slice(&self.c1_byte_rows8(bytes, first + t * TILE));
                         } else {
                             self.task_tile(first + t * TILE, o, level)?;
                         }
@@ -474,14 +474,16 @@ impl MatVec<'_> {
         }
     }
 
-    /// Rule C1 for one input row over weight rows `first ..` (eight) of container Q8G/Q4G
-    /// groups with the AVX-512 kernels; a block they leave (a scale that is not finite) and a
-    /// partial block take the generic block decode, in place, as `task_tile` does.
+    /// Rule C1 for one input row over weight rows `first ..` (eight) of stored bytes other
+    /// than release codes (container Q8G/Q4G groups and VQ vectors, bf16 / f32 rows) with the
+    /// AVX-512 kernels (`ByteRows::c1_block8`); a block they leave (a scale that is not
+    /// finite) and a partial block take the generic block decode, in place, as `task_tile`
+    /// does.
     ///
     /// Only called at [`Level::Avx512`], i.e. inside `task_avx512`.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    fn c1_grouped_rows8(&self, bytes: ByteRows, first: usize) -> [f32; TILE] {
+    fn c1_byte_rows8(&self, bytes: ByteRows, first: usize) -> [f32; TILE] {
         let r0 = self.w_first + first;
         let x = &self.x[self.x_off..][..self.n_in];
         let rows: [&[u8]; TILE] = eight(
@@ -511,21 +513,12 @@ impl MatVec<'_> {
         acc
     }
 
-    /// A single-row product the AVX-512 kernels serve: rule C1 on release FP8/FP4 bytes and
-    /// container Q8G/Q4G groups of whole blocks, rule C2 on any [`ByteRows`].
+    /// A single-row product the AVX-512 kernels serve: any [`ByteRows`], under either rule.
     fn byte_rows_decode(&self) -> bool {
         let Source::View(view) = &self.source else {
             return false;
         };
-        self.rows == 1
-            && match self.rule {
-                Rule::C1 => match view {
-                    WeightView::Quant(_) => true,
-                    WeightView::Grouped { .. } => ByteRows::of(*view).is_some(),
-                    _ => false,
-                },
-                Rule::C2 { .. } => ByteRows::of(*view).is_some(),
-            }
+        self.rows == 1 && ByteRows::of(*view).is_some()
     }
 
     /// One C1 block of weight row `r` at columns `k0 ..` (a multiple of 32): the exact block

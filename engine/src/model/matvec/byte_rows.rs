@@ -1,6 +1,6 @@
-//! The rows the AVX-512 C2 kernels read (MODEL.md §5.4 rule C2, one chain per lane): one
-//! enum over every stored form they serve, so the row walk of `MatVec::c2_rows8` is written
-//! once.
+//! The rows the AVX-512 kernels read (MODEL.md §5.4; rule C2, one chain per lane, and rule
+//! C1's block sums): one enum over every stored form they serve, so the row walks of
+//! `MatVec::c2_rows8` and `MatVec::c1_byte_rows8` are written once.
 
 use super::{eight, scale_at, BLOCK, SAFE_SCALE_BYTE, TILE};
 use crate::checkpoint::{DenseDtype, QuantKind, QuantView, VqView, WeightView, VQ_WIDTH};
@@ -127,9 +127,12 @@ impl<'a> ByteRows<'a> {
         )
     }
 
-    /// One C1 step of rows `r .. r + 8` of container Q8G/Q4G codes over the full block at
-    /// `k0` (see `simd::avx512::q8_c1_block8`); `false`, nothing changed, for another form or
-    /// a scale that is not finite.
+    /// One C1 step of rows `r .. r + 8` over the full block at `k0`: `acc[i] += f32(P_i)`.
+    /// Container Q8G/Q4G codes sum exactly (see `simd::avx512::q8_c1_block8`); VQ vectors and
+    /// bf16 / f32 rows are not on a grid whose sums are exact, so each block is one chain
+    /// from +0.0 in increasing k (the C2 kernel from zero), as the generic block sum adds it.
+    /// `false`, nothing changed, for release codes (their own kernels serve them) and where
+    /// the kernel leaves the block to the generic decode.
     ///
     /// Only called at [`Level::Avx512`](simd::Level::Avx512).
     #[inline(always)]
@@ -141,28 +144,40 @@ impl<'a> ByteRows<'a> {
         x: &[f64; BLOCK],
         acc: &mut [f32; TILE],
     ) -> bool {
-        let ByteRows::Grouped {
-            group,
-            groups,
-            scales,
-            ..
-        } = *self
-        else {
-            return false;
-        };
-        let s = group_scales(scales, groups, r, k0 / group);
-        if !s.iter().all(|v| v.is_finite()) {
-            return false;
+        match *self {
+            ByteRows::Grouped {
+                group,
+                groups,
+                scales,
+                ..
+            } => {
+                let s = group_scales(scales, groups, r, k0 / group);
+                if !s.iter().all(|v| v.is_finite()) {
+                    return false;
+                }
+                let at = self.offset(k0);
+                if self.packed() {
+                    let rows = Self::packed_blocks(rows, at);
+                    // SAFETY: only reached from `task_avx512`.
+                    unsafe { simd::avx512::q4_c1_block8(acc, x, rows, &s) };
+                } else {
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::q8_c1_block8(acc, x, Self::byte_blocks(rows, at), &s) };
+                }
+                true
+            }
+            ByteRows::Vq(_) | ByteRows::Dense { .. } => {
+                let mut sums = [0.0f64; TILE];
+                if !self.block8(rows, r, k0, x, &mut sums) {
+                    return false;
+                }
+                for (a, &p) in acc.iter_mut().zip(&sums) {
+                    *a += p as f32;
+                }
+                true
+            }
+            ByteRows::Quant(_) => false,
         }
-        let at = self.offset(k0);
-        if self.packed() {
-            // SAFETY: only reached from `task_avx512`.
-            unsafe { simd::avx512::q4_c1_block8(acc, x, Self::packed_blocks(rows, at), &s) };
-        } else {
-            // SAFETY: as above.
-            unsafe { simd::avx512::q8_c1_block8(acc, x, Self::byte_blocks(rows, at), &s) };
-        }
-        true
     }
 
     /// One C2 step of rows `r .. r + 8` (their bytes `rows`, from [`Self::row`]) over the
