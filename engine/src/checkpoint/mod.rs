@@ -177,8 +177,9 @@ impl VqView<'_> {
     /// Vector `v` of row `r`: exactly the values `rows_f32` gives.
     #[inline(always)]
     pub fn vector(&self, r: usize, v: usize) -> [f32; VQ_WIDTH] {
-        let books = &self.books[..self.stages];
-        vq_vector(book_entries(books, self.indices(r, v)), self.scale(r))
+        let mut out = [[0.0; VQ_WIDTH]];
+        self.vectors(r, v, &mut out);
+        out[0]
     }
 
     /// Vectors `v0 ..` of rows `r .. r + R` into `out` (`R · 8` columns per row): [`Self::vector`]
@@ -219,14 +220,13 @@ impl VqView<'_> {
         v0: usize,
         out: &mut [[f32; C]; R],
     ) -> bool {
-        let books: [Option<&[[f32; VQ_WIDTH]; E]>; S] = std::array::from_fn(
-            #[inline(always)]
-            |s| self.books.get(s)?.as_chunks().0.get(..E)?.try_into().ok(),
-        );
-        if books.iter().any(Option::is_none) {
-            return false;
+        let mut books: [&[[f32; VQ_WIDTH]; E]; S] = [&[[0.0; VQ_WIDTH]; E]; S];
+        for (s, book) in books.iter_mut().enumerate() {
+            let Some(b) = self.books.get(s).and_then(|b| b.as_chunks().0.get(..E)) else {
+                return false;
+            };
+            *book = b.try_into().expect("E entries");
         }
-        let books = books.map(|b| b.expect("every codebook checked"));
         self.fill(
             r,
             v0,
@@ -256,10 +256,12 @@ impl VqView<'_> {
         out: &mut [[f32; C]; R],
         vector: impl Fn(&[u8], f32) -> [f32; VQ_WIDTH],
     ) {
-        let scales: [f32; R] = std::array::from_fn(
-            #[inline(always)]
-            |i| self.scale(r + i),
-        );
+        // Loops rather than `array::from_fn`, which stayed out of line (and without the
+        // caller's target features) in the kernels' block loops.
+        let mut scales = [0f32; R];
+        for (i, s) in scales.iter_mut().enumerate() {
+            *s = self.scale(r + i);
+        }
         let bpv = self.bytes_per_vector();
         let one_band = r % VQ_ROW_BAND + R <= VQ_ROW_BAND;
         for j in 0..C / VQ_WIDTH {
