@@ -208,6 +208,7 @@ impl Linear {
                     Rule::C2 { init: 0.0 }
                 },
                 round_out: transform,
+                x_blocks: None,
             }
             .run(n_out, y, n_out, 0)
         });
@@ -254,6 +255,7 @@ impl Linear {
                 rows,
                 rule: Rule::C2 { init: -0.0 },
                 round_out: numerics.is_upstream(),
+                x_blocks: None,
             };
             (0..groups).try_for_each(|g| {
                 kernel.w_first = g * per_group;
@@ -380,9 +382,9 @@ pub(crate) mod tests {
                 .wrapping_add(1442695040888963407);
             (self.0 >> 33) as u32
         }
-        /// Uniform in [-1, 1).
+        /// Uniform in [-1, 1) (`next_u32` has 31 random bits).
         pub fn uniform(&mut self) -> f32 {
-            (self.next_u32() as f64 / (1u64 << 31) as f64 - 1.0) as f32
+            (self.next_u32() as f64 / (1u64 << 30) as f64 - 1.0) as f32
         }
     }
 

@@ -32,6 +32,7 @@ use byte_rows::ByteRows;
 
 use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
+use super::simd::vnni::{act_blocks, ActBlock};
 use super::simd::{self, madd, Level};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView, VQ_WIDTH};
 use crate::dtype::{
@@ -62,6 +63,7 @@ const PREFETCH_AHEAD: usize = 256;
 type WideBlock = [[f64; DECODE_TILE]; BLOCK];
 
 /// Where a kernel reads its weight rows from.
+#[derive(Clone, Copy)]
 pub(crate) enum Source<'a> {
     /// Decoded from the stored bytes.
     View(WeightView<'a>),
@@ -83,6 +85,7 @@ pub(crate) enum Rule {
 }
 
 /// One matrix-vector (or matrix-matrix) product `y[m, n] = Σ_k x[m, k] · W[w_first + n, k]`.
+#[derive(Clone, Copy)]
 pub(crate) struct MatVec<'a> {
     pub source: Source<'a>,
     /// Reduction length (the weight's row length).
@@ -97,11 +100,26 @@ pub(crate) struct MatVec<'a> {
     pub rule: Rule,
     /// Round every output to bf16 (the upstream bf16 linears).
     pub round_out: bool,
+    /// The input's blocks as integers, for the VNNI FP4 kernel (set by [`MatVec::run`]).
+    pub x_blocks: Option<&'a [ActBlock]>,
 }
 
 impl MatVec<'_> {
     /// Compute `n_out` outputs into `y`, row m at `y[m · y_stride + y_off ..][..n_out]`.
     pub fn run(&self, n_out: usize, y: &mut [f32], y_stride: usize, y_off: usize) -> Result<()> {
+        if self.wants_act_blocks() {
+            // Found once per call, for every task; none (the f64 kernel) if the input is not
+            // act-quantised after all.
+            let mut blocks = ACT_BLOCK_SCRATCH.with(Cell::take);
+            let found = act_blocks(&self.x[self.x_off..][..self.n_in], &mut blocks);
+            let r = MatVec {
+                x_blocks: Some(if found { &blocks } else { &[] }),
+                ..*self
+            }
+            .run(n_out, y, y_stride, y_off);
+            ACT_BLOCK_SCRATCH.with(|c| c.set(blocks));
+            return r;
+        }
         let parallel = worth_parallel(n_out * self.n_in * self.rows);
         if self.rows == 1 {
             // Decode: each task owns a contiguous slice of y. Wide tasks for a weight that
@@ -109,7 +127,7 @@ impl MatVec<'_> {
             // measured twice as fast (fewer rows walked at once) but for the AVX-512 FP8/FP4
             // kernels, whose C2 chains need the wide tasks' independent rows.
             let size = if n_out * self.n_in <= WIDE_TASK_WEIGHTS
-                || (simd::level() == Level::Avx512 && self.byte_rows_decode())
+                || (simd::level() >= Level::Avx512 && self.byte_rows_decode())
             {
                 DECODE_TILE
             } else {
@@ -146,10 +164,12 @@ impl MatVec<'_> {
         match simd::level() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx512 only where the CPU has its features.
-            Level::Avx512 if self.byte_rows_decode() => unsafe { self.task_avx512(first, out) },
+            Level::Avx512 | Level::Avx512Vnni if self.byte_rows_decode() => unsafe {
+                self.task_avx512(first, out)
+            },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2, FMA, F16C.
-            Level::Avx2 | Level::Avx512 => unsafe { self.task_avx2(first, out) },
+            Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe { self.task_avx2(first, out) },
             _ => self.task_body(first, out, Level::Portable),
         }
     }
@@ -395,8 +415,13 @@ impl MatVec<'_> {
                 );
                 if fp4 {
                     let rows = ByteRows::packed_blocks(&codes, kb * BLOCK / 2);
-                    // SAFETY: only reached from `task_avx512`.
-                    unsafe { simd::avx512::fp4_c1_block8(&mut acc, xb, rows, &s) };
+                    match self.x_blocks.and_then(|b| b.get(kb)) {
+                        // SAFETY: `x_blocks` is set only at `Level::Avx512Vnni`
+                        // (`wants_act_blocks`), so the CPU has VNNI.
+                        Some(xi) => unsafe { simd::vnni::fp4_c1_block8_vnni(&mut acc, xi, rows, &s) },
+                        // SAFETY: only reached from `task_avx512`.
+                        None => unsafe { simd::avx512::fp4_c1_block8(&mut acc, xb, rows, &s) },
+                    }
                     true
                 } else {
                     let rows = ByteRows::byte_blocks(&codes, kb * BLOCK);
@@ -513,6 +538,16 @@ impl MatVec<'_> {
         acc
     }
 
+    /// A single-row C1 product on release FP4 codes at [`Level::Avx512Vnni`] whose input's
+    /// integer blocks are not yet known (the VNNI kernel's input).
+    fn wants_act_blocks(&self) -> bool {
+        self.rows == 1
+            && self.rule == Rule::C1
+            && self.x_blocks.is_none()
+            && matches!(self.source, Source::View(WeightView::Quant(v)) if v.kind == QuantKind::Fp4)
+            && simd::level() == Level::Avx512Vnni
+    }
+
     /// A single-row product the AVX-512 kernels serve: any [`ByteRows`], under either rule.
     fn byte_rows_decode(&self) -> bool {
         let Source::View(view) = &self.source else {
@@ -549,7 +584,9 @@ impl MatVec<'_> {
             match level {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: only reached from `task_avx2` / `task_avx512`.
-                Level::Avx2 | Level::Avx512 => unsafe { simd::x86::fp4_block_sum(xb, half) },
+                Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe {
+                    simd::x86::fp4_block_sum(xb, half)
+                },
                 _ => fp4_block_sum(xb, half),
             }
         } else {
@@ -559,7 +596,9 @@ impl MatVec<'_> {
             match level {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
-                Level::Avx2 | Level::Avx512 => unsafe { simd::x86::fp8_block_sum(xb, block) }
+                Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe {
+                    simd::x86::fp8_block_sum(xb, block)
+                }
                     .unwrap_or_else(|| fp8_block_sum(xb, block)),
                 _ => fp8_block_sum(xb, block),
             }
@@ -987,6 +1026,7 @@ thread_local! {
     static OUTPUT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static WEIGHT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static ACC_SCRATCH: Cell<Vec<f64>> = const { Cell::new(Vec::new()) };
+    static ACT_BLOCK_SCRATCH: Cell<Vec<ActBlock>> = const { Cell::new(Vec::new()) };
     static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }
 

@@ -48,7 +48,7 @@ pub fn multiply_add_rate() -> f64 {
                 match simd::level() {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `level` reports Avx2 only where the CPU has AVX2 and FMA.
-                    Level::Avx2 | Level::Avx512 => unsafe { chains_fma(x) },
+                    Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe { chains_fma(x) },
                     _ => chains::<false>(x),
                 }
             })

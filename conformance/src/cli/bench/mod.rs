@@ -365,6 +365,7 @@ fn kernels(args: &Args, numerics: Numerics) -> anyhow::Result<i32> {
     );
     let kinds = [
         ("FP8 (C1 in upstream)", "w", LinearKind::Fp8),
+        ("FP4 (C1 in upstream)", "w4", LinearKind::Fp4),
         ("FP8 read as BF16 (C2)", "w", LinearKind::Bf16),
         ("BF16 (C2)", "w16", LinearKind::Bf16),
         ("F32 (C2)", "w32", LinearKind::F32),
@@ -398,12 +399,15 @@ fn kernels(args: &Args, numerics: Numerics) -> anyhow::Result<i32> {
 
 /// One in-memory weight stored as FP8 codes with 32x32 E8M0 block scales, served as `w`
 /// (stored FP8: the FP8 and BF16 kinds accept it, C1 applies), as `w16` and as `w32` (its
-/// exact values stored BF16 and F32). All are read by the kernels through `weight_view`,
-/// like a mapped checkpoint.
+/// exact values stored BF16 and F32); and an FP4 weight of the same shape (packed e2m1, an
+/// E8M0 scale per row and 32-column block, as the routed experts), `w4`. All are read by the
+/// kernels through `weight_view`, like a mapped checkpoint.
 struct MemWeights {
     shape: Vec<usize>,
     codes: Vec<u8>,
     scales: Vec<u8>,
+    fp4_codes: Vec<u8>,
+    fp4_scales: Vec<u8>,
     values: Vec<f32>,
     f32_bytes: Vec<u8>,
     bf16_bytes: Vec<u8>,
@@ -437,6 +441,9 @@ impl MemWeights {
             })
             .collect();
         let f32_bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        // Two nibbles of the FP8 codes' bits per byte; scales by row and block.
+        let fp4_codes = codes[..out * inp / 2].to_vec();
+        let fp4_scales = (0..out * bi).map(|b| 117 - (b % 3) as u8).collect();
         // Exact: an e4m3 value times a power of two has at most four significant bits.
         let bf16_bytes = values
             .iter()
@@ -446,6 +453,8 @@ impl MemWeights {
             shape: vec![out, inp],
             codes,
             scales,
+            fp4_codes,
+            fp4_scales,
             values,
             f32_bytes,
             bf16_bytes,
@@ -470,10 +479,10 @@ impl Checkpoint for MemWeights {
         &self.cfg
     }
     fn contains(&self, name: &str) -> bool {
-        matches!(name, "w" | "w16" | "w32")
+        matches!(name, "w" | "w4" | "w16" | "w32")
     }
     fn names(&self) -> Vec<String> {
-        vec!["w".into(), "w16".into(), "w32".into()]
+        vec!["w".into(), "w4".into(), "w16".into(), "w32".into()]
     }
     fn shape(&self, _: &str) -> ds41_engine::Result<Vec<usize>> {
         Ok(self.shape.clone())
@@ -482,25 +491,44 @@ impl Checkpoint for MemWeights {
         Ok(match name {
             "w32" => Storage::F32,
             "w16" => Storage::Bf16,
+            "w4" => Storage::Fp4,
             _ => Storage::Fp8Block,
         })
     }
-    fn tensor_f32(&self, _: &str) -> ds41_engine::Result<Vec<f32>> {
-        Ok(self.values.clone())
+    fn tensor_f32(&self, name: &str) -> ds41_engine::Result<Vec<f32>> {
+        let mut all = vec![0.0; self.shape[0] * self.shape[1]];
+        self.rows_f32(name, 0, &mut all)?;
+        Ok(all)
     }
-    fn rows_f32(&self, _: &str, first: usize, out: &mut [f32]) -> ds41_engine::Result<()> {
-        let start = first * self.shape[1];
-        out.copy_from_slice(&self.values[start..start + out.len()]);
+    fn rows_f32(&self, name: &str, first: usize, out: &mut [f32]) -> ds41_engine::Result<()> {
+        let cols = self.shape[1];
+        if name != "w4" {
+            out.copy_from_slice(&self.values[first * cols..first * cols + out.len()]);
+            return Ok(());
+        }
+        for (i, row) in out.chunks_exact_mut(cols).enumerate() {
+            let r = first + i;
+            for (k, pair) in row.chunks_exact_mut(2).enumerate() {
+                let s = ds41_engine::dtype::e8m0_to_f32(self.fp4_scales[r * cols / 32 + 2 * k / 32]);
+                let [lo, hi] = ds41_engine::dtype::e2m1_pair(self.fp4_codes[r * cols / 2 + k]);
+                pair.copy_from_slice(&[lo * s, hi * s]);
+            }
+        }
         Ok(())
     }
     fn quant_view(&self, name: &str) -> ds41_engine::Result<Option<QuantView<'_>>> {
-        Ok((name == "w").then(|| QuantView {
-            kind: QuantKind::Fp8Block,
+        let (kind, codes, scales, scale_cols) = match name {
+            "w" => (QuantKind::Fp8Block, &self.codes, &self.scales, self.shape[1].div_ceil(32)),
+            "w4" => (QuantKind::Fp4, &self.fp4_codes, &self.fp4_scales, self.shape[1] / 32),
+            _ => return Ok(None),
+        };
+        Ok(Some(QuantView {
+            kind,
             rows: self.shape[0],
             cols: self.shape[1],
-            codes: &self.codes,
-            scales: &self.scales,
-            scale_cols: self.shape[1].div_ceil(32),
+            codes,
+            scales,
+            scale_cols,
         }))
     }
     fn weight_view(&self, name: &str) -> ds41_engine::Result<Option<WeightView<'_>>> {

@@ -493,7 +493,7 @@ unsafe fn e4m3_nan(c: __m512i) -> __mmask64 {
 /// Four rows of 16 bytes, row r in 128-bit lane r.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
-unsafe fn lanes4(rows: [&[u8; 16]; 4]) -> __m512i {
+pub(super) unsafe fn lanes4(rows: [&[u8; 16]; 4]) -> __m512i {
     let lane = |r: usize| _mm_loadu_si128(rows[r].as_ptr().cast());
     _mm512_inserti32x4::<3>(
         _mm512_inserti32x4::<2>(

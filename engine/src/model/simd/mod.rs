@@ -4,14 +4,15 @@
 //! A kernel either has one body compiled per level (`#[target_feature]`), or a hand-written
 //! vector copy whose operations may be reordered only where MODEL.md §5.4 makes the result
 //! order-free (the exact FP8/FP4 block sums of rule C1). Either way every level gives the same
-//! bits. `DS41_SIMD=portable` (or `avx2`, `avx512`) caps the level, to compare or to rule the vector
-//! paths out when in doubt.
+//! bits. `DS41_SIMD=portable` (or `avx2`, `avx512`, `avx512vnni`) caps the level, to compare or
+//! to rule the vector paths out when in doubt.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
+pub mod vnni;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {
@@ -21,16 +22,25 @@ pub enum Level {
     Avx2,
     /// [`Level::Avx2`] plus AVX-512 F, BW, VL and VBMI.
     Avx512,
+    /// [`Level::Avx512`] plus AVX-512 VNNI (byte dot products: the exact integer FP4 block sums
+    /// of `avx512::fp4_c1_block8_vnni`).
+    Avx512Vnni,
 }
 
 impl Level {
-    pub const ALL: [Level; 3] = [Level::Portable, Level::Avx2, Level::Avx512];
+    pub const ALL: [Level; 4] = [
+        Level::Portable,
+        Level::Avx2,
+        Level::Avx512,
+        Level::Avx512Vnni,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Level::Portable => "portable",
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
+            Level::Avx512Vnni => "avx512vnni",
         }
     }
 }
@@ -71,19 +81,22 @@ pub fn level() -> Level {
         .unwrap_or(Level::Portable)
 }
 
-/// The best level of this CPU, capped by `DS41_SIMD` (`portable`, `avx2` or `avx512`; another
-/// value is reported on stderr once and ignored).
+/// The best level of this CPU, capped by `DS41_SIMD` (`portable`, `avx2`, `avx512` or
+/// `avx512vnni`; another value is reported on stderr once and ignored).
 pub fn available() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
         let cap = match std::env::var("DS41_SIMD") {
-            Err(_) => Level::Avx512,
+            Err(_) => Level::Avx512Vnni,
             Ok(v) => Level::ALL
                 .into_iter()
                 .find(|l| l.name() == v)
                 .unwrap_or_else(|| {
-                    eprintln!("ds41: DS41_SIMD={v:?} is none of portable, avx2, avx512; ignored");
-                    Level::Avx512
+                    eprintln!(
+                        "ds41: DS41_SIMD={v:?} is none of portable, avx2, avx512, avx512vnni; \
+                         ignored"
+                    );
+                    Level::Avx512Vnni
                 }),
         };
         detected().min(cap)
@@ -99,9 +112,11 @@ fn detected() -> Level {
         && is_x86_feature_detected!("avx512bw")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vbmi");
-    match (avx2, avx512) {
-        (true, true) => Level::Avx512,
-        (true, false) => Level::Avx2,
+    let vnni = avx512 && is_x86_feature_detected!("avx512vnni");
+    match (avx2, avx512, vnni) {
+        (true, true, true) => Level::Avx512Vnni,
+        (true, true, false) => Level::Avx512,
+        (true, false, _) => Level::Avx2,
         _ => Level::Portable,
     }
 }

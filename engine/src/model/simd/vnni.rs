@@ -1,0 +1,170 @@
+//! Rule C1's FP4 block sums in integers, with AVX-512 VNNI (MODEL.md §5.4).
+//!
+//! A C1 input block is act-quantised: every value is an e4m3 value times the block's
+//! power-of-two scale s, so a multiple of 2^−9 · s of magnitude at most 448 · s. For the power
+//! of two `u = 2^(floor(log2 max|x|) − 18)`, which is at most 2^−10 · s, every input is an
+//! integer `X · u` with |X| < 2^19 ([`ActBlock::of`] checks it and declines otherwise). Every
+//! e2m1 value is an integer `W / 2` with |W| ≤ 12. The block sum is then `u/2 · Σ X·W`, and
+//! |Σ X·W| < 32 · 12 · 2^19 < 2^28: exact in 32-bit integers, in any order. `vpdpbusd` adds
+//! four unsigned-byte × signed-byte products per 32-bit lane, so |X| is split into three byte
+//! planes (its sign moved onto W) and the three sums are recombined by shifts. The product
+//! with the scales and the rounding to f32 are those of the f64 kernel
+//! (`avx512::fp4_c1_block8`), on the same exact value, so the bits are the same.
+
+use super::super::quant::BLOCK;
+
+/// One 32-column C1 input block as integers: byte planes of |X| and the signs, for the even
+/// columns (0, 2, …, 30) and the odd ones, which the kernel pairs with the low and high
+/// nibbles of the packed codes.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ActBlock {
+    /// `planes[2p + h][j]`: bits 8p .. 8p + 8 of |X| at column 2j + h.
+    planes: [[u8; 16]; 6],
+    /// Bit j of `signs[h]`: X at column 2j + h is negative.
+    signs: [u16; 2],
+    /// The value of one step of Σ X·W: u / 2.
+    unit: f64,
+}
+
+/// |X| bound (exclusive): three byte planes.
+const X_LIMIT: f64 = (1u32 << 19) as f64;
+
+impl ActBlock {
+    /// The block as integers, or `None` where an input is not finite or not an integer
+    /// multiple of the unit chosen from the largest magnitude (not an act-quantised block).
+    pub fn of(x: &[f64; BLOCK]) -> Option<ActBlock> {
+        let amax = x.iter().fold(0f64, |m, v| m.max(v.abs()));
+        let mut block = ActBlock::default();
+        if amax == 0.0 {
+            // Every input ±0: the sum is +0, whatever the unit.
+            block.unit = 1.0;
+            return Some(block);
+        }
+        if !amax.is_normal() {
+            return None;
+        }
+        // floor(log2 amax) from the exponent field; 2^(18 − e) and 2^(e − 19) built the same
+        // way, both normal for any normal amax of an f32 input.
+        let field = (amax.to_bits() >> 52) as i64;
+        let (up, unit) = (1023 + 1023 + 18 - field, field - 19);
+        if !(1..2047).contains(&up) || !(1..2047).contains(&unit) {
+            return None;
+        }
+        let to_steps = f64::from_bits((up as u64) << 52);
+        for (k, &v) in x.iter().enumerate() {
+            let n = v * to_steps; // exact: a power of two, far from the f64 limits
+            if n != n.trunc() || n.abs() >= X_LIMIT {
+                return None;
+            }
+            let m = n.abs() as u32;
+            let (j, h) = (k / 2, k % 2);
+            for p in 0..3 {
+                block.planes[2 * p + h][j] = (m >> (8 * p)) as u8;
+            }
+            if n < 0.0 {
+                block.signs[h] |= 1 << j;
+            }
+        }
+        block.unit = f64::from_bits((unit as u64) << 52);
+        Some(block)
+    }
+}
+
+/// The integer form of every full block of `x`, into `out`; `false` (out unspecified) if a
+/// block has none.
+pub fn act_blocks(x: &[f64], out: &mut Vec<ActBlock>) -> bool {
+    out.clear();
+    for xb in x.chunks_exact(BLOCK) {
+        match ActBlock::of(xb.try_into().expect("a block")) {
+            Some(b) => out.push(b),
+            None => return false,
+        }
+    }
+    true
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use kernel::fp4_c1_block8_vnni;
+
+#[cfg(target_arch = "x86_64")]
+mod kernel {
+    use super::super::avx512::lanes4;
+    use super::{ActBlock, BLOCK};
+    use std::arch::x86_64::*;
+
+    /// `2 · e2m1(n)` as a signed byte for every nibble n (bit 3 the sign), in each 128-bit lane.
+    static TWICE_E2M1: [i8; 64] = {
+        const HALF: [i8; 8] = [0, 1, 2, 3, 4, 6, 8, 12];
+        let mut t = [0i8; 64];
+        let mut i = 0;
+        while i < 64 {
+            let n = i % 16;
+            t[i] = if n < 8 { HALF[n] } else { -HALF[n - 8] };
+            i += 1;
+        }
+        t
+    };
+
+    /// Permutation gathering row i's total (element 0 of 128-bit lane i for rows 0..4, element
+    /// 2 of lane i − 4 for rows 4..8) into 32-bit element i.
+    static ROW_TOTALS: [i32; 16] = [0, 4, 8, 12, 2, 6, 10, 14, 0, 0, 0, 0, 0, 0, 0, 0];
+
+    /// One C1 step of eight FP4 rows over one full block, as `avx512::fp4_c1_block8`:
+    /// `acc[i] += f32(P_i · scale[i])` with `P_i = Σ_k x[k] · e2m1(rows[i][k])`, here summed
+    /// exactly in integers from `x`'s [`ActBlock`]. The scales must not overflow f32 with any
+    /// code (`SAFE_SCALE_BYTE` in `matvec`).
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F, BW, VL, VBMI and VNNI.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    pub unsafe fn fp4_c1_block8_vnni(
+        acc: &mut [f32; 8],
+        x: &ActBlock,
+        rows: [&[u8; BLOCK / 2]; 8],
+        scale: &[f64; 8],
+    ) {
+        let table = _mm512_loadu_si512(TWICE_E2M1.as_ptr().cast());
+        let nibble = _mm512_set1_epi8(0x0F);
+        let zero = _mm512_setzero_si512();
+        let planes: [__m512i; 6] = std::array::from_fn(|i| {
+            _mm512_broadcast_i32x4(_mm_loadu_si128(x.planes[i].as_ptr().cast()))
+        });
+        // A column's sign applies to the four rows, one per 128-bit lane.
+        let signs = x.signs.map(|s| u64::from(s) * 0x0001_0001_0001_0001);
+        let mut totals = [zero; 2];
+        for (quad, total) in totals.iter_mut().enumerate() {
+            let c = lanes4(std::array::from_fn(|r| rows[4 * quad + r]));
+            // Low nibbles: the even columns; high nibbles: the odd ones.
+            let halves = [
+                _mm512_and_si512(c, nibble),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(c), nibble),
+            ];
+            let mut sums = [zero; 3];
+            for (h, codes) in halves.into_iter().enumerate() {
+                let w = _mm512_shuffle_epi8(table, codes);
+                let w = _mm512_mask_sub_epi8(w, signs[h], zero, w);
+                for (p, sum) in sums.iter_mut().enumerate() {
+                    *sum = _mm512_dpbusd_epi32(*sum, planes[2 * p + h], w);
+                }
+            }
+            *total = _mm512_add_epi32(
+                sums[0],
+                _mm512_add_epi32(
+                    _mm512_slli_epi32::<8>(sums[1]),
+                    _mm512_slli_epi32::<16>(sums[2]),
+                ),
+            );
+        }
+        // 128-bit lane l of totals[q]: four partial sums of row 4q + l.
+        let (a, b) = (totals[0], totals[1]);
+        let pairs = _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+        let both = _mm512_add_epi32(pairs, _mm512_shuffle_epi32::<0b10_11_00_01>(pairs));
+        let rows = _mm512_permutexvar_epi32(_mm512_loadu_si512(ROW_TOTALS.as_ptr().cast()), both);
+        let sums = _mm512_cvtepi32_pd(_mm512_castsi512_si256(rows));
+        let steps = _mm512_mul_pd(_mm512_loadu_pd(scale.as_ptr()), _mm512_set1_pd(x.unit));
+        let blocks = _mm512_cvtpd_ps(_mm512_mul_pd(sums, steps));
+        let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), blocks);
+        _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+    }
+}
