@@ -43,6 +43,18 @@ fn main() {
             None => t,
         });
     }
+    let vnni = Trial::test(
+        "vnni_fp4_block_sums_equal_the_exact_sums_at_the_integer_limits",
+        x86::vnni_fp4_blocks,
+    );
+    trials.push(match x86::missing_vnni() {
+        Some(why) => vnni.with_ignored_flag(true).with_kind(why),
+        None => vnni,
+    });
+    trials.push(Trial::test(
+        "act_blocks_hold_quantised_inputs_exactly_and_decline_others",
+        x86::act_blocks,
+    ));
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -70,11 +82,21 @@ mod x86 {
     pub fn eight_row_chains() -> Result<(), Failed> {
         Ok(())
     }
+    pub fn missing_vnni() -> Option<&'static str> {
+        missing()
+    }
+    pub fn vnni_fp4_blocks() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn act_blocks() -> Result<(), Failed> {
+        Ok(())
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use ds41_engine::dtype::{e2m1_pair, e4m3_to_f32, e8m0_to_f32};
+    use ds41_engine::model::simd::vnni::{self, ActBlock};
     use ds41_engine::model::simd::{available, avx512, x86, Level};
     use libtest_mimic::Failed;
 
@@ -88,6 +110,86 @@ mod x86 {
     pub fn missing_avx512() -> Option<&'static str> {
         (available() < Level::Avx512)
             .then_some("SKIPPED: this CPU lacks AVX-512 F/BW/VL/VBMI (or DS41_SIMD caps the level)")
+    }
+
+    pub fn missing_vnni() -> Option<&'static str> {
+        (available() < Level::Avx512Vnni)
+            .then_some("SKIPPED: this CPU lacks AVX-512 VNNI (or DS41_SIMD caps the level)")
+    }
+
+    /// An act-quantised block's integer form gives back every input exactly; a block with a
+    /// value off its grid (or not finite) has none.
+    pub fn act_blocks() -> Result<(), Failed> {
+        for seed in 0..256u64 {
+            let x = quantised_inputs(seed);
+            let Some(block) = ActBlock::of(&x) else {
+                return Err(format!("seed {seed}: no integer form for {x:?}").into());
+            };
+            let back = block.inputs();
+            if back.map(f64::to_bits) != x.map(|v| (v + 0.0).to_bits()) {
+                return Err(format!("seed {seed}: {back:?} is not {x:?}").into());
+            }
+        }
+        let mut x = quantised_inputs(7);
+        let amax = x.iter().fold(0f64, |m, v| m.max(v.abs()));
+        x[3] = amax * 2f64.powi(-20); // finer than any e4m3 step below amax
+        if ActBlock::of(&x).is_some() {
+            return Err("a value off the grid was taken as an integer".into());
+        }
+        for bad in [f64::NAN, f64::INFINITY] {
+            x[5] = bad;
+            if ActBlock::of(&x).is_some() {
+                return Err(format!("{bad} was taken as an integer").into());
+            }
+        }
+        Ok(())
+    }
+
+    /// The VNNI FP4 step against the exact sums, with inputs at the integer form's extremes
+    /// (|X| up to 2^19 − 1 next to the smallest steps) and every nibble in every column.
+    pub fn vnni_fp4_blocks() -> Result<(), Failed> {
+        let mut state = 5u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        };
+        for seed in 0..512u64 {
+            let mut x = quantised_inputs(seed);
+            if seed % 3 == 0 {
+                // The largest e4m3 magnitude (448 = 7 · 2^6) and the smallest step (2^-9)
+                // of one scale, signs mixed: |X| reaches 448 · 2^9 · 2 = 458752 < 2^19.
+                let scale = 2f64.powi((seed % 17) as i32 - 8);
+                for (k, v) in x.iter_mut().enumerate() {
+                    let m = if k % 4 == 0 { 2f64.powi(-9) } else { 448.0 };
+                    *v = if next() % 2 == 0 { m } else { -m } * scale;
+                }
+            }
+            let EightRows { s, fp4, .. } = eight_rows(seed, next());
+            let fp4 = if seed % 3 == 0 {
+                // Every weight ±6 (W = ±12): the largest sums.
+                [[if seed % 2 == 0 { 0x77 } else { 0xF7 }; BLOCK / 2]; 8]
+            } else {
+                fp4
+            };
+            let Some(block) = ActBlock::of(&x) else {
+                return Err(format!("seed {seed}: no integer form").into());
+            };
+            let acc: [f32; 8] = std::array::from_fn(|_| (next() as f32 - 2e9) * 1e-6);
+            let mut got = acc;
+            // SAFETY: `missing_vnni` found the features, or this trial is not run.
+            unsafe {
+                vnni::fp4_c1_block8_vnni(&mut got, &block, std::array::from_fn(|j| &fp4[j]), &s)
+            };
+            for j in 0..8 {
+                let want = acc[j] + (exact(&x, |k| e2m1_pair(fp4[j][k / 2])[k % 2]) * s[j]) as f32;
+                if got[j].to_bits() != want.to_bits() {
+                    return Err(format!("seed {seed} row {j}: {} want {want}", got[j]).into());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Inputs of the kind C1 sums: e4m3 values times one power of two per block (an FP8

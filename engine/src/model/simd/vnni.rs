@@ -70,6 +70,22 @@ impl ActBlock {
     }
 }
 
+impl ActBlock {
+    /// The inputs the block stands for, `±|X| · 2 · unit` (+0 for X = 0).
+    pub fn inputs(&self) -> [f64; BLOCK] {
+        std::array::from_fn(|k| {
+            let (j, h) = (k / 2, k % 2);
+            let m = (0..3).fold(0u32, |m, p| m | u32::from(self.planes[2 * p + h][j]) << (8 * p));
+            let v = f64::from(m) * 2.0 * self.unit;
+            if self.signs[h] >> j & 1 == 1 {
+                -v
+            } else {
+                v
+            }
+        })
+    }
+}
+
 /// The integer form of every full block of `x`, into `out`; `false` (out unspecified) if a
 /// block has none.
 pub fn act_blocks(x: &[f64], out: &mut Vec<ActBlock>) -> bool {
