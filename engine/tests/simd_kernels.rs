@@ -502,7 +502,7 @@ mod x86 {
             fp8: std::array::from_fn(|j| {
                 std::array::from_fn(|k| {
                     let c = (k as u64 * 8 + j as u64 * 37 + seed * 3) as u8;
-                    if c & 0x7F == 0x7F && seed % 4 != 0 {
+                    if c & 0x7F == 0x7F && !seed.is_multiple_of(4) {
                         c ^ 1
                     } else {
                         c
