@@ -9,8 +9,9 @@
 //! C2 on a weight that stays in cache takes [`DECODE_TILE`] rows per task instead, enough
 //! independent chains for the vector units; full FP8/FP4 blocks are decoded eight rows at a
 //! time by the AVX2 decoders of [`simd`]. Where the CPU has AVX-512, a decode is served by the
-//! eight-row kernels of `simd::avx512` instead: rule C1 on release FP8/FP4 bytes, rule C2 on
-//! every stored form of `ByteRows`, in `DECODE_TILE`-row tasks.
+//! eight-row kernels of `simd::avx512` instead (rule C1 on every stored form of `ByteRows`,
+//! rule C2 likewise), in `DECODE_TILE`-row tasks; with VNNI, rule C1 on release FP4 bytes sums
+//! in integers (`simd::vnni`, the input's blocks found once per call).
 //!
 //! The decoded values are exactly the values `Checkpoint::rows_f32` returns (same f32
 //! products), widened to f64, and every output is the same sequence of f64 operations as a
