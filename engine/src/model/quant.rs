@@ -131,6 +131,25 @@ pub fn e4m3_quantise(x: f32) -> (u8, f32) {
     (sign | code, if sign != 0 { -value } else { value })
 }
 
+/// [`e4m3_quantise`]'s value for an input already clamped to ±448 (or NaN), with no branch, so
+/// that a block's roundings vectorise. `magic` is 2^23 times the quantum of the input's binade
+/// (2^(e−3), or 2^−9 below 2^−6), so the f32 sum `|x| + magic` is rounded to nearest-even on
+/// exactly that quantum (`magic` is an even multiple of it: ties go to the even code) and
+/// removing `magic` again is exact.
+#[inline(always)]
+pub fn e4m3_round_clamped(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let a = f32::from_bits(bits & 0x7FFF_FFFF);
+    let binade = ((bits >> 23) & 0xFF).max(127 - 6);
+    let magic = f32::from_bits((binade + 20) << 23);
+    let rounded = ((a + magic) - magic).to_bits() | (bits & 0x8000_0000);
+    if x.is_nan() {
+        f32::NAN
+    } else {
+        f32::from_bits(rounded)
+    }
+}
+
 /// Encode an f32 as an e2m1 nibble (bit 3 = sign, bits 0–2 index [`E2M1_GRID`]): round to the
 /// nearest grid value with ties to the even code, saturating at ±6 (MODEL.md §1, §5.3). The
 /// midpoints go .25→0, .75→1, 1.25→1, 1.75→2, 2.5→2, 3.5→4, 5→4. The sign of zero is kept
@@ -224,7 +243,7 @@ pub fn act_quant_fp8_inplace(x: &mut [f32]) {
     for xb in x.chunks_exact_mut(BLOCK) {
         let s = act_quant_scale(xb);
         for v in xb.iter_mut() {
-            *v = e4m3_quantise((*v / s).clamp(-E4M3_MAX, E4M3_MAX)).1 * s;
+            *v = e4m3_round_clamped((*v / s).clamp(-E4M3_MAX, E4M3_MAX)) * s;
         }
     }
 }
@@ -443,6 +462,35 @@ mod tests {
             };
             assert_eq!(e2m1_encode(v), want, "e2m1 code {c}");
             assert_eq!(f64::from(v).abs(), e2m1_value(c).abs());
+        }
+    }
+
+    /// The branch-free rounding gives `e4m3_quantise`'s value on every bf16 (what the
+    /// act-quant divides: a bf16 value over a power of two), every midpoint and one ulp either
+    /// side, and a sweep of every 251st f32 within ±448.
+    #[test]
+    fn e4m3_round_clamped_is_the_quantiser_on_clamped_inputs() {
+        let check = |x: f32| {
+            let x = x.clamp(-E4M3_MAX, E4M3_MAX);
+            let (got, want) = (e4m3_round_clamped(x), e4m3_quantise(x).1);
+            assert!(
+                got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                "x = {x:e}: {got:e}, want {want:e}"
+            );
+        };
+        for bits in 0u16..=0xFFFF {
+            check(half::bf16::from_bits(bits).to_f32());
+        }
+        for w in e4m3_positive_grid().windows(2) {
+            let mid = ((w[0].1 + w[1].1) / 2.0) as f32;
+            for x in [mid, mid.next_down(), mid.next_up()] {
+                check(x);
+                check(-x);
+            }
+        }
+        for bits in (0..=448f32.to_bits()).step_by(251) {
+            check(f32::from_bits(bits));
+            check(-f32::from_bits(bits));
         }
     }
 

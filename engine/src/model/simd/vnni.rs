@@ -53,10 +53,13 @@ impl ActBlock {
         let to_steps = f64::from_bits((up as u64) << 52);
         for (k, &v) in x.iter().enumerate() {
             let n = v * to_steps; // exact: a power of two, far from the f64 limits
-            if n != n.trunc() || n.abs() >= X_LIMIT {
+            // An integer below the limit round-trips through i32 (no `trunc` library call;
+            // NaN and larger values do not).
+            let i = n as i32;
+            if f64::from(i) != n || n.abs() >= X_LIMIT {
                 return None;
             }
-            let m = n.abs() as u32;
+            let m = i.unsigned_abs();
             let (j, h) = (k / 2, k % 2);
             for p in 0..3 {
                 block.planes[2 * p + h][j] = (m >> (8 * p)) as u8;
