@@ -43,6 +43,14 @@ fn main() {
             None => t,
         });
     }
+    let stored = Trial::test(
+        "avx512_bf16_and_f32_rows_read_in_place_equal_their_decoded_values_on_every_bf16",
+        x86::stored_float_rows,
+    );
+    trials.push(match x86::missing_avx512() {
+        Some(why) => stored.with_ignored_flag(true).with_kind(why),
+        None => stored,
+    });
     let vnni = Trial::test(
         "vnni_fp4_block_sums_equal_the_exact_sums_at_the_integer_limits",
         x86::vnni_fp4_blocks,
@@ -85,6 +93,9 @@ mod x86 {
     pub fn missing_vnni() -> Option<&'static str> {
         missing()
     }
+    pub fn stored_float_rows() -> Result<(), Failed> {
+        Ok(())
+    }
     pub fn vnni_fp4_blocks() -> Result<(), Failed> {
         Ok(())
     }
@@ -115,6 +126,49 @@ mod x86 {
     pub fn missing_vnni() -> Option<&'static str> {
         (available() < Level::Avx512Vnni)
             .then_some("SKIPPED: this CPU lacks AVX-512 VNNI (or DS41_SIMD caps the level)")
+    }
+
+    /// The C2 step on bf16 and f32 rows read from their stored bytes equals the step on the
+    /// values `dtype::bf16_to_f32` (and `f32::from_le_bytes`) give, bit for bit, for every bf16
+    /// pattern (NaNs, infinities and subnormals included), each alone among finite values (so
+    /// that no other NaN or infinity decides the row), eight rows at a time.
+    pub fn stored_float_rows() -> Result<(), Failed> {
+        use avx512::F32Rows;
+        use ds41_engine::dtype::bf16_to_f32;
+        let x: [f64; BLOCK] = std::array::from_fn(|k| 1.0 + k as f64 / 64.0);
+        for chunk in 0..(1usize << 16) / 8 {
+            let column = chunk % BLOCK;
+            let bits = |i: usize, k: usize| {
+                if k == column {
+                    (chunk * 8 + i) as u16
+                } else {
+                    0x3F80 + (i * BLOCK + k) as u16 // 1.0 and its neighbours
+                }
+            };
+            let bf16: [[u8; 2 * BLOCK]; 8] = std::array::from_fn(|i| {
+                std::array::from_fn(|b| bits(i, b / 2).to_le_bytes()[b % 2])
+            });
+            let values: [[f32; BLOCK]; 8] =
+                std::array::from_fn(|i| std::array::from_fn(|k| bf16_to_f32(bits(i, k))));
+            let f32_bytes: [[u8; 4 * BLOCK]; 8] = std::array::from_fn(|i| {
+                std::array::from_fn(|b| values[i][b / 4].to_le_bytes()[b % 4])
+            });
+            let step = |rows: F32Rows| {
+                let mut acc = [0.25f64; 8];
+                // SAFETY: `missing_avx512` found the features, or this trial is not run.
+                unsafe { avx512::f32_c2_block8(&mut acc, &x, rows) };
+                acc.map(f64::to_bits)
+            };
+            let want = step(F32Rows::Values(&values));
+            let (got16, got32) = (
+                step(F32Rows::Bf16(std::array::from_fn(|i| &bf16[i]))),
+                step(F32Rows::F32(std::array::from_fn(|i| &f32_bytes[i]))),
+            );
+            if got16 != want || got32 != want {
+                return Err(format!("chunk {chunk}: bf16 {got16:x?}, f32 {got32:x?}, want {want:x?}").into());
+            }
+        }
+        Ok(())
     }
 
     /// An act-quantised block's integer form gives back every input exactly; a block with a

@@ -4,8 +4,9 @@
 
 use super::{eight, scale_at, BLOCK, SAFE_SCALE_BYTE, TILE};
 use crate::checkpoint::{DenseDtype, QuantKind, QuantView, VqView, WeightView, VQ_WIDTH};
-use crate::dtype::{bf16_to_f32, e8m0_to_f64, f16_to_f32};
+use crate::dtype::{e8m0_to_f64, f16_to_f32};
 use crate::model::simd;
+use crate::model::simd::avx512::F32Rows;
 
 /// Weight rows the AVX-512 C2 kernels read: release FP8/FP4 codes with E8M0 scales,
 /// container Q8G/Q4G codes whose f16 groups are whole 32-column blocks, container VQ
@@ -197,28 +198,27 @@ impl<'a> ByteRows<'a> {
         let at = self.offset(k0);
         match *self {
             ByteRows::Dense { bf16, .. } => {
-                let mut values = [[0f32; BLOCK]; TILE];
-                for (row, bytes) in values.iter_mut().zip(rows) {
-                    let b = &bytes[at..];
-                    if bf16 {
-                        for (o, c) in row.iter_mut().zip(b.chunks_exact(2)) {
-                            *o = bf16_to_f32(u16::from_le_bytes([c[0], c[1]]));
-                        }
-                    } else {
-                        for (o, c) in row.iter_mut().zip(b.chunks_exact(4)) {
-                            *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-                        }
-                    }
-                }
+                // The stored bytes, read by the kernel in place.
+                let rows = if bf16 {
+                    F32Rows::Bf16(eight(
+                        #[inline(always)]
+                        |i| rows[i][at..][..2 * BLOCK].try_into().expect("bf16 block"),
+                    ))
+                } else {
+                    F32Rows::F32(eight(
+                        #[inline(always)]
+                        |i| rows[i][at..][..4 * BLOCK].try_into().expect("f32 block"),
+                    ))
+                };
                 // SAFETY: only reached from `task_avx512`.
-                unsafe { simd::avx512::f32_c2_block8(chains, x, &values) };
+                unsafe { simd::avx512::f32_c2_block8(chains, x, rows) };
                 true
             }
             ByteRows::Vq(v) => {
                 let mut values = [[0f32; BLOCK]; TILE];
                 v.vectors(r, k0 / VQ_WIDTH, &mut values);
                 // SAFETY: only reached from `task_avx512`.
-                unsafe { simd::avx512::f32_c2_block8(chains, x, &values) };
+                unsafe { simd::avx512::f32_c2_block8(chains, x, F32Rows::Values(&values)) };
                 true
             }
             ByteRows::Quant(v) => {

@@ -357,17 +357,37 @@ unsafe fn int_chains(
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
 }
 
-/// [`fp8_c2_block8`] for eight rows of 32 f32 values (decoded VQ vectors): each 8×8 tile
-/// transposed in registers, each column widened to f64 and one multiply-add.
+/// Eight rows of 32 values for [`f32_c2_block8`]: decoded f32 values (VQ vectors), or the
+/// stored little-endian bytes of f32 or bf16 rows, read in place.
+#[derive(Clone, Copy)]
+pub enum F32Rows<'a> {
+    Values(&'a [[f32; BLOCK]; 8]),
+    F32([&'a [u8; 4 * BLOCK]; 8]),
+    Bf16([&'a [u8; 2 * BLOCK]; 8]),
+}
+
+/// [`fp8_c2_block8`] for eight rows of 32 f32 values ([`F32Rows`]): each 8×8 tile
+/// transposed in registers, each column widened to f64 and one multiply-add. A bf16 value
+/// widens as `dtype::bf16_to_f32` does (a NaN gets its quiet bit).
 ///
 /// # Safety
 /// As for [`fp8_c1_block8`].
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
-pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: &[[f32; BLOCK]; 8]) {
+pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: F32Rows) {
     let mut chain = _mm512_loadu_pd(acc.as_ptr());
     for tile in 0..BLOCK / 8 {
-        let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(rows[i][8 * tile..].as_ptr()));
+        let r: [__m256; 8] = std::array::from_fn(|i| match rows {
+            F32Rows::Values(v) => _mm256_loadu_ps(v[i][8 * tile..].as_ptr()),
+            F32Rows::F32(b) => _mm256_loadu_ps(b[i][32 * tile..].as_ptr().cast()),
+            F32Rows::Bf16(b) => {
+                let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(b[i][16 * tile..].as_ptr().cast()));
+                let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
+                let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80));
+                let quiet = _mm256_and_si256(nan, _mm256_set1_epi32(0x0040));
+                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_or_si256(bits, quiet)))
+            }
+        });
         let t: [__m256; 8] = std::array::from_fn(|i| {
             let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
             if i % 2 == 0 {
