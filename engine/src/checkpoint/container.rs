@@ -158,7 +158,8 @@ pub struct ContainerCheckpoint {
     tensor_prefix: String,
     trunk_path: PathBuf,
     trunk: MappedFile,
-    trunk_entries: BTreeMap<String, TrunkEntry>,
+    /// Looked up by name on every linear call: hashed (foldhash), not ordered.
+    trunk_entries: foldhash::HashMap<String, TrunkEntry>,
     quant: ExpertQuant,
     banks: BTreeMap<usize, Bank>,
     /// Codebook id → `entries × vec_dim` f32 (widened f16).
@@ -324,7 +325,9 @@ impl ContainerCheckpoint {
 
         let trunk_path = dir.join("trunk.bin");
         let trunk = map_file(&trunk_path)?;
-        let trunk_entries = parse_trunk(&j, &manifest, &tensor_prefix, &trunk_path, trunk.len())?;
+        let trunk_entries = parse_trunk(&j, &manifest, &tensor_prefix, &trunk_path, trunk.len())?
+            .into_iter()
+            .collect();
         let codebooks = read_codebooks(&dir.join("codebooks.bin"), &quant)?;
         let banks = open_banks(dir, &j, &manifest, &config, &quant, codebooks.len())?;
         let engram_tables = open_engram_tables(dir, &j, &manifest, &config)?;

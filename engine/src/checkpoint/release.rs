@@ -53,7 +53,8 @@ pub struct ReleaseCheckpoint {
     dir: PathBuf,
     config: Config,
     shards: Vec<Shard>,
-    tensors: BTreeMap<String, Entry>,
+    /// Looked up by name on every linear call: hashed (foldhash), not ordered.
+    tensors: foldhash::HashMap<String, Entry>,
     engram_sidecar: Option<EngramHashConstants>,
 }
 
@@ -140,7 +141,7 @@ impl ReleaseCheckpoint {
                 map,
             });
         }
-        let tensors = classify(&shards, raw)?;
+        let tensors = classify(&shards, raw)?.into_iter().collect();
         let ck = ReleaseCheckpoint {
             dir: dir.to_path_buf(),
             config,
@@ -585,7 +586,9 @@ impl Checkpoint for ReleaseCheckpoint {
         self.tensors.contains_key(name)
     }
     fn names(&self) -> Vec<String> {
-        self.tensors.keys().cloned().collect()
+        let mut names: Vec<String> = self.tensors.keys().cloned().collect();
+        names.sort_unstable();
+        names
     }
     fn shape(&self, name: &str) -> Result<Vec<usize>> {
         Ok(self.entry(name)?.shape.clone())
