@@ -169,6 +169,12 @@ static TRANSPOSE: [[u8; 64]; 2] = {
 /// is exact, so this is the portable chain to the bit. `false`, nothing changed, if a code is
 /// NaN. The scales must not overflow f32 with any code.
 ///
+/// Each row's scale is a power of two, so the block runs on the chain divided by it (exact)
+/// and multiplies back once: rounding commutes with a power-of-two scale wherever neither
+/// side is subnormal or overflows, and with f32 inputs (the kernels' `x`) every term and
+/// every chain is a multiple of 2^−285 below 2^400 after either scaling (an f32 is a multiple
+/// of 2^−149, a code of 2^−9, a scale of 2^−127).
+///
 /// # Safety
 /// As for [`fp8_c1_block8`].
 #[inline]
@@ -186,14 +192,23 @@ pub unsafe fn fp8_c2_block8(
     if nan != 0 {
         return false;
     }
-    let mut chain = _mm512_loadu_pd(acc.as_ptr());
-    let s = _mm512_loadu_pd(scale.as_ptr());
+    let (mut chain, e) = unscaled(acc, scale);
     for q in 0..4 {
         let (lo, hi) = e4m3_top_bytes(columns(sources, q));
-        chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi, s);
+        chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi);
     }
-    _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+    _mm512_storeu_pd(acc.as_mut_ptr(), _mm512_scalef_pd(chain, e));
     true
+}
+
+/// The chains `acc` divided by their rows' power-of-two `scale` (exactly, by exponent), and
+/// the exponents, with which `_mm512_scalef_pd` multiplies them back.
+#[inline]
+#[target_feature(enable = "avx512f")]
+unsafe fn unscaled(acc: &[f64; 8], scale: &[f64; 8]) -> (__m512d, __m512d) {
+    let e = _mm512_getexp_pd(_mm512_loadu_pd(scale.as_ptr()));
+    let chain = _mm512_scalef_pd(_mm512_loadu_pd(acc.as_ptr()), _mm512_sub_pd(_mm512_setzero_pd(), e));
+    (chain, e)
 }
 
 /// [`fp8_c2_block8`] for eight rows of packed FP4 (16 bytes each, low nibble first).
@@ -209,13 +224,12 @@ pub unsafe fn fp4_c2_block8(
     scale: &[f64; 8],
 ) {
     let sources = nibble_halves(rows, 0);
-    let mut chain = _mm512_loadu_pd(acc.as_ptr());
-    let s = _mm512_loadu_pd(scale.as_ptr());
+    let (mut chain, e) = unscaled(acc, scale);
     for q in 0..4 {
         let (lo, hi) = e2m1_top_bytes(columns(sources, q));
-        chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi, s);
+        chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi);
     }
-    _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+    _mm512_storeu_pd(acc.as_mut_ptr(), _mm512_scalef_pd(chain, e));
 }
 
 /// [`fp8_c2_block8`] for eight rows of container Q8G codes (int8, 32 per row): the weight is
@@ -525,14 +539,13 @@ pub(super) unsafe fn lanes4(rows: [&[u8; 16]; 4]) -> __m512i {
 }
 
 /// Eight columns (`x` their inputs) of eight rows' values, the columns' table bytes in `lo`,
-/// `hi` (byte `8g + r`: column g, row r): `chain = fma(x[g], value · s, chain)`, g increasing.
+/// `hi` (byte `8g + r`: column g, row r): `chain = fma(x[g], value, chain)`, g increasing.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
-unsafe fn chains8(mut chain: __m512d, x: &[f64], lo: __m512i, hi: __m512i, s: __m512d) -> __m512d {
+unsafe fn chains8(mut chain: __m512d, x: &[f64], lo: __m512i, hi: __m512i) -> __m512d {
     let x: &[f64; 8] = x.try_into().expect("eight columns");
     for (g, &xg) in x.iter().enumerate() {
-        let w = _mm512_mul_pd(place(lo, hi, g), s);
-        chain = _mm512_fmadd_pd(_mm512_set1_pd(xg), w, chain);
+        chain = _mm512_fmadd_pd(_mm512_set1_pd(xg), place(lo, hi, g), chain);
     }
     chain
 }
