@@ -202,13 +202,7 @@ mod x86 {
     /// The VNNI FP4 step against the exact sums, with inputs at the integer form's extremes
     /// (|X| up to 2^19 − 1 next to the smallest steps) and every nibble in every column.
     pub fn vnni_fp4_blocks() -> Result<(), Failed> {
-        let mut state = 5u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) as u32
-        };
+        let mut next = lcg(5);
         for seed in 0..512u64 {
             let mut x = quantised_inputs(seed);
             if seed % 3 == 0 {
@@ -244,6 +238,17 @@ mod x86 {
             }
         }
         Ok(())
+    }
+
+    /// A seeded 31-bit pseudo-random stream (a 64-bit LCG's high bits).
+    fn lcg(seed: u64) -> impl FnMut() -> u32 {
+        let mut state = seed;
+        move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (state >> 33) as u32
+        }
     }
 
     /// Inputs of the kind C1 sums: e4m3 values times one power of two per block (an FP8
@@ -336,13 +341,7 @@ mod x86 {
     /// zero's sign can survive a chain), other columns untouched, NaN codes refused.
     pub fn tile_decoders() -> Result<(), Failed> {
         const W: usize = 24;
-        let mut state = 7u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) as u32
-        };
+        let mut next = lcg(7);
         for seed in 0..256usize {
             let scale_bytes: [u8; 8] = std::array::from_fn(|j| match (seed + j) % 4 {
                 0 => 0,
@@ -407,13 +406,7 @@ mod x86 {
     /// Then each code alone (one row, one column, input 1) must give exactly its value, so a
     /// code placed in the wrong lane or row cannot hide in a sum.
     pub fn eight_row_blocks() -> Result<(), Failed> {
-        let mut state = 3u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) as u32
-        };
+        let mut next = lcg(3);
         let step = |acc: &[f32; 8],
                     x: &[f64; BLOCK],
                     fp8: &[[u8; BLOCK]; 8],
@@ -488,13 +481,7 @@ mod x86 {
     /// starting from +0, −0 and earlier values, scales from 2^−127 to 2^118, a NaN code
     /// refused with the chains untouched.
     pub fn eight_row_chains() -> Result<(), Failed> {
-        let mut state = 5u64;
-        let mut next = move || {
-            state = state
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (state >> 33) as u32
-        };
+        let mut next = lcg(5);
         for seed in 0..512u64 {
             let x: [f64; BLOCK] =
                 std::array::from_fn(|_| f64::from(f32::from_bits(next() & 0xBFFF_FFFF) * 1e-3));
