@@ -21,7 +21,7 @@ use super::numerics::Numerics;
 use super::pool::PoolVec;
 use super::quant;
 use super::rope::Rope;
-use super::simd::{self, madd, Level};
+use super::simd::{self, Level};
 use super::topk;
 use super::{Chunk, LayerCtx};
 use crate::checkpoint::Checkpoint;
@@ -215,7 +215,7 @@ fn score_keys(level: Level, heads: &Heads, keys: &[f32], out: &mut [f32], numeri
         if level < Level::Avx2 {
             for (&qd, c) in q.iter().zip(columns.iter()) {
                 for (a, &k) in dot.iter_mut().zip(c) {
-                    *a = madd(level, *a, qd, k);
+                    *a += qd * k;
                 }
             }
         }

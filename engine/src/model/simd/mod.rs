@@ -23,7 +23,7 @@ pub enum Level {
     /// [`Level::Avx2`] plus AVX-512 F, BW, VL and VBMI.
     Avx512,
     /// [`Level::Avx512`] plus AVX-512 VNNI (byte dot products: the exact integer FP4 block sums
-    /// of `avx512::fp4_c1_block8_vnni`).
+    /// of `vnni::fp4_c1_block8_vnni`).
     Avx512Vnni,
 }
 
