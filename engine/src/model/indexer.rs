@@ -137,7 +137,7 @@ impl Indexer {
 
     /// `score[t] = Σ_h relu(iq_h · key_t) · w_h` for t < n (keys [≥n, head_dim]). Each dot
     /// is one f64 chain in increasing index from the empty sum's start (rule C2, as
-    /// `Iterator::sum` adds); [`KEY_LANES`] keys are scored together, one per vector lane.
+    /// `Iterator::sum` adds); `KEY_LANES` keys are scored together, one per vector lane.
     pub fn scores(
         &self,
         iq: &[f32],
