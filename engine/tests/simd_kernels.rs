@@ -195,6 +195,15 @@ mod x86 {
             if ActBlock::of(&x).is_some() {
                 return Err(format!("{bad} was taken as an integer").into());
             }
+            // Alone among zeros too (the sum is then not +0).
+            let mut zeros = [0.0; BLOCK];
+            zeros[9] = bad;
+            if ActBlock::of(&zeros).is_some() {
+                return Err(format!("{bad} among zeros was taken as an integer").into());
+            }
+        }
+        if ActBlock::of(&[0.0; BLOCK]).map(|b| b.inputs()) != Some([0.0; BLOCK]) {
+            return Err("an all-zero block has no integer form".into());
         }
         Ok(())
     }

@@ -33,9 +33,10 @@ impl ActBlock {
     /// The block as integers, or `None` where an input is not finite or not an integer
     /// multiple of the unit chosen from the largest magnitude (not an act-quantised block).
     pub fn of(x: &[f64; BLOCK]) -> Option<ActBlock> {
+        // `max` passes over a NaN; the loop below refuses it (but for all-zero blocks here).
         let amax = x.iter().fold(0f64, |m, v| m.max(v.abs()));
         let mut block = ActBlock::default();
-        if amax == 0.0 {
+        if amax == 0.0 && x.iter().all(|&v| v == 0.0) {
             // Every input ±0: the sum is +0, whatever the unit.
             block.unit = 1.0;
             return Some(block);
