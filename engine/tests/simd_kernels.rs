@@ -1,68 +1,64 @@
-//! The AVX2 and AVX-512 C1 block sums (`model::simd`) against the exact sums they must equal, on
-//! every e4m3 code and e2m1 nibble. On a CPU without the instructions a kernel cannot run: its
-//! trials are reported ignored with that reason, never passed (the portable copies run there,
-//! and the linear tests cover them).
+//! The vector kernels of `model::simd` against what they must equal: the AVX2, AVX-512 and
+//! VNNI C1 block sums against the exact sums, the AVX-512 C2 chains against the portable
+//! chains, on every e4m3 code and e2m1 nibble (and every bf16 pattern for rows read in
+//! place). On a CPU without the instructions a kernel cannot run: its trials are reported
+//! ignored with that reason, never passed (the portable copies run there, and the linear tests
+//! cover them).
 
-use libtest_mimic::{Arguments, Trial};
+use libtest_mimic::{Arguments, Failed, Trial};
 
 fn main() {
     let args = Arguments::from_args();
+    // A trial whose instructions (or build) are missing is reported ignored with the reason.
+    let gated = |name: &'static str, run: fn() -> Result<(), Failed>, missing: Option<&'static str>| {
+        let trial = Trial::test(name, run);
+        match missing {
+            Some(why) => trial.with_ignored_flag(true).with_kind(why),
+            None => trial,
+        }
+    };
     let trials = vec![
-        Trial::test(
+        gated(
             "vector_block_sums_equal_the_exact_sum_on_every_code",
             x86::block_sums,
+            x86::missing(),
         ),
-        Trial::test(
+        gated(
             "each_e4m3_code_and_e2m1_nibble_alone_gives_its_value",
             x86::single_codes,
+            x86::missing(),
         ),
-        Trial::test(
+        gated(
             "vector_block_decoders_equal_the_tables_on_every_code",
             x86::tile_decoders,
+            x86::missing(),
+        ),
+        gated(
+            "avx512_eight_row_block_sums_equal_the_exact_sums_on_every_code",
+            x86::eight_row_blocks,
+            x86::missing_avx512(),
+        ),
+        gated(
+            "avx512_eight_row_chains_equal_the_portable_chains_on_every_code",
+            x86::eight_row_chains,
+            x86::missing_avx512(),
+        ),
+        gated(
+            "avx512_bf16_and_f32_rows_read_in_place_equal_their_decoded_values_on_every_bf16",
+            x86::stored_float_rows,
+            x86::missing_avx512(),
+        ),
+        gated(
+            "vnni_fp4_block_sums_equal_the_exact_sums_at_the_integer_limits",
+            x86::vnni_fp4_blocks,
+            x86::missing_vnni(),
+        ),
+        gated(
+            "act_blocks_hold_quantised_inputs_exactly_and_decline_others",
+            x86::act_blocks,
+            x86::not_x86(),
         ),
     ];
-    let missing = x86::missing();
-    let mut trials: Vec<Trial> = trials
-        .into_iter()
-        .map(|t| match missing {
-            Some(why) => t.with_ignored_flag(true).with_kind(why),
-            None => t,
-        })
-        .collect();
-    let wide = Trial::test(
-        "avx512_eight_row_block_sums_equal_the_exact_sums_on_every_code",
-        x86::eight_row_blocks,
-    );
-    let chains = Trial::test(
-        "avx512_eight_row_chains_equal_the_portable_chains_on_every_code",
-        x86::eight_row_chains,
-    );
-    for t in [wide, chains] {
-        trials.push(match x86::missing_avx512() {
-            Some(why) => t.with_ignored_flag(true).with_kind(why),
-            None => t,
-        });
-    }
-    let stored = Trial::test(
-        "avx512_bf16_and_f32_rows_read_in_place_equal_their_decoded_values_on_every_bf16",
-        x86::stored_float_rows,
-    );
-    trials.push(match x86::missing_avx512() {
-        Some(why) => stored.with_ignored_flag(true).with_kind(why),
-        None => stored,
-    });
-    let vnni = Trial::test(
-        "vnni_fp4_block_sums_equal_the_exact_sums_at_the_integer_limits",
-        x86::vnni_fp4_blocks,
-    );
-    trials.push(match x86::missing_vnni() {
-        Some(why) => vnni.with_ignored_flag(true).with_kind(why),
-        None => vnni,
-    });
-    trials.push(Trial::test(
-        "act_blocks_hold_quantised_inputs_exactly_and_decline_others",
-        x86::act_blocks,
-    ));
     libtest_mimic::run(&args, trials).exit();
 }
 
@@ -91,6 +87,9 @@ mod x86 {
         Ok(())
     }
     pub fn missing_vnni() -> Option<&'static str> {
+        missing()
+    }
+    pub fn not_x86() -> Option<&'static str> {
         missing()
     }
     pub fn stored_float_rows() -> Result<(), Failed> {
@@ -126,6 +125,11 @@ mod x86 {
     pub fn missing_vnni() -> Option<&'static str> {
         (available() < Level::Avx512Vnni)
             .then_some("SKIPPED: this CPU lacks AVX-512 VNNI (or DS41_SIMD caps the level)")
+    }
+
+    /// The portable trials here need only an x86_64 build (they share its helpers).
+    pub fn not_x86() -> Option<&'static str> {
+        None
     }
 
     /// The C2 step on bf16 and f32 rows read from their stored bytes equals the step on the
@@ -220,7 +224,7 @@ mod x86 {
                 let scale = 2f64.powi((seed % 17) as i32 - 8);
                 for (k, v) in x.iter_mut().enumerate() {
                     let m = if k % 4 == 0 { 2f64.powi(-9) } else { 448.0 };
-                    *v = if next() % 2 == 0 { m } else { -m } * scale;
+                    *v = if next().is_multiple_of(2) { m } else { -m } * scale;
                 }
             }
             let EightRows { s, fp4, .. } = eight_rows(seed, next());
