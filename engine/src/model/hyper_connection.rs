@@ -175,14 +175,68 @@ pub fn collapse(stream: &[f32], pre: &[f32], out: &mut [f32], numerics: Numerics
 pub fn expand(stream: &[f32], a: &[f32], mix: &HcMix, out: &mut [f32], numerics: Numerics) {
     let d = a.len();
     let hc = mix.post.len();
-    for k in 0..hc {
-        for i in 0..d {
-            let mut acc = 0.0f32;
-            for j in 0..hc {
-                acc += mix.comb[j * hc + k] * stream[j * d + i];
+    // Per element the same sequence as `acc = 0; acc += comb·s_j (j increasing); post·a + acc`,
+    // written a whole row at a time so that the loops run over contiguous elements.
+    for (k, o) in out.chunks_exact_mut(d).enumerate().take(hc) {
+        o.fill(0.0);
+        for (j, s) in stream.chunks_exact(d).enumerate().take(hc) {
+            let c = mix.comb[j * hc + k];
+            for (acc, &x) in o.iter_mut().zip(s) {
+                *acc += c * x;
             }
-            out[k * d + i] = mix.post[k] * a[i] + acc;
+        }
+        for (acc, &x) in o.iter_mut().zip(a) {
+            *acc = mix.post[k] * x + *acc;
         }
     }
     numerics.round(out);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The row-at-a-time expansion gives, per element, the bits of the element-at-a-time
+    /// definition (MODEL.md §5.4 C3: the four-term sums in f32, j increasing, from 0.0), signed
+    /// zeros and both regimes included.
+    #[test]
+    fn expand_is_the_elementwise_definition() {
+        let (hc, d) = (4, 37);
+        let mut state = 9u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let v = ((state >> 40) as f32 / (1u64 << 23) as f32 - 1.0) * 3.0;
+            match state % 11 {
+                0 => 0.0,
+                1 => -0.0,
+                _ => v,
+            }
+        };
+        let stream: Vec<f32> = (0..hc * d).map(|_| next()).collect();
+        let a: Vec<f32> = (0..d).map(|_| next()).collect();
+        let mix = HcMix {
+            pre: (0..hc).map(|_| next()).collect(),
+            post: (0..hc).map(|_| next()).collect(),
+            comb: (0..hc * hc).map(|_| next()).collect(),
+        };
+        for numerics in [Numerics::Upstream, Numerics::Exact] {
+            let mut want = vec![0f32; hc * d];
+            for k in 0..hc {
+                for i in 0..d {
+                    let mut acc = 0.0f32;
+                    for j in 0..hc {
+                        acc += mix.comb[j * hc + k] * stream[j * d + i];
+                    }
+                    want[k * d + i] = mix.post[k] * a[i] + acc;
+                }
+            }
+            numerics.round(&mut want);
+            let mut got = vec![f32::NAN; hc * d];
+            expand(&stream, &a, &mix, &mut got, numerics);
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{numerics}");
+        }
+    }
 }
