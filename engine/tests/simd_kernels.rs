@@ -10,13 +10,14 @@ use libtest_mimic::{Arguments, Failed, Trial};
 fn main() {
     let args = Arguments::from_args();
     // A trial whose instructions (or build) are missing is reported ignored with the reason.
-    let gated = |name: &'static str, run: fn() -> Result<(), Failed>, missing: Option<&'static str>| {
-        let trial = Trial::test(name, run);
-        match missing {
-            Some(why) => trial.with_ignored_flag(true).with_kind(why),
-            None => trial,
-        }
-    };
+    let gated =
+        |name: &'static str, run: fn() -> Result<(), Failed>, missing: Option<&'static str>| {
+            let trial = Trial::test(name, run);
+            match missing {
+                Some(why) => trial.with_ignored_flag(true).with_kind(why),
+                None => trial,
+            }
+        };
     let trials = vec![
         gated(
             "vector_block_sums_equal_the_exact_sum_on_every_code",
@@ -169,7 +170,10 @@ mod x86 {
                 step(F32Rows::F32(std::array::from_fn(|i| &f32_bytes[i]))),
             );
             if got16 != want || got32 != want {
-                return Err(format!("chunk {chunk}: bf16 {got16:x?}, f32 {got32:x?}, want {want:x?}").into());
+                return Err(format!(
+                    "chunk {chunk}: bf16 {got16:x?}, f32 {got32:x?}, want {want:x?}"
+                )
+                .into());
             }
         }
         Ok(())

@@ -15,8 +15,7 @@ use super::names::{
 };
 use super::{
     book_entries, check_rows_request, rows_cols, tensor_err, vq_indices, vq_vector, Checkpoint,
-    DenseDtype,
-    Layout, QuantView, Storage, VqView, WeightView, VQ_ROW_BAND, VQ_WIDTH,
+    DenseDtype, Layout, QuantView, Storage, VqView, WeightView, VQ_ROW_BAND, VQ_WIDTH,
 };
 use crate::config::{
     parse_json_bytes, read_json, Config, EngramHashConstants, EngramLayerHash, EngramPad,

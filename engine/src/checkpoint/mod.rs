@@ -789,7 +789,11 @@ pub(crate) mod tests {
             for r in 0..rows {
                 for vector in 0..4 {
                     let want = bits(reference(&v, r, vector));
-                    assert_eq!(bits(v.vector(r, vector)), want, "{packed} {stages}: {r} {vector}");
+                    assert_eq!(
+                        bits(v.vector(r, vector)),
+                        want,
+                        "{packed} {stages}: {r} {vector}"
+                    );
                 }
             }
             for r in [0, 8, 56, 60, 64] {

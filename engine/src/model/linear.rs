@@ -953,7 +953,13 @@ pub(crate) mod tests {
             add("q4w", vec![out, inp], Storage::Q4G, v4w, q4w);
             // Container VQ3R expert rows, held by the row double as their exact values.
             let vq = crate::checkpoint::tests::bank(false, 3, 256, out, inp, out as u64);
-            add("vq", vec![out, inp], Storage::F32, vq.values(), StoredBytes::Vq(vq));
+            add(
+                "vq",
+                vec![out, inp],
+                Storage::F32,
+                vq.values(),
+                StoredBytes::Vq(vq),
+            );
             let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
                 layout: Layout::Container,
                 tensors: tensors.clone(),

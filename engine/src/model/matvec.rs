@@ -170,7 +170,9 @@ impl MatVec<'_> {
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2, FMA, F16C.
-            Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe { self.task_avx2(first, out) },
+            Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe {
+                self.task_avx2(first, out)
+            },
             _ => self.task_body(first, out, Level::Portable),
         }
     }
@@ -203,7 +205,8 @@ impl MatVec<'_> {
             #[cfg(target_arch = "x86_64")]
             if let (Level::Avx512, Rule::C1, Source::View(view)) = (level, self.rule, &self.source)
             {
-                if let Some(bytes) = ByteRows::of(*view).filter(|b| !matches!(b, ByteRows::Quant(_)))
+                if let Some(bytes) =
+                    ByteRows::of(*view).filter(|b| !matches!(b, ByteRows::Quant(_)))
                 {
                     for (t, o) in out.chunks_mut(TILE).enumerate() {
                         if o.len() == TILE {
@@ -428,7 +431,9 @@ impl MatVec<'_> {
                     match self.x_blocks.and_then(|b| b.get(kb)) {
                         // SAFETY: `x_blocks` is set only at `Level::Avx512Vnni`
                         // (`wants_act_blocks`), so the CPU has VNNI.
-                        Some(xi) => unsafe { simd::vnni::fp4_c1_block8_vnni(&mut acc, xi, rows, &s) },
+                        Some(xi) => unsafe {
+                            simd::vnni::fp4_c1_block8_vnni(&mut acc, xi, rows, &s)
+                        },
                         // SAFETY: only reached from `task_avx512`.
                         None => unsafe { simd::avx512::fp4_c1_block8(&mut acc, xb, rows, &s) },
                     }
@@ -606,10 +611,10 @@ impl MatVec<'_> {
             match level {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
-                Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe {
-                    simd::x86::fp8_block_sum(xb, block)
+                Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => {
+                    unsafe { simd::x86::fp8_block_sum(xb, block) }
+                        .unwrap_or_else(|| fp8_block_sum(xb, block))
                 }
-                    .unwrap_or_else(|| fp8_block_sum(xb, block)),
                 _ => fp8_block_sum(xb, block),
             }
         };

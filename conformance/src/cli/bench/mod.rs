@@ -509,7 +509,8 @@ impl Checkpoint for MemWeights {
         for (i, row) in out.chunks_exact_mut(cols).enumerate() {
             let r = first + i;
             for (k, pair) in row.chunks_exact_mut(2).enumerate() {
-                let s = ds41_engine::dtype::e8m0_to_f32(self.fp4_scales[r * cols / 32 + 2 * k / 32]);
+                let s =
+                    ds41_engine::dtype::e8m0_to_f32(self.fp4_scales[r * cols / 32 + 2 * k / 32]);
                 let [lo, hi] = ds41_engine::dtype::e2m1_pair(self.fp4_codes[r * cols / 2 + k]);
                 pair.copy_from_slice(&[lo * s, hi * s]);
             }
@@ -518,8 +519,18 @@ impl Checkpoint for MemWeights {
     }
     fn quant_view(&self, name: &str) -> ds41_engine::Result<Option<QuantView<'_>>> {
         let (kind, codes, scales, scale_cols) = match name {
-            "w" => (QuantKind::Fp8Block, &self.codes, &self.scales, self.shape[1].div_ceil(32)),
-            "w4" => (QuantKind::Fp4, &self.fp4_codes, &self.fp4_scales, self.shape[1] / 32),
+            "w" => (
+                QuantKind::Fp8Block,
+                &self.codes,
+                &self.scales,
+                self.shape[1].div_ceil(32),
+            ),
+            "w4" => (
+                QuantKind::Fp4,
+                &self.fp4_codes,
+                &self.fp4_scales,
+                self.shape[1] / 32,
+            ),
             _ => return Ok(None),
         };
         Ok(Some(QuantView {

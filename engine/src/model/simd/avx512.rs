@@ -207,7 +207,10 @@ pub unsafe fn fp8_c2_block8(
 #[target_feature(enable = "avx512f")]
 unsafe fn unscaled(acc: &[f64; 8], scale: &[f64; 8]) -> (__m512d, __m512d) {
     let e = _mm512_getexp_pd(_mm512_loadu_pd(scale.as_ptr()));
-    let chain = _mm512_scalef_pd(_mm512_loadu_pd(acc.as_ptr()), _mm512_sub_pd(_mm512_setzero_pd(), e));
+    let chain = _mm512_scalef_pd(
+        _mm512_loadu_pd(acc.as_ptr()),
+        _mm512_sub_pd(_mm512_setzero_pd(), e),
+    );
     (chain, e)
 }
 
@@ -395,7 +398,8 @@ pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: F32Rows)
             F32Rows::Values(v) => _mm256_loadu_ps(v[i][8 * tile..].as_ptr()),
             F32Rows::F32(b) => _mm256_loadu_ps(b[i][32 * tile..].as_ptr().cast()),
             F32Rows::Bf16(b) => {
-                let bits = _mm256_cvtepu16_epi32(_mm_loadu_si128(b[i][16 * tile..].as_ptr().cast()));
+                let bits =
+                    _mm256_cvtepu16_epi32(_mm_loadu_si128(b[i][16 * tile..].as_ptr().cast()));
                 let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
                 let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80));
                 let quiet = _mm256_and_si256(nan, _mm256_set1_epi32(0x0040));

@@ -54,8 +54,8 @@ impl ActBlock {
         let to_steps = f64::from_bits((up as u64) << 52);
         for (k, &v) in x.iter().enumerate() {
             let n = v * to_steps; // exact: a power of two, far from the f64 limits
-            // An integer below the limit round-trips through i32 (no `trunc` library call;
-            // NaN and larger values do not).
+                                  // An integer below the limit round-trips through i32 (no `trunc` library call;
+                                  // NaN and larger values do not).
             let i = n as i32;
             if f64::from(i) != n || n.abs() >= X_LIMIT {
                 return None;
@@ -79,7 +79,9 @@ impl ActBlock {
     pub fn inputs(&self) -> [f64; BLOCK] {
         std::array::from_fn(|k| {
             let (j, h) = (k / 2, k % 2);
-            let m = (0..3).fold(0u32, |m, p| m | u32::from(self.planes[2 * p + h][j]) << (8 * p));
+            let m = (0..3).fold(0u32, |m, p| {
+                m | u32::from(self.planes[2 * p + h][j]) << (8 * p)
+            });
             let v = f64::from(m) * 2.0 * self.unit;
             if self.signs[h] >> j & 1 == 1 {
                 -v
