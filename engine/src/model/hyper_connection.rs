@@ -186,7 +186,12 @@ pub fn expand(stream: &[f32], a: &[f32], mix: &HcMix, out: &mut [f32], numerics:
             }
         }
         for (acc, &x) in o.iter_mut().zip(a) {
-            *acc = mix.post[k] * x + *acc;
+            // `post·a + acc` in that operand order, as the definition writes it (the order
+            // decides which NaN's payload survives when both are NaN).
+            #[allow(clippy::assign_op_pattern)]
+            {
+                *acc = mix.post[k] * x + *acc;
+            }
         }
     }
     numerics.round(out);

@@ -101,7 +101,8 @@ pub(crate) struct MatVec<'a> {
     pub rule: Rule,
     /// Round every output to bf16 (the upstream bf16 linears).
     pub round_out: bool,
-    /// The input's blocks as integers, for the VNNI FP4 kernel (set by [`MatVec::run`]).
+    /// The input's blocks as integers, for the VNNI FP4 kernel (set by [`MatVec::run`]; none
+    /// where the input has no integer form).
     pub x_blocks: Option<&'a [ActBlock]>,
 }
 
@@ -114,13 +115,18 @@ impl MatVec<'_> {
             let mut blocks = ACT_BLOCK_SCRATCH.with(Cell::take);
             let found = act_blocks(&self.x[self.x_off..][..self.n_in], &mut blocks);
             let r = MatVec {
-                x_blocks: Some(if found { &blocks } else { &[] }),
+                x_blocks: found.then_some(&blocks[..]),
                 ..*self
             }
-            .run(n_out, y, y_stride, y_off);
+            .run_tasks(n_out, y, y_stride, y_off);
             ACT_BLOCK_SCRATCH.with(|c| c.set(blocks));
             return r;
         }
+        self.run_tasks(n_out, y, y_stride, y_off)
+    }
+
+    /// [`Self::run`] once the input's integer blocks are settled.
+    fn run_tasks(&self, n_out: usize, y: &mut [f32], y_stride: usize, y_off: usize) -> Result<()> {
         let parallel = worth_parallel(n_out * self.n_in * self.rows);
         if self.rows == 1 {
             // Decode: each task owns a contiguous slice of y. Wide tasks for a weight that
@@ -553,12 +559,11 @@ impl MatVec<'_> {
         acc
     }
 
-    /// A single-row C1 product on release FP4 codes at [`Level::Avx512Vnni`] whose input's
-    /// integer blocks are not yet known (the VNNI kernel's input).
+    /// A single-row C1 product on release FP4 codes at [`Level::Avx512Vnni`]: the VNNI
+    /// kernel's, which reads the input's integer blocks.
     fn wants_act_blocks(&self) -> bool {
         self.rows == 1
             && self.rule == Rule::C1
-            && self.x_blocks.is_none()
             && matches!(self.source, Source::View(WeightView::Quant(v)) if v.kind == QuantKind::Fp4)
             && simd::level() == Level::Avx512Vnni
     }

@@ -21,14 +21,36 @@ pub(super) enum ByteRows<'a> {
         cols: usize,
         bytes: &'a [u8],
     },
-    Grouped {
-        bits: u8,
-        group: usize,
-        groups: usize,
-        row_bytes: usize,
-        codes: &'a [u8],
-        scales: &'a [u8],
-    },
+    Grouped(GroupedRows<'a>),
+}
+
+/// Container Q8G / Q4G rows whose f16 groups are whole 32-column blocks.
+#[derive(Clone, Copy)]
+pub(super) struct GroupedRows<'a> {
+    bits: u8,
+    group: usize,
+    groups: usize,
+    row_bytes: usize,
+    codes: &'a [u8],
+    scales: &'a [u8],
+}
+
+impl GroupedRows<'_> {
+    /// The f16 scales of the group holding column `k0`, for rows `r .. r + 8`, as f64.
+    #[inline(always)]
+    fn scales8(&self, r: usize, k0: usize) -> [f64; TILE] {
+        let g = k0 / self.group;
+        eight(
+            #[inline(always)]
+            |i| {
+                let at = 2 * ((r + i) * self.groups + g);
+                f64::from(f16_to_f32(u16::from_le_bytes([
+                    self.scales[at],
+                    self.scales[at + 1],
+                ])))
+            },
+        )
+    }
 }
 
 impl<'a> ByteRows<'a> {
@@ -51,14 +73,14 @@ impl<'a> ByteRows<'a> {
                 codes,
                 scales,
                 ..
-            } if group.is_multiple_of(BLOCK) => Some(ByteRows::Grouped {
+            } if group.is_multiple_of(BLOCK) => Some(ByteRows::Grouped(GroupedRows {
                 bits,
                 group,
                 groups: cols.div_ceil(group),
                 row_bytes,
                 codes,
                 scales,
-            }),
+            })),
             _ => None,
         }
     }
@@ -68,7 +90,7 @@ impl<'a> ByteRows<'a> {
     pub(super) fn packed(&self) -> bool {
         match self {
             ByteRows::Quant(v) => v.kind == QuantKind::Fp4,
-            ByteRows::Grouped { bits, .. } => *bits == 4,
+            ByteRows::Grouped(g) => g.bits == 4,
             ByteRows::Vq(_) | ByteRows::Dense { .. } => false,
         }
     }
@@ -96,9 +118,7 @@ impl<'a> ByteRows<'a> {
                 };
                 &v.codes[r * n..][..n]
             }
-            ByteRows::Grouped {
-                row_bytes, codes, ..
-            } => &codes[r * row_bytes..][..row_bytes],
+            ByteRows::Grouped(g) => &g.codes[r * g.row_bytes..][..g.row_bytes],
             ByteRows::Vq(_) => &[],
             ByteRows::Dense { cols, bytes, .. } => {
                 let n = self.offset(cols);
@@ -146,13 +166,8 @@ impl<'a> ByteRows<'a> {
         acc: &mut [f32; TILE],
     ) -> bool {
         match *self {
-            ByteRows::Grouped {
-                group,
-                groups,
-                scales,
-                ..
-            } => {
-                let s = group_scales(scales, groups, r, k0 / group);
+            ByteRows::Grouped(g) => {
+                let s = g.scales8(r, k0);
                 if !s.iter().all(|v| v.is_finite()) {
                     return false;
                 }
@@ -244,13 +259,8 @@ impl<'a> ByteRows<'a> {
                     unsafe { simd::avx512::fp8_c2_block8(chains, x, rows, &s) }
                 }
             }
-            ByteRows::Grouped {
-                group,
-                groups,
-                scales,
-                ..
-            } => {
-                let s = group_scales(scales, groups, r, k0 / group);
+            ByteRows::Grouped(g) => {
+                let s = g.scales8(r, k0);
                 if self.packed() {
                     let rows = Self::packed_blocks(rows, at);
                     // SAFETY: as above.
@@ -264,16 +274,4 @@ impl<'a> ByteRows<'a> {
             }
         }
     }
-}
-
-/// The f16 scales of group `g` of rows `r .. r + 8` (`groups` per row), as f64.
-#[inline(always)]
-fn group_scales(scales: &[u8], groups: usize, r: usize, g: usize) -> [f64; TILE] {
-    eight(
-        #[inline(always)]
-        |i| {
-            let at = 2 * ((r + i) * groups + g);
-            f64::from(f16_to_f32(u16::from_le_bytes([scales[at], scales[at + 1]])))
-        },
-    )
 }
