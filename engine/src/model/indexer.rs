@@ -171,9 +171,7 @@ fn score_keys_at(level: Level, heads: &Heads, keys: &[f32], out: &mut [f32], num
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `level` is at most what the CPU has: AVX2 and FMA at least here.
-        Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe {
-            score_keys_avx2(heads, keys, out, numerics)
-        },
+        l if l >= Level::Avx2 => unsafe { score_keys_avx2(heads, keys, out, numerics) },
         _ => score_keys(Level::Portable, heads, keys, out, numerics),
     }
 }

@@ -171,14 +171,12 @@ impl MatVec<'_> {
         match simd::level() {
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx512 only where the CPU has its features.
-            Level::Avx512 | Level::Avx512Vnni if self.byte_rows_decode() => unsafe {
+            l if l >= Level::Avx512 && self.byte_rows_decode() => unsafe {
                 self.task_avx512(first, out)
             },
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2, FMA, F16C.
-            Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe {
-                self.task_avx2(first, out)
-            },
+            l if l >= Level::Avx2 => unsafe { self.task_avx2(first, out) },
             _ => self.task_body(first, out, Level::Portable),
         }
     }
@@ -604,9 +602,7 @@ impl MatVec<'_> {
             match level {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: only reached from `task_avx2` / `task_avx512`.
-                Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe {
-                    simd::x86::fp4_block_sum(xb, half)
-                },
+                l if l >= Level::Avx2 => unsafe { simd::x86::fp4_block_sum(xb, half) },
                 _ => fp4_block_sum(xb, half),
             }
         } else {
@@ -616,10 +612,8 @@ impl MatVec<'_> {
             match level {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above.
-                Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => {
-                    unsafe { simd::x86::fp8_block_sum(xb, block) }
-                        .unwrap_or_else(|| fp8_block_sum(xb, block))
-                }
+                l if l >= Level::Avx2 => unsafe { simd::x86::fp8_block_sum(xb, block) }
+                    .unwrap_or_else(|| fp8_block_sum(xb, block)),
                 _ => fp8_block_sum(xb, block),
             }
         };

@@ -47,8 +47,8 @@ pub fn multiply_add_rate() -> f64 {
                 let x = std::hint::black_box(1.000_000_1 + i as f64 * 1e-9);
                 match simd::level() {
                     #[cfg(target_arch = "x86_64")]
-                    // SAFETY: `level` reports Avx2 only where the CPU has AVX2 and FMA.
-                    Level::Avx2 | Level::Avx512 | Level::Avx512Vnni => unsafe { chains_fma(x) },
+                    // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2 and FMA.
+                    l if l >= Level::Avx2 => unsafe { chains_fma(x) },
                     _ => chains::<false>(x),
                 }
             })
