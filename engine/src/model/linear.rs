@@ -386,6 +386,10 @@ pub(crate) mod tests {
         pub fn uniform(&mut self) -> f32 {
             (self.next_u32() as f64 / (1u64 << 30) as f64 - 1.0) as f32
         }
+        /// A draw from `0..n`.
+        pub fn below(&mut self, n: usize) -> usize {
+            (u64::from(self.next_u32()) * n as u64 >> 32) as usize
+        }
     }
 
     fn e4m3_value(code: u8) -> f32 {
@@ -920,6 +924,30 @@ pub(crate) mod tests {
                         .collect(),
                 ),
             );
+            // Rule C2's order made visible: each row's chain passes through ±2^40 at columns
+            // a and a + inp/2 (a at random), whose inputs are made equal below, so the terms
+            // cancel and any other order changes low bits that the f32 output keeps.
+            let cancel: Vec<f32> = (0..out)
+                .flat_map(|_| {
+                    let a = rng.below(inp / 2);
+                    let mut row: Vec<f32> = (0..inp).map(|_| bf16(rng.uniform())).collect();
+                    (row[a], row[a + inp / 2]) = (2f32.powi(40), -(2f32.powi(40)));
+                    row
+                })
+                .collect();
+            add(
+                "cancel",
+                vec![out, inp],
+                Storage::Bf16,
+                cancel.clone(),
+                StoredBytes::Dense(
+                    DenseDtype::Bf16,
+                    cancel
+                        .iter()
+                        .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+                        .collect(),
+                ),
+            );
             add(
                 "f32",
                 vec![out, inp],
@@ -980,6 +1008,8 @@ pub(crate) mod tests {
                 ("bf16", LinearKind::Bf16),
                 ("bf16", LinearKind::F32),
                 ("f32", LinearKind::F32),
+                ("cancel", LinearKind::Bf16),
+                ("cancel", LinearKind::F32),
                 ("q8", LinearKind::Bf16),
                 ("q4", LinearKind::F32),
                 ("q8w", LinearKind::Bf16),
@@ -999,9 +1029,17 @@ pub(crate) mod tests {
                 let by_view = Linear::load(&view_ckpt, name, kind).unwrap();
                 let n_in = by_rows.in_features();
                 for numerics in [Numerics::Upstream, Numerics::Exact] {
-                    // 5 and 9 rows: a group of four input rows and a single one (module `matvec`).
-                    for rows in [1usize, 5, 9] {
-                        let x = random_x(rows, n_in, &mut rng);
+                    // Input rows in the groups of module `matvec`: 5 (AVX2: four and one;
+                    // AVX-512: one group of five), 9 (eight and one), 19 (eight, eight and
+                    // three; AVX2: four groups of four and three single rows).
+                    for rows in [1usize, 5, 9, 19] {
+                        let mut x = random_x(rows, n_in, &mut rng);
+                        if name == "cancel" {
+                            for row in x.chunks_exact_mut(n_in) {
+                                let (first, second) = row.split_at_mut(n_in / 2);
+                                second.copy_from_slice(first);
+                            }
+                        }
                         let mut want = vec![0f32; rows * out];
                         // The baseline copy of the row path against every vector copy this
                         // CPU has of the stored-byte path.

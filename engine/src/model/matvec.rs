@@ -314,48 +314,56 @@ impl MatVec<'_> {
         // Rows ≥ nw of a short last task stay zero and are never written out.
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         let r0 = self.w_first + first;
-        // The baseline (SSE2) has too few registers for GROUP rows' chains: one at a time.
-        let grouped = level >= Level::Avx2;
+        let largest = largest_group(level);
         match self.rule {
             Rule::C1 => {
-                out.fill(0.0);
+                // Per input row m, its eight weight rows' f32 sums (`sums[m][i]`): one vector
+                // add per block, written out output-major at the end.
+                let mut sums = take(&C1_SUM_SCRATCH, rows * TILE, 0.0);
+                let (sum_rows, _) = sums.as_chunks_mut::<TILE>();
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
                     self.decode(&row_buf, r0, nw, k0, len, &mut w, level);
-                    for (m, n) in row_groups(rows, grouped) {
-                        let mut blocks = [[0f64; TILE]; GROUP];
-                        self.dot_group(&mut blocks, m, n, k0, len, &w, level);
-                        for (j, block) in blocks[..n].iter().enumerate() {
-                            for i in 0..nw {
-                                out[i * rows + m + j] += block[i] as f32;
+                    for (m, n) in row_groups(rows, largest) {
+                        let sums = &mut sum_rows[m..m + n];
+                        #[cfg(target_arch = "x86_64")]
+                        if largest == WIDE_GROUP && len == BLOCK {
+                            let (xs, stride) = self.group_inputs(m, k0);
+                            // SAFETY: `largest_group` gives WIDE_GROUP only where the CPU has
+                            // AVX-512.
+                            unsafe { simd::avx512::c1_rows_any(sums, xs, stride, &w) };
+                            continue;
+                        }
+                        let mut blocks = [[0f64; TILE]; WIDE_GROUP];
+                        self.dot_group(&mut blocks[..n], m, k0, len, &w, level, largest);
+                        for (s, block) in sums.iter_mut().zip(&blocks) {
+                            for (s, &b) in s.iter_mut().zip(block) {
+                                *s += b as f32;
                             }
                         }
                     }
                 }
-                if self.round_out {
-                    out.iter_mut().for_each(|v| *v = bf16(*v));
+                for (m, s) in sum_rows.iter().enumerate() {
+                    for (i, &v) in s[..nw].iter().enumerate() {
+                        out[i * rows + m] = if self.round_out { bf16(v) } else { v };
+                    }
                 }
+                put(&C1_SUM_SCRATCH, sums);
             }
             Rule::C2 { init } => {
                 let mut acc = take(&ACC_SCRATCH, rows * TILE, init);
+                let (chains, _) = acc.as_chunks_mut::<TILE>();
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
                     self.decode(&row_buf, r0, nw, k0, len, &mut w, level);
-                    for (m, n) in row_groups(rows, grouped) {
-                        let a = &mut acc[m * TILE..(m + n) * TILE];
-                        let mut chains = [[0f64; TILE]; GROUP];
-                        for (c, a) in chains.iter_mut().zip(a.chunks_exact(TILE)) {
-                            c.copy_from_slice(a);
-                        }
-                        self.dot_group(&mut chains, m, n, k0, len, &w, level);
-                        for (c, a) in chains.iter().zip(a.chunks_exact_mut(TILE)) {
-                            a.copy_from_slice(c);
-                        }
+                    for (m, n) in row_groups(rows, largest) {
+                        let group = &mut chains[m..m + n];
+                        self.dot_group(group, m, k0, len, &w, level, largest);
                     }
                 }
-                for (m, a) in acc.chunks_exact(TILE).enumerate() {
-                    for i in 0..nw {
-                        let v = a[i] as f32;
+                for (m, a) in chains.iter().enumerate() {
+                    for (i, &a) in a[..nw].iter().enumerate() {
+                        let v = a as f32;
                         out[i * rows + m] = if self.round_out { bf16(v) } else { v };
                     }
                 }
@@ -662,26 +670,50 @@ impl MatVec<'_> {
         }
     }
 
-    /// [`dot_rows`] for input rows `m .. m + n` (n is GROUP or 1) into `chains[..n]`.
+    /// [`dot_rows`] for input rows `m .. m + chains.len()` (a group of [`row_groups`]): with
+    /// AVX-512 in one kernel call per full block, otherwise GROUP rows at a time, then one.
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn dot_group(
         &self,
-        chains: &mut [[f64; TILE]; GROUP],
+        chains: &mut [[f64; TILE]],
         m: usize,
-        n: usize,
         k0: usize,
         len: usize,
         w: &WeightBlock,
         level: Level,
+        largest: usize,
     ) {
-        if n == GROUP {
-            let xs = std::array::from_fn(|j| self.xs(m + j, k0, len));
-            dot_rows(chains, xs, w, level);
-        } else {
-            let one: &mut [[f64; TILE]; 1] = (&mut chains[..1]).try_into().expect("one row");
-            dot_rows(one, [self.xs(m, k0, len)], w, level);
+        #[cfg(target_arch = "x86_64")]
+        if largest == WIDE_GROUP && len == BLOCK {
+            let (xs, stride) = self.group_inputs(m, k0);
+            // SAFETY: `largest_group` gives WIDE_GROUP only where the CPU has AVX-512.
+            unsafe { simd::avx512::dot_rows_any(chains, xs, stride, w) };
+            return;
         }
+        let rest = m + chains.len() / GROUP * GROUP;
+        let mut groups = chains.chunks_exact_mut(GROUP);
+        for (g, group) in (&mut groups).enumerate() {
+            let xs: [&[f64]; GROUP] = std::array::from_fn(|j| self.xs(m + GROUP * g + j, k0, len));
+            dot_rows(group.try_into().expect("a group"), xs, w, level);
+        }
+        for (j, one) in groups.into_remainder().iter_mut().enumerate() {
+            dot_rows(
+                std::array::from_mut(one),
+                [self.xs(rest + j, k0, len)],
+                w,
+                level,
+            );
+        }
+    }
+
+    /// Input rows `m ..` from the block at `k0` on, and the distance between two rows.
+    #[inline(always)]
+    fn group_inputs(&self, m: usize, k0: usize) -> (&[f64], usize) {
+        (
+            &self.x[m * self.x_stride + self.x_off + k0..],
+            self.x_stride,
+        )
     }
 
     #[inline(always)]
@@ -983,21 +1015,30 @@ fn fp4_block_c2(
 /// so the multiply-adds overlap instead of waiting on one chain's latency.
 const GROUP: usize = 4;
 
-/// `(first row, count)` of the groups input rows `0..rows` are taken in: GROUP at a time where
-/// `grouped`, the rest (or all) one at a time.
-fn row_groups(rows: usize, grouped: bool) -> impl Iterator<Item = (usize, usize)> {
-    let mut m = 0;
-    std::iter::from_fn(move || {
-        (m < rows).then(|| {
-            let n = if grouped && rows - m >= GROUP {
-                GROUP
-            } else {
-                1
-            };
-            m += n;
-            (m - n, n)
-        })
-    })
+/// With AVX-512, input rows whose chains `simd::avx512::dot_rows` advances together: one
+/// register of eight weight rows' chains each, the input broadcast from memory into the
+/// multiply-add (a third of the AVX2 loop's instructions per multiply-add).
+const WIDE_GROUP: usize = 8;
+
+/// The largest group [`row_groups`] may form at `level`: the baseline (SSE2) has too few
+/// registers for GROUP rows' chains, AVX-512 room for WIDE_GROUP. Prefill tasks run the
+/// AVX2 copy of the task body (see [`MatVec::task`]), which calls the AVX-512 kernel.
+fn largest_group(level: Level) -> usize {
+    if level < Level::Avx2 {
+        1
+    } else if cfg!(target_arch = "x86_64") && simd::level() >= Level::Avx512 {
+        WIDE_GROUP
+    } else {
+        GROUP
+    }
+}
+
+/// `(first row, count)` of the groups input rows `0..rows` are taken in: `largest` rows at a
+/// time, the last group what is left.
+fn row_groups(rows: usize, largest: usize) -> impl Iterator<Item = (usize, usize)> {
+    (0..rows)
+        .step_by(largest)
+        .map(move |m| (m, largest.min(rows - m)))
 }
 
 /// `acc[j][i] += x_j[k] · w[k][i]` for k in increasing order, for the input rows `x(j)`:
@@ -1040,6 +1081,7 @@ thread_local! {
     static OUTPUT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static WEIGHT_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static ACC_SCRATCH: Cell<Vec<f64>> = const { Cell::new(Vec::new()) };
+    static C1_SUM_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static ACT_BLOCK_SCRATCH: Cell<Vec<ActBlock>> = const { Cell::new(Vec::new()) };
     static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }

@@ -374,6 +374,118 @@ unsafe fn int_chains(
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
 }
 
+/// N ≤ 8 input rows' chains over one full block of eight weight rows (a prefill step of
+/// `matvec`'s `dot_rows`): for k increasing, `acc[j][i] = fma(x[j][k], w[k][i], acc[j][i])`,
+/// input row j's eight chains one vector, its block at `x[j · stride ..][..32]`. Each chain's
+/// operations are `dot_rows`'s, so the bits are the same (its factors are f32 values widened:
+/// exact products, see `madd`).
+///
+/// # Safety
+/// The CPU must have AVX-512 F (and AVX2, FMA).
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn dot_rows<const N: usize>(
+    acc: &mut [[f64; 8]; N],
+    x: &[f64],
+    stride: usize,
+    w: &[[f64; 8]; BLOCK],
+) {
+    let chains = advance_rows::<N>(
+        std::array::from_fn(|j| _mm512_loadu_pd(acc[j].as_ptr())),
+        input_rows(x, stride),
+        w,
+    );
+    for (a, chain) in acc.iter_mut().zip(chains) {
+        _mm512_storeu_pd(a.as_mut_ptr(), chain);
+    }
+}
+
+/// Rule C1's step of [`dot_rows`]: each block sum from +0 (exact in any order), rounded to
+/// f32 and added to input row j's eight sums `sums[j]`, as `matvec`'s task does per element.
+///
+/// # Safety
+/// As for [`dot_rows`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn c1_rows<const N: usize>(
+    sums: &mut [[f32; 8]; N],
+    x: &[f64],
+    stride: usize,
+    w: &[[f64; 8]; BLOCK],
+) {
+    let blocks = advance_rows([_mm512_setzero_pd(); N], input_rows(x, stride), w);
+    for (s, block) in sums.iter_mut().zip(blocks) {
+        let sum = _mm256_add_ps(_mm256_loadu_ps(s.as_ptr()), _mm512_cvtpd_ps(block));
+        _mm256_storeu_ps(s.as_mut_ptr(), sum);
+    }
+}
+
+/// [`dot_rows`] for `acc.len()` (1 to 8) input rows.
+///
+/// # Safety
+/// As for [`dot_rows`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn dot_rows_any(acc: &mut [[f64; 8]], x: &[f64], stride: usize, w: &[[f64; 8]; BLOCK]) {
+    match acc.len() {
+        1 => dot_rows::<1>(rows_of(acc), x, stride, w),
+        2 => dot_rows::<2>(rows_of(acc), x, stride, w),
+        3 => dot_rows::<3>(rows_of(acc), x, stride, w),
+        4 => dot_rows::<4>(rows_of(acc), x, stride, w),
+        5 => dot_rows::<5>(rows_of(acc), x, stride, w),
+        6 => dot_rows::<6>(rows_of(acc), x, stride, w),
+        7 => dot_rows::<7>(rows_of(acc), x, stride, w),
+        n => dot_rows::<8>(rows_of(&mut acc[..n.min(8)]), x, stride, w),
+    }
+}
+
+/// [`c1_rows`] for `sums.len()` (1 to 8) input rows.
+///
+/// # Safety
+/// As for [`dot_rows`].
+#[target_feature(enable = "avx512f,avx2,fma")]
+pub unsafe fn c1_rows_any(sums: &mut [[f32; 8]], x: &[f64], stride: usize, w: &[[f64; 8]; BLOCK]) {
+    match sums.len() {
+        1 => c1_rows::<1>(rows_of(sums), x, stride, w),
+        2 => c1_rows::<2>(rows_of(sums), x, stride, w),
+        3 => c1_rows::<3>(rows_of(sums), x, stride, w),
+        4 => c1_rows::<4>(rows_of(sums), x, stride, w),
+        5 => c1_rows::<5>(rows_of(sums), x, stride, w),
+        6 => c1_rows::<6>(rows_of(sums), x, stride, w),
+        7 => c1_rows::<7>(rows_of(sums), x, stride, w),
+        n => c1_rows::<8>(rows_of(&mut sums[..n.min(8)]), x, stride, w),
+    }
+}
+
+/// `rows` as an array of its length (the caller matched it).
+fn rows_of<T, const N: usize>(rows: &mut [T]) -> &mut [T; N] {
+    rows.try_into().expect("the matched row count")
+}
+
+/// The N input blocks `x[j · stride ..][..32]`, bounds checked once.
+#[inline(always)]
+fn input_rows<const N: usize>(x: &[f64], stride: usize) -> [&[f64; BLOCK]; N] {
+    let x = &x[..(N - 1) * stride + BLOCK];
+    std::array::from_fn(|j| {
+        let row = &x[j * stride..][..BLOCK];
+        // SAFETY: a slice of BLOCK elements is a [f64; BLOCK].
+        unsafe { &*row.as_ptr().cast::<[f64; BLOCK]>() }
+    })
+}
+
+#[inline]
+#[target_feature(enable = "avx512f,avx2,fma")]
+unsafe fn advance_rows<const N: usize>(
+    mut chains: [__m512d; N],
+    x: [&[f64; BLOCK]; N],
+    w: &[[f64; 8]; BLOCK],
+) -> [__m512d; N] {
+    for (k, wk) in w.iter().enumerate() {
+        let wk = _mm512_loadu_pd(wk.as_ptr());
+        for (chain, xj) in chains.iter_mut().zip(&x) {
+            *chain = _mm512_fmadd_pd(_mm512_set1_pd(xj[k]), wk, *chain);
+        }
+    }
+    chains
+}
+
 /// Eight rows of 32 values for [`f32_c2_block8`]: decoded f32 values (VQ vectors), or the
 /// stored little-endian bytes of f32 or bf16 rows, read in place.
 #[derive(Clone, Copy)]
