@@ -35,6 +35,11 @@ fn main() {
             x86::missing(),
         ),
         gated(
+            "avx512_block_decoders_equal_the_tables_on_every_code",
+            x86::avx512_tile_decoders,
+            x86::missing_avx512(),
+        ),
+        gated(
             "avx512_eight_row_block_sums_equal_the_exact_sums_on_every_code",
             x86::eight_row_blocks,
             x86::missing_avx512(),
@@ -76,6 +81,9 @@ mod x86 {
         Ok(())
     }
     pub fn tile_decoders() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn avx512_tile_decoders() -> Result<(), Failed> {
         Ok(())
     }
     pub fn missing_avx512() -> Option<&'static str> {
@@ -357,6 +365,38 @@ mod x86 {
     /// from 2^−127 to 2^100, both signed zeros (e2m1 code 8 is +0.0, e4m3 0x80 is −0.0: a
     /// zero's sign can survive a chain), other columns untouched, NaN codes refused.
     pub fn tile_decoders() -> Result<(), Failed> {
+        decoders_against_tables(|fp8, fp4, s, got8, got4, col| {
+            // SAFETY: `missing` found AVX2, FMA and F16C, or this trial is not run.
+            unsafe {
+                x86::fp4_tile(std::array::from_fn(|j| &fp4[j]), s, got4, col);
+                x86::fp8_tile(std::array::from_fn(|j| &fp8[j]), s, got8, col)
+            }
+        })
+    }
+
+    /// [`tile_decoders`] for the AVX-512 block decoders.
+    pub fn avx512_tile_decoders() -> Result<(), Failed> {
+        decoders_against_tables(|fp8, fp4, s, got8, got4, col| {
+            // SAFETY: `missing_avx512` found the features, or this trial is not run.
+            unsafe {
+                avx512::fp4_columns(std::array::from_fn(|j| &fp4[j]), s, got4, col);
+                avx512::fp8_columns(std::array::from_fn(|j| &fp8[j]), s, got8, col)
+            }
+        })
+    }
+
+    /// Columns `col .. col + 8` of 24 decoded by `decode` (FP8 rows, FP4 rows, scales, FP8
+    /// block, FP4 block, col; `false` for refused NaN codes), checked as [`tile_decoders`] says.
+    fn decoders_against_tables(
+        decode: impl Fn(
+            &[[u8; BLOCK]; 8],
+            &[[u8; BLOCK / 2]; 8],
+            &[f64; 8],
+            &mut [[f64; 24]; BLOCK],
+            &mut [[f64; 24]; BLOCK],
+            usize,
+        ) -> bool,
+    ) -> Result<(), Failed> {
         const W: usize = 24;
         let mut next = lcg(7);
         for seed in 0..256usize {
@@ -383,11 +423,7 @@ mod x86 {
             let col = (seed % 3) * 8;
             let fresh = [[f64::NAN; W]; BLOCK];
             let (mut got8, mut got4) = (fresh, fresh);
-            // SAFETY: `missing` found AVX2, FMA and F16C, or this trial is not run.
-            let done = unsafe {
-                x86::fp4_tile(std::array::from_fn(|j| &fp4[j]), &s, &mut got4, col);
-                x86::fp8_tile(std::array::from_fn(|j| &fp8[j]), &s, &mut got8, col)
-            };
+            let done = decode(&fp8, &fp4, &s, &mut got8, &mut got4, col);
             let nan = fp8.iter().flatten().any(|c| c & 0x7F == 0x7F);
             if done == nan {
                 return Err(format!("seed {seed}: NaN codes {nan}, decoded {done}").into());

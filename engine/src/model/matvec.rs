@@ -763,7 +763,7 @@ impl MatVec<'_> {
 }
 
 /// Eight rows `r ..` of a full FP8/FP4 block into columns `i .. i + 8` of `w` with the AVX2
-/// decoder (the same f64 values as the row decoder): `false`, nothing written, for a scale
+/// or AVX-512 decoder (the same f64 values as the row decoder): `false`, nothing written, for a scale
 /// that could overflow f32 or a NaN code, which the row decoder then takes.
 ///
 /// Only called at [`Level::Avx2`] or above, i.e. inside `task_avx2` / `task_avx512`.
@@ -781,6 +781,7 @@ fn quant_tile<const W: usize>(
         return false;
     }
     let s = sb.map(e8m0_to_f64);
+    let avx512 = simd::level() >= Level::Avx512;
     if v.kind == QuantKind::Fp4 {
         let rb = v.cols / 2;
         let rows = std::array::from_fn(|j| {
@@ -788,9 +789,14 @@ fn quant_tile<const W: usize>(
                 .try_into()
                 .expect("half block")
         });
-        // SAFETY: the caller runs at Level::Avx2 or above, which `simd` reports only where the CPU
-        // has AVX2, FMA and F16C.
-        unsafe { simd::x86::fp4_tile(rows, &s, w, i) };
+        if avx512 {
+            // SAFETY: the CPU has AVX-512 (`simd::level`).
+            unsafe { simd::avx512::fp4_columns(rows, &s, w, i) };
+        } else {
+            // SAFETY: the caller runs at Level::Avx2 or above, which `simd` reports only where
+            // the CPU has AVX2, FMA and F16C.
+            unsafe { simd::x86::fp4_tile(rows, &s, w, i) };
+        }
         true
     } else {
         let rows = std::array::from_fn(|j| {
@@ -798,8 +804,13 @@ fn quant_tile<const W: usize>(
                 .try_into()
                 .expect("block")
         });
-        // SAFETY: as above.
-        unsafe { simd::x86::fp8_tile(rows, &s, w, i) }
+        if avx512 {
+            // SAFETY: as above.
+            unsafe { simd::avx512::fp8_columns(rows, &s, w, i) }
+        } else {
+            // SAFETY: as above.
+            unsafe { simd::x86::fp8_tile(rows, &s, w, i) }
+        }
     }
 }
 

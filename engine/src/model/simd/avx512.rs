@@ -201,6 +201,72 @@ pub unsafe fn fp8_c2_block8(
     true
 }
 
+/// Eight FP8 rows of one full block into columns `i .. i + 8` of a column-major block (a
+/// prefill task's weights): `w[k][i + r] = e4m3(rows[r][k]) · scale[r]`, exact, so the f64
+/// the generic decoder widens from its exact f32 product (a code times a scale byte ≤
+/// `SAFE_SCALE_BYTE` in `matvec` is a normal or subnormal f32 without rounding). `false`,
+/// nothing written, if a code is NaN.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW, VL and VBMI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+pub unsafe fn fp8_columns<const W: usize>(
+    rows: [&[u8; BLOCK]; 8],
+    scale: &[f64; 8],
+    w: &mut [[f64; W]; BLOCK],
+    i: usize,
+) -> bool {
+    let sources = byte_halves(rows);
+    let nan = sources
+        .iter()
+        .fold(0, |m, &(a, b)| m | e4m3_nan(a) | e4m3_nan(b));
+    if nan != 0 {
+        return false;
+    }
+    for q in 0..4 {
+        let (lo, hi) = e4m3_top_bytes(columns(sources, q));
+        store_columns(w, i, 8 * q, lo, hi, scale);
+    }
+    true
+}
+
+/// [`fp8_columns`] for eight rows of packed FP4 (16 bytes each, low nibble first).
+///
+/// # Safety
+/// As for [`fp8_columns`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+pub unsafe fn fp4_columns<const W: usize>(
+    rows: [&[u8; BLOCK / 2]; 8],
+    scale: &[f64; 8],
+    w: &mut [[f64; W]; BLOCK],
+    i: usize,
+) {
+    let sources = nibble_halves(rows, 0);
+    for q in 0..4 {
+        let (lo, hi) = e2m1_top_bytes(columns(sources, q));
+        store_columns(w, i, 8 * q, lo, hi, scale);
+    }
+}
+
+/// Columns `k .. k + 8` (their table bytes in `lo`, `hi`: byte `8g + r` is column k + g, row
+/// r) times the rows' scales into `w[k + g][i .. i + 8]`.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn store_columns<const W: usize>(
+    w: &mut [[f64; W]; BLOCK],
+    i: usize,
+    k: usize,
+    lo: __m512i,
+    hi: __m512i,
+    scale: &[f64; 8],
+) {
+    let scale = _mm512_loadu_pd(scale.as_ptr());
+    for (g, wk) in w[k..k + 8].iter_mut().enumerate() {
+        let column: &mut [f64; 8] = (&mut wk[i..i + 8]).try_into().expect("eight rows");
+        _mm512_storeu_pd(column.as_mut_ptr(), _mm512_mul_pd(place(lo, hi, g), scale));
+    }
+}
+
 /// The chains `acc` divided by their rows' power-of-two `scale` (exactly, by exponent), and
 /// the exponents, with which `_mm512_scalef_pd` multiplies them back.
 #[inline]
