@@ -572,38 +572,45 @@ pub enum F32Rows<'a> {
 pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: F32Rows) {
     let mut chain = _mm512_loadu_pd(acc.as_ptr());
     for tile in 0..BLOCK / 8 {
-        let r: [__m256; 8] = std::array::from_fn(|i| match rows {
-            F32Rows::Values(v) => _mm256_loadu_ps(v[i][8 * tile..].as_ptr()),
-            F32Rows::F32(b) => _mm256_loadu_ps(b[i][32 * tile..].as_ptr().cast()),
-            F32Rows::Bf16(b) => {
-                let bits =
-                    _mm256_cvtepu16_epi32(_mm_loadu_si128(b[i][16 * tile..].as_ptr().cast()));
-                let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
-                let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80));
-                let quiet = _mm256_and_si256(nan, _mm256_set1_epi32(0x0040));
-                _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_or_si256(bits, quiet)))
-            }
-        });
-        let t: [__m256; 8] = std::array::from_fn(|i| {
+        // Loops, not `array::from_fn` closures: a closure the compiler leaves out of line
+        // (it did, once unrelated code was added to this file) costs a fifth of a decode.
+        let mut r = [_mm256_setzero_ps(); 8];
+        for (i, ri) in r.iter_mut().enumerate() {
+            *ri = match rows {
+                F32Rows::Values(v) => _mm256_loadu_ps(v[i][8 * tile..].as_ptr()),
+                F32Rows::F32(b) => _mm256_loadu_ps(b[i][32 * tile..].as_ptr().cast()),
+                F32Rows::Bf16(b) => {
+                    let bits =
+                        _mm256_cvtepu16_epi32(_mm_loadu_si128(b[i][16 * tile..].as_ptr().cast()));
+                    let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
+                    let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80));
+                    let quiet = _mm256_and_si256(nan, _mm256_set1_epi32(0x0040));
+                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_or_si256(bits, quiet)))
+                }
+            };
+        }
+        let mut t = [_mm256_setzero_ps(); 8];
+        for (i, ti) in t.iter_mut().enumerate() {
             let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
-            if i % 2 == 0 {
+            *ti = if i % 2 == 0 {
                 _mm256_unpacklo_ps(a, b)
             } else {
                 _mm256_unpackhi_ps(a, b)
-            }
-        });
+            };
+        }
         // Per 128-bit half: rows 0..4 (u[0..4]) and 4..8 (u[4..8]) of columns 0..4 / 4..8.
-        let u: [__m256; 8] = std::array::from_fn(|i| {
+        let mut u = [_mm256_setzero_ps(); 8];
+        for (i, ui) in u.iter_mut().enumerate() {
             let (a, b) = (
                 t[4 * (i / 4) + (i % 4) / 2],
                 t[4 * (i / 4) + (i % 4) / 2 + 2],
             );
-            if i % 2 == 0 {
+            *ui = if i % 2 == 0 {
                 _mm256_shuffle_ps::<0x44>(a, b)
             } else {
                 _mm256_shuffle_ps::<0xEE>(a, b)
-            }
-        });
+            };
+        }
         for c in 0..8 {
             let (lo, hi) = (u[c % 4], u[4 + c % 4]);
             let column = if c < 4 {
