@@ -417,13 +417,20 @@ impl MatVec<'_> {
             #[inline(always)]
             |i| &v.codes[(r0 + i) * row_bytes..][..row_bytes],
         );
+        // FP8 scales are per 32 × 32 block: the eight rows of a task usually share theirs,
+        // one byte per block instead of eight.
+        let shared = scale_at(&v, r0, 0) == scale_at(&v, r0 + TILE - 1, 0);
         let mut acc = [0f32; TILE];
         for (kb, xb) in x.chunks_exact(BLOCK).enumerate() {
             let xb: &[f64; BLOCK] = xb.try_into().expect("block");
-            let sb: [u8; TILE] = eight(
-                #[inline(always)]
-                |i| scales[i][kb],
-            );
+            let sb: [u8; TILE] = if shared {
+                [scales[0][kb]; TILE]
+            } else {
+                eight(
+                    #[inline(always)]
+                    |i| scales[i][kb],
+                )
+            };
             let done = sb.iter().all(|&b| b <= SAFE_SCALE_BYTE) && {
                 let s = eight(
                     #[inline(always)]
@@ -763,8 +770,8 @@ impl MatVec<'_> {
 }
 
 /// Eight rows `r ..` of a full FP8/FP4 block into columns `i .. i + 8` of `w` with the AVX2
-/// or AVX-512 decoder (the same f64 values as the row decoder): `false`, nothing written, for a scale
-/// that could overflow f32 or a NaN code, which the row decoder then takes.
+/// or AVX-512 decoder (the same f64 values as the row decoder): `false`, nothing written, for
+/// a scale that could overflow f32 or a NaN code, which the row decoder then takes.
 ///
 /// Only called at [`Level::Avx2`] or above, i.e. inside `task_avx2` / `task_avx512`.
 #[cfg(target_arch = "x86_64")]

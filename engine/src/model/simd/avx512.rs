@@ -498,7 +498,8 @@ pub unsafe fn dot_rows_any(acc: &mut [[f64; 8]], x: &[f64], stride: usize, w: &[
         5 => dot_rows::<5>(rows_of(acc), x, stride, w),
         6 => dot_rows::<6>(rows_of(acc), x, stride, w),
         7 => dot_rows::<7>(rows_of(acc), x, stride, w),
-        n => dot_rows::<8>(rows_of(&mut acc[..n.min(8)]), x, stride, w),
+        8 => dot_rows::<8>(rows_of(acc), x, stride, w),
+        n => unreachable!("a group of {n} input rows (1 to 8)"),
     }
 }
 
@@ -516,7 +517,8 @@ pub unsafe fn c1_rows_any(sums: &mut [[f32; 8]], x: &[f64], stride: usize, w: &[
         5 => c1_rows::<5>(rows_of(sums), x, stride, w),
         6 => c1_rows::<6>(rows_of(sums), x, stride, w),
         7 => c1_rows::<7>(rows_of(sums), x, stride, w),
-        n => c1_rows::<8>(rows_of(&mut sums[..n.min(8)]), x, stride, w),
+        8 => c1_rows::<8>(rows_of(sums), x, stride, w),
+        n => unreachable!("a group of {n} input rows (1 to 8)"),
     }
 }
 
