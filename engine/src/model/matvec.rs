@@ -29,7 +29,7 @@ use std::cell::Cell;
 #[cfg(target_arch = "x86_64")]
 mod byte_rows;
 #[cfg(target_arch = "x86_64")]
-use byte_rows::ByteRows;
+use byte_rows::{ByteRows, VqBlock};
 
 use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
@@ -493,6 +493,7 @@ impl MatVec<'_> {
         let x = &self.x[self.x_off..][..self.n_in];
         let mut acc = [init; DECODE_TILE];
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        let mut values: VqBlock = [[0.0; BLOCK]; TILE];
         // The rows' bytes, found once per task rather than once per block (lanes ≥ nw: none).
         let rows: [&[u8]; DECODE_TILE] =
             std::array::from_fn(|i| if i < nw { bytes.row(r0 + i) } else { &[] });
@@ -517,7 +518,7 @@ impl MatVec<'_> {
                 let fast = n == TILE && len == BLOCK && {
                     let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
                     let group = rows[g * TILE..][..TILE].try_into().expect("eight rows");
-                    bytes.block8(group, rg, k0, xb, chains)
+                    bytes.block8(group, rg, k0, xb, chains, &mut values)
                 };
                 if !fast {
                     self.decode(&[], rg, n, k0, len, &mut w, Level::Avx512);
@@ -551,11 +552,12 @@ impl MatVec<'_> {
         );
         let mut acc = [0f32; TILE];
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        let mut values: VqBlock = [[0.0; BLOCK]; TILE];
         for k0 in (0..self.n_in).step_by(BLOCK) {
             let len = BLOCK.min(self.n_in - k0);
             let done = len == BLOCK && {
                 let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
-                bytes.c1_block8(&rows, r0, k0, xb, &mut acc)
+                bytes.c1_block8(&rows, r0, k0, xb, &mut acc, &mut values)
             };
             if !done {
                 self.decode(&[], r0, TILE, k0, len, &mut w, Level::Avx512);

@@ -24,6 +24,10 @@ pub(super) enum ByteRows<'a> {
     Grouped(GroupedRows<'a>),
 }
 
+/// Eight rows' VQ vectors over one block, decoded by [`ByteRows::block8`]: the caller's, one
+/// per task, since zeroing a fresh one per block cost a tenth of a container decode.
+pub(super) type VqBlock = [[f32; BLOCK]; TILE];
+
 /// Container Q8G / Q4G rows whose f16 groups are whole 32-column blocks.
 #[derive(Clone, Copy)]
 pub(super) struct GroupedRows<'a> {
@@ -164,6 +168,7 @@ impl<'a> ByteRows<'a> {
         k0: usize,
         x: &[f64; BLOCK],
         acc: &mut [f32; TILE],
+        values: &mut VqBlock,
     ) -> bool {
         match *self {
             ByteRows::Grouped(g) => {
@@ -184,7 +189,7 @@ impl<'a> ByteRows<'a> {
             }
             ByteRows::Vq(_) | ByteRows::Dense { .. } => {
                 let mut sums = [0.0f64; TILE];
-                if !self.block8(rows, r, k0, x, &mut sums) {
+                if !self.block8(rows, r, k0, x, &mut sums, values) {
                     return false;
                 }
                 for (a, &p) in acc.iter_mut().zip(&sums) {
@@ -209,6 +214,7 @@ impl<'a> ByteRows<'a> {
         k0: usize,
         x: &[f64; BLOCK],
         chains: &mut [f64; TILE],
+        values: &mut VqBlock,
     ) -> bool {
         let at = self.offset(k0);
         match *self {
@@ -230,10 +236,9 @@ impl<'a> ByteRows<'a> {
                 true
             }
             ByteRows::Vq(v) => {
-                let mut values = [[0f32; BLOCK]; TILE];
-                v.vectors(r, k0 / VQ_WIDTH, &mut values);
+                v.vectors(r, k0 / VQ_WIDTH, values);
                 // SAFETY: only reached from `task_avx512`.
-                unsafe { simd::avx512::f32_c2_block8(chains, x, F32Rows::Values(&values)) };
+                unsafe { simd::avx512::f32_c2_block8(chains, x, F32Rows::Values(values)) };
                 true
             }
             ByteRows::Quant(v) => {
