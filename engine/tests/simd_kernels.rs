@@ -55,7 +55,7 @@ fn main() {
             x86::missing_avx512(),
         ),
         gated(
-            "vnni_fp4_block_sums_equal_the_exact_sums_at_the_integer_limits",
+            "vnni_fp4_and_q4_block_sums_equal_the_exact_sums_at_the_integer_limits",
             x86::vnni_fp4_blocks,
             x86::missing_vnni(),
         ),
@@ -224,8 +224,9 @@ mod x86 {
         Ok(())
     }
 
-    /// The VNNI FP4 step against the exact sums, with inputs at the integer form's extremes
-    /// (|X| up to 2^19 − 1 next to the smallest steps) and every nibble in every column.
+    /// The VNNI FP4 and Q4G steps against the exact sums, with inputs at the integer form's
+    /// extremes (|X| up to 2^19 − 1 next to the smallest steps) and every nibble in every
+    /// column.
     pub fn vnni_fp4_blocks() -> Result<(), Failed> {
         let mut next = lcg(5);
         for seed in 0..512u64 {
@@ -259,6 +260,34 @@ mod x86 {
                 let want = acc[j] + (exact(&x, |k| e2m1_pair(fp4[j][k / 2])[k % 2]) * s[j]) as f32;
                 if got[j].to_bits() != want.to_bits() {
                     return Err(format!("seed {seed} row {j}: {} want {want}", got[j]).into());
+                }
+            }
+            // The same rows as container Q4G values (nibble − 8; all −8 where the FP4 rows
+            // are extreme) with f16 scales of every range (subnormal to 65504, either sign).
+            let q4 = if seed % 3 == 0 {
+                [[0u8; BLOCK / 2]; 8]
+            } else {
+                fp4
+            };
+            let f16_scales: [f64; 8] = std::array::from_fn(|_| {
+                let bits = next() as u16 & 0xFBFF; // exponent field below 31: finite
+                f64::from(half::f16::from_bits(bits).to_f32())
+            });
+            let mut got = acc;
+            // SAFETY: as above.
+            unsafe {
+                vnni::q4_c1_block8_vnni(
+                    &mut got,
+                    &block,
+                    std::array::from_fn(|j| &q4[j]),
+                    &f16_scales,
+                )
+            };
+            for j in 0..8 {
+                let nibble = |k: usize| (q4[j][k / 2] >> (4 * (k % 2)) & 0x0F) as f32 - 8.0;
+                let want = acc[j] + (exact(&x, nibble) * f16_scales[j]) as f32;
+                if got[j].to_bits() != want.to_bits() {
+                    return Err(format!("seed {seed} Q4 row {j}: {} want {want}", got[j]).into());
                 }
             }
         }

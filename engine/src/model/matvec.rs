@@ -557,7 +557,8 @@ impl MatVec<'_> {
             let len = BLOCK.min(self.n_in - k0);
             let done = len == BLOCK && {
                 let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
-                bytes.c1_block8(&rows, r0, k0, xb, &mut acc, &mut values)
+                let xi = self.x_blocks.and_then(|b| b.get(k0 / BLOCK));
+                bytes.c1_block8(&rows, r0, k0, (xb, xi), &mut acc, &mut values)
             };
             if !done {
                 self.decode(&[], r0, TILE, k0, len, &mut w, Level::Avx512);
@@ -574,13 +575,15 @@ impl MatVec<'_> {
         acc
     }
 
-    /// A single-row C1 product on release FP4 codes at [`Level::Avx512Vnni`]: the VNNI
-    /// kernel's, which reads the input's integer blocks.
+    /// A single-row C1 product on packed nibbles (release FP4, container Q4G) at
+    /// [`Level::Avx512Vnni`]: the VNNI kernels', which read the input's integer blocks.
     fn wants_act_blocks(&self) -> bool {
-        self.rows == 1
-            && self.rule == Rule::C1
-            && matches!(self.source, Source::View(WeightView::Quant(v)) if v.kind == QuantKind::Fp4)
-            && simd::level() == Level::Avx512Vnni
+        let nibbles = match self.source {
+            Source::View(WeightView::Quant(v)) => v.kind == QuantKind::Fp4,
+            Source::View(WeightView::Grouped { bits, .. }) => bits == 4,
+            _ => false,
+        };
+        self.rows == 1 && self.rule == Rule::C1 && nibbles && simd::level() == Level::Avx512Vnni
     }
 
     /// A single-row product the AVX-512 kernels serve: any [`ByteRows`], under either rule.

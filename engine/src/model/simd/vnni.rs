@@ -106,7 +106,7 @@ pub fn act_blocks(x: &[f64], out: &mut Vec<ActBlock>) -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use kernel::fp4_c1_block8_vnni;
+pub use kernel::{fp4_c1_block8_vnni, q4_c1_block8_vnni};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
@@ -122,6 +122,18 @@ mod kernel {
         while i < 64 {
             let n = i % 16;
             t[i] = if n < 8 { HALF[n] } else { -HALF[n - 8] };
+            i += 1;
+        }
+        t
+    };
+
+    /// `nibble − 8` (a container Q4G value) as a signed byte for every nibble, in each
+    /// 128-bit lane.
+    static NIBBLE_MINUS_8: [i8; 64] = {
+        let mut t = [0i8; 64];
+        let mut i = 0;
+        while i < 64 {
+            t[i] = (i % 16) as i8 - 8;
             i += 1;
         }
         t
@@ -146,7 +158,45 @@ mod kernel {
         rows: [&[u8; BLOCK / 2]; 8],
         scale: &[f64; 8],
     ) {
-        let table = _mm512_loadu_si512(TWICE_E2M1.as_ptr().cast());
+        let steps = _mm512_mul_pd(_mm512_loadu_pd(scale.as_ptr()), _mm512_set1_pd(x.unit));
+        nibble_c1_block8(acc, x, rows, &TWICE_E2M1, steps);
+    }
+
+    /// [`fp4_c1_block8_vnni`] for container Q4G rows (value `nibble − 8`, `scale[i]` the
+    /// group's f16 scale as f64), as `avx512::q4_c1_block8`: `acc[i] += f32(P_i · scale[i])`.
+    /// The block sum is `2 · unit · Σ X·(nibble − 8)`, |Σ| < 32 · 8 · 2^19, and its product
+    /// with the scale is exact in f64 (an f16 has 11 significant bits), so the bits are the
+    /// f64 kernel's.
+    ///
+    /// # Safety
+    /// As for [`fp4_c1_block8_vnni`]; the scales must be finite.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    pub unsafe fn q4_c1_block8_vnni(
+        acc: &mut [f32; 8],
+        x: &ActBlock,
+        rows: [&[u8; BLOCK / 2]; 8],
+        scale: &[f64; 8],
+    ) {
+        let steps = _mm512_mul_pd(
+            _mm512_loadu_pd(scale.as_ptr()),
+            _mm512_set1_pd(2.0 * x.unit),
+        );
+        nibble_c1_block8(acc, x, rows, &NIBBLE_MINUS_8, steps);
+    }
+
+    /// `acc[i] += f32(steps[i] · Σ_k X[k] · table[nibble[i][k]])`, the sum exact in 32-bit
+    /// lanes (|table| ≤ 12).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    unsafe fn nibble_c1_block8(
+        acc: &mut [f32; 8],
+        x: &ActBlock,
+        rows: [&[u8; BLOCK / 2]; 8],
+        table: &[i8; 64],
+        steps: __m512d,
+    ) {
+        let table = _mm512_loadu_si512(table.as_ptr().cast());
         let nibble = _mm512_set1_epi8(0x0F);
         let zero = _mm512_setzero_si512();
         let planes: [__m512i; 6] = std::array::from_fn(|i| {
@@ -184,7 +234,6 @@ mod kernel {
         let both = _mm512_add_epi32(pairs, _mm512_shuffle_epi32::<0b10_11_00_01>(pairs));
         let rows = _mm512_permutexvar_epi32(_mm512_loadu_si512(ROW_TOTALS.as_ptr().cast()), both);
         let sums = _mm512_cvtepi32_pd(_mm512_castsi512_si256(rows));
-        let steps = _mm512_mul_pd(_mm512_loadu_pd(scale.as_ptr()), _mm512_set1_pd(x.unit));
         let blocks = _mm512_cvtpd_ps(_mm512_mul_pd(sums, steps));
         let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), blocks);
         _mm256_storeu_ps(acc.as_mut_ptr(), sum);
