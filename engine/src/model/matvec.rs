@@ -750,12 +750,31 @@ impl MatVec<'_> {
         w: &mut [[f64; W]; BLOCK],
         level: Level,
     ) {
+        // Eight rows at a time where a vector decoder serves the block (AVX-512: any stored
+        // form `ByteRows` covers; AVX2: release FP8/FP4 codes).
+        #[cfg(target_arch = "x86_64")]
+        let wide = match self.source {
+            Source::View(view) if level >= Level::Avx2 && len == BLOCK => {
+                if simd::level() >= Level::Avx512 {
+                    ByteRows::of(view).map(Ok)
+                } else if let WeightView::Quant(v) = view {
+                    Some(Err(v))
+                } else {
+                    None
+                }
+            }
+            _ => None,
+        };
         let mut i = 0;
         while i < nw {
             #[cfg(target_arch = "x86_64")]
-            if let (true, Source::View(WeightView::Quant(v))) = (level >= Level::Avx2, &self.source)
-            {
-                if nw - i >= 8 && len == BLOCK && quant_tile(v, r0 + i, k0, i, w) {
+            if nw - i >= 8 {
+                let done = match wide {
+                    Some(Ok(bytes)) => bytes.columns8(r0 + i, k0, w, i),
+                    Some(Err(v)) => quant_tile(&v, r0 + i, k0, i, w),
+                    None => false,
+                };
+                if done {
                     i += 8;
                     continue;
                 }
@@ -775,8 +794,8 @@ impl MatVec<'_> {
 }
 
 /// Eight rows `r ..` of a full FP8/FP4 block into columns `i .. i + 8` of `w` with the AVX2
-/// or AVX-512 decoder (the same f64 values as the row decoder): `false`, nothing written, for
-/// a scale that could overflow f32 or a NaN code, which the row decoder then takes.
+/// decoder (the same f64 values as the row decoder): `false`, nothing written, for a scale
+/// that could overflow f32 or a NaN code, which the row decoder then takes.
 ///
 /// Only called at [`Level::Avx2`] or above, i.e. inside `task_avx2` / `task_avx512`.
 #[cfg(target_arch = "x86_64")]
@@ -793,7 +812,6 @@ fn quant_tile<const W: usize>(
         return false;
     }
     let s = sb.map(e8m0_to_f64);
-    let avx512 = simd::level() >= Level::Avx512;
     if v.kind == QuantKind::Fp4 {
         let rb = v.cols / 2;
         let rows = std::array::from_fn(|j| {
@@ -801,14 +819,9 @@ fn quant_tile<const W: usize>(
                 .try_into()
                 .expect("half block")
         });
-        if avx512 {
-            // SAFETY: the CPU has AVX-512 (`simd::level`).
-            unsafe { simd::avx512::fp4_columns(rows, &s, w, i) };
-        } else {
-            // SAFETY: the caller runs at Level::Avx2 or above, which `simd` reports only where
-            // the CPU has AVX2, FMA and F16C.
-            unsafe { simd::x86::fp4_tile(rows, &s, w, i) };
-        }
+        // SAFETY: the caller runs at Level::Avx2 or above, which `simd` reports only where the CPU
+        // has AVX2, FMA and F16C.
+        unsafe { simd::x86::fp4_tile(rows, &s, w, i) };
         true
     } else {
         let rows = std::array::from_fn(|j| {
@@ -816,13 +829,8 @@ fn quant_tile<const W: usize>(
                 .try_into()
                 .expect("block")
         });
-        if avx512 {
-            // SAFETY: as above.
-            unsafe { simd::avx512::fp8_columns(rows, &s, w, i) }
-        } else {
-            // SAFETY: as above.
-            unsafe { simd::x86::fp8_tile(rows, &s, w, i) }
-        }
+        // SAFETY: as above.
+        unsafe { simd::x86::fp8_tile(rows, &s, w, i) }
     }
 }
 

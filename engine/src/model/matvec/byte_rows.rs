@@ -153,6 +153,73 @@ impl<'a> ByteRows<'a> {
         )
     }
 
+    /// Rows `r .. r + 8` of the full block at `k0` into columns `i .. i + 8` of a
+    /// column-major block (a prefill task's weights), the f64 values the generic row decoder
+    /// gives; `false`, nothing written, where that decoder takes the block: release codes
+    /// with a scale that could overflow f32 or a NaN code, group scales that are not finite,
+    /// and bf16 / f32 rows.
+    ///
+    /// Only called where the CPU has AVX-512 (F, BW, VL, VBMI).
+    #[inline(always)]
+    pub(super) fn columns8<const W: usize>(
+        &self,
+        r: usize,
+        k0: usize,
+        w: &mut [[f64; W]; BLOCK],
+        i: usize,
+    ) -> bool {
+        let rows: [&[u8]; TILE] = eight(
+            #[inline(always)]
+            |j| self.row(r + j),
+        );
+        let at = self.offset(k0);
+        match *self {
+            ByteRows::Quant(v) => {
+                let sb: [u8; TILE] = eight(
+                    #[inline(always)]
+                    |j| v.scales[scale_at(&v, r + j, k0)],
+                );
+                if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {
+                    return false;
+                }
+                let s = sb.map(e8m0_to_f64);
+                if self.packed() {
+                    // SAFETY: the caller's CPU has AVX-512.
+                    unsafe { simd::avx512::fp4_columns(Self::packed_blocks(&rows, at), &s, w, i) };
+                    true
+                } else {
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::fp8_columns(Self::byte_blocks(&rows, at), &s, w, i) }
+                }
+            }
+            ByteRows::Grouped(g) => {
+                let s = g.scales8(r, k0);
+                if !s.iter().all(|v| v.is_finite()) {
+                    return false;
+                }
+                if self.packed() {
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::q4_columns(Self::packed_blocks(&rows, at), &s, w, i) };
+                } else {
+                    // SAFETY: as above.
+                    unsafe { simd::avx512::q8_columns(Self::byte_blocks(&rows, at), &s, w, i) };
+                }
+                true
+            }
+            ByteRows::Vq(v) => {
+                let mut values: VqBlock = [[0.0; BLOCK]; TILE];
+                v.vectors(r, k0 / VQ_WIDTH, &mut values);
+                for (j, row) in values.iter().enumerate() {
+                    for (wk, &x) in w.iter_mut().zip(row) {
+                        wk[i + j] = f64::from(x);
+                    }
+                }
+                true
+            }
+            ByteRows::Dense { .. } => false,
+        }
+    }
+
     /// One C1 step of rows `r .. r + 8` over the full block at `k0` (its inputs, and their
     /// integer form where the VNNI kernels read it): `acc[i] += f32(P_i)`.
     /// Container Q8G/Q4G codes sum exactly (see `simd::avx512::q8_c1_block8`); VQ vectors and

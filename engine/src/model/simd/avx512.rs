@@ -225,7 +225,7 @@ pub unsafe fn fp8_columns<const W: usize>(
     }
     for q in 0..4 {
         let (lo, hi) = e4m3_top_bytes(columns(sources, q));
-        store_columns(w, i, 8 * q, lo, hi, scale);
+        store_columns(w, i, 8 * q, placed(lo, hi), scale);
     }
     true
 }
@@ -244,27 +244,36 @@ pub unsafe fn fp4_columns<const W: usize>(
     let sources = nibble_halves(rows, 0);
     for q in 0..4 {
         let (lo, hi) = e2m1_top_bytes(columns(sources, q));
-        store_columns(w, i, 8 * q, lo, hi, scale);
+        store_columns(w, i, 8 * q, placed(lo, hi), scale);
     }
 }
 
-/// Columns `k .. k + 8` (their table bytes in `lo`, `hi`: byte `8g + r` is column k + g, row
-/// r) times the rows' scales into `w[k + g][i .. i + 8]`.
+/// Eight columns' values times the rows' scales into `w[k + g][i .. i + 8]`.
 #[inline]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+#[target_feature(enable = "avx512f")]
 unsafe fn store_columns<const W: usize>(
     w: &mut [[f64; W]; BLOCK],
     i: usize,
     k: usize,
-    lo: __m512i,
-    hi: __m512i,
+    values: [__m512d; 8],
     scale: &[f64; 8],
 ) {
     let scale = _mm512_loadu_pd(scale.as_ptr());
-    for (g, wk) in w[k..k + 8].iter_mut().enumerate() {
+    for (wk, v) in w[k..k + 8].iter_mut().zip(values) {
         let column: &mut [f64; 8] = (&mut wk[i..i + 8]).try_into().expect("eight rows");
-        _mm512_storeu_pd(column.as_mut_ptr(), _mm512_mul_pd(place(lo, hi, g), scale));
+        _mm512_storeu_pd(column.as_mut_ptr(), _mm512_mul_pd(v, scale));
     }
+}
+
+/// The eight columns whose table bytes are `lo`, `hi` (byte `8g + r`: column g, row r).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn placed(lo: __m512i, hi: __m512i) -> [__m512d; 8] {
+    let mut values = [_mm512_setzero_pd(); 8];
+    for (g, v) in values.iter_mut().enumerate() {
+        *v = place(lo, hi, g);
+    }
+    values
 }
 
 /// The chains `acc` divided by their rows' power-of-two `scale` (exactly, by exponent), and
@@ -416,28 +425,70 @@ unsafe fn int_chains(
     let mut chain = _mm512_loadu_pd(acc.as_ptr());
     let s = _mm512_loadu_pd(scale.as_ptr());
     for q in 0..4 {
-        let columns = columns(sources, q);
-        // 128-bit lane l: columns 2l and 2l + 1, eight rows each.
-        let lanes = [
-            _mm512_castsi512_si128(columns),
-            _mm512_extracti32x4_epi32::<1>(columns),
-            _mm512_extracti32x4_epi32::<2>(columns),
-            _mm512_extracti32x4_epi32::<3>(columns),
-        ];
-        for (l, lane) in lanes.into_iter().enumerate() {
-            let ints = _mm512_cvtepi8_epi32(lane);
-            let pair = [
-                _mm512_cvtepi32_pd(_mm512_castsi512_si256(ints)),
-                _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(ints)),
-            ];
-            for (j, values) in pair.into_iter().enumerate() {
-                let k = 8 * q + 2 * l + j;
-                let w = _mm512_mul_pd(values, s);
-                chain = _mm512_fmadd_pd(_mm512_set1_pd(x[k]), w, chain);
-            }
+        for (g, values) in int_columns(sources, q).into_iter().enumerate() {
+            let w = _mm512_mul_pd(values, s);
+            chain = _mm512_fmadd_pd(_mm512_set1_pd(x[8 * q + g]), w, chain);
         }
     }
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+}
+
+/// Columns `8q .. 8q + 8` of eight rows of int8 values in the two-pairs layout of
+/// [`byte_halves`], each column's eight rows widened to f64.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn int_columns(sources: [(__m512i, __m512i); 2], q: usize) -> [__m512d; 8] {
+    let columns = columns(sources, q);
+    // 128-bit lane l: columns 2l and 2l + 1, eight rows each.
+    let lanes = [
+        _mm512_castsi512_si128(columns),
+        _mm512_extracti32x4_epi32::<1>(columns),
+        _mm512_extracti32x4_epi32::<2>(columns),
+        _mm512_extracti32x4_epi32::<3>(columns),
+    ];
+    let mut out = [_mm512_setzero_pd(); 8];
+    for (l, lane) in lanes.into_iter().enumerate() {
+        let ints = _mm512_cvtepi8_epi32(lane);
+        out[2 * l] = _mm512_cvtepi32_pd(_mm512_castsi512_si256(ints));
+        out[2 * l + 1] = _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(ints));
+    }
+    out
+}
+
+/// Eight container Q8G rows of one full block into columns `i .. i + 8` of a column-major
+/// block: `w[k][i + r] = code[r][k] · scale[r]`, exact (eight bits times an f16), so the f64
+/// the generic decoder widens from its f32 product.
+///
+/// # Safety
+/// As for [`fp8_columns`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+pub unsafe fn q8_columns<const W: usize>(
+    rows: [&[u8; BLOCK]; 8],
+    scale: &[f64; 8],
+    w: &mut [[f64; W]; BLOCK],
+    i: usize,
+) {
+    let sources = byte_halves(rows);
+    for q in 0..4 {
+        store_columns(w, i, 8 * q, int_columns(sources, q), scale);
+    }
+}
+
+/// [`q8_columns`] for container Q4G rows (value `nibble − 8`).
+///
+/// # Safety
+/// As for [`fp8_columns`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+pub unsafe fn q4_columns<const W: usize>(
+    rows: [&[u8; BLOCK / 2]; 8],
+    scale: &[f64; 8],
+    w: &mut [[f64; W]; BLOCK],
+    i: usize,
+) {
+    let sources = nibble_halves(rows, 8);
+    for q in 0..4 {
+        store_columns(w, i, 8 * q, int_columns(sources, q), scale);
+    }
 }
 
 /// N ≤ 8 input rows' chains over one full block of eight weight rows (a prefill step of
