@@ -807,11 +807,9 @@ fn quant_tile<const W: usize>(
     i: usize,
     w: &mut [[f64; W]; BLOCK],
 ) -> bool {
-    let sb: [u8; 8] = std::array::from_fn(|j| v.scales[scale_at(v, r + j, k0)]);
-    if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {
+    let Some(s) = release_scales8(v, r, k0) else {
         return false;
-    }
-    let s = sb.map(e8m0_to_f64);
+    };
     if v.kind == QuantKind::Fp4 {
         let rb = v.cols / 2;
         let rows = std::array::from_fn(|j| {
@@ -957,6 +955,20 @@ fn eight<T>(f: impl Fn(usize) -> T) -> [T; TILE] {
 /// Largest E8M0 byte for which every e4m3 / e2m1 value times the scale is finite in f32
 /// (448 · 2^(245−127) < 2^128), so `code · scale` is the same number in f32 and in f64.
 const SAFE_SCALE_BYTE: u8 = 245;
+
+/// The E8M0 scales of weight rows `r .. r + 8` at the column block starting at `k0`, as f64;
+/// `None` if one could overflow f32 with some code (those blocks take the generic decode).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn release_scales8(v: &QuantView, r: usize, k0: usize) -> Option<[f64; TILE]> {
+    let sb: [u8; TILE] = eight(
+        #[inline(always)]
+        |i| v.scales[scale_at(v, r + i, k0)],
+    );
+    sb.iter()
+        .all(|&b| b <= SAFE_SCALE_BYTE)
+        .then(|| sb.map(e8m0_to_f64))
+}
 
 /// Index of the E8M0 scale of weight row `r`, column block starting at `k0`.
 #[inline(always)]

@@ -2,9 +2,9 @@
 //! C1's block sums): one enum over every stored form they serve, so the row walks of
 //! `MatVec::c2_rows8` and `MatVec::c1_byte_rows8` are written once.
 
-use super::{eight, scale_at, BLOCK, SAFE_SCALE_BYTE, TILE};
+use super::{eight, release_scales8, BLOCK, TILE};
 use crate::checkpoint::{DenseDtype, QuantKind, QuantView, VqView, WeightView, VQ_WIDTH};
-use crate::dtype::{e8m0_to_f64, f16_to_f32};
+use crate::dtype::f16_to_f32;
 use crate::model::simd;
 use crate::model::simd::avx512::F32Rows;
 use crate::model::simd::vnni::ActBlock;
@@ -175,14 +175,9 @@ impl<'a> ByteRows<'a> {
         let at = self.offset(k0);
         match *self {
             ByteRows::Quant(v) => {
-                let sb: [u8; TILE] = eight(
-                    #[inline(always)]
-                    |j| v.scales[scale_at(&v, r + j, k0)],
-                );
-                if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {
+                let Some(s) = release_scales8(&v, r, k0) else {
                     return false;
-                }
-                let s = sb.map(e8m0_to_f64);
+                };
                 if self.packed() {
                     // SAFETY: the caller's CPU has AVX-512.
                     unsafe { simd::avx512::fp4_columns(Self::packed_blocks(&rows, at), &s, w, i) };
@@ -316,17 +311,9 @@ impl<'a> ByteRows<'a> {
                 true
             }
             ByteRows::Quant(v) => {
-                let sb: [u8; TILE] = eight(
-                    #[inline(always)]
-                    |i| v.scales[scale_at(&v, r + i, k0)],
-                );
-                if sb.iter().any(|&b| b > SAFE_SCALE_BYTE) {
+                let Some(s) = release_scales8(&v, r, k0) else {
                     return false;
-                }
-                let s = eight(
-                    #[inline(always)]
-                    |i| e8m0_to_f64(sb[i]),
-                );
+                };
                 if self.packed() {
                     let rows = Self::packed_blocks(rows, at);
                     // SAFETY: only reached from `task_avx512`.
