@@ -388,7 +388,7 @@ pub(crate) mod tests {
         }
         /// A draw from `0..n`.
         pub fn below(&mut self, n: usize) -> usize {
-            (u64::from(self.next_u32()) * n as u64 >> 32) as usize
+            ((u64::from(self.next_u32()) * n as u64) >> 32) as usize
         }
     }
 

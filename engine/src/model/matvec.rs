@@ -10,8 +10,10 @@
 //! independent chains for the vector units; full FP8/FP4 blocks are decoded eight rows at a
 //! time by the AVX2 decoders of [`simd`]. Where the CPU has AVX-512, a decode is served by the
 //! eight-row kernels of `simd::avx512` instead (rule C1 on every stored form of `ByteRows`,
-//! rule C2 likewise), in `DECODE_TILE`-row tasks; with VNNI, rule C1 on release FP4 bytes sums
-//! in integers (`simd::vnni`, the input's blocks found once per call).
+//! rule C2 likewise), in `DECODE_TILE`-row tasks; with VNNI, rule C1 on release FP4 and
+//! container Q4G bytes sums in integers (`simd::vnni`, the input's blocks found once per
+//! call). A prefill with AVX-512 decodes every `ByteRows` form eight rows at a time
+//! (`ByteRows::columns8`) and runs up to eight input rows' chains per kernel call.
 //!
 //! The decoded values are exactly the values `Checkpoint::rows_f32` returns (same f32
 //! products), widened to f64, and every output is the same sequence of f64 operations as a
@@ -750,15 +752,13 @@ impl MatVec<'_> {
         w: &mut [[f64; W]; BLOCK],
         level: Level,
     ) {
-        // Eight rows at a time where a vector decoder serves the block (AVX-512: any stored
-        // form `ByteRows` covers; AVX2: release FP8/FP4 codes).
         #[cfg(target_arch = "x86_64")]
-        let wide = match self.source {
+        let tiles = match self.source {
             Source::View(view) if level >= Level::Avx2 && len == BLOCK => {
                 if simd::level() >= Level::Avx512 {
-                    ByteRows::of(view).map(Ok)
+                    ByteRows::of(view).map(TileDecoder::Avx512)
                 } else if let WeightView::Quant(v) = view {
-                    Some(Err(v))
+                    Some(TileDecoder::Avx2(v))
                 } else {
                     None
                 }
@@ -769,9 +769,9 @@ impl MatVec<'_> {
         while i < nw {
             #[cfg(target_arch = "x86_64")]
             if nw - i >= 8 {
-                let done = match wide {
-                    Some(Ok(bytes)) => bytes.columns8(r0 + i, k0, w, i),
-                    Some(Err(v)) => quant_tile(&v, r0 + i, k0, i, w),
+                let done = match tiles {
+                    Some(TileDecoder::Avx512(bytes)) => bytes.columns8(r0 + i, k0, w, i),
+                    Some(TileDecoder::Avx2(v)) => quant_tile(&v, r0 + i, k0, i, w),
                     None => false,
                 };
                 if done {
@@ -791,6 +791,16 @@ impl MatVec<'_> {
             i += 1;
         }
     }
+}
+
+/// The vector decoder that `MatVec::decode` runs on eight rows of a full block at a time.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+enum TileDecoder<'a> {
+    /// AVX-512: any stored form [`ByteRows`] covers ([`ByteRows::columns8`]).
+    Avx512(ByteRows<'a>),
+    /// AVX2: release FP8/FP4 codes ([`quant_tile`]).
+    Avx2(QuantView<'a>),
 }
 
 /// Eight rows `r ..` of a full FP8/FP4 block into columns `i .. i + 8` of `w` with the AVX2
