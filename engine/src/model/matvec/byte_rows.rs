@@ -1,6 +1,7 @@
 //! The rows the AVX-512 kernels read (MODEL.md §5.4; rule C2, one chain per lane, and rule
 //! C1's block sums): one enum over every stored form they serve, so the row walks of
-//! `MatVec::c2_rows8` and `MatVec::c1_byte_rows8` are written once.
+//! `MatVec::c2_rows8` and `MatVec::c1_byte_rows8`, and a prefill's eight-row block decode
+//! (`ByteRows::columns8`), are written once.
 
 use super::{eight, release_scales8, BLOCK, TILE};
 use crate::checkpoint::{DenseDtype, QuantKind, QuantView, VqView, WeightView, VQ_WIDTH};
