@@ -103,8 +103,9 @@ pub(crate) struct MatVec<'a> {
     pub rule: Rule,
     /// Round every output to bf16 (the upstream bf16 linears).
     pub round_out: bool,
-    /// The input's blocks as integers, for the VNNI FP4 kernel (set by [`MatVec::run`]; none
-    /// where the input has no integer form).
+    /// The input's blocks as integers, for the VNNI nibble kernels (set by [`MatVec::run`];
+    /// none where the input has no integer form). Only the x86 kernels read it.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_blocks: Option<&'a [ActBlock]>,
 }
 
@@ -589,11 +590,18 @@ impl MatVec<'_> {
     }
 
     /// A single-row product the AVX-512 kernels serve: any [`ByteRows`], under either rule.
+    #[cfg(target_arch = "x86_64")]
     fn byte_rows_decode(&self) -> bool {
         let Source::View(view) = &self.source else {
             return false;
         };
         self.rows == 1 && ByteRows::of(*view).is_some()
+    }
+
+    /// No AVX-512 kernels off x86.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn byte_rows_decode(&self) -> bool {
+        false
     }
 
     /// One C1 block of weight row `r` at columns `k0 ..` (a multiple of 32): the exact block
@@ -705,6 +713,9 @@ impl MatVec<'_> {
             unsafe { simd::avx512::dot_rows_any(chains, xs, stride, w) };
             return;
         }
+        // Elsewhere groups are never wider than GROUP.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = largest;
         let rest = m + chains.len() / GROUP * GROUP;
         let mut groups = chains.chunks_exact_mut(GROUP);
         for (g, group) in (&mut groups).enumerate() {
@@ -722,6 +733,7 @@ impl MatVec<'_> {
     }
 
     /// Input rows `m ..` from the block at `k0` on, and the distance between two rows.
+    #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn group_inputs(&self, m: usize, k0: usize) -> (&[f64], usize) {
         (
@@ -765,6 +777,9 @@ impl MatVec<'_> {
             }
             _ => None,
         };
+        // Off x86 every row takes the row decoder.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = level;
         let mut i = 0;
         while i < nw {
             #[cfg(target_arch = "x86_64")]

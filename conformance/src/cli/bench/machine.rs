@@ -6,7 +6,7 @@
 
 use std::time::Instant;
 
-use ds41_engine::model::simd::{self, Level};
+use ds41_engine::model::simd;
 use rayon::prelude::*;
 
 /// Bytes of the buffer the bandwidth loop reads.
@@ -48,7 +48,7 @@ pub fn multiply_add_rate() -> f64 {
                 match simd::level() {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2 and FMA.
-                    l if l >= Level::Avx2 => unsafe { chains_fma(x) },
+                    l if l >= simd::Level::Avx2 => unsafe { chains_fma(x) },
                     _ => chains::<false>(x),
                 }
             })
