@@ -516,8 +516,9 @@ pub unsafe fn dot_rows<const N: usize>(
     }
 }
 
-/// Rule C1's step of [`dot_rows`]: each block sum from +0 (exact in any order), rounded to
-/// f32 and added to input row j's eight sums `sums[j]`, as `matvec`'s task does per element.
+/// Rule C1's step of [`dot_rows`]: each block's chains from +0, k increasing (so also on
+/// weights whose block sums are not exact: VQ vectors, bf16 / f32 rows), rounded to f32 and
+/// added to input row j's eight sums `sums[j]`, as `matvec`'s task does per element.
 ///
 /// # Safety
 /// As for [`dot_rows`].
