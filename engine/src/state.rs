@@ -32,7 +32,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
-use crate::model::{CompressedState, Model, Options, Session, SessionState};
+use crate::model::{CompressedState, IndexKeys, Model, Options, Session, SessionState};
 use crate::{Error, Result};
 
 pub const MAGIC: &[u8; 8] = b"DS41STAT";
@@ -125,7 +125,10 @@ fn arrays(state: &SessionState) -> Vec<(String, Data<'_>)> {
         v.push((format!("layers.{l}.window"), Data::F32(&layer.window)));
         if let Some(c) = &layer.compressed {
             v.push((format!("layers.{l}.latents"), Data::F32(&c.latents)));
-            v.push((format!("layers.{l}.index_keys"), Data::F32(&c.index_keys)));
+            v.push((
+                format!("layers.{l}.index_keys"),
+                Data::F32(c.index_keys.rows()),
+            ));
             v.push((format!("layers.{l}.group_kv"), Data::F32(&c.group_kv)));
             v.push((format!("layers.{l}.group_score"), Data::F32(&c.group_score)));
         }
@@ -444,11 +447,14 @@ fn read_compressed(
         |n| n == entries * hd,
         &format!("{entries} × {hd} (position div ratio entries)"),
     )?;
-    c.index_keys = cursor.f32s(
-        &format!("layers.{l}.index_keys"),
-        |n| n == entries * ihd || n == 0,
-        &format!("{entries} × {ihd} or 0"),
-    )?;
+    c.index_keys = IndexKeys::from_rows(
+        ihd,
+        cursor.f32s(
+            &format!("layers.{l}.index_keys"),
+            |n| n == entries * ihd || n == 0,
+            &format!("{entries} × {ihd} or 0"),
+        )?,
+    );
     let glen = c.group_kv.len();
     c.group_kv = cursor.f32s(
         &format!("layers.{l}.group_kv"),

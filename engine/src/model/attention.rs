@@ -182,7 +182,7 @@ impl Attention {
             }
             if let Some(ix) = self.indexer.as_ref().filter(|ix| ix.is_owner()) {
                 let keys = ix.keys(&emitted, self.ratio, ctx.rope, numerics, fp4_ties)?;
-                cache.index_keys.extend_from_slice(&keys);
+                cache.index_keys.extend(&keys);
             }
             for e in emitted.iter() {
                 let mut latent = e.latent.clone();

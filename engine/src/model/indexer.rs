@@ -11,10 +11,12 @@ use std::sync::Arc;
 
 use super::parallel::{for_each_chunk, worth_parallel};
 
+use super::cache::state::IndexKeys;
 use super::cache::state::SessionState;
 use super::compressor::Emitted;
 use super::defects::{Defect, DefectSet};
 use super::handoff::Handoff;
+use super::index_grid::{KeyTile, QueryGrid, TILE_KEYS};
 use super::linear::{Linear, LinearKind};
 use super::norm::RmsNorm;
 use super::numerics::Numerics;
@@ -135,31 +137,84 @@ impl Indexer {
         Ok((iq, w))
     }
 
-    /// `score[t] = Σ_h relu(iq_h · key_t) · w_h` for t < n (keys [≥n, head_dim]). Each dot
-    /// is one f64 chain in increasing index from the empty sum's start (rule C2, as
-    /// `Iterator::sum` adds); `KEY_LANES` keys are scored together, one per vector lane.
+    /// `score[t] = Σ_h relu(iq_h · key_t) · w_h` for t < n. Each dot is one f64 chain in
+    /// increasing index from the empty sum's start (rule C2, as `Iterator::sum` adds);
+    /// `KEY_LANES` keys are scored together, one per vector lane. Where the query and a tile of
+    /// keys are on the integer grid (`index_grid`, upstream), that tile's dots are the exact
+    /// integer sums, which are the chain's.
     pub fn scores(
         &self,
         iq: &[f32],
         w: &[f32],
-        keys: &[f32],
+        keys: &IndexKeys,
         n: usize,
         numerics: Numerics,
     ) -> PoolVec<f32> {
-        let hd = self.head_dim;
-        let mut scores = PoolVec::filled(n, 0.0f32);
-        let parallel = worth_parallel(n * self.n_heads * hd);
-        let level = simd::level();
-        for_each_chunk(&mut scores, KEY_LANES, parallel, |g, out| {
-            let keys = &keys[g * KEY_LANES * hd..][..out.len() * hd];
-            let heads = Heads { iq, w, dim: hd };
-            score_keys_at(level, &heads, keys, out, numerics)
+        let heads = Heads {
+            iq,
+            w,
+            dim: self.head_dim,
+        };
+        score_all(simd::level(), &heads, keys, n, numerics)
+    }
+}
+
+/// [`Indexer::scores`] at `level`.
+fn score_all(
+    level: Level,
+    heads: &Heads,
+    keys: &IndexKeys,
+    n: usize,
+    numerics: Numerics,
+) -> PoolVec<f32> {
+    let hd = heads.dim;
+    let mut scores = PoolVec::filled(n, 0.0f32);
+    let parallel = worth_parallel(n * heads.w.len() * hd);
+    // The integer dots are VNNI's; a query off the grid (e.g. the exact profile) has none.
+    let query = if level >= Level::Avx512Vnni {
+        QueryGrid::of(heads.iq, hd, keys.grid().blocks())
+    } else {
+        None
+    };
+    let rows = keys.rows();
+    for_each_chunk(&mut scores, KEY_LANES, parallel, |g, out| {
+        let tile_rows = &rows[g * KEY_LANES * hd..][..out.len() * hd];
+        let grid = query.as_ref().and_then(|q| {
+            let tile = keys.grid().tile(g)?;
+            tile.range
+                .fits_with(q.range)
+                .then_some(GridDots { query: q, tile })
         });
-        scores
+        score_keys_at(level, heads, tile_rows, grid, out, numerics)
+    });
+    scores
+}
+
+/// A query and a tile of keys both on the integer grid, their dots exact in the chain
+/// (`index_grid`). Only made at [`Level::Avx512Vnni`].
+#[derive(Clone, Copy)]
+struct GridDots<'a> {
+    query: &'a QueryGrid,
+    tile: KeyTile<'a>,
+}
+
+impl GridDots<'_> {
+    /// Head `h`'s dots with the tile's keys.
+    #[inline(always)]
+    fn head(&self, h: usize, dots: &mut [f64; KEY_LANES]) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: a `GridDots` is made only where the CPU has VNNI (`Indexer::scores`); query
+        // and tile come from keys of the same width.
+        unsafe {
+            simd::vnni::index_dots_vnni(dots, self.query.head(h), &self.tile)
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("grid dots {h} {dots:?}: VNNI is x86's");
     }
 }
 
 /// One query's index heads: queries `iq` [heads, dim] and weights `w` [heads].
+#[derive(Clone, Copy)]
 struct Heads<'a> {
     iq: &'a [f32],
     w: &'a [f32],
@@ -167,50 +222,76 @@ struct Heads<'a> {
 }
 
 /// [`score_keys`] compiled for `level` (every copy gives the same bits).
-fn score_keys_at(level: Level, heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) {
+fn score_keys_at(
+    level: Level,
+    heads: &Heads,
+    keys: &[f32],
+    grid: Option<GridDots>,
+    out: &mut [f32],
+    numerics: Numerics,
+) {
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `level` is at most what the CPU has: AVX2 and FMA at least here.
-        l if l >= Level::Avx2 => unsafe { score_keys_avx2(heads, keys, out, numerics) },
-        _ => score_keys(Level::Portable, heads, keys, out, numerics),
+        l if l >= Level::Avx2 => unsafe { score_keys_avx2(heads, keys, grid, out, numerics) },
+        _ => score_keys(Level::Portable, heads, keys, grid, out, numerics),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn score_keys_avx2(heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) {
-    score_keys(Level::Avx2, heads, keys, out, numerics)
+unsafe fn score_keys_avx2(
+    heads: &Heads,
+    keys: &[f32],
+    grid: Option<GridDots>,
+    out: &mut [f32],
+    numerics: Numerics,
+) {
+    score_keys(Level::Avx2, heads, keys, grid, out, numerics)
 }
 
-/// [`Indexer::scores`] for up to [`KEY_LANES`] keys (`keys` [out.len(), dim]): the keys
-/// transposed into columns, then per head every key's chain advances over the columns (a
-/// product of two f32 is exact in f64, so multiply-then-add is each step of the scalar sum),
-/// the keys being independent chains in vector lanes; the heads' terms are added to the keys'
-/// totals in head order.
+/// [`Indexer::scores`] for up to [`KEY_LANES`] keys (`keys` [out.len(), dim]): per head
+/// every key's dot, either from `grid` or from the keys transposed into columns, every key's
+/// chain advancing over the columns (a product of two f32 is exact in f64, so
+/// multiply-then-add is each step of the scalar sum), the keys being independent chains in
+/// vector lanes; the heads' terms are added to the keys' totals in head order.
 #[inline(always)]
-fn score_keys(level: Level, heads: &Heads, keys: &[f32], out: &mut [f32], numerics: Numerics) {
+fn score_keys(
+    level: Level,
+    heads: &Heads,
+    keys: &[f32],
+    grid: Option<GridDots>,
+    out: &mut [f32],
+    numerics: Numerics,
+) {
     let hd = heads.dim;
     let start = std::iter::empty::<f64>().sum::<f64>();
     let (mut columns, mut q) = KEY_SCRATCH.with(Cell::take);
     columns.clear();
-    // Lanes past `out.len()` stay zero and are never written out.
-    columns.resize(hd, [0.0; KEY_LANES]);
-    for (l, key) in keys.chunks_exact(hd).enumerate() {
-        for (c, &k) in columns.iter_mut().zip(key) {
-            c[l] = f64::from(k);
+    if grid.is_none() {
+        // Lanes past `out.len()` stay zero and are never written out.
+        columns.resize(hd, [0.0; KEY_LANES]);
+        for (l, key) in keys.chunks_exact(hd).enumerate() {
+            for (c, &k) in columns.iter_mut().zip(key) {
+                c[l] = f64::from(k);
+            }
         }
     }
     let mut total = [0f64; KEY_LANES];
-    for (qh, &wh) in heads.iq.chunks_exact(hd).zip(heads.w) {
-        q.clear();
-        q.extend(qh.iter().map(|&v| f64::from(v)));
+    for (h, (qh, &wh)) in heads.iq.chunks_exact(hd).zip(heads.w).enumerate() {
         let mut dot = [start; KEY_LANES];
+        if let Some(grid) = &grid {
+            grid.head(h, &mut dot);
+        } else {
+            q.clear();
+            q.extend(qh.iter().map(|&v| f64::from(v)));
+        }
         #[cfg(target_arch = "x86_64")]
-        if level >= Level::Avx2 {
+        if level >= Level::Avx2 && grid.is_none() {
             // SAFETY: `level` is Avx2 or above only inside `score_keys_avx2`.
             unsafe { simd::x86::chains_32(&mut dot, &q, &columns) };
         }
-        if level < Level::Avx2 {
+        if level < Level::Avx2 && grid.is_none() {
             for (&qd, c) in q.iter().zip(columns.iter()) {
                 for (a, &k) in dot.iter_mut().zip(c) {
                     *a += qd * k;
@@ -237,6 +318,8 @@ fn score_keys(level: Level, heads: &Heads, keys: &[f32], out: &mut [f32], numeri
 /// Index keys scored together by [`Indexer::scores`]: independent chains, one per lane, as
 /// many as the 32-row chain kernel advances at once.
 const KEY_LANES: usize = 32;
+// One scorer call is one tile of the keys' integer form.
+const _: () = assert!(KEY_LANES == TILE_KEYS);
 
 thread_local! {
     /// [`score_keys`]' transposed keys and one head's query in f64, reused (taken while in
@@ -424,6 +507,7 @@ impl Indexer {
 
 #[cfg(test)]
 mod tests {
+    use super::super::index_grid::GridBlock;
     use super::*;
 
     /// The scalar definition: per key and head one f64 `sum` in increasing index.
@@ -478,10 +562,168 @@ mod tests {
                 let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                 for level in Level::ALL.into_iter().filter(|&l| l <= simd::available()) {
                     let mut got = vec![f32::NAN; n];
-                    score_keys_at(level, &heads, &keys, &mut got, numerics);
+                    score_keys_at(level, &heads, &keys, None, &mut got, numerics);
                     assert_eq!(bits(&got), bits(&want), "{n} keys {numerics} {level:?}");
                 }
             }
         }
+    }
+
+    /// Keys and queries FP4-QDQ'd as upstream, over 1 to 4 blocks, with block scales from
+    /// 2^−140 to 2^100 and zero blocks: the scores from the integer grid equal the f64 chains'
+    /// bits, and tiles whose scales are too far apart for the chain to be exact (which the
+    /// test includes: a chain that rounds) are left to the chains. Sizes 1..=70 keys cover
+    /// partial tiles.
+    #[test]
+    fn grid_dots_give_the_chains_bits() {
+        if simd::available() < Level::Avx512Vnni {
+            eprintln!("skipped: this CPU has no AVX-512 VNNI");
+            return;
+        }
+        let mut state = 7u64;
+        let mut next = move || {
+            state = state
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            state >> 33
+        };
+        let mut on_grid = 0;
+        let mut declined = 0;
+        for case in 0..48 {
+            let blocks = 1 + case % 4;
+            let dim = blocks * quant::BLOCK;
+            let n_heads = 3;
+            // Per case a spread of block exponents: narrow (always on the grid), then wide
+            // (tiles declined, chains that round).
+            let spread = [4, 20, 60, 240][case / 12] as u64;
+            let block = |next: &mut dyn FnMut() -> u64, out: &mut Vec<f32>| {
+                let kind = next() % 16;
+                let e = (next() % (spread + 1)) as i32 - (spread as i32) / 2;
+                let e = e.clamp(-140, 100);
+                for _ in 0..quant::BLOCK {
+                    let v = match kind {
+                        0 => 0.0,
+                        _ => (next() % 2001) as f32 / 1000.0 - 1.0,
+                    };
+                    out.push(v * 2f32.powi(e));
+                }
+                let at = out.len() - quant::BLOCK;
+                quant::fp4_qdq_e8m0(&mut out[at..]);
+            };
+            let mut iq = Vec::new();
+            for _ in 0..n_heads * blocks {
+                block(&mut next, &mut iq);
+            }
+            let w: Vec<f32> = (0..n_heads)
+                .map(|_| (next() % 1000) as f32 / 500.0)
+                .collect();
+            let n = 1 + (next() % 70) as usize;
+            let mut rows = Vec::new();
+            for _ in 0..n * blocks {
+                block(&mut next, &mut rows);
+            }
+            let keys = IndexKeys::from_rows(dim, rows);
+            let heads = Heads {
+                iq: &iq,
+                w: &w,
+                dim,
+            };
+            let query = QueryGrid::of(&iq, dim, blocks).expect("a QDQ'd query is on the grid");
+            for g in 0..n.div_ceil(KEY_LANES) {
+                let tile = keys.grid().tile(g).expect("QDQ'd keys are on the grid");
+                if tile.range.fits_with(query.range) {
+                    on_grid += 1;
+                } else {
+                    declined += 1;
+                }
+            }
+            for numerics in [Numerics::Upstream, Numerics::Exact] {
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let want = score_all(Level::Avx2, &heads, &keys, n, numerics);
+                let got = score_all(Level::Avx512Vnni, &heads, &keys, n, numerics);
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "case {case}: {n} keys of {dim}, {numerics}"
+                );
+            }
+        }
+        assert!(
+            on_grid > 20 && declined > 5,
+            "{on_grid} tiles on the grid, {declined} declined"
+        );
+
+        // Blocks 0 and 2 of every key cancel through the query; block 1's terms are 2^-51.
+        // Where block 0's sum is at least 8, the chain rounds each of them away before block 2
+        // cancels it (a score of zero), while their sum (2^-46) is not: adding the blocks'
+        // sums is not the chain there. Such a tile must be left to the chains.
+        let dim = 3 * quant::BLOCK;
+        let outer: Vec<f32> = (0..quant::BLOCK)
+            .map(|i| ((i % 7) as f32 - 3.0) / 2.0)
+            .collect();
+        let iq = [outer.clone(), vec![1.0; quant::BLOCK], outer].concat();
+        let w = [1.0f32];
+        let mut rows = Vec::new();
+        for key in 0..KEY_LANES {
+            let big: Vec<f32> = (0..quant::BLOCK)
+                .map(|i| ((i * 5 + key) % 13) as f32 - 6.0)
+                .collect();
+            rows.extend(&big);
+            rows.extend([2f32.powi(-51); quant::BLOCK]);
+            rows.extend(big.iter().map(|v| -v));
+        }
+        let keys = IndexKeys::from_rows(dim, rows);
+        let heads = Heads {
+            iq: &iq,
+            w: &w,
+            dim,
+        };
+        for numerics in [Numerics::Upstream, Numerics::Exact] {
+            let want = score_all(Level::Avx2, &heads, &keys, KEY_LANES, numerics);
+            let got = score_all(Level::Avx512Vnni, &heads, &keys, KEY_LANES, numerics);
+            assert!(
+                want.iter().any(|&s| s == 0.0),
+                "the chain rounds the small block away"
+            );
+            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "cancelling blocks, {numerics}");
+        }
+    }
+
+    /// Values off the grid (not QDQ'd, or not finite) give no integer form: such a key's tile,
+    /// or such a query, is scored by the chains.
+    #[test]
+    fn values_off_the_grid_have_no_integer_form() {
+        let mut block = [0.25f32; quant::BLOCK];
+        assert!(GridBlock::of(&block).is_some());
+        block[3] = 0.3;
+        assert!(
+            GridBlock::of(&block).is_none(),
+            "0.3 is no multiple of 2^-8"
+        );
+        block[3] = 1.0 / 128.0;
+        let g = GridBlock::of(&block).expect("multiples of 2^-8 with the max 0.25");
+        assert_eq!((g.codes[0], g.codes[3], g.exp), (64, 2, Some(-8)));
+        block[3] = 1.0 / 1024.0;
+        assert!(GridBlock::of(&block).is_none(), "below the unit");
+        for bad in [f32::NAN, f32::INFINITY] {
+            block[3] = bad;
+            assert!(GridBlock::of(&block).is_none(), "{bad}");
+        }
+        let mut zeros = [0.0f32; quant::BLOCK];
+        zeros[5] = -0.0;
+        assert_eq!(GridBlock::of(&zeros).map(|g| g.exp), Some(None));
+        zeros[5] = f32::NAN;
+        assert!(GridBlock::of(&zeros).is_none(), "a NaN among zeros");
+        // A key off the grid takes its tile off; the next tile is unaffected.
+        let dim = quant::BLOCK;
+        let mut rows = vec![0.5f32; (KEY_LANES + 1) * dim];
+        rows[7 * dim] = 0.3;
+        let keys = IndexKeys::from_rows(dim, rows);
+        assert!(keys.grid().tile(0).is_none());
+        assert!(keys.grid().tile(1).is_some());
+        // Widths that are no multiple of the block have no integer form at all.
+        let keys = IndexKeys::from_rows(24, vec![0.5; 48]);
+        assert!(keys.grid().tile(0).is_none());
     }
 }

@@ -24,6 +24,7 @@ pub mod engram;
 pub mod handoff;
 pub mod hyper_connection;
 pub mod image_span;
+pub mod index_grid;
 pub mod indexer;
 pub mod job;
 pub mod linear;
@@ -51,7 +52,7 @@ use crate::config::Config;
 use crate::{Error, Result};
 
 pub use block::{Block, BlockOutput};
-pub use cache::state::{CompressedState, LayerState, SessionState};
+pub use cache::state::{CompressedState, IndexKeys, LayerState, SessionState};
 pub use defects::{Defect, DefectSet};
 pub use engram::{Engram, EngramHasher, TokenMap};
 pub use handoff::{Handoff, IndexK};

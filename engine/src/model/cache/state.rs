@@ -4,6 +4,8 @@
 //! Nothing else survives between forwards: the top-k lists, the compressed-KV pointer and
 //! the candidate masks of §6.4.5 are rebuilt inside every forward (see `handoff`).
 
+use crate::model::index_grid::KeyTiles;
+
 /// The complete state of one sequence.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SessionState {
@@ -38,7 +40,7 @@ pub struct CompressedState {
     /// `j·r .. j·r + r − 1`.
     pub latents: Vec<f32>,
     /// Roped (FP4/E8M0-QDQ'd upstream) index keys `[n, index_head_dim]`, same indexing.
-    pub index_keys: Vec<f32>,
+    pub index_keys: IndexKeys,
     /// Ratio > 1: the open group's kv rows `[ratio, head_dim]` (f32), slot `p mod r`.
     pub group_kv: Vec<f32>,
     /// Ratio > 1: the open group's gate scores `[ratio, head_dim]`; −∞ = slot not filled.
@@ -53,7 +55,7 @@ impl CompressedState {
             head_dim,
             index_head_dim,
             latents: Vec::new(),
-            index_keys: Vec::new(),
+            index_keys: IndexKeys::new(index_head_dim),
             group_kv: vec![0.0; open],
             group_score: vec![f32::NEG_INFINITY; open],
         }
@@ -73,10 +75,65 @@ impl CompressedState {
     }
 
     pub fn index_key_count(&self) -> usize {
-        self.index_keys
-            .len()
-            .checked_div(self.index_head_dim)
-            .unwrap_or(0)
+        self.index_keys.count()
+    }
+}
+
+/// Index keys `[n, dim]` as computed, with the integer form the index scorer reads where they
+/// are on its grid (`index_grid`), kept in step as keys are appended.
+#[derive(Debug, Clone)]
+pub struct IndexKeys {
+    dim: usize,
+    rows: Vec<f32>,
+    grid: KeyTiles,
+}
+
+impl IndexKeys {
+    pub fn new(dim: usize) -> IndexKeys {
+        IndexKeys {
+            dim,
+            rows: Vec::new(),
+            grid: KeyTiles::new(dim),
+        }
+    }
+
+    /// Keys read back from a snapshot (`[n, dim]`).
+    pub fn from_rows(dim: usize, rows: Vec<f32>) -> IndexKeys {
+        let mut keys = IndexKeys::new(dim);
+        keys.grid.extend(&rows, dim);
+        keys.rows = rows;
+        keys
+    }
+
+    /// Append keys (`[n, dim]`).
+    pub fn extend(&mut self, keys: &[f32]) {
+        self.rows.extend_from_slice(keys);
+        self.grid.extend(keys, self.dim);
+    }
+
+    pub fn rows(&self) -> &[f32] {
+        &self.rows
+    }
+
+    pub fn grid(&self) -> &KeyTiles {
+        &self.grid
+    }
+
+    pub fn count(&self) -> usize {
+        self.rows.len().checked_div(self.dim).unwrap_or(0)
+    }
+
+    fn reserve(&mut self, keys: usize) {
+        self.rows
+            .reserve((keys * self.dim).saturating_sub(self.rows.len()));
+        self.grid.reserve(keys);
+    }
+}
+
+/// The integer form is derived from the rows: equal rows, equal keys.
+impl PartialEq for IndexKeys {
+    fn eq(&self, other: &IndexKeys) -> bool {
+        self.dim == other.dim && self.rows == other.rows
     }
 }
 
@@ -109,8 +166,7 @@ impl SessionState {
                 let entries = tokens / cfg.compress_ratios[l].max(1);
                 c.latents
                     .reserve((entries * c.head_dim).saturating_sub(c.latents.len()));
-                c.index_keys
-                    .reserve((entries * c.index_head_dim).saturating_sub(c.index_keys.len()));
+                c.index_keys.reserve(entries);
             }
         }
     }

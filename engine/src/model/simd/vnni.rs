@@ -106,12 +106,13 @@ pub fn act_blocks(x: &[f64], out: &mut Vec<ActBlock>) -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use kernel::{fp4_c1_block8_vnni, q4_c1_block8_vnni};
+pub use kernel::{fp4_c1_block8_vnni, index_dots_vnni, q4_c1_block8_vnni};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::avx512::lanes4;
     use super::{ActBlock, BLOCK};
+    use crate::model::index_grid::{KeyTile, TILE_KEYS};
     use std::arch::x86_64::*;
 
     /// `2 · e2m1(n)` as a signed byte for every nibble n (bit 3 the sign), in each 128-bit lane.
@@ -237,5 +238,52 @@ mod kernel {
         let blocks = _mm512_cvtpd_ps(_mm512_mul_pd(sums, steps));
         let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), blocks);
         _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+    }
+
+    /// One index head's dots with a tile of keys, both on the grid (`index_grid`):
+    /// `dots[j] = Σ_b u_q[b] · u_k[b][j] · Σ_{k∈b} c_q c_k`, added over the blocks in order from
+    /// −0.0. Each block's sum is `Σ (c_q + 128) c_k − 128 Σ c_k` in 32-bit lanes, one key per
+    /// lane; its products with the units are exact in f64.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and VNNI; `query` and `tile` have the same block count.
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    pub unsafe fn index_dots_vnni(
+        dots: &mut [f64; TILE_KEYS],
+        (biased, q_units): (&[[u8; BLOCK]], &[f64]),
+        tile: &KeyTile,
+    ) {
+        debug_assert_eq!(biased.len() * 8, tile.codes.len());
+        let mut d = [_mm512_set1_pd(-0.0); TILE_KEYS / 8];
+        for (b, (q, &q_unit)) in biased.iter().zip(q_units).enumerate() {
+            let mut acc = [_mm512_setzero_si512(); 2];
+            for (g, codes) in tile.codes[8 * b..8 * b + 8].iter().enumerate() {
+                let qg = _mm512_set1_epi32(i32::from_le_bytes(
+                    q[4 * g..4 * g + 4].try_into().expect("four codes"),
+                ));
+                for (h, a) in acc.iter_mut().enumerate() {
+                    let k = _mm512_loadu_si512(codes[64 * h..].as_ptr().cast());
+                    *a = _mm512_dpbusd_epi32(*a, qg, k);
+                }
+            }
+            let unit = _mm512_set1_pd(q_unit);
+            for (h, a) in acc.into_iter().enumerate() {
+                let bias = _mm512_slli_epi32::<7>(_mm512_loadu_si512(
+                    tile.sums[b][16 * h..].as_ptr().cast(),
+                ));
+                let s = _mm512_sub_epi32(a, bias);
+                let halves = [_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64::<1>(s)];
+                for (i, half) in halves.into_iter().enumerate() {
+                    let lane = 8 * (2 * h + i);
+                    let k_unit = _mm512_loadu_pd(tile.units[b][lane..].as_ptr());
+                    let v = _mm512_mul_pd(_mm512_mul_pd(_mm512_cvtepi32_pd(half), k_unit), unit);
+                    d[2 * h + i] = _mm512_add_pd(d[2 * h + i], v);
+                }
+            }
+        }
+        for (i, di) in d.into_iter().enumerate() {
+            _mm512_storeu_pd(dots[8 * i..].as_mut_ptr(), di);
+        }
     }
 }
