@@ -232,10 +232,26 @@ fn score_keys_at(
 ) {
     match level {
         #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` is at most what the CPU has: AVX-512 and VNNI here.
+        l if l >= Level::Avx512Vnni => unsafe { score_keys_vnni(heads, keys, grid, out, numerics) },
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: `level` is at most what the CPU has: AVX2 and FMA at least here.
         l if l >= Level::Avx2 => unsafe { score_keys_avx2(heads, keys, grid, out, numerics) },
         _ => score_keys(Level::Portable, heads, keys, grid, out, numerics),
     }
+}
+
+/// With the grid's kernel inlined into the heads' loop.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni,avx2,fma,f16c")]
+unsafe fn score_keys_vnni(
+    heads: &Heads,
+    keys: &[f32],
+    grid: Option<GridDots>,
+    out: &mut [f32],
+    numerics: Numerics,
+) {
+    score_keys(Level::Avx512Vnni, heads, keys, grid, out, numerics)
 }
 
 #[cfg(target_arch = "x86_64")]
