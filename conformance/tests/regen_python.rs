@@ -339,9 +339,11 @@ fn reproduces(
                 .keys()
                 .filter(|k| got.tensors.get(*k) != want.tensors.get(*k))
                 .collect();
-            return Err(
-                format!("replay {replay}: tensors differ from the golden: {differ:?}").into(),
-            );
+            return Err(format!(
+                "replay {replay}: tensors differ from the golden: {differ:?} (bit-exact \
+                 reproduction depends on torch's CPU kernels: goldens/README.md, 'CPU dependence')"
+            )
+            .into());
         }
     }
     Ok(())

@@ -373,7 +373,8 @@ pub fn torch_kernels_equal_the_engine_bit_for_bit(python: &Path, upstream: &Path
 
     assert!(
         failures.is_empty(),
-        "torch kernels and the engine disagree:\n{}",
+        "torch kernels and the engine disagree:\n{}\n(torch's CPU kernels depend on the machine: \
+         goldens/README.md, 'CPU dependence')",
         failures.join("\n")
     );
 }

@@ -17,12 +17,17 @@ from safetensors.torch import load_file
 HERE = Path(__file__).resolve().parent
 INFERENCE = os.environ.get("DS41_OFFICIAL_INFERENCE")
 UPSTREAM = os.environ.get("DS41_UPSTREAM")
-# Streams and decisions must be bit-identical; the f32 hc mixes and gate margins may differ in the
-# last f32 ulp between CPUs (f32 GEMM kernels), which moves nothing else.
-EXACT = ("residual", "block_input", "mid", "attn_out", "moe_out", "logits", "experts", "expert_weights",
+# Streams and decisions must be bit-identical; the f32 hc mixes, the routing weights and gate margins
+# (f32, from the f32 gate) may differ in the last f32 ulps between CPUs (f32 GEMM kernels), which
+# moves nothing else (seen on an Intel Xeon with cpu_numerics' pin: 42 routing weights one ulp off,
+# streams, logits and decisions bit-identical).
+EXACT = ("residual", "block_input", "mid", "attn_out", "moe_out", "logits", "experts",
          "engram_hash", "topk.L2", "topk.L4", "topk.L6", "margin.topk.L2", "margin.topk.L4", "margin.topk.L6",
          "margin.candidates.L4")
-ULP = ("pre_mix", "final_pre", "margin.experts")
+ULP = ("pre_mix", "final_pre", "expert_weights", "margin.experts")
+# A few f32 ulps at the tensor's scale (at least 1).
+ULPS = 4 * 2 ** -23
+CPU_NOTE = "(bit-exact reproduction depends on torch's CPU kernels: goldens/README.md, 'CPU dependence')"
 
 
 def driver(*args):
@@ -53,10 +58,11 @@ class ReproducesOfficialA(unittest.TestCase):
 
     def assert_reproduces(self, trace):
         for name in EXACT:
-            self.assertTrue(torch.equal(trace[name], self.golden[name]), name)
+            self.assertTrue(torch.equal(trace[name], self.golden[name]), f"{name} {CPU_NOTE}")
         for name in ULP:
             d = (trace[name] - self.golden[name]).abs().max().item()
-            self.assertLessEqual(d, 2 ** -22, name)
+            scale = max(1.0, self.golden[name].abs().max().item())
+            self.assertLessEqual(d, ULPS * scale, name)
 
     def test_forward_reproduces_the_golden(self):
         self.assert_reproduces(self.run_schedule("forward"))
@@ -68,7 +74,7 @@ class ReproducesOfficialA(unittest.TestCase):
         owner = self.run_schedule("owner", index_k="owner")
         fixed = load_file(str(self.golden_path.with_name("golden_index_owner_fixed.safetensors")))
         for name in EXACT:
-            self.assertTrue(torch.equal(owner[name], fixed[name]), name)
+            self.assertTrue(torch.equal(owner[name], fixed[name]), f"{name} {CPU_NOTE}")
 
     def test_unpinned_files_are_refused(self):
         with tempfile.TemporaryDirectory() as fake:
