@@ -334,19 +334,52 @@ fn reproduces(
         }
         let got = ds41_engine::trace::TraceFile::read(&out).map_err(|e| e.to_string())?;
         if got.tensors != want.tensors {
-            let differ: Vec<&String> = want
+            let differ: Vec<String> = want
                 .tensors
                 .keys()
                 .filter(|k| got.tensors.get(*k) != want.tensors.get(*k))
+                .map(|k| how_far(k, &got, &want))
                 .collect();
             return Err(format!(
-                "replay {replay}: tensors differ from the golden: {differ:?} (bit-exact \
-                 reproduction depends on torch's CPU kernels: goldens/README.md, 'CPU dependence')"
+                "replay {replay}: tensors differ from the golden:\n  {}\n(bit-exact \
+                 reproduction depends on torch's CPU kernels: goldens/README.md, 'CPU dependence')",
+                differ.join("\n  ")
             )
             .into());
         }
     }
     Ok(())
+}
+
+/// How tensor `name` of `got` differs from `want`'s: how many values, and for f32 by how much
+/// at most, so a last-bit difference reads apart from a wrong result.
+fn how_far(
+    name: &str,
+    got: &ds41_engine::trace::TraceFile,
+    want: &ds41_engine::trace::TraceFile,
+) -> String {
+    match (got.f32(name), want.f32(name)) {
+        (Some((gs, g)), Some((ws, w))) if gs == ws => {
+            let (count, max) = g
+                .iter()
+                .zip(w)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .fold((0usize, 0f32), |(n, m), (a, b)| {
+                    (n + 1, m.max((a - b).abs()))
+                });
+            format!(
+                "{name}: {count} of {} values, max |difference| {max:e}",
+                w.len()
+            )
+        }
+        _ => match (got.i64(name), want.i64(name)) {
+            (Some((gs, g)), Some((ws, w))) if gs == ws => {
+                let count = g.iter().zip(w).filter(|(a, b)| a != b).count();
+                format!("{name}: {count} of {} values", w.len())
+            }
+            _ => format!("{name}: missing, or of another shape or type"),
+        },
+    }
 }
 
 /// run_vision.py reproduces goldens/official/vision_s7/p15_d06 from a fresh checkpoint, the
