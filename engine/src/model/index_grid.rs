@@ -141,6 +141,9 @@ impl KeyTiles {
 
     /// Append keys (`[n, dim]`).
     pub fn extend(&mut self, keys: &[f32], dim: usize) {
+        if dim == 0 {
+            return;
+        }
         for key in keys.chunks_exact(dim) {
             self.push(key);
         }
