@@ -22,7 +22,8 @@ use super::quant::BLOCK;
 pub const TILE_KEYS: usize = 32;
 
 /// Largest `log2(U_max / U_min)` over one dot's blocks for which the chain is exact: partial
-/// sums stay below `2^(19 + 10 + MAX_SPREAD) · U_min < 2^53 · U_min` for up to 2^10 blocks.
+/// sums, multiples of `U_min`, stay below `2^(19 + 10 + MAX_SPREAD) · U_min = 2^53 · U_min`
+/// for up to 2^10 blocks, so each is an f64.
 pub const MAX_SPREAD: i32 = 24;
 
 /// Most 32-value blocks per key for which [`MAX_SPREAD`] holds (`2^10`).

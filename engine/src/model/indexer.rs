@@ -203,8 +203,8 @@ impl GridDots<'_> {
     #[inline(always)]
     fn head(&self, h: usize, dots: &mut [f64; KEY_LANES]) {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: a `GridDots` is made only where the CPU has VNNI (`Indexer::scores`); query
-        // and tile come from keys of the same width.
+        // SAFETY: a `GridDots` is made only where the CPU has VNNI (`score_all`); query and
+        // tile have the same block count (the query's is read off the keys).
         unsafe {
             simd::vnni::index_dots_vnni(dots, self.query.head(h), &self.tile)
         };
@@ -304,7 +304,7 @@ fn score_keys(
         }
         #[cfg(target_arch = "x86_64")]
         if level >= Level::Avx2 && grid.is_none() {
-            // SAFETY: `level` is Avx2 or above only inside `score_keys_avx2`.
+            // SAFETY: `level` is Avx2 or above only inside `score_keys_avx2` / `_vnni`.
             unsafe { simd::x86::chains_32(&mut dot, &q, &columns) };
         }
         if level < Level::Avx2 && grid.is_none() {
