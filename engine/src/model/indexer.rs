@@ -209,7 +209,10 @@ impl GridDots<'_> {
             simd::vnni::index_dots_vnni(dots, self.query.head(h), &self.tile)
         };
         #[cfg(not(target_arch = "x86_64"))]
-        unreachable!("grid dots {h} {dots:?}: VNNI is x86's");
+        {
+            let _ = (self.query, self.tile, dots);
+            unreachable!("grid dots of head {h}: VNNI is x86's");
+        }
     }
 }
 
