@@ -31,29 +31,55 @@ pub fn select(values: &[f32], k: usize, ties_reversed: bool, what: &str) -> Resu
     if let Some(i) = values.iter().position(|v| v.is_nan()) {
         return Err(Error::Model(format!("{what}: NaN score at index {i}")));
     }
-    let mut order: PoolVec<usize> = (0..values.len()).collect();
     // NaN-free, so partial_cmp is total here, and every tie is broken by index: the order is
-    // unique, so an unstable sort is exact and needs no buffer. Only the first k + 1 places
-    // are needed (the selection and the margin's runner-up): they are partitioned off first
-    // (linear time), then sorted, which gives the same places as sorting everything.
+    // unique, so an unstable sort is exact and needs no buffer.
     let rule = |&a: &usize, &b: &usize| {
         let by_value = values[b]
             .partial_cmp(&values[a])
             .unwrap_or(std::cmp::Ordering::Equal);
         by_value.then(if ties_reversed { b.cmp(&a) } else { a.cmp(&b) })
     };
-    if k < order.len() {
-        order.select_nth_unstable_by(k, rule);
-        order[..k].sort_unstable_by(rule);
+    let mut order = if k < values.len() {
+        first_places(values, k + 1, ties_reversed, rule)
     } else {
+        let mut order: PoolVec<usize> = (0..values.len()).collect();
         order.sort_unstable_by(rule);
-    }
+        order
+    };
     let margin = margin(values, &order, k);
     order.truncate(k.min(values.len()));
     Ok(Selection {
         indices: order,
         margin,
     })
+}
+
+/// The first `places` (< values.len()) indices in the order of the tie rule (`rule`), in that
+/// order. Only they are needed (the selection and the margin's runner-up). With `t` the
+/// `places`-th largest value, they are the values above `t`, sorted (fewer than `places`),
+/// then the values equal to `t` in index order (the tie rule), as many as are left: found by
+/// one selection over the values themselves and one pass, not by ordering all indices.
+fn first_places(
+    values: &[f32],
+    places: usize,
+    ties_reversed: bool,
+    rule: impl Fn(&usize, &usize) -> std::cmp::Ordering,
+) -> PoolVec<usize> {
+    let mut sorted = PoolVec::from_slice(values);
+    let (_, &mut t, _) = sorted.select_nth_unstable_by(places - 1, |a, b| {
+        b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal)
+    });
+    drop(sorted);
+    let mut order: PoolVec<usize> = (0..values.len()).filter(|&i| values[i] > t).collect();
+    order.sort_unstable_by(&rule);
+    let left = places - order.len();
+    let tied = |i: &usize| values[*i] == t;
+    if ties_reversed {
+        order.extend((0..values.len()).rev().filter(tied).take(left));
+    } else {
+        order.extend((0..values.len()).filter(tied).take(left));
+    }
+    order
 }
 
 /// The margin of choosing the first `k` of `order` (all indices; the first k + 1 in the order
@@ -135,6 +161,8 @@ mod tests {
                     match (state >> 33) % 9 {
                         0 => f32::INFINITY,
                         1 => f32::NEG_INFINITY,
+                        // Equal to +0 (r = 4) in value: a tie by the rule.
+                        2 => -0.0,
                         r => r as f32 * 0.5 - 2.0,
                     }
                 })
