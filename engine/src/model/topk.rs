@@ -65,11 +65,11 @@ fn first_places(
     ties_reversed: bool,
     rule: impl Fn(&usize, &usize) -> std::cmp::Ordering,
 ) -> PoolVec<usize> {
-    let mut sorted = PoolVec::from_slice(values);
-    let (_, &mut t, _) = sorted.select_nth_unstable_by(places - 1, |a, b| {
+    let mut scratch = PoolVec::from_slice(values);
+    let (_, &mut t, _) = scratch.select_nth_unstable_by(places - 1, |a, b| {
         b.partial_cmp(a).unwrap_or(std::cmp::Ordering::Equal)
     });
-    drop(sorted);
+    drop(scratch);
     let mut order: PoolVec<usize> = (0..values.len()).filter(|&i| values[i] > t).collect();
     order.sort_unstable_by(&rule);
     let left = places - order.len();
