@@ -60,6 +60,11 @@ fn main() {
             x86::missing_vnni(),
         ),
         gated(
+            "vnni_index_dots_equal_their_definition_at_the_code_limits",
+            x86::vnni_index_dots,
+            x86::missing_vnni(),
+        ),
+        gated(
             "act_blocks_hold_quantised_inputs_exactly_and_decline_others",
             x86::act_blocks,
             x86::not_x86(),
@@ -105,6 +110,9 @@ mod x86 {
         Ok(())
     }
     pub fn vnni_fp4_blocks() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn vnni_index_dots() -> Result<(), Failed> {
         Ok(())
     }
     pub fn act_blocks() -> Result<(), Failed> {
@@ -295,6 +303,69 @@ mod x86 {
     }
 
     /// A seeded 31-bit pseudo-random stream (a 64-bit LCG's high bits).
+    /// The VNNI index-dot kernel against its scalar definition (`KeyTile::dots`), bit for
+    /// bit: keys and queries of 1 to 4 blocks whose codes reach ±127 (the biased query bytes
+    /// 1 and 255), units from 2^−30 to 2^30, zero blocks, and partial tiles.
+    pub fn vnni_index_dots() -> Result<(), Failed> {
+        use ds41_engine::model::index_grid::{KeyTiles, QueryGrid, TILE_KEYS};
+        let mut next = lcg(11);
+        for seed in 0..256u32 {
+            let blocks = 1 + (seed % 4) as usize;
+            let dim = blocks * BLOCK;
+            // A block of codes times a power of two: extreme codes, random ones, or zeros.
+            let block = |next: &mut dyn FnMut() -> u32, out: &mut Vec<f32>| {
+                let unit = 2f32.powi((next() % 61) as i32 - 30);
+                let kind = next() % 4;
+                for _ in 0..BLOCK {
+                    let code = match kind {
+                        0 => 0,
+                        1 => {
+                            if next() % 2 == 0 {
+                                127
+                            } else {
+                                -127
+                            }
+                        }
+                        _ => (next() % 255) as i32 - 127,
+                    };
+                    out.push(code as f32 * unit);
+                }
+            };
+            let n_heads = 2;
+            let mut iq = Vec::new();
+            for _ in 0..n_heads * blocks {
+                block(&mut next, &mut iq);
+            }
+            let n = 1 + (next() as usize % TILE_KEYS);
+            let mut keys = Vec::new();
+            for _ in 0..n * blocks {
+                block(&mut next, &mut keys);
+            }
+            let mut tiles = KeyTiles::new(dim);
+            tiles.extend(&keys, dim);
+            let tile = tiles
+                .tile(0)
+                .ok_or("codes times a power of two are on the grid")?;
+            let query = QueryGrid::of(&iq, dim, blocks).ok_or("the query is on the grid")?;
+            for h in 0..n_heads {
+                let want = tile.dots(query.head(h));
+                let mut got = [f64::NAN; TILE_KEYS];
+                // SAFETY: gated on VNNI (`missing_vnni`); query and tile have `blocks` blocks.
+                unsafe { vnni::index_dots_vnni(&mut got, query.head(h), &tile) };
+                for j in 0..TILE_KEYS {
+                    if got[j].to_bits() != want[j].to_bits() {
+                        return Err(format!(
+                            "seed {seed} head {h} key {j}: {} want {}",
+                            got[j], want[j]
+                        )
+                        .into());
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
     fn lcg(seed: u64) -> impl FnMut() -> u32 {
         let mut state = seed;
         move || {

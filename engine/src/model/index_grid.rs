@@ -126,6 +126,25 @@ pub struct KeyTile<'a> {
     pub range: ExpRange,
 }
 
+impl KeyTile<'_> {
+    /// One query head's dots with the tile's keys by definition, in scalar code (what
+    /// `simd::vnni::index_dots_vnni` computes, operation for operation): per key, from −0.0,
+    /// block by block in order, `+= (Σ (c_q + 128) c_k − 128 Σ c_k) · u_k · u_q`.
+    pub fn dots(&self, (biased, q_units): (&[[u8; BLOCK]], &[f64])) -> [f64; TILE_KEYS] {
+        let mut dots = [-0.0f64; TILE_KEYS];
+        for (b, (q, &q_unit)) in biased.iter().zip(q_units).enumerate() {
+            for (j, d) in dots.iter_mut().enumerate() {
+                let biased_sum: i32 = (0..BLOCK)
+                    .map(|k| i32::from(q[k]) * i32::from(self.codes[8 * b + k / 4][4 * j + k % 4]))
+                    .sum();
+                let sum = biased_sum - 128 * self.sums[b][j];
+                *d += f64::from(sum) * self.units[b][j] * q_unit;
+            }
+        }
+        dots
+    }
+}
+
 impl KeyTiles {
     /// Empty tiles for keys of `dim` values (no integer form unless a multiple of 32).
     pub fn new(dim: usize) -> KeyTiles {

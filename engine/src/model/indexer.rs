@@ -588,17 +588,68 @@ mod tests {
         }
     }
 
+    /// Every grid dot of `keys`' first `n` keys (by its definition, `KeyTile::dots`) against
+    /// the f64 chain of rule C2, head by head: equal wherever the tile fits the query's spread.
+    /// Returns the tiles that fit, those declined, and the declined ones where some grid dot
+    /// differs from its chain.
+    fn grid_against_chains(iq: &[f32], keys: &IndexKeys, n: usize) -> (usize, usize, usize) {
+        let dim = keys.rows().len() / keys.count();
+        let query =
+            QueryGrid::of(iq, dim, dim / quant::BLOCK).expect("a QDQ'd query is on the grid");
+        let (mut fit, mut declined, mut differ) = (0, 0, 0);
+        for g in 0..n.div_ceil(KEY_LANES) {
+            let tile = keys.grid().tile(g).expect("QDQ'd keys are on the grid");
+            let fits = tile.range.fits_with(query.range);
+            let mut differs = false;
+            for (h, qh) in iq.chunks_exact(dim).enumerate() {
+                let dots = tile.dots(query.head(h));
+                let tile_keys = keys.rows()[g * KEY_LANES * dim..n * dim].chunks_exact(dim);
+                for (j, key) in tile_keys.take(KEY_LANES).enumerate() {
+                    let chain: f64 = qh
+                        .iter()
+                        .zip(key)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum();
+                    // `==`: a zero's sign may differ (erased by the ReLU).
+                    if fits {
+                        assert!(
+                            dots[j] == chain,
+                            "tile {g} head {h} key {j}: {} vs {chain}",
+                            dots[j]
+                        );
+                    }
+                    differs |= dots[j] != chain;
+                }
+            }
+            if fits {
+                fit += 1;
+            } else {
+                declined += 1;
+                differ += usize::from(differs);
+            }
+        }
+        (fit, declined, differ)
+    }
+
+    /// Scores at every level this CPU has (the grid's integer dots at VNNI) equal the
+    /// portable chains' bits, in both profiles.
+    fn scores_agree_at_every_level(heads: &Heads, keys: &IndexKeys, n: usize, what: &str) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for numerics in [Numerics::Upstream, Numerics::Exact] {
+            let want = score_all(Level::Portable, heads, keys, n, numerics);
+            for level in Level::ALL.into_iter().filter(|&l| l <= simd::available()) {
+                let got = score_all(level, heads, keys, n, numerics);
+                assert_eq!(bits(&got), bits(&want), "{what}, {numerics}, {level:?}");
+            }
+        }
+    }
+
     /// Keys and queries FP4-QDQ'd as upstream, over 1 to 4 blocks, with block scales from
-    /// 2^−140 to 2^100 and zero blocks: the scores from the integer grid equal the f64 chains'
-    /// bits, and tiles whose scales are too far apart for the chain to be exact (which the
-    /// test includes: a chain that rounds) are left to the chains. Sizes 1..=70 keys cover
-    /// partial tiles.
+    /// 2^−140 to 2^100 and zero blocks: every grid dot of a tile that fits the spread bound
+    /// equals its f64 chain (on any CPU), and so do the scores at every level this CPU has.
+    /// Sizes 1..=70 keys cover partial tiles.
     #[test]
     fn grid_dots_give_the_chains_bits() {
-        if simd::available() < Level::Avx512Vnni {
-            eprintln!("skipped: this CPU has no AVX-512 VNNI");
-            return;
-        }
         let mut state = 7u64;
         let mut next = move || {
             state = state
@@ -606,14 +657,13 @@ mod tests {
                 .wrapping_add(1442695040888963407);
             state >> 33
         };
-        let mut on_grid = 0;
-        let mut declined = 0;
+        let (mut fit, mut declined) = (0, 0);
         for case in 0..48 {
             let blocks = 1 + case % 4;
             let dim = blocks * quant::BLOCK;
             let n_heads = 3;
             // Per case a spread of block exponents: narrow (always on the grid), then wide
-            // (tiles declined, chains that round).
+            // (tiles declined).
             let spread = [4, 20, 60, 240][case / 12] as u64;
             let block = |next: &mut dyn FnMut() -> u64, out: &mut Vec<f32>| {
                 let kind = next() % 16;
@@ -642,40 +692,33 @@ mod tests {
                 block(&mut next, &mut rows);
             }
             let keys = IndexKeys::from_rows(dim, rows);
+            let (f, d, _) = grid_against_chains(&iq, &keys, n);
+            fit += f;
+            declined += d;
             let heads = Heads {
                 iq: &iq,
                 w: &w,
                 dim,
             };
-            let query = QueryGrid::of(&iq, dim, blocks).expect("a QDQ'd query is on the grid");
-            for g in 0..n.div_ceil(KEY_LANES) {
-                let tile = keys.grid().tile(g).expect("QDQ'd keys are on the grid");
-                if tile.range.fits_with(query.range) {
-                    on_grid += 1;
-                } else {
-                    declined += 1;
-                }
-            }
-            for numerics in [Numerics::Upstream, Numerics::Exact] {
-                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                let want = score_all(Level::Avx2, &heads, &keys, n, numerics);
-                let got = score_all(Level::Avx512Vnni, &heads, &keys, n, numerics);
-                assert_eq!(
-                    bits(&got),
-                    bits(&want),
-                    "case {case}: {n} keys of {dim}, {numerics}"
-                );
-            }
+            scores_agree_at_every_level(
+                &heads,
+                &keys,
+                n,
+                &format!("case {case}: {n} keys of {dim}"),
+            );
         }
         assert!(
-            on_grid > 20 && declined > 5,
-            "{on_grid} tiles on the grid, {declined} declined"
+            fit > 20 && declined > 5,
+            "{fit} tiles on the grid, {declined} declined"
         );
+    }
 
-        // Blocks 0 and 2 of every key cancel through the query; block 1's terms are 2^-51.
-        // Where block 0's sum is at least 8, the chain rounds each of them away before block 2
-        // cancels it (a score of zero), while their sum (2^-46) is not: adding the blocks'
-        // sums is not the chain there. Such a tile must be left to the chains.
+    /// Blocks 0 and 2 of every key cancel through the query; block 1's terms are 2^-51. Where
+    /// block 0's sum is at least 8, the chain rounds each of them away before block 2 cancels
+    /// it, while their sum (2^-46) is not rounded away: the blocks' integer sums are not the
+    /// chain there. The spread bound must decline such a tile (a looser bound fails here).
+    #[test]
+    fn the_spread_bound_declines_a_tile_whose_chain_rounds() {
         let dim = 3 * quant::BLOCK;
         let outer: Vec<f32> = (0..quant::BLOCK)
             .map(|i| ((i % 7) as f32 - 3.0) / 2.0)
@@ -692,21 +735,17 @@ mod tests {
             rows.extend(big.iter().map(|v| -v));
         }
         let keys = IndexKeys::from_rows(dim, rows);
+        assert_eq!(
+            grid_against_chains(&iq, &keys, KEY_LANES),
+            (0, 1, 1),
+            "the tile is declined, and its grid dots are not the chains"
+        );
         let heads = Heads {
             iq: &iq,
             w: &w,
             dim,
         };
-        for numerics in [Numerics::Upstream, Numerics::Exact] {
-            let want = score_all(Level::Avx2, &heads, &keys, KEY_LANES, numerics);
-            let got = score_all(Level::Avx512Vnni, &heads, &keys, KEY_LANES, numerics);
-            assert!(
-                want.iter().any(|&s| s == 0.0),
-                "the chain rounds the small block away"
-            );
-            let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "cancelling blocks, {numerics}");
-        }
+        scores_agree_at_every_level(&heads, &keys, KEY_LANES, "cancelling blocks");
     }
 
     /// Values off the grid (not QDQ'd, or not finite) give no integer form: such a key's tile,
