@@ -299,21 +299,22 @@ fn score_keys(
     let mut total = [0f64; KEY_LANES];
     for (h, (qh, &wh)) in heads.iq.chunks_exact(hd).zip(heads.w).enumerate() {
         let mut dot = [start; KEY_LANES];
-        if let Some(grid) = &grid {
-            grid.head(h, &mut dot);
-        } else {
-            q.clear();
-            q.extend(qh.iter().map(|&v| f64::from(v)));
-        }
-        #[cfg(target_arch = "x86_64")]
-        if level >= Level::Avx2 && grid.is_none() {
-            // SAFETY: `level` is Avx2 or above only inside `score_keys_avx2` / `_vnni`.
-            unsafe { simd::x86::chains_32(&mut dot, &q, &columns) };
-        }
-        if level < Level::Avx2 && grid.is_none() {
-            for (&qd, c) in q.iter().zip(columns.iter()) {
-                for (a, &k) in dot.iter_mut().zip(c) {
-                    *a += qd * k;
+        match &grid {
+            Some(grid) => grid.head(h, &mut dot),
+            None => {
+                q.clear();
+                q.extend(qh.iter().map(|&v| f64::from(v)));
+                #[cfg(target_arch = "x86_64")]
+                if level >= Level::Avx2 {
+                    // SAFETY: `level` is Avx2 or above only inside `score_keys_avx2` / `_vnni`.
+                    unsafe { simd::x86::chains_32(&mut dot, &q, &columns) };
+                }
+                if level < Level::Avx2 {
+                    for (&qd, c) in q.iter().zip(columns.iter()) {
+                        for (a, &k) in dot.iter_mut().zip(c) {
+                            *a += qd * k;
+                        }
+                    }
                 }
             }
         }
