@@ -278,7 +278,13 @@ mod x86 {
                 fp4
             };
             let f16_scales: [f64; 8] = std::array::from_fn(|_| {
-                let bits = next() as u16 & 0xFBFF; // exponent field below 31: finite
+                let bits = next() as u16;
+                // Every exponent field but 31 (infinities and NaNs), which becomes 15.
+                let bits = if bits & 0x7C00 == 0x7C00 {
+                    bits & !0x4000
+                } else {
+                    bits
+                };
                 f64::from(half::f16::from_bits(bits).to_f32())
             });
             let mut got = acc;
