@@ -4,8 +4,10 @@
 //! Every e4m3 and e2m1 value is an f64 that is zero below bit 48 (`dtype::E4M3_F64_TOP`), so a
 //! weight's f64 is built from two byte lookups (`vpermi2b` over a 128-entry table, `vpshufb`
 //! over 16 entries) placed into the top two bytes of a 64-bit lane by one more byte permute: no
-//! conversion instruction per weight. Each row's block is then eight f64 multiply-adds, and
-//! the eight rows' lane sums are added in one transposing reduction. Every product is exact
+//! conversion instruction per weight. (The FP8 C1 kernel, the decode's largest, makes its top
+//! bytes by arithmetic instead, at another power-of-two scale: see [`fp8_c1_block8`].) Each
+//! row's block is then eight f64 multiply-adds, and the eight rows' lane sums are added in one
+//! transposing reduction. Every product is exact
 //! and so is any sum of them (the C1 argument of MODEL.md §5.4 in `linear`), so the result is
 //! the portable kernel's block sum to the bit; the scale, the rounding to f32 and the f32
 //! accumulation over blocks are then done for the eight rows as one vector, in the same order.
@@ -73,6 +75,16 @@ const fn nibble_bytes(shift: u32) -> [u8; 64] {
 /// to the table path). The scales must not overflow f32 with any code (`SAFE_SCALE_BYTE` in
 /// `matvec`).
 ///
+/// No 128-entry table and no two-source permute (three micro-ops each on Intel cores): a
+/// code's weight is made as an f64 equal to the e4m3 value times 2^−1000 ([`E4M3_LOWERED`]),
+/// whose two top bytes are `2·code` and `(code & 0x80) | 1` for every normal code (the f64
+/// exponent field is the e4m3 one plus 16), and a 16-entry fix-up for the eight subnormal
+/// magnitudes, which the scaling keeps normal (a subnormal f64 costs an assist per
+/// multiply-add on Intel cores). A row's 32 codes give one 64-byte source, placed by one-source
+/// byte permutes. The inputs are raised by 2^500 so that every product `x·w·2^−500` is a
+/// normal f64: exact, as is any sum of them (the C1 argument); the block sums are brought back
+/// by 2^500 with the scale, exactly.
+///
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VL and VBMI (and AVX2, FMA).
 #[inline]
@@ -83,29 +95,116 @@ pub unsafe fn fp8_c1_block8(
     rows: [&[u8; BLOCK]; 8],
     scale: &[f64; 8],
 ) -> bool {
-    let mut nan: __mmask64 = 0;
-    let mut sums = [_mm512_setzero_pd(); 8];
-    for pair in 0..4 {
-        // Rows 2·pair and 2·pair + 1, 32 codes each.
-        let c = _mm512_inserti64x4::<1>(
-            _mm512_castsi256_si512(_mm256_loadu_si256(rows[2 * pair].as_ptr().cast())),
-            _mm256_loadu_si256(rows[2 * pair + 1].as_ptr().cast()),
-        );
-        nan |= e4m3_nan(c);
-        let (lo, hi) = e4m3_top_bytes(c);
-        for g in 0..8 {
-            let w = place(lo, hi, g);
-            let row = 2 * pair + g / 4;
-            let k = 8 * (g % 4);
-            sums[row] = _mm512_fmadd_pd(_mm512_loadu_pd(x[k..].as_ptr()), w, sums[row]);
-        }
-    }
-    if nan != 0 {
+    let fixes = load(&SUBNORMAL_FIXES);
+    let (sign, low_half) = (_mm512_set1_epi8(i8::MIN), _mm512_set1_epi8(15));
+    let mut doubled_max = _mm512_setzero_si512();
+    let tops: [__m512i; 8] = std::array::from_fn(|row| {
+        let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(rows[row].as_ptr().cast()));
+        // 2·code: the low seven bits moved up one, 0..=14 exactly for the subnormal codes,
+        // 0xFE exactly for the NaN codes 0x7F and 0xFF (and no byte is larger).
+        let doubled = _mm512_add_epi8(both, both);
+        doubled_max = _mm512_max_epu8(doubled_max, doubled);
+        // Bytes 0..32: 2·code, 32..64: the sign; then the fix-ups, looked up by 2·code for
+        // the subnormal codes and by 15 for all others.
+        let base = _mm512_mask_and_epi64(doubled, 0xF0, both, sign);
+        let fix = _mm512_shuffle_epi8(fixes, _mm512_min_epu8(doubled, low_half));
+        _mm512_xor_si512(base, fix)
+    });
+    if _mm512_cmpeq_epi8_mask(doubled_max, _mm512_set1_epi8(-2)) != 0 {
         return false;
     }
+    let raise = _mm512_set1_pd(INPUT_RAISE);
+    let xs: [__m512d; 4] =
+        std::array::from_fn(|g| _mm512_mul_pd(_mm512_loadu_pd(x[8 * g..].as_ptr()), raise));
+    let mut sums = [_mm512_setzero_pd(); 8];
+    for (row, top) in tops.into_iter().enumerate() {
+        for (g, &xg) in xs.iter().enumerate() {
+            let w = _mm512_maskz_permutexvar_epi8(TOP_BYTES, load(&PLACE_ONE[g]), top);
+            sums[row] = _mm512_fmadd_pd(xg, _mm512_castsi512_pd(w), sums[row]);
+        }
+    }
+    let scale = _mm512_mul_pd(_mm512_loadu_pd(scale.as_ptr()), _mm512_set1_pd(INPUT_RAISE));
     accumulate(acc, sums, scale);
     true
 }
+
+/// The e4m3 value of a code's low seven bits times 2^−1000, as an f64's top 16 bits (the
+/// rest are zero): `(c << 1) + 0x100` for a normal code (exponent field E + 16, mantissa m),
+/// `c · 2^−1009` normalised for a subnormal one (0 for zero).
+const fn e4m3_lowered(c: u8) -> u16 {
+    if c >= 8 {
+        return ((c as u16) << 1) + 0x100;
+    }
+    let mut bits = 0u16;
+    if c > 0 {
+        // c · 2^-1009 with c in 1..8: exponent 1009 - lz, mantissa the bits below the top.
+        let top = 7 - c.leading_zeros() as u16; // 0..=2
+        let mantissa = ((c as u16) << (3 - top)) & 0x7; // three bits below the leading one
+        bits = ((1023 - 1009 + top) << 4) | (mantissa << 1);
+    }
+    bits
+}
+
+/// [`e4m3_lowered`] for the 128 magnitudes, checked against the e4m3 values at compile time.
+const E4M3_LOWERED: [u16; 128] = {
+    let mut t = [0u16; 128];
+    let mut c = 0;
+    while c < 128 {
+        t[c] = e4m3_lowered(c as u8);
+        if c != 0x7F {
+            let want = f64::from_bits((E4M3_F64_TOP[c] as u64) << 48);
+            let got = f64::from_bits((t[c] as u64) << 48) * f64::from_bits((1023 + 500) << 52);
+            assert!(got * f64::from_bits((1023 + 500) << 52) == want);
+        }
+        c += 1;
+    }
+    t
+};
+
+/// `vpshufb` table (16 entries per 128-bit lane) of what to flip in the two top bytes
+/// `2·code`, `code & 0x80` to get [`E4M3_LOWERED`]: entry `2m` for the subnormal magnitude m
+/// (lanes 0 and 1: the low byte, lanes 2 and 3: the high byte), entry 15 for every normal code.
+static SUBNORMAL_FIXES: [u8; 64] = {
+    let mut t = [0u8; 64];
+    let mut lane = 0;
+    while lane < 4 {
+        let high = lane >= 2;
+        let mut i = 0;
+        while i < 16 {
+            // Entry 15 stands for any normal code: its low byte is 2·code already; its high
+            // byte needs the exponent's +16.
+            let (code, doubled) = if i == 15 { (8u8, 16u16) } else { ((i / 2) as u8, i as u16) };
+            let want = E4M3_LOWERED[code as usize];
+            let fix = if high { want >> 8 } else { (want ^ doubled) & 0xFF };
+            t[16 * lane + i] = if i % 2 == 1 && i != 15 { 0 } else { fix as u8 };
+            i += 1;
+        }
+        lane += 1;
+    }
+    t
+};
+
+/// 2^500: raises act-quantised inputs (below 2^137 in magnitude) so that their products with
+/// the 2^−1000-scaled e4m3 values stay normal f64 (above 2^−700); the block sums are short of
+/// the same factor.
+const INPUT_RAISE: f64 = f64::from_bits((1023 + 500) << 52);
+
+/// `PLACE_ONE[g]`: byte permute from a row's 32 low bytes and 32 high bytes (one source)
+/// putting codes `8g .. 8g + 8`' two bytes into bytes 6 and 7 of lanes 0..8.
+static PLACE_ONE: [[u8; 64]; 4] = {
+    let mut t = [[0u8; 64]; 4];
+    let mut g = 0;
+    while g < 4 {
+        let mut j = 0;
+        while j < 8 {
+            t[g][8 * j + 6] = (8 * g + j) as u8;
+            t[g][8 * j + 7] = (32 + 8 * g + j) as u8;
+            j += 1;
+        }
+        g += 1;
+    }
+    t
+};
 
 /// [`fp8_c1_block8`] for eight rows of packed FP4 (16 bytes each, low nibble first).
 ///
@@ -135,7 +234,7 @@ pub unsafe fn fp4_c1_block8(
             }
         }
     }
-    accumulate(acc, sums, scale);
+    accumulate(acc, sums, _mm512_loadu_pd(scale.as_ptr()));
 }
 
 /// `TRANSPOSE[h]`: byte permute from two vectors of four rows' 16 codes each (rows 0..4 in
@@ -409,7 +508,7 @@ unsafe fn int_sums(
             }
         }
     }
-    accumulate(acc, sums, scale);
+    accumulate(acc, sums, _mm512_loadu_pd(scale.as_ptr()));
 }
 
 /// The C2 chains of eight rows over 32 columns of int8 values, given as two pairs of
@@ -811,7 +910,7 @@ unsafe fn place(lo: __m512i, hi: __m512i, g: usize) -> __m512d {
 /// `acc[i] += f32(Σ lanes of sums[i] · scale[i])`, the eight lane sums taken together.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
-unsafe fn accumulate(acc: &mut [f32; 8], s: [__m512d; 8], scale: &[f64; 8]) {
+unsafe fn accumulate(acc: &mut [f32; 8], s: [__m512d; 8], scale: __m512d) {
     // Pairs of rows: per 128-bit lane, (row a, row b) partial sums.
     let pair =
         |a: __m512d, b: __m512d| _mm512_add_pd(_mm512_unpacklo_pd(a, b), _mm512_unpackhi_pd(a, b));
@@ -830,7 +929,7 @@ unsafe fn accumulate(acc: &mut [f32; 8], s: [__m512d; 8], scale: &[f64; 8]) {
         _mm512_shuffle_f64x2::<0b10_00_10_00>(q0, q1),
         _mm512_shuffle_f64x2::<0b11_01_11_01>(q0, q1),
     );
-    let blocks = _mm512_cvtpd_ps(_mm512_mul_pd(total, _mm512_loadu_pd(scale.as_ptr())));
+    let blocks = _mm512_cvtpd_ps(_mm512_mul_pd(total, scale));
     let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), blocks);
     _mm256_storeu_ps(acc.as_mut_ptr(), sum);
 }
