@@ -25,6 +25,14 @@ use std::arch::x86_64::*;
 /// Bytes 6 and 7 of every 64-bit lane: where the two table bytes of a value go.
 const TOP_BYTES: __mmask64 = 0xC0C0_C0C0_C0C0_C0C0;
 
+/// [`TOP_BYTES`] hidden from the optimiser, taken once per kernel call: with the constant in
+/// sight LLVM turns each zero-masked byte permute into a permute and an `and` (an extra
+/// micro-op per eight weights, measured).
+#[inline(always)]
+fn top_bytes_mask() -> __mmask64 {
+    std::hint::black_box(TOP_BYTES)
+}
+
 /// `PLACE[g]`: byte permute putting bytes `8g .. 8g + 8` of the low-byte table (first source)
 /// and the high-byte table (second source) into bytes 6 and 7 of lanes 0..8.
 static PLACE: [[u8; 64]; 8] = {
@@ -97,6 +105,9 @@ pub unsafe fn fp8_c1_block8(
 ) -> bool {
     let fixes = load(&SUBNORMAL_FIXES);
     let (sign, low_half) = (_mm512_set1_epi8(i8::MIN), _mm512_set1_epi8(15));
+    // Hidden for the same reason as `top_bytes_mask`: in sight, the masked `and` becomes an
+    // `and` and a lane shuffle.
+    let high_half: __mmask8 = std::hint::black_box(0xF0);
     let mut doubled_max = _mm512_setzero_si512();
     let tops: [__m512i; 8] = std::array::from_fn(|row| {
         let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(rows[row].as_ptr().cast()));
@@ -106,7 +117,7 @@ pub unsafe fn fp8_c1_block8(
         doubled_max = _mm512_max_epu8(doubled_max, doubled);
         // Bytes 0..32: 2·code, 32..64: the sign; then the fix-ups, looked up by 2·code for
         // the subnormal codes and by 15 for all others.
-        let base = _mm512_mask_and_epi64(doubled, 0xF0, both, sign);
+        let base = _mm512_mask_and_epi64(doubled, high_half, both, sign);
         let fix = _mm512_shuffle_epi8(fixes, _mm512_min_epu8(doubled, low_half));
         _mm512_xor_si512(base, fix)
     });
@@ -116,10 +127,10 @@ pub unsafe fn fp8_c1_block8(
     let raise = _mm512_set1_pd(INPUT_RAISE);
     let xs: [__m512d; 4] =
         std::array::from_fn(|g| _mm512_mul_pd(_mm512_loadu_pd(x[8 * g..].as_ptr()), raise));
-    let mut sums = [_mm512_setzero_pd(); 8];
+    let (mut sums, top_bytes) = ([_mm512_setzero_pd(); 8], top_bytes_mask());
     for (row, top) in tops.into_iter().enumerate() {
         for (g, &xg) in xs.iter().enumerate() {
-            let w = _mm512_maskz_permutexvar_epi8(TOP_BYTES, load(&PLACE_ONE[g]), top);
+            let w = _mm512_maskz_permutexvar_epi8(top_bytes, load(&PLACE_ONE[g]), top);
             sums[row] = _mm512_fmadd_pd(xg, _mm512_castsi512_pd(w), sums[row]);
         }
     }
@@ -218,7 +229,7 @@ pub unsafe fn fp4_c1_block8(
     rows: [&[u8; BLOCK / 2]; 8],
     scale: &[f64; 8],
 ) {
-    let mut sums = [_mm512_setzero_pd(); 8];
+    let (mut sums, top_bytes) = ([_mm512_setzero_pd(); 8], top_bytes_mask());
     for quad in 0..2 {
         // Rows 4·quad .. 4·quad + 4, one per 128-bit lane.
         let c = lanes4(std::array::from_fn(|r| rows[4 * quad + r]));
@@ -229,7 +240,7 @@ pub unsafe fn fp4_c1_block8(
                 // Lane g / 2 (a row), elements 16·half + 8·(g % 2) ..
                 let row = 4 * quad + g / 2;
                 let k = 16 * half + 8 * (g % 2);
-                let w = place(lo, hi, g);
+                let w = place(lo, hi, g, top_bytes);
                 sums[row] = _mm512_fmadd_pd(_mm512_loadu_pd(x[k..].as_ptr()), w, sums[row]);
             }
         }
@@ -368,9 +379,9 @@ unsafe fn store_columns<const W: usize>(
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
 unsafe fn placed(lo: __m512i, hi: __m512i) -> [__m512d; 8] {
-    let mut values = [_mm512_setzero_pd(); 8];
+    let (mut values, top_bytes) = ([_mm512_setzero_pd(); 8], top_bytes_mask());
     for (g, v) in values.iter_mut().enumerate() {
-        *v = place(lo, hi, g);
+        *v = place(lo, hi, g, top_bytes);
     }
     values
 }
@@ -885,9 +896,9 @@ pub(super) unsafe fn lanes4(rows: [&[u8; 16]; 4]) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
 unsafe fn chains8(mut chain: __m512d, x: &[f64], lo: __m512i, hi: __m512i) -> __m512d {
-    let x: &[f64; 8] = x.try_into().expect("eight columns");
+    let (x, top_bytes): (&[f64; 8], _) = (x.try_into().expect("eight columns"), top_bytes_mask());
     for (g, &xg) in x.iter().enumerate() {
-        chain = _mm512_fmadd_pd(_mm512_set1_pd(xg), place(lo, hi, g), chain);
+        chain = _mm512_fmadd_pd(_mm512_set1_pd(xg), place(lo, hi, g, top_bytes), chain);
     }
     chain
 }
@@ -902,9 +913,9 @@ unsafe fn load(bytes: &[u8]) -> __m512i {
 /// Eight f64 whose top bytes are bytes `8g .. 8g + 8` of `lo` and `hi`.
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
-unsafe fn place(lo: __m512i, hi: __m512i, g: usize) -> __m512d {
+unsafe fn place(lo: __m512i, hi: __m512i, g: usize, top_bytes: __mmask64) -> __m512d {
     let index = load(&PLACE[g]);
-    _mm512_castsi512_pd(_mm512_maskz_permutex2var_epi8(TOP_BYTES, lo, index, hi))
+    _mm512_castsi512_pd(_mm512_maskz_permutex2var_epi8(top_bytes, lo, index, hi))
 }
 
 /// `acc[i] += f32(Σ lanes of sums[i] · scale[i])`, the eight lane sums taken together.
