@@ -45,6 +45,16 @@ fn main() {
             x86::missing_avx512(),
         ),
         gated(
+            "avx512_c1_loops_equal_their_block_steps_and_stop_at_the_blocks_they_leave",
+            x86::c1_loops,
+            x86::missing_avx512(),
+        ),
+        gated(
+            "vnni_fp4_loop_equals_its_block_steps_and_stops_at_the_blocks_it_leaves",
+            x86::vnni_fp4_loop,
+            x86::missing_vnni(),
+        ),
+        gated(
             "avx512_eight_row_chains_equal_the_portable_chains_on_every_code",
             x86::eight_row_chains,
             x86::missing_avx512(),
@@ -98,6 +108,12 @@ mod x86 {
         Ok(())
     }
     pub fn eight_row_chains() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn c1_loops() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn vnni_fp4_loop() -> Result<(), Failed> {
         Ok(())
     }
     pub fn missing_vnni() -> Option<&'static str> {
@@ -677,6 +693,179 @@ mod x86 {
                     )
                     .into());
                 }
+            }
+        }
+        Ok(())
+    }
+
+    /// Blocks of eight release rows for the loop trials: `blocks` column blocks made by
+    /// [`eight_rows`] (NaN codes in one seed of four), their scale bytes (one block in seven
+    /// above the limit), and act-quantised inputs.
+    struct LoopRows {
+        fp8: Vec<[u8; BLOCK * LOOP_BLOCKS]>,
+        fp4: Vec<[u8; BLOCK / 2 * LOOP_BLOCKS]>,
+        scales: Vec<[u8; LOOP_BLOCKS]>,
+        x: Vec<f64>,
+    }
+
+    const LOOP_BLOCKS: usize = 40;
+    const LOOP_LIMIT: u8 = 245;
+
+    fn loop_rows(seed: u64, shared: bool) -> LoopRows {
+        let mut next = lcg(seed + 11);
+        let mut rows = LoopRows {
+            fp8: vec![[0; BLOCK * LOOP_BLOCKS]; 8],
+            fp4: vec![[0; BLOCK / 2 * LOOP_BLOCKS]; 8],
+            scales: vec![[0; LOOP_BLOCKS]; 8],
+            x: Vec::new(),
+        };
+        for kb in 0..LOOP_BLOCKS {
+            let block_seed = seed * 64 + kb as u64;
+            let EightRows { fp8, fp4, .. } = eight_rows(block_seed, next());
+            for j in 0..8 {
+                rows.fp8[j][kb * BLOCK..][..BLOCK].copy_from_slice(&fp8[j]);
+                rows.fp4[j][kb * BLOCK / 2..][..BLOCK / 2].copy_from_slice(&fp4[j]);
+                let byte = match next() % 7 {
+                    0 if kb % 3 == 0 => LOOP_LIMIT + 1 + (next() % 9) as u8,
+                    r => [0, LOOP_LIMIT, 127, 100, 140, 90, 120][r as usize],
+                };
+                rows.scales[j][kb] = if shared && j > 0 {
+                    rows.scales[0][kb]
+                } else {
+                    byte
+                };
+            }
+            rows.x.extend(quantised_inputs(block_seed));
+        }
+        rows
+    }
+
+    /// What a loop over blocks `from..` must do: the first block it must leave (`leaves`), and
+    /// `acc` after the single-block `step`s before it.
+    fn blocks_until(
+        from: usize,
+        acc: &mut [f32; 8],
+        leaves: impl Fn(usize) -> bool,
+        mut step: impl FnMut(usize, &mut [f32; 8]),
+    ) -> usize {
+        for kb in from..LOOP_BLOCKS {
+            if leaves(kb) {
+                return kb;
+            }
+            step(kb, acc);
+        }
+        LOOP_BLOCKS
+    }
+
+    /// The AVX-512 FP8 C1 loop against its single-block step, bit for bit, over 40 blocks
+    /// with scales shared by the eight rows and one per row: the same sums, and a stop at
+    /// exactly each block with a NaN code or a scale above the limit (the loop is then resumed
+    /// after it, as the caller does).
+    pub fn c1_loops() -> Result<(), Failed> {
+        for seed in 0..48u64 {
+            let shared = seed % 2 == 0;
+            let rows = loop_rows(seed, shared);
+            let codes: [&[u8]; 8] = std::array::from_fn(|j| &rows.fp8[j][..]);
+            let scales = avx512::RowScales {
+                bytes: if shared {
+                    avx512::ScaleBytes::Shared(&rows.scales[0])
+                } else {
+                    avx512::ScaleBytes::PerRow(std::array::from_fn(|j| &rows.scales[j][..]))
+                },
+                limit: LOOP_LIMIT,
+            };
+            let leaves = |kb: usize| {
+                (0..8).any(|j| {
+                    rows.scales[j][kb] > LOOP_LIMIT
+                        || rows.fp8[j][kb * BLOCK..][..BLOCK]
+                            .iter()
+                            .any(|c| c & 0x7F == 0x7F)
+                })
+            };
+            let step = |kb: usize, acc: &mut [f32; 8]| {
+                let x: &[f64; BLOCK] = rows.x[kb * BLOCK..][..BLOCK].try_into().expect("block");
+                let block = std::array::from_fn(|j| {
+                    rows.fp8[j][kb * BLOCK..][..BLOCK]
+                        .try_into()
+                        .expect("block")
+                });
+                let s = std::array::from_fn(|j| f64::from(e8m0_to_f32(rows.scales[j][kb])));
+                // SAFETY: `missing_avx512` found the features, or this trial is not run.
+                let done = unsafe { avx512::fp8_c1_block8(acc, x, block, &s) };
+                assert!(done, "block {kb} has no NaN code");
+            };
+            let (mut got, mut want) = ([0.5f32; 8], [0.5f32; 8]);
+            let (mut kb, mut stops) = (0, 0);
+            while kb < LOOP_BLOCKS {
+                let expected = blocks_until(kb, &mut want, leaves, step);
+                // SAFETY: as above; the rows and inputs hold LOOP_BLOCKS blocks.
+                kb = unsafe {
+                    avx512::fp8_c1_run8(&mut got, &rows.x, codes, scales, kb..LOOP_BLOCKS)
+                };
+                if kb != expected || got.map(f32::to_bits) != want.map(f32::to_bits) {
+                    return Err(format!(
+                        "seed {seed}: stopped at {kb} (want {expected}), acc {got:?} want {want:?}"
+                    )
+                    .into());
+                }
+                stops += usize::from(kb < LOOP_BLOCKS);
+                kb += 1;
+            }
+            if stops == 0 {
+                return Err(
+                    format!("seed {seed}: no block was left; the trial is too weak").into(),
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The VNNI FP4 C1 loop against its single-block step, as [`c1_loops`]: the same sums and
+    /// a stop at exactly each block whose scale is above the limit.
+    pub fn vnni_fp4_loop() -> Result<(), Failed> {
+        for seed in 0..48u64 {
+            let rows = loop_rows(seed, false);
+            let codes: [&[u8]; 8] = std::array::from_fn(|j| &rows.fp4[j][..]);
+            let x: Vec<ActBlock> = rows
+                .x
+                .chunks_exact(BLOCK)
+                .map(|b| ActBlock::of(b.try_into().expect("block")).expect("act-quantised"))
+                .collect();
+            let scales = avx512::RowScales {
+                bytes: avx512::ScaleBytes::PerRow(std::array::from_fn(|j| &rows.scales[j][..])),
+                limit: LOOP_LIMIT,
+            };
+            let leaves = |kb: usize| (0..8).any(|j| rows.scales[j][kb] > LOOP_LIMIT);
+            let step = |kb: usize, acc: &mut [f32; 8]| {
+                let block = std::array::from_fn(|j| {
+                    rows.fp4[j][kb * BLOCK / 2..][..BLOCK / 2]
+                        .try_into()
+                        .expect("block")
+                });
+                let s = std::array::from_fn(|j| f64::from(e8m0_to_f32(rows.scales[j][kb])));
+                // SAFETY: `missing_vnni` found the features, or this trial is not run.
+                unsafe { vnni::fp4_c1_block8_vnni(acc, &x[kb], block, &s) };
+            };
+            let (mut got, mut want) = ([0.5f32; 8], [0.5f32; 8]);
+            let (mut kb, mut stops) = (0, 0);
+            while kb < LOOP_BLOCKS {
+                let expected = blocks_until(kb, &mut want, leaves, step);
+                // SAFETY: as above; the rows and inputs hold LOOP_BLOCKS blocks.
+                kb =
+                    unsafe { vnni::fp4_c1_run8_vnni(&mut got, &x, codes, scales, kb..LOOP_BLOCKS) };
+                if kb != expected || got.map(f32::to_bits) != want.map(f32::to_bits) {
+                    return Err(format!(
+                        "seed {seed}: stopped at {kb} (want {expected}), acc {got:?} want {want:?}"
+                    )
+                    .into());
+                }
+                stops += usize::from(kb < LOOP_BLOCKS);
+                kb += 1;
+            }
+            if stops == 0 {
+                return Err(
+                    format!("seed {seed}: no block was left; the trial is too weak").into(),
+                );
             }
         }
         Ok(())

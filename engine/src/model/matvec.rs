@@ -60,7 +60,6 @@ const WIDE_TASK_WEIGHTS: usize = 1 << 20;
 
 /// Bytes ahead of the current block that the AVX-512 C2 kernels prefetch in each row.
 #[cfg(target_arch = "x86_64")]
-const PREFETCH_AHEAD: usize = 256;
 
 /// [`WeightBlock`] for [`DECODE_TILE`] rows.
 type WideBlock = [[f64; DECODE_TILE]; BLOCK];
@@ -423,54 +422,50 @@ impl MatVec<'_> {
         // FP8 scales are per 32 × 32 block: the eight rows of a task usually share theirs,
         // one byte per block instead of eight.
         let shared = scale_at(&v, r0, 0) == scale_at(&v, r0 + TILE - 1, 0);
-        let mut acc = [0f32; TILE];
-        for (kb, xb) in x.chunks_exact(BLOCK).enumerate() {
-            let xb: &[f64; BLOCK] = xb.try_into().expect("block");
-            let sb: [u8; TILE] = if shared {
-                [scales[0][kb]; TILE]
+        let scales = simd::avx512::RowScales {
+            bytes: if shared && !fp4 {
+                simd::avx512::ScaleBytes::Shared(scales[0])
             } else {
-                eight(
-                    #[inline(always)]
-                    |i| scales[i][kb],
-                )
-            };
-            // `release_scales8`'s check, written out: through a shared helper this loop
-            // measured 6–7% slower on a `wide` decode (paired runs).
-            let done = sb.iter().all(|&b| b <= SAFE_SCALE_BYTE) && {
-                let s = eight(
-                    #[inline(always)]
-                    |i| e8m0_to_f64(sb[i]),
-                );
-                // Both kernels outrun the hardware prefetcher on weights streamed from
-                // memory (FP4 ~5%, FP8 ~4% of a `wide` decode).
-                let at = kb * if fp4 { BLOCK / 2 } else { BLOCK };
-                if at.is_multiple_of(64) {
-                    for row in &codes {
-                        simd::avx512::prefetch(row, at + PREFETCH_AHEAD);
-                    }
-                }
-                if fp4 {
-                    let rows = ByteRows::packed_blocks(&codes, at);
-                    match self.x_blocks.and_then(|b| b.get(kb)) {
-                        // SAFETY: `x_blocks` is set only at `Level::Avx512Vnni`
-                        // (`wants_act_blocks`), so the CPU has VNNI.
-                        Some(xi) => unsafe {
-                            simd::vnni::fp4_c1_block8_vnni(&mut acc, xi, rows, &s)
-                        },
+                simd::avx512::ScaleBytes::PerRow(scales)
+            },
+            limit: SAFE_SCALE_BYTE,
+        };
+        let full = self.n_in / BLOCK;
+        let mut acc = [0f32; TILE];
+        let mut kb = 0;
+        while kb < full {
+            // The loops run until a block they leave (a NaN code, a scale that could overflow
+            // f32), which is taken row by row, in place.
+            kb = match (fp4, self.x_blocks) {
+                // SAFETY: only reached from `task_avx512`.
+                (false, _) => unsafe {
+                    simd::avx512::fp8_c1_run8(&mut acc, x, codes, scales, kb..full)
+                },
+                // SAFETY: `x_blocks` is set only at `Level::Avx512Vnni` (`wants_act_blocks`),
+                // so the CPU has VNNI.
+                (true, Some(xi)) => unsafe {
+                    simd::vnni::fp4_c1_run8_vnni(&mut acc, xi, codes, scales, kb..full)
+                },
+                // Inputs without an integer form (not act-quantised): the f64 kernel.
+                (true, None) => {
+                    while let Some(s) = (kb < full)
+                        .then(|| release_scales8(&v, r0, kb * BLOCK))
+                        .flatten()
+                    {
+                        let xb = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
+                        let rows = ByteRows::packed_blocks(&codes, kb * BLOCK / 2);
                         // SAFETY: only reached from `task_avx512`.
-                        None => unsafe { simd::avx512::fp4_c1_block8(&mut acc, xb, rows, &s) },
+                        unsafe { simd::avx512::fp4_c1_block8(&mut acc, xb, rows, &s) };
+                        kb += 1;
                     }
-                    true
-                } else {
-                    let rows = ByteRows::byte_blocks(&codes, at);
-                    // SAFETY: as above.
-                    unsafe { simd::avx512::fp8_c1_block8(&mut acc, xb, rows, &s) }
+                    kb
                 }
             };
-            if !done {
+            if kb < full {
                 for (i, a) in acc.iter_mut().enumerate() {
                     *a += self.c1_block(v, r0 + i, kb * BLOCK, Level::Avx512) as f32;
                 }
+                kb += 1;
             }
         }
         let tail = self.n_in - self.n_in % BLOCK;
@@ -509,7 +504,7 @@ impl MatVec<'_> {
             let at = bytes.offset(k0);
             if at.is_multiple_of(64) {
                 for row in &rows[..nw] {
-                    simd::avx512::prefetch(row, at + PREFETCH_AHEAD);
+                    simd::avx512::prefetch(row, at + simd::avx512::PREFETCH_AHEAD);
                 }
             }
             for (g, chains) in acc
@@ -990,9 +985,13 @@ fn release_scales8(v: &QuantView, r: usize, k0: usize) -> Option<[f64; TILE]> {
         #[inline(always)]
         |i| v.scales[scale_at(v, r + i, k0)],
     );
-    sb.iter()
-        .all(|&b| b <= SAFE_SCALE_BYTE)
-        .then(|| sb.map(e8m0_to_f64))
+    // Written out: through `array::map` the conversion was an out-of-line call per block.
+    sb.iter().all(|&b| b <= SAFE_SCALE_BYTE).then(|| {
+        eight(
+            #[inline(always)]
+            |i| e8m0_to_f64(sb[i]),
+        )
+    })
 }
 
 /// Index of the E8M0 scale of weight row `r`, column block starting at `k0`.

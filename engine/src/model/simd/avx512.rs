@@ -19,8 +19,9 @@
 //! f32 weights) are transposed eight by eight.
 
 use super::super::quant::BLOCK;
-use crate::dtype::{E2M1_F64_TOP, E4M3_F64_TOP};
+use crate::dtype::{e8m0_to_f64, E2M1_F64_TOP, E4M3_F64_TOP};
 use std::arch::x86_64::*;
+use std::ops::Range;
 
 /// Bytes 6 and 7 of every 64-bit lane: where the two table bytes of a value go.
 const TOP_BYTES: __mmask64 = 0xC0C0_C0C0_C0C0_C0C0;
@@ -103,11 +104,147 @@ pub unsafe fn fp8_c1_block8(
     rows: [&[u8; BLOCK]; 8],
     scale: &[f64; 8],
 ) -> bool {
+    let Some(sums) = fp8_block_sums(x, rows, PlaceMasks::new()) else {
+        return false;
+    };
+    let scale = _mm512_mul_pd(_mm512_loadu_pd(scale.as_ptr()), _mm512_set1_pd(INPUT_RAISE));
+    let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), block_values(sums, scale));
+    _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+    true
+}
+
+/// [`fp8_c1_block8`] over the column blocks `blocks` of eight FP8 rows, in order (`x` and
+/// `rows[i]` from column 0): one loop with the sums and the constants in registers. Returns
+/// the first block it leaves (a NaN code, a scale above the limit), else `blocks.end`; `acc`
+/// has every block before it.
+///
+/// # Safety
+/// As for [`fp8_c1_block8`]; `x` and the rows must hold `blocks.end` full blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn fp8_c1_run8(
+    acc: &mut [f32; 8],
+    x: &[f64],
+    rows: [&[u8]; 8],
+    scales: RowScales,
+    blocks: Range<usize>,
+) -> usize {
+    let (masks, raise) = (PlaceMasks::new(), _mm512_set1_pd(INPUT_RAISE));
+    let x = &x[..blocks.end * BLOCK];
+    let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
+    let mut total = _mm256_loadu_ps(acc.as_ptr());
+    let mut stop = blocks.end;
+    for kb in blocks {
+        let at = kb * BLOCK;
+        if at.is_multiple_of(64) {
+            for row in &rows {
+                prefetch(row, at + PREFETCH_AHEAD);
+            }
+        }
+        let xb = x[at..at + BLOCK].try_into().expect("block");
+        let rb = blocks_at(&rows, at);
+        let (Some(scale), Some(sums)) = (scales.block(kb), fp8_block_sums(xb, rb, masks)) else {
+            stop = kb;
+            break;
+        };
+        total = _mm256_add_ps(total, block_values(sums, _mm512_mul_pd(scale, raise)));
+    }
+    _mm256_storeu_ps(acc.as_mut_ptr(), total);
+    stop
+}
+
+/// The `B` bytes at `at` of eight rows (written out: through `array::map` this was an
+/// out-of-line call per block).
+#[inline(always)]
+pub(super) fn blocks_at<'r, const B: usize>(rows: &[&'r [u8]; 8], at: usize) -> [&'r [u8; B]; 8] {
+    let block = |i: usize| -> &'r [u8; B] { rows[i][at..at + B].try_into().expect("block") };
+    [
+        block(0),
+        block(1),
+        block(2),
+        block(3),
+        block(4),
+        block(5),
+        block(6),
+        block(7),
+    ]
+}
+
+/// Bytes ahead of the one in use at which the C1 loops ask for a row's next cache line: the
+/// kernels outrun the hardware prefetcher on weights streamed from memory (FP4 ~5%, FP8 ~4%
+/// of a `wide` decode).
+pub const PREFETCH_AHEAD: usize = 256;
+
+/// E8M0 scale bytes of eight release weight rows (from column block 0), and the largest byte
+/// the kernels take (one whose products with every code stay finite in f32).
+#[derive(Clone, Copy)]
+pub struct RowScales<'a> {
+    pub bytes: ScaleBytes<'a>,
+    pub limit: u8,
+}
+
+/// Where [`RowScales`] come from.
+#[derive(Clone, Copy)]
+pub enum ScaleBytes<'a> {
+    /// One byte per column block for all eight rows (FP8: 32 × 32 blocks).
+    Shared(&'a [u8]),
+    /// One byte per column block and row (FP4).
+    PerRow([&'a [u8]; 8]),
+}
+
+impl RowScales<'_> {
+    /// Column block `kb`'s eight scales as f64, `None` if one is above the limit.
+    #[inline(always)]
+    pub(super) unsafe fn block(&self, kb: usize) -> Option<__m512d> {
+        let bytes = match self.bytes {
+            ScaleBytes::Shared(s) => {
+                let b = s[kb];
+                return (b <= self.limit).then(|| _mm512_set1_pd(e8m0_to_f64(b)));
+            }
+            // Written out: through `array::map`, an out-of-line call per block.
+            ScaleBytes::PerRow(s) => u64::from_le_bytes([
+                s[0][kb], s[1][kb], s[2][kb], s[3][kb], s[4][kb], s[5][kb], s[6][kb], s[7][kb],
+            ]),
+        };
+        let b = _mm512_cvtepu8_epi64(_mm_cvtsi64_si128(bytes as i64));
+        if _mm512_cmpgt_epu64_mask(b, _mm512_set1_epi64(i64::from(self.limit))) != 0 {
+            return None;
+        }
+        // 2^(b − 127), as `e8m0_to_f64`.
+        let biased = _mm512_add_epi64(b, _mm512_set1_epi64(1023 - 127));
+        Some(_mm512_castsi512_pd(_mm512_slli_epi64::<52>(biased)))
+    }
+}
+
+/// The byte masks of the placements ([`top_bytes_mask`]) and of [`fp8_block_sums`]' high half,
+/// taken once per kernel call or loop.
+#[derive(Clone, Copy)]
+struct PlaceMasks {
+    top_bytes: __mmask64,
+    high_half: __mmask8,
+}
+
+impl PlaceMasks {
+    #[inline(always)]
+    fn new() -> PlaceMasks {
+        // Hidden for the same reason as `top_bytes_mask`: in sight, the masked `and` becomes an
+        // `and` and a lane shuffle.
+        PlaceMasks {
+            top_bytes: top_bytes_mask(),
+            high_half: std::hint::black_box(0xF0),
+        }
+    }
+}
+
+/// The body of [`fp8_c1_block8`]: the eight rows' lane sums of `x · w · 2^−500`, `None` if a
+/// code is NaN. Inlined into the kernels, which have the target features.
+#[inline(always)]
+unsafe fn fp8_block_sums(
+    x: &[f64; BLOCK],
+    rows: [&[u8; BLOCK]; 8],
+    masks: PlaceMasks,
+) -> Option<[__m512d; 8]> {
     let fixes = load(&SUBNORMAL_FIXES);
     let (sign, low_half) = (_mm512_set1_epi8(i8::MIN), _mm512_set1_epi8(15));
-    // Hidden for the same reason as `top_bytes_mask`: in sight, the masked `and` becomes an
-    // `and` and a lane shuffle.
-    let high_half: __mmask8 = std::hint::black_box(0xF0);
     let mut doubled_max = _mm512_setzero_si512();
     let tops: [__m512i; 8] = std::array::from_fn(|row| {
         let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(rows[row].as_ptr().cast()));
@@ -117,26 +254,24 @@ pub unsafe fn fp8_c1_block8(
         doubled_max = _mm512_max_epu8(doubled_max, doubled);
         // Bytes 0..32: 2·code, 32..64: the sign; then the fix-ups, looked up by 2·code for
         // the subnormal codes and by 15 for all others.
-        let base = _mm512_mask_and_epi64(doubled, high_half, both, sign);
+        let base = _mm512_mask_and_epi64(doubled, masks.high_half, both, sign);
         let fix = _mm512_shuffle_epi8(fixes, _mm512_min_epu8(doubled, low_half));
         _mm512_xor_si512(base, fix)
     });
     if _mm512_cmpeq_epi8_mask(doubled_max, _mm512_set1_epi8(-2)) != 0 {
-        return false;
+        return None;
     }
     let raise = _mm512_set1_pd(INPUT_RAISE);
     let xs: [__m512d; 4] =
         std::array::from_fn(|g| _mm512_mul_pd(_mm512_loadu_pd(x[8 * g..].as_ptr()), raise));
-    let (mut sums, top_bytes) = ([_mm512_setzero_pd(); 8], top_bytes_mask());
+    let mut sums = [_mm512_setzero_pd(); 8];
     for (row, top) in tops.into_iter().enumerate() {
         for (g, &xg) in xs.iter().enumerate() {
-            let w = _mm512_maskz_permutexvar_epi8(top_bytes, load(&PLACE_ONE[g]), top);
+            let w = _mm512_maskz_permutexvar_epi8(masks.top_bytes, load(&PLACE_ONE[g]), top);
             sums[row] = _mm512_fmadd_pd(xg, _mm512_castsi512_pd(w), sums[row]);
         }
     }
-    let scale = _mm512_mul_pd(_mm512_loadu_pd(scale.as_ptr()), _mm512_set1_pd(INPUT_RAISE));
-    accumulate(acc, sums, scale);
-    true
+    Some(sums)
 }
 
 /// The e4m3 value of a code's low seven bits times 2^−1000, as an f64's top 16 bits (the
@@ -184,9 +319,17 @@ static SUBNORMAL_FIXES: [u8; 64] = {
         while i < 16 {
             // Entry 15 stands for any normal code: its low byte is 2·code already; its high
             // byte needs the exponent's +16.
-            let (code, doubled) = if i == 15 { (8u8, 16u16) } else { ((i / 2) as u8, i as u16) };
+            let (code, doubled) = if i == 15 {
+                (8u8, 16u16)
+            } else {
+                ((i / 2) as u8, i as u16)
+            };
             let want = E4M3_LOWERED[code as usize];
-            let fix = if high { want >> 8 } else { (want ^ doubled) & 0xFF };
+            let fix = if high {
+                want >> 8
+            } else {
+                (want ^ doubled) & 0xFF
+            };
             t[16 * lane + i] = if i % 2 == 1 && i != 15 { 0 } else { fix as u8 };
             i += 1;
         }
@@ -922,6 +1065,13 @@ unsafe fn place(lo: __m512i, hi: __m512i, g: usize, top_bytes: __mmask64) -> __m
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
 unsafe fn accumulate(acc: &mut [f32; 8], s: [__m512d; 8], scale: __m512d) {
+    let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), block_values(s, scale));
+    _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+}
+
+/// `f32(Σ lanes of sums[i] · scale[i])` for the eight rows, the lane sums taken together.
+#[inline(always)]
+unsafe fn block_values(s: [__m512d; 8], scale: __m512d) -> __m256 {
     // Pairs of rows: per 128-bit lane, (row a, row b) partial sums.
     let pair =
         |a: __m512d, b: __m512d| _mm512_add_pd(_mm512_unpacklo_pd(a, b), _mm512_unpackhi_pd(a, b));
@@ -940,9 +1090,7 @@ unsafe fn accumulate(acc: &mut [f32; 8], s: [__m512d; 8], scale: __m512d) {
         _mm512_shuffle_f64x2::<0b10_00_10_00>(q0, q1),
         _mm512_shuffle_f64x2::<0b11_01_11_01>(q0, q1),
     );
-    let blocks = _mm512_cvtpd_ps(_mm512_mul_pd(total, scale));
-    let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), blocks);
-    _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+    _mm512_cvtpd_ps(_mm512_mul_pd(total, scale))
 }
 
 /// Ask for the cache line of `bytes[at]` (nothing past the end: a row's last lines are

@@ -106,14 +106,15 @@ pub fn act_blocks(x: &[f64], out: &mut Vec<ActBlock>) -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use kernel::{fp4_c1_block8_vnni, index_dots_vnni, q4_c1_block8_vnni};
+pub use kernel::{fp4_c1_block8_vnni, fp4_c1_run8_vnni, index_dots_vnni, q4_c1_block8_vnni};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::super::avx512::lanes4;
+    use super::super::avx512::{blocks_at, lanes4, prefetch, RowScales, PREFETCH_AHEAD};
     use super::{ActBlock, BLOCK};
     use crate::model::index_grid::{KeyTile, TILE_KEYS};
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
     /// `2 · e2m1(n)` as a signed byte for every nibble n (bit 3 the sign), in each 128-bit lane.
     static TWICE_E2M1: [i8; 64] = {
@@ -186,6 +187,46 @@ mod kernel {
         nibble_c1_block8(acc, x, rows, &NIBBLE_MINUS_8, steps);
     }
 
+    /// [`fp4_c1_block8_vnni`] over the column blocks `blocks` of eight FP4 rows, in order
+    /// (`x[kb]` block kb's integers, `rows[i]` from column 0): one loop with the sums and the
+    /// constants in registers. Returns the first block it leaves (a scale above the limit),
+    /// else `blocks.end`; `acc` has every block before it.
+    ///
+    /// # Safety
+    /// As for [`fp4_c1_block8_vnni`]; `x` and the rows must hold `blocks.end` blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
+    pub unsafe fn fp4_c1_run8_vnni(
+        acc: &mut [f32; 8],
+        x: &[ActBlock],
+        rows: [&[u8]; 8],
+        scales: RowScales,
+        blocks: Range<usize>,
+    ) -> usize {
+        const BYTES: usize = BLOCK / 2;
+        let x = &x[..blocks.end];
+        let rows = rows.map(|r| &r[..blocks.end * BYTES]);
+        let mut total = _mm256_loadu_ps(acc.as_ptr());
+        let mut stop = blocks.end;
+        for kb in blocks {
+            let at = kb * BYTES;
+            if at.is_multiple_of(64) {
+                for row in &rows {
+                    prefetch(row, at + PREFETCH_AHEAD);
+                }
+            }
+            let Some(scale) = scales.block(kb) else {
+                stop = kb;
+                break;
+            };
+            let rb = blocks_at(&rows, at);
+            let steps = _mm512_mul_pd(scale, _mm512_set1_pd(x[kb].unit));
+            let values = nibble_block_values(&x[kb], rb, &TWICE_E2M1, steps);
+            total = _mm256_add_ps(total, values);
+        }
+        _mm256_storeu_ps(acc.as_mut_ptr(), total);
+        stop
+    }
+
     /// `acc[i] += f32(steps[i] · Σ_k X[k] · table[nibble[i][k]])`, the sum exact in 32-bit
     /// lanes (|table| ≤ 12).
     #[inline]
@@ -197,6 +238,22 @@ mod kernel {
         table: &[i8; 64],
         steps: __m512d,
     ) {
+        let sum = _mm256_add_ps(
+            _mm256_loadu_ps(acc.as_ptr()),
+            nibble_block_values(x, rows, table, steps),
+        );
+        _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+    }
+
+    /// `f32(steps[i] · Σ_k X[k] · table[nibble[i][k]])` for the eight rows. Inlined into the
+    /// kernels, which have the target features.
+    #[inline(always)]
+    unsafe fn nibble_block_values(
+        x: &ActBlock,
+        rows: [&[u8; BLOCK / 2]; 8],
+        table: &[i8; 64],
+        steps: __m512d,
+    ) -> __m256 {
         let table = _mm512_loadu_si512(table.as_ptr().cast());
         let nibble = _mm512_set1_epi8(0x0F);
         let zero = _mm512_setzero_si512();
@@ -235,9 +292,7 @@ mod kernel {
         let both = _mm512_add_epi32(pairs, _mm512_shuffle_epi32::<0b10_11_00_01>(pairs));
         let rows = _mm512_permutexvar_epi32(_mm512_loadu_si512(ROW_TOTALS.as_ptr().cast()), both);
         let sums = _mm512_cvtepi32_pd(_mm512_castsi512_si256(rows));
-        let blocks = _mm512_cvtpd_ps(_mm512_mul_pd(sums, steps));
-        let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), blocks);
-        _mm256_storeu_ps(acc.as_mut_ptr(), sum);
+        _mm512_cvtpd_ps(_mm512_mul_pd(sums, steps))
     }
 
     /// One index head's dots with a tile of keys, both on the grid (`index_grid`):
