@@ -58,9 +58,6 @@ pub(crate) const DECODE_TILE: usize = 32;
 /// codes).
 const WIDE_TASK_WEIGHTS: usize = 1 << 20;
 
-/// Bytes ahead of the current block that the AVX-512 C2 kernels prefetch in each row.
-#[cfg(target_arch = "x86_64")]
-
 /// [`WeightBlock`] for [`DECODE_TILE`] rows.
 type WideBlock = [[f64; DECODE_TILE]; BLOCK];
 

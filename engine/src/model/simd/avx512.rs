@@ -84,15 +84,12 @@ const fn nibble_bytes(shift: u32) -> [u8; 64] {
 /// to the table path). The scales must not overflow f32 with any code (`SAFE_SCALE_BYTE` in
 /// `matvec`).
 ///
-/// No 128-entry table and no two-source permute (three micro-ops each on Intel cores): a
-/// code's weight is made as an f64 equal to the e4m3 value times 2^−1000 ([`E4M3_LOWERED`]),
-/// whose two top bytes are `2·code` and `(code & 0x80) | 1` for every normal code (the f64
-/// exponent field is the e4m3 one plus 16), and a 16-entry fix-up for the eight subnormal
-/// magnitudes, which the scaling keeps normal (a subnormal f64 costs an assist per
-/// multiply-add on Intel cores). A row's 32 codes give one 64-byte source, placed by one-source
-/// byte permutes. The inputs are raised by 2^500 so that every product `x·w·2^−500` is a
-/// normal f64: exact, as is any sum of them (the C1 argument); the block sums are brought back
-/// by 2^500 with the scale, exactly.
+/// No 128-entry table and no two-source permute (three micro-ops each on Intel cores): the
+/// weights are made by arithmetic as their e4m3 values times 2^−504 ([`lowered_top_bytes`]),
+/// a row's 32 codes as one 64-byte source placed by one-source byte permutes. Every product
+/// `x·w·2^−504` of an act-quantised input is a normal f64 (above 2^−670), so exact, as is any
+/// sum of them (the C1 argument); the block sums are brought back by 2^504 with the scale,
+/// exactly.
 ///
 /// # Safety
 /// The CPU must have AVX-512 F, BW, VL and VBMI (and AVX2, FMA).
@@ -107,7 +104,10 @@ pub unsafe fn fp8_c1_block8(
     let Some(sums) = fp8_block_sums(x, rows, PlaceMasks::new()) else {
         return false;
     };
-    let scale = _mm512_mul_pd(_mm512_loadu_pd(scale.as_ptr()), _mm512_set1_pd(INPUT_RAISE));
+    let scale = _mm512_mul_pd(
+        _mm512_loadu_pd(scale.as_ptr()),
+        _mm512_set1_pd(LOWERING_BACK),
+    );
     let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), block_values(sums, scale));
     _mm256_storeu_ps(acc.as_mut_ptr(), sum);
     true
@@ -128,7 +128,7 @@ pub unsafe fn fp8_c1_run8(
     scales: RowScales,
     blocks: Range<usize>,
 ) -> usize {
-    let (masks, raise) = (PlaceMasks::new(), _mm512_set1_pd(INPUT_RAISE));
+    let (masks, back) = (PlaceMasks::new(), _mm512_set1_pd(LOWERING_BACK));
     let x = &x[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
     let mut total = _mm256_loadu_ps(acc.as_ptr());
@@ -146,7 +146,7 @@ pub unsafe fn fp8_c1_run8(
             stop = kb;
             break;
         };
-        total = _mm256_add_ps(total, block_values(sums, _mm512_mul_pd(scale, raise)));
+        total = _mm256_add_ps(total, block_values(sums, _mm512_mul_pd(scale, back)));
     }
     _mm256_storeu_ps(acc.as_mut_ptr(), total);
     stop
@@ -169,9 +169,9 @@ pub(super) fn blocks_at<'r, const B: usize>(rows: &[&'r [u8]; 8], at: usize) -> 
     ]
 }
 
-/// Bytes ahead of the one in use at which the C1 loops ask for a row's next cache line: the
-/// kernels outrun the hardware prefetcher on weights streamed from memory (FP4 ~5%, FP8 ~4%
-/// of a `wide` decode).
+/// Bytes ahead of the one in use at which the decode loops (C1 here and in `vnni`, C2 in
+/// `matvec`) ask for a row's next cache line: the kernels outrun the hardware prefetcher on
+/// weights streamed from memory (FP4 ~5%, FP8 ~4% of a `wide` decode).
 pub const PREFETCH_AHEAD: usize = 256;
 
 /// E8M0 scale bytes of eight release weight rows (from column block 0), and the largest byte
@@ -235,7 +235,7 @@ impl PlaceMasks {
     }
 }
 
-/// The body of [`fp8_c1_block8`]: the eight rows' lane sums of `x · w · 2^−500`, `None` if a
+/// The body of [`fp8_c1_block8`]: the eight rows' lane sums of `x · w · 2^−504`, `None` if a
 /// code is NaN. Inlined into the kernels, which have the target features.
 #[inline(always)]
 unsafe fn fp8_block_sums(
@@ -243,30 +243,26 @@ unsafe fn fp8_block_sums(
     rows: [&[u8; BLOCK]; 8],
     masks: PlaceMasks,
 ) -> Option<[__m512d; 8]> {
-    let fixes = load(&SUBNORMAL_FIXES);
-    let (sign, low_half) = (_mm512_set1_epi8(i8::MIN), _mm512_set1_epi8(15));
+    let halves = load(&LOWERED_FIX_HALVES);
+    let (sign, fifteen) = (_mm512_set1_epi8(i8::MIN), _mm512_set1_epi8(15));
     let mut doubled_max = _mm512_setzero_si512();
     let tops: [__m512i; 8] = std::array::from_fn(|row| {
+        // The row's 32 codes in both halves: bytes 0..32 become their low top bytes,
+        // 32..64 their high ones ([`lowered_top_bytes`], one lookup for both halves).
         let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(rows[row].as_ptr().cast()));
-        // 2·code: the low seven bits moved up one, 0..=14 exactly for the subnormal codes,
-        // 0xFE exactly for the NaN codes 0x7F and 0xFF (and no byte is larger).
         let doubled = _mm512_add_epi8(both, both);
         doubled_max = _mm512_max_epu8(doubled_max, doubled);
-        // Bytes 0..32: 2·code, 32..64: the sign; then the fix-ups, looked up by 2·code for
-        // the subnormal codes and by 15 for all others.
         let base = _mm512_mask_and_epi64(doubled, masks.high_half, both, sign);
-        let fix = _mm512_shuffle_epi8(fixes, _mm512_min_epu8(doubled, low_half));
+        let fix = _mm512_shuffle_epi8(halves, _mm512_min_epu8(doubled, fifteen));
         _mm512_xor_si512(base, fix)
     });
-    if _mm512_cmpeq_epi8_mask(doubled_max, _mm512_set1_epi8(-2)) != 0 {
+    if has_nan(doubled_max) {
         return None;
     }
-    let raise = _mm512_set1_pd(INPUT_RAISE);
-    let xs: [__m512d; 4] =
-        std::array::from_fn(|g| _mm512_mul_pd(_mm512_loadu_pd(x[8 * g..].as_ptr()), raise));
     let mut sums = [_mm512_setzero_pd(); 8];
     for (row, top) in tops.into_iter().enumerate() {
-        for (g, &xg) in xs.iter().enumerate() {
+        for g in 0..4 {
+            let xg = _mm512_loadu_pd(x[8 * g..].as_ptr());
             let w = _mm512_maskz_permutexvar_epi8(masks.top_bytes, load(&PLACE_ONE[g]), top);
             sums[row] = _mm512_fmadd_pd(xg, _mm512_castsi512_pd(w), sums[row]);
         }
@@ -274,74 +270,99 @@ unsafe fn fp8_block_sums(
     Some(sums)
 }
 
-/// The e4m3 value of a code's low seven bits times 2^−1000, as an f64's top 16 bits (the
-/// rest are zero): `(c << 1) + 0x100` for a normal code (exponent field E + 16, mantissa m),
-/// `c · 2^−1009` normalised for a subnormal one (0 for zero).
-const fn e4m3_lowered(c: u8) -> u16 {
-    if c >= 8 {
-        return ((c as u16) << 1) + 0x100;
-    }
-    let mut bits = 0u16;
-    if c > 0 {
-        // c · 2^-1009 with c in 1..8: exponent 1009 - lz, mantissa the bits below the top.
-        let top = 7 - c.leading_zeros() as u16; // 0..=2
-        let mantissa = ((c as u16) << (3 - top)) & 0x7; // three bits below the leading one
-        bits = ((1023 - 1009 + top) << 4) | (mantissa << 1);
-    }
-    bits
+/// The two top bytes of the f64s equal to 64 e4m3 codes' values times 2^−504 (the rest of
+/// each f64 is zero), and `2·code`. For a normal code (exponent E ≥ 1, mantissa m) the f64
+/// has exponent field E + 1016 − 504 and the same mantissa: its top bytes are `2·code` (the
+/// sign shifted out) and `(code & 0x80) | 0x20`. The eight subnormal magnitudes, which the
+/// scaling makes normal (a subnormal f64 input costs an assist per multiply-add on Intel
+/// cores), and the 0x20 come from a 16-entry fix-up looked up by `min(2·code, 15)`: 0..=14
+/// exactly for the subnormal codes, 15 for all others.
+#[inline(always)]
+unsafe fn lowered_top_bytes(codes: __m512i) -> (__m512i, __m512i, __m512i) {
+    let doubled = _mm512_add_epi8(codes, codes);
+    let index = _mm512_min_epu8(doubled, _mm512_set1_epi8(15));
+    let low = _mm512_xor_si512(doubled, _mm512_shuffle_epi8(load(&LOWERED_FIX_LOW), index));
+    // (codes & 0x80) ^ fix: ternary-logic table of (a & b) ^ c.
+    let high = _mm512_ternarylogic_epi32::<0x6A>(
+        codes,
+        _mm512_set1_epi8(i8::MIN),
+        _mm512_shuffle_epi8(load(&LOWERED_FIX_HIGH), index),
+    );
+    (low, high, doubled)
 }
 
-/// [`e4m3_lowered`] for the 128 magnitudes, checked against the e4m3 values at compile time.
+/// Whether bytes `2·code` (maximum over several) hold a NaN code: 2·code is 0xFE exactly for
+/// 0x7F and 0xFF, and no byte is larger.
+#[inline(always)]
+unsafe fn has_nan(doubled_max: __m512i) -> bool {
+    _mm512_cmpeq_epi8_mask(doubled_max, _mm512_set1_epi8(-2)) != 0
+}
+
+/// The e4m3 value of each code's low seven bits times 2^−504, as an f64's top 16 bits (checked
+/// at compile time to leave the low 48 bits zero, and to be the arithmetic of
+/// [`lowered_top_bytes`] for every normal code).
 const E4M3_LOWERED: [u16; 128] = {
     let mut t = [0u16; 128];
     let mut c = 0;
     while c < 128 {
-        t[c] = e4m3_lowered(c as u8);
         if c != 0x7F {
-            let want = f64::from_bits((E4M3_F64_TOP[c] as u64) << 48);
-            let got = f64::from_bits((t[c] as u64) << 48) * f64::from_bits((1023 + 500) << 52);
-            assert!(got * f64::from_bits((1023 + 500) << 52) == want);
+            let value = f64::from_bits((E4M3_F64_TOP[c] as u64) << 48);
+            let bits = (value * f64::from_bits((1023 - 504) << 52)).to_bits();
+            assert!(bits & 0xFFFF_FFFF_FFFF == 0);
+            t[c] = (bits >> 48) as u16;
+            assert!(c < 8 || t[c] == ((c as u16) << 1) + 0x2000);
         }
         c += 1;
     }
     t
 };
 
-/// `vpshufb` table (16 entries per 128-bit lane) of what to flip in the two top bytes
-/// `2·code`, `code & 0x80` to get [`E4M3_LOWERED`]: entry `2m` for the subnormal magnitude m
-/// (lanes 0 and 1: the low byte, lanes 2 and 3: the high byte), entry 15 for every normal code.
-static SUBNORMAL_FIXES: [u8; 64] = {
-    let mut t = [0u8; 64];
-    let mut lane = 0;
-    while lane < 4 {
-        let high = lane >= 2;
-        let mut i = 0;
-        while i < 16 {
-            // Entry 15 stands for any normal code: its low byte is 2·code already; its high
-            // byte needs the exponent's +16.
-            let (code, doubled) = if i == 15 {
-                (8u8, 16u16)
-            } else {
-                ((i / 2) as u8, i as u16)
-            };
-            let want = E4M3_LOWERED[code as usize];
-            let fix = if high {
-                want >> 8
-            } else {
-                (want ^ doubled) & 0xFF
-            };
-            t[16 * lane + i] = if i % 2 == 1 && i != 15 { 0 } else { fix as u8 };
-            i += 1;
-        }
-        lane += 1;
+/// 2^504: what the products of [`E4M3_LOWERED`] weights are short of.
+const LOWERING_BACK: f64 = f64::from_bits((1023 + 504) << 52);
+/// log2 of [`LOWERING_BACK`].
+const LOWERING_EXP: f64 = 504.0;
+
+/// The fix-up tables of [`lowered_top_bytes`] (16 entries, repeated in each 128-bit lane):
+/// what to flip in `2·code` and in `code & 0x80`. Entry `2m` is the subnormal magnitude m,
+/// entry 15 any normal code. `HALVES`: the low table in lanes 0 and 1, the high one in 2 and
+/// 3, for a row's codes in both halves of a vector.
+static LOWERED_FIX_LOW: [u8; 64] = lowered_fixes(false);
+static LOWERED_FIX_HIGH: [u8; 64] = lowered_fixes(true);
+static LOWERED_FIX_HALVES: [u8; 64] = {
+    let mut t = LOWERED_FIX_LOW;
+    let mut i = 32;
+    while i < 64 {
+        t[i] = LOWERED_FIX_HIGH[i];
+        i += 1;
     }
     t
 };
 
-/// 2^500: raises act-quantised inputs (below 2^137 in magnitude) so that their products with
-/// the 2^−1000-scaled e4m3 values stay normal f64 (above 2^−700); the block sums are short of
-/// the same factor.
-const INPUT_RAISE: f64 = f64::from_bits((1023 + 500) << 52);
+const fn lowered_fixes(high: bool) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        let entry = i % 16;
+        // Entry 15 stands for code 8 (any normal code: its low byte is 2·code already);
+        // odd entries below 15 are never looked up.
+        let (code, doubled) = match entry {
+            15 => (8, 16u16),
+            e if e % 2 == 0 => (e / 2, e as u16),
+            _ => (0, 0),
+        };
+        let want = E4M3_LOWERED[code];
+        t[i] = if high {
+            (want >> 8) as u8
+        } else {
+            ((want ^ doubled) & 0xFF) as u8
+        };
+        if entry % 2 == 1 && entry != 15 {
+            t[i] = 0;
+        }
+        i += 1;
+    }
+    t
+}
 
 /// `PLACE_ONE[g]`: byte permute from a row's 32 low bytes and 32 high bytes (one source)
 /// putting codes `8g .. 8g + 8`' two bytes into bytes 6 and 7 of lanes 0..8.
@@ -422,11 +443,13 @@ static TRANSPOSE: [[u8; 64]; 2] = {
 /// is exact, so this is the portable chain to the bit. `false`, nothing changed, if a code is
 /// NaN. The scales must not overflow f32 with any code.
 ///
-/// Each row's scale is a power of two, so the block runs on the chain divided by it (exact)
-/// and multiplies back once: rounding commutes with a power-of-two scale wherever neither
-/// side is subnormal or overflows, and with f32 inputs (the kernels' `x`) every term and
-/// every chain is a multiple of 2^−285 below 2^400 after either scaling (an f32 is a multiple
-/// of 2^−149, a code of 2^−9, a scale of 2^−127).
+/// Each row's scale is a power of two, so the block runs on the chain divided by it and by
+/// 2^504 (exact) and multiplies back once: rounding commutes with a power-of-two scale
+/// wherever neither side is subnormal or overflows, and with f32 inputs (the kernels' `x`)
+/// every term and every chain is a multiple of 2^−285 below 2^400, so after the scalings a
+/// multiple of 2^−907 below 2^24 (an f32 is a multiple of 2^−149, a code of 2^−9, a scale of
+/// 2^−127 to 2^118). The weights are then [`lowered_top_bytes`]' f64s, placed by one-source
+/// byte permutes.
 ///
 /// # Safety
 /// As for [`fp8_c1_block8`].
@@ -438,17 +461,33 @@ pub unsafe fn fp8_c2_block8(
     rows: [&[u8; BLOCK]; 8],
     scale: &[f64; 8],
 ) -> bool {
-    let sources = byte_halves(rows);
-    let nan = sources
-        .iter()
-        .fold(0, |m, &(a, b)| m | e4m3_nan(a) | e4m3_nan(b));
-    if nan != 0 {
-        return false;
-    }
-    let (mut chain, e) = unscaled(acc, scale);
+    let (sources, top_bytes) = (byte_halves(rows), top_bytes_mask());
+    let e = _mm512_add_pd(
+        _mm512_getexp_pd(_mm512_loadu_pd(scale.as_ptr())),
+        _mm512_set1_pd(LOWERING_EXP),
+    );
+    let mut chain = _mm512_scalef_pd(
+        _mm512_loadu_pd(acc.as_ptr()),
+        _mm512_sub_pd(_mm512_setzero_pd(), e),
+    );
+    let mut doubled_max = _mm512_setzero_si512();
     for q in 0..4 {
-        let (lo, hi) = e4m3_top_bytes(columns(sources, q));
-        chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi);
+        let (low, high, doubled) = lowered_top_bytes(columns(sources, q));
+        doubled_max = _mm512_max_epu8(doubled_max, doubled);
+        // One source per four columns: their low top bytes, then their high ones.
+        let halves = [
+            _mm512_inserti64x4::<1>(low, _mm512_castsi512_si256(high)),
+            _mm512_shuffle_i64x2::<0b11_10_11_10>(low, high),
+        ];
+        for g in 0..8 {
+            let index = load(&PLACE_ONE[g % 4]);
+            let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, halves[g / 4]);
+            let xg = _mm512_set1_pd(x[8 * q + g]);
+            chain = _mm512_fmadd_pd(xg, _mm512_castsi512_pd(w), chain);
+        }
+    }
+    if has_nan(doubled_max) {
+        return false;
     }
     _mm512_storeu_pd(acc.as_mut_ptr(), _mm512_scalef_pd(chain, e));
     true
