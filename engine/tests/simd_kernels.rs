@@ -740,21 +740,37 @@ mod x86 {
         rows
     }
 
-    /// What a loop over blocks `from..` must do: the first block it must leave (`leaves`), and
-    /// `acc` after the single-block `step`s before it.
-    fn blocks_until(
-        from: usize,
-        acc: &mut [f32; 8],
+    /// A loop kernel (`run(acc, blocks)`, returning where it stopped) against its
+    /// single-block `step`, as the engine drives it: from each stop on, the loop must give the
+    /// steps' sums, bit for bit, and stop exactly at the next block it `leaves`; it is resumed
+    /// after that block. Some block must be left, or the trial proves nothing.
+    fn loop_equals_steps(
+        seed: u64,
         leaves: impl Fn(usize) -> bool,
         mut step: impl FnMut(usize, &mut [f32; 8]),
-    ) -> usize {
-        for kb in from..LOOP_BLOCKS {
-            if leaves(kb) {
-                return kb;
+        mut run: impl FnMut(&mut [f32; 8], std::ops::Range<usize>) -> usize,
+    ) -> Result<(), Failed> {
+        let (mut got, mut want) = ([0.5f32; 8], [0.5f32; 8]);
+        let (mut kb, mut stops) = (0, 0);
+        while kb < LOOP_BLOCKS {
+            let expected = (kb..LOOP_BLOCKS)
+                .find(|&b| leaves(b))
+                .unwrap_or(LOOP_BLOCKS);
+            (kb..expected).for_each(|b| step(b, &mut want));
+            kb = run(&mut got, kb..LOOP_BLOCKS);
+            if kb != expected || got.map(f32::to_bits) != want.map(f32::to_bits) {
+                return Err(format!(
+                    "seed {seed}: stopped at {kb} (want {expected}), acc {got:?} want {want:?}"
+                )
+                .into());
             }
-            step(kb, acc);
+            stops += usize::from(kb < LOOP_BLOCKS);
+            kb += 1;
         }
-        LOOP_BLOCKS
+        if stops == 0 {
+            return Err(format!("seed {seed}: no block was left; the trial is too weak").into());
+        }
+        Ok(())
     }
 
     /// The AVX-512 FP8 C1 loop against its single-block step, bit for bit, over 40 blocks
@@ -794,28 +810,11 @@ mod x86 {
                 let done = unsafe { avx512::fp8_c1_block8(acc, x, block, &s) };
                 assert!(done, "block {kb} has no NaN code");
             };
-            let (mut got, mut want) = ([0.5f32; 8], [0.5f32; 8]);
-            let (mut kb, mut stops) = (0, 0);
-            while kb < LOOP_BLOCKS {
-                let expected = blocks_until(kb, &mut want, leaves, step);
-                // SAFETY: as above; the rows and inputs hold LOOP_BLOCKS blocks.
-                kb = unsafe {
-                    avx512::fp8_c1_run8(&mut got, &rows.x, codes, scales, kb..LOOP_BLOCKS)
-                };
-                if kb != expected || got.map(f32::to_bits) != want.map(f32::to_bits) {
-                    return Err(format!(
-                        "seed {seed}: stopped at {kb} (want {expected}), acc {got:?} want {want:?}"
-                    )
-                    .into());
-                }
-                stops += usize::from(kb < LOOP_BLOCKS);
-                kb += 1;
-            }
-            if stops == 0 {
-                return Err(
-                    format!("seed {seed}: no block was left; the trial is too weak").into(),
-                );
-            }
+            // SAFETY: as above; the rows and inputs hold LOOP_BLOCKS blocks.
+            let run = |acc: &mut [f32; 8], blocks| unsafe {
+                avx512::fp8_c1_run8(acc, &rows.x, codes, scales, blocks)
+            };
+            loop_equals_steps(seed, leaves, step, run)?;
         }
         Ok(())
     }
@@ -846,27 +845,11 @@ mod x86 {
                 // SAFETY: `missing_vnni` found the features, or this trial is not run.
                 unsafe { vnni::fp4_c1_block8_vnni(acc, &x[kb], block, &s) };
             };
-            let (mut got, mut want) = ([0.5f32; 8], [0.5f32; 8]);
-            let (mut kb, mut stops) = (0, 0);
-            while kb < LOOP_BLOCKS {
-                let expected = blocks_until(kb, &mut want, leaves, step);
-                // SAFETY: as above; the rows and inputs hold LOOP_BLOCKS blocks.
-                kb =
-                    unsafe { vnni::fp4_c1_run8_vnni(&mut got, &x, codes, scales, kb..LOOP_BLOCKS) };
-                if kb != expected || got.map(f32::to_bits) != want.map(f32::to_bits) {
-                    return Err(format!(
-                        "seed {seed}: stopped at {kb} (want {expected}), acc {got:?} want {want:?}"
-                    )
-                    .into());
-                }
-                stops += usize::from(kb < LOOP_BLOCKS);
-                kb += 1;
-            }
-            if stops == 0 {
-                return Err(
-                    format!("seed {seed}: no block was left; the trial is too weak").into(),
-                );
-            }
+            // SAFETY: as above; the rows and inputs hold LOOP_BLOCKS blocks.
+            let run = |acc: &mut [f32; 8], blocks| unsafe {
+                vnni::fp4_c1_run8_vnni(acc, &x, codes, scales, blocks)
+            };
+            loop_equals_steps(seed, leaves, step, run)?;
         }
         Ok(())
     }

@@ -498,12 +498,7 @@ impl MatVec<'_> {
             // Thirty-two rows walked at once are too many streams for the hardware prefetcher
             // (the FP8 kernel ran at a third of its in-cache rate): fetch each row ahead, a
             // cache line at a time.
-            let at = bytes.offset(k0);
-            if at.is_multiple_of(64) {
-                for row in &rows[..nw] {
-                    simd::avx512::prefetch(row, at + simd::avx512::PREFETCH_AHEAD);
-                }
-            }
+            simd::avx512::prefetch_rows(&rows[..nw], bytes.offset(k0));
             for (g, chains) in acc
                 .chunks_exact_mut(TILE)
                 .enumerate()

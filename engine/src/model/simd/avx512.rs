@@ -36,20 +36,24 @@ fn top_bytes_mask() -> __mmask64 {
 
 /// `PLACE[g]`: byte permute putting bytes `8g .. 8g + 8` of the low-byte table (first source)
 /// and the high-byte table (second source) into bytes 6 and 7 of lanes 0..8.
-static PLACE: [[u8; 64]; 8] = {
-    let mut t = [[0u8; 64]; 8];
+static PLACE: [[u8; 64]; 8] = placements(64);
+
+/// Byte permutes putting value `8g + j`'s low byte (at `8g + j`) and high byte (at
+/// `high + 8g + j`) into bytes 6 and 7 of lane j, for each group g of eight values.
+const fn placements<const GROUPS: usize>(high: usize) -> [[u8; 64]; GROUPS] {
+    let mut t = [[0u8; 64]; GROUPS];
     let mut g = 0;
-    while g < 8 {
+    while g < GROUPS {
         let mut j = 0;
         while j < 8 {
             t[g][8 * j + 6] = (8 * g + j) as u8;
-            t[g][8 * j + 7] = (64 + 8 * g + j) as u8;
+            t[g][8 * j + 7] = (high + 8 * g + j) as u8;
             j += 1;
         }
         g += 1;
     }
     t
-};
+}
 
 /// Low and high bytes of `E4M3_F64_TOP` (sign bit clear: the code's own sign is or-ed in).
 static E4M3_LOW: [u8; 128] = top_bytes(0);
@@ -135,11 +139,7 @@ pub unsafe fn fp8_c1_run8(
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * BLOCK;
-        if at.is_multiple_of(64) {
-            for row in &rows {
-                prefetch(row, at + PREFETCH_AHEAD);
-            }
-        }
+        prefetch_rows(&rows, at);
         let xb = x[at..at + BLOCK].try_into().expect("block");
         let rb = blocks_at(&rows, at);
         let (Some(scale), Some(sums)) = (scales.block(kb), fp8_block_sums(xb, rb, masks)) else {
@@ -366,20 +366,7 @@ const fn lowered_fixes(high: bool) -> [u8; 64] {
 
 /// `PLACE_ONE[g]`: byte permute from a row's 32 low bytes and 32 high bytes (one source)
 /// putting codes `8g .. 8g + 8`' two bytes into bytes 6 and 7 of lanes 0..8.
-static PLACE_ONE: [[u8; 64]; 4] = {
-    let mut t = [[0u8; 64]; 4];
-    let mut g = 0;
-    while g < 4 {
-        let mut j = 0;
-        while j < 8 {
-            t[g][8 * j + 6] = (8 * g + j) as u8;
-            t[g][8 * j + 7] = (32 + 8 * g + j) as u8;
-            j += 1;
-        }
-        g += 1;
-    }
-    t
-};
+static PLACE_ONE: [[u8; 64]; 4] = placements(32);
 
 /// [`fp8_c1_block8`] for eight rows of packed FP4 (16 bytes each, low nibble first).
 ///
@@ -1130,6 +1117,16 @@ unsafe fn block_values(s: [__m512d; 8], scale: __m512d) -> __m256 {
         _mm512_shuffle_f64x2::<0b11_01_11_01>(q0, q1),
     );
     _mm512_cvtpd_ps(_mm512_mul_pd(total, scale))
+}
+
+/// At each new cache line `at` of the rows, ask for their lines [`PREFETCH_AHEAD`] bytes on.
+#[inline(always)]
+pub fn prefetch_rows(rows: &[&[u8]], at: usize) {
+    if at.is_multiple_of(64) {
+        for row in rows {
+            prefetch(row, at + PREFETCH_AHEAD);
+        }
+    }
 }
 
 /// Ask for the cache line of `bytes[at]` (nothing past the end: a row's last lines are

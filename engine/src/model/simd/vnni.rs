@@ -110,7 +110,7 @@ pub use kernel::{fp4_c1_block8_vnni, fp4_c1_run8_vnni, index_dots_vnni, q4_c1_bl
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::super::avx512::{blocks_at, lanes4, prefetch, RowScales, PREFETCH_AHEAD};
+    use super::super::avx512::{blocks_at, lanes4, prefetch_rows, RowScales};
     use super::{ActBlock, BLOCK};
     use crate::model::index_grid::{KeyTile, TILE_KEYS};
     use std::arch::x86_64::*;
@@ -209,11 +209,7 @@ mod kernel {
         let mut stop = blocks.end;
         for kb in blocks {
             let at = kb * BYTES;
-            if at.is_multiple_of(64) {
-                for row in &rows {
-                    prefetch(row, at + PREFETCH_AHEAD);
-                }
-            }
+            prefetch_rows(&rows, at);
             let Some(scale) = scales.block(kb) else {
                 stop = kb;
                 break;
