@@ -4,13 +4,13 @@
 //! Every e4m3 and e2m1 value is an f64 that is zero below bit 48 (`dtype::E4M3_F64_TOP`), so a
 //! weight's f64 is built from two byte lookups (`vpermi2b` over a 128-entry table, `vpshufb`
 //! over 16 entries) placed into the top two bytes of a 64-bit lane by one more byte permute: no
-//! conversion instruction per weight. (The FP8 C1 kernel, the decode's largest, makes its top
-//! bytes by arithmetic instead, at another power-of-two scale: see [`fp8_c1_block8`].) Each
+//! conversion instruction per weight. (The FP8 decode kernels, the largest, make their top
+//! bytes by arithmetic instead, at another power-of-two scale: see `lowered_top_bytes`.) Each
 //! row's block is then eight f64 multiply-adds, and the eight rows' lane sums are added in one
-//! transposing reduction. Every product is exact
-//! and so is any sum of them (the C1 argument of MODEL.md §5.4 in `linear`), so the result is
-//! the portable kernel's block sum to the bit; the scale, the rounding to f32 and the f32
-//! accumulation over blocks are then done for the eight rows as one vector, in the same order.
+//! transposing reduction. Every product is exact and so is any sum of them (the C1 argument of
+//! MODEL.md §5.4 in `linear`), so the result is the portable kernel's block sum to the bit; the
+//! scale, the rounding to f32 and the f32 accumulation over blocks are then done for the eight
+//! rows as one vector, in the same order.
 //!
 //! Rule C2 (one f64 chain per row, k increasing) cannot reorder a row's sum, so its kernels
 //! put the rows in the lanes instead: eight rows' codes are transposed by byte permutes into
@@ -89,7 +89,7 @@ const fn nibble_bytes(shift: u32) -> [u8; 64] {
 /// `matvec`).
 ///
 /// No 128-entry table and no two-source permute (three micro-ops each on Intel cores): the
-/// weights are made by arithmetic as their e4m3 values times 2^−504 ([`lowered_top_bytes`]),
+/// weights are made by arithmetic as their e4m3 values times 2^−504 (`lowered_top_bytes`),
 /// a row's 32 codes as one 64-byte source placed by one-source byte permutes. Every product
 /// `x·w·2^−504` of an act-quantised input is a normal f64 (above 2^−670), so exact, as is any
 /// sum of them (the C1 argument); the block sums are brought back by 2^504 with the scale,
@@ -248,7 +248,7 @@ unsafe fn fp8_block_sums(
     let mut doubled_max = _mm512_setzero_si512();
     let tops: [__m512i; 8] = std::array::from_fn(|row| {
         // The row's 32 codes in both halves: bytes 0..32 become their low top bytes,
-        // 32..64 their high ones ([`lowered_top_bytes`], one lookup for both halves).
+        // 32..64 their high ones (`lowered_top_bytes`, one lookup for both halves).
         let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(rows[row].as_ptr().cast()));
         let doubled = _mm512_add_epi8(both, both);
         doubled_max = _mm512_max_epu8(doubled_max, doubled);
@@ -300,7 +300,7 @@ unsafe fn has_nan(doubled_max: __m512i) -> bool {
 
 /// The e4m3 value of each code's low seven bits times 2^−504, as an f64's top 16 bits (checked
 /// at compile time to leave the low 48 bits zero, and to be the arithmetic of
-/// [`lowered_top_bytes`] for every normal code).
+/// `lowered_top_bytes` for every normal code).
 const E4M3_LOWERED: [u16; 128] = {
     let mut t = [0u16; 128];
     let mut c = 0;
@@ -322,7 +322,7 @@ const LOWERING_BACK: f64 = f64::from_bits((1023 + 504) << 52);
 /// log2 of [`LOWERING_BACK`].
 const LOWERING_EXP: f64 = 504.0;
 
-/// The fix-up tables of [`lowered_top_bytes`] (16 entries, repeated in each 128-bit lane):
+/// The fix-up tables of `lowered_top_bytes` (16 entries, repeated in each 128-bit lane):
 /// what to flip in `2·code` and in `code & 0x80`. Entry `2m` is the subnormal magnitude m,
 /// entry 15 any normal code. `HALVES`: the low table in lanes 0 and 1, the high one in 2 and
 /// 3, for a row's codes in both halves of a vector.
@@ -435,7 +435,7 @@ static TRANSPOSE: [[u8; 64]; 2] = {
 /// wherever neither side is subnormal or overflows, and with f32 inputs (the kernels' `x`)
 /// every term and every chain is a multiple of 2^−285 below 2^400, so after the scalings a
 /// multiple of 2^−907 below 2^24 (an f32 is a multiple of 2^−149, a code of 2^−9, a scale of
-/// 2^−127 to 2^118). The weights are then [`lowered_top_bytes`]' f64s, placed by one-source
+/// 2^−127 to 2^118). The weights are then `lowered_top_bytes`' f64s, placed by one-source
 /// byte permutes.
 ///
 /// # Safety
