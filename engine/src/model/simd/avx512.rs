@@ -364,8 +364,9 @@ const fn lowered_fixes(high: bool) -> [u8; 64] {
     t
 }
 
-/// `PLACE_ONE[g]`: byte permute from a row's 32 low bytes and 32 high bytes (one source)
-/// putting codes `8g .. 8g + 8`' two bytes into bytes 6 and 7 of lanes 0..8.
+/// `PLACE_ONE[g]`: byte permute from one source holding 32 values' low top bytes, then their
+/// high ones (a row's 32 codes, or four columns of eight rows), putting values `8g .. 8g + 8`'
+/// two bytes into bytes 6 and 7 of lanes 0..8.
 static PLACE_ONE: [[u8; 64]; 4] = placements(32);
 
 /// [`fp8_c1_block8`] for eight rows of packed FP4 (16 bytes each, low nibble first).
@@ -461,17 +462,7 @@ pub unsafe fn fp8_c2_block8(
     for q in 0..4 {
         let (low, high, doubled) = lowered_top_bytes(columns(sources, q));
         doubled_max = _mm512_max_epu8(doubled_max, doubled);
-        // One source per four columns: their low top bytes, then their high ones.
-        let halves = [
-            _mm512_inserti64x4::<1>(low, _mm512_castsi512_si256(high)),
-            _mm512_shuffle_i64x2::<0b11_10_11_10>(low, high),
-        ];
-        for g in 0..8 {
-            let index = load(&PLACE_ONE[g % 4]);
-            let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, halves[g / 4]);
-            let xg = _mm512_set1_pd(x[8 * q + g]);
-            chain = _mm512_fmadd_pd(xg, _mm512_castsi512_pd(w), chain);
-        }
+        chain = chains8(chain, &x[8 * q..8 * q + 8], low, high, top_bytes);
     }
     if has_nan(doubled_max) {
         return false;
@@ -580,11 +571,11 @@ pub unsafe fn fp4_c2_block8(
     rows: [&[u8; BLOCK / 2]; 8],
     scale: &[f64; 8],
 ) {
-    let sources = nibble_halves(rows, 0);
+    let (sources, top_bytes) = (nibble_halves(rows, 0), top_bytes_mask());
     let (mut chain, e) = unscaled(acc, scale);
     for q in 0..4 {
         let (lo, hi) = e2m1_top_bytes(columns(sources, q));
-        chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi);
+        chain = chains8(chain, &x[8 * q..8 * q + 8], lo, hi, top_bytes);
     }
     _mm512_storeu_pd(acc.as_mut_ptr(), _mm512_scalef_pd(chain, e));
 }
@@ -1060,14 +1051,28 @@ pub(super) unsafe fn lanes4(rows: [&[u8; 16]; 4]) -> __m512i {
     )
 }
 
-/// Eight columns (`x` their inputs) of eight rows' values, the columns' table bytes in `lo`,
+/// Eight columns (`x` their inputs) of eight rows' values, the columns' top bytes in `lo`,
 /// `hi` (byte `8g + r`: column g, row r): `chain = fma(x[g], value, chain)`, g increasing.
+/// Each four columns' low and high bytes are first put in one vector, so that each column is
+/// placed by a one-source permute (a two-source one is three micro-ops on Intel cores).
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
-unsafe fn chains8(mut chain: __m512d, x: &[f64], lo: __m512i, hi: __m512i) -> __m512d {
-    let (x, top_bytes): (&[f64; 8], _) = (x.try_into().expect("eight columns"), top_bytes_mask());
+unsafe fn chains8(
+    mut chain: __m512d,
+    x: &[f64],
+    lo: __m512i,
+    hi: __m512i,
+    top_bytes: __mmask64,
+) -> __m512d {
+    let x: &[f64; 8] = x.try_into().expect("eight columns");
+    let halves = [
+        _mm512_inserti64x4::<1>(lo, _mm512_castsi512_si256(hi)),
+        _mm512_shuffle_i64x2::<0b11_10_11_10>(lo, hi),
+    ];
     for (g, &xg) in x.iter().enumerate() {
-        chain = _mm512_fmadd_pd(_mm512_set1_pd(xg), place(lo, hi, g, top_bytes), chain);
+        let index = load(&PLACE_ONE[g % 4]);
+        let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, halves[g / 4]);
+        chain = _mm512_fmadd_pd(_mm512_set1_pd(xg), _mm512_castsi512_pd(w), chain);
     }
     chain
 }
