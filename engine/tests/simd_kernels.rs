@@ -50,6 +50,11 @@ fn main() {
             x86::missing_avx512(),
         ),
         gated(
+            "avx512_c2_loop_equals_its_block_steps_and_stops_at_the_blocks_it_leaves",
+            x86::c2_loop,
+            x86::missing_avx512(),
+        ),
+        gated(
             "vnni_fp4_loop_equals_its_block_steps_and_stops_at_the_blocks_it_leaves",
             x86::vnni_fp4_loop,
             x86::missing_vnni(),
@@ -111,6 +116,9 @@ mod x86 {
         Ok(())
     }
     pub fn c1_loops() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn c2_loop() -> Result<(), Failed> {
         Ok(())
     }
     pub fn vnni_fp4_loop() -> Result<(), Failed> {
@@ -744,13 +752,14 @@ mod x86 {
     /// single-block `step`, as the engine drives it: from each stop on, the loop must give the
     /// steps' sums, bit for bit, and stop exactly at the next block it `leaves`; it is resumed
     /// after that block. Some block must be left, or the trial proves nothing.
-    fn loop_equals_steps(
+    fn loop_equals_steps<const N: usize, T: Copy + std::fmt::Debug + PartialEq>(
         seed: u64,
         leaves: impl Fn(usize) -> bool,
-        mut step: impl FnMut(usize, &mut [f32; 8]),
-        mut run: impl FnMut(&mut [f32; 8], std::ops::Range<usize>) -> usize,
+        mut step: impl FnMut(usize, &mut [T; N]),
+        mut run: impl FnMut(&mut [T; N], std::ops::Range<usize>) -> usize,
+        (start, bits): (T, fn(T) -> u64),
     ) -> Result<(), Failed> {
-        let (mut got, mut want) = ([0.5f32; 8], [0.5f32; 8]);
+        let (mut got, mut want) = ([start; N], [start; N]);
         let (mut kb, mut stops) = (0, 0);
         while kb < LOOP_BLOCKS {
             let expected = (kb..LOOP_BLOCKS)
@@ -758,7 +767,7 @@ mod x86 {
                 .unwrap_or(LOOP_BLOCKS);
             (kb..expected).for_each(|b| step(b, &mut want));
             kb = run(&mut got, kb..LOOP_BLOCKS);
-            if kb != expected || got.map(f32::to_bits) != want.map(f32::to_bits) {
+            if kb != expected || got.map(bits) != want.map(bits) {
                 return Err(format!(
                     "seed {seed}: stopped at {kb} (want {expected}), acc {got:?} want {want:?}"
                 )
@@ -769,6 +778,52 @@ mod x86 {
         }
         if stops == 0 {
             return Err(format!("seed {seed}: no block was left; the trial is too weak").into());
+        }
+        Ok(())
+    }
+
+    fn f32_bits(v: f32) -> u64 {
+        u64::from(v.to_bits())
+    }
+
+    /// The AVX-512 32-row FP8 C2 loop against its eight-row single-block step on each group,
+    /// bit for bit, over 40 blocks of one scale byte per block: the same chains, and a stop at
+    /// exactly each block with a NaN code in any row or a scale above the limit.
+    pub fn c2_loop() -> Result<(), Failed> {
+        let mut next = lcg(17);
+        for seed in 0..24u64 {
+            let groups: Vec<LoopRows> = (0..4).map(|g| loop_rows(seed * 4 + g, true)).collect();
+            let codes: [&[u8]; 32] = std::array::from_fn(|i| &groups[i / 8].fp8[i % 8][..]);
+            let scales = &groups[0].scales[0];
+            let x: Vec<f64> = (0..BLOCK * LOOP_BLOCKS)
+                .map(|_| f64::from(f32::from_bits(next() & 0xBFFF_FFFF) * 1e-3))
+                .collect();
+            let leaves = |kb: usize| {
+                scales[kb] > LOOP_LIMIT
+                    || codes
+                        .iter()
+                        .any(|row| row[kb * BLOCK..][..BLOCK].iter().any(|c| c & 0x7F == 0x7F))
+            };
+            let step = |kb: usize, acc: &mut [f64; 32]| {
+                let xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
+                let s = [f64::from(e8m0_to_f32(scales[kb])); 8];
+                for (g, chains) in acc.chunks_exact_mut(8).enumerate() {
+                    let block = std::array::from_fn(|j| {
+                        codes[8 * g + j][kb * BLOCK..][..BLOCK]
+                            .try_into()
+                            .expect("block")
+                    });
+                    let chains: &mut [f64; 8] = chains.try_into().expect("eight");
+                    // SAFETY: `missing_avx512` found the features, or this trial is not run.
+                    let done = unsafe { avx512::fp8_c2_block8(chains, xb, block, &s) };
+                    assert!(done, "block {kb} has no NaN code");
+                }
+            };
+            // SAFETY: as above; the rows, inputs and scales hold LOOP_BLOCKS blocks.
+            let run = |acc: &mut [f64; 32], blocks| unsafe {
+                avx512::fp8_c2_run32(acc, &x, &codes, (&scales[..], LOOP_LIMIT), blocks)
+            };
+            loop_equals_steps(seed, leaves, step, run, (-0.0, f64::to_bits))?;
         }
         Ok(())
     }
@@ -814,7 +869,7 @@ mod x86 {
             let run = |acc: &mut [f32; 8], blocks| unsafe {
                 avx512::fp8_c1_run8(acc, &rows.x, codes, scales, blocks)
             };
-            loop_equals_steps(seed, leaves, step, run)?;
+            loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
         }
         Ok(())
     }
@@ -849,7 +904,7 @@ mod x86 {
             let run = |acc: &mut [f32; 8], blocks| unsafe {
                 vnni::fp4_c1_run8_vnni(acc, &x, codes, scales, blocks)
             };
-            loop_equals_steps(seed, leaves, step, run)?;
+            loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
         }
         Ok(())
     }

@@ -488,12 +488,59 @@ impl MatVec<'_> {
         let r0 = self.w_first + first;
         let x = &self.x[self.x_off..][..self.n_in];
         let mut acc = [init; DECODE_TILE];
-        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
-        let mut values: VqBlock = [[0.0; BLOCK]; TILE];
         // The rows' bytes, found once per task rather than once per block (lanes ≥ nw: none).
         let rows: [&[u8]; DECODE_TILE] =
             std::array::from_fn(|i| if i < nw { bytes.row(r0 + i) } else { &[] });
-        for k0 in (0..self.n_in).step_by(BLOCK) {
+        // FP8 rows sharing one scale row: the 32-row loop, up to a block it leaves.
+        let mut from = 0;
+        if let ByteRows::Quant(v) = bytes {
+            let full = self.n_in / BLOCK;
+            let scale_row = scale_at(&v, r0, 0);
+            if v.kind == QuantKind::Fp8Block
+                && nw == DECODE_TILE
+                && scale_row == scale_at(&v, r0 + nw - 1, 0)
+            {
+                let scales = (&v.scales[scale_row..][..full], SAFE_SCALE_BYTE);
+                while from < full {
+                    // SAFETY: only reached from `task_avx512`; rows, inputs and scales hold
+                    // `full` blocks.
+                    let stop = unsafe {
+                        simd::avx512::fp8_c2_run32(&mut acc, x, &rows, scales, from..full)
+                    };
+                    if stop < full {
+                        self.c2_block_groups(bytes, &rows, stop * BLOCK, r0, &mut acc, nw);
+                    }
+                    from = stop + 1;
+                }
+                from = full;
+            }
+        }
+        for k0 in (from * BLOCK..self.n_in).step_by(BLOCK) {
+            self.c2_block_groups(bytes, &rows, k0, r0, &mut acc, nw);
+        }
+        for (o, a) in out.iter_mut().zip(acc) {
+            let v = a as f32;
+            *o = if self.round_out { bf16(v) } else { v };
+        }
+    }
+
+    /// One column block (at `k0`) of [`Self::c2_rows8`]'s rows, group by group: the AVX-512
+    /// kernel where it takes the block, else the generic block decode.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c2_block_groups(
+        &self,
+        bytes: ByteRows,
+        rows: &[&[u8]; DECODE_TILE],
+        k0: usize,
+        r0: usize,
+        acc: &mut [f64; DECODE_TILE],
+        nw: usize,
+    ) {
+        let x = &self.x[self.x_off..][..self.n_in];
+        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        let mut values: VqBlock = [[0.0; BLOCK]; TILE];
+        {
             let len = BLOCK.min(self.n_in - k0);
             // Thirty-two rows walked at once are too many streams for the hardware prefetcher
             // (the FP8 kernel ran at a third of its in-cache rate): fetch each row ahead, a
@@ -518,10 +565,6 @@ impl MatVec<'_> {
                     *chains = c[0];
                 }
             }
-        }
-        for (o, a) in out.iter_mut().zip(acc) {
-            let v = a as f32;
-            *o = if self.round_out { bf16(v) } else { v };
         }
     }
 

@@ -246,16 +246,19 @@ unsafe fn fp8_block_sums(
     let halves = load(&LOWERED_FIX_HALVES);
     let (sign, fifteen) = (_mm512_set1_epi8(i8::MIN), _mm512_set1_epi8(15));
     let mut doubled_max = _mm512_setzero_si512();
-    let tops: [__m512i; 8] = std::array::from_fn(|row| {
+    // A loop, not `array::from_fn`: a closure is compiled without the caller's target
+    // features, and left out of line its intrinsics became calls (20x slower, measured).
+    let mut tops = [_mm512_setzero_si512(); 8];
+    for (top, row) in tops.iter_mut().zip(rows) {
         // The row's 32 codes in both halves: bytes 0..32 become their low top bytes,
         // 32..64 their high ones (`lowered_top_bytes`, one lookup for both halves).
-        let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(rows[row].as_ptr().cast()));
+        let both = _mm512_broadcast_i64x4(_mm256_loadu_si256(row.as_ptr().cast()));
         let doubled = _mm512_add_epi8(both, both);
         doubled_max = _mm512_max_epu8(doubled_max, doubled);
         let base = _mm512_mask_and_epi64(doubled, masks.high_half, both, sign);
         let fix = _mm512_shuffle_epi8(halves, _mm512_min_epu8(doubled, fifteen));
-        _mm512_xor_si512(base, fix)
-    });
+        *top = _mm512_xor_si512(base, fix);
+    }
     if has_nan(doubled_max) {
         return None;
     }
@@ -469,6 +472,87 @@ pub unsafe fn fp8_c2_block8(
     }
     _mm512_storeu_pd(acc.as_mut_ptr(), _mm512_scalef_pd(chain, e));
     true
+}
+
+/// [`fp8_c2_block8`] for 32 rows (four groups of eight, one chain vector each) over the
+/// column blocks `blocks`, in order (`x` and `rows[i]` from column 0), the four chains
+/// advanced column by column in turn: one chain waits for each multiply-add, four hide most
+/// of that, and the chains stay in registers from block to block. The 32 rows share one
+/// scale byte per block (`scales`: FP8 32 × 32 blocks, rows aligned). Returns the first block
+/// it leaves (a NaN code, a scale byte above `limit`), else `blocks.end`; `acc` has every block
+/// before it.
+///
+/// # Safety
+/// As for [`fp8_c1_block8`]; `x`, the rows and `scales` must hold `blocks.end` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn fp8_c2_run32(
+    acc: &mut [f64; 32],
+    x: &[f64],
+    rows: &[&[u8]; 32],
+    (scales, limit): (&[u8], u8),
+    blocks: Range<usize>,
+) -> usize {
+    let top_bytes = top_bytes_mask();
+    let x = &x[..blocks.end * BLOCK];
+    let mut chains = [_mm512_setzero_pd(); 4];
+    for (g, chain) in chains.iter_mut().enumerate() {
+        *chain = _mm512_loadu_pd(acc[8 * g..].as_ptr());
+    }
+    let mut stop = blocks.end;
+    for kb in blocks {
+        let at = kb * BLOCK;
+        prefetch_rows(rows, at);
+        let b = scales[kb];
+        if b > limit {
+            stop = kb;
+            break;
+        }
+        // The chains divided by the scale and by 2^504, exactly (see `fp8_c2_block8`).
+        let e = _mm512_set1_pd(f64::from(b) - 127.0 + LOWERING_EXP);
+        let mut scaled = chains;
+        for chain in scaled.iter_mut() {
+            *chain = _mm512_scalef_pd(*chain, _mm512_sub_pd(_mm512_setzero_pd(), e));
+        }
+        let mut doubled_max = _mm512_setzero_si512();
+        for half in 0..2 {
+            let mut sources = [(_mm512_setzero_si512(), _mm512_setzero_si512()); 4];
+            for (g, source) in sources.iter_mut().enumerate() {
+                let group: &[&[u8]; 8] = rows[8 * g..8 * g + 8].try_into().expect("eight rows");
+                *source = byte_half(&blocks_at(group, at), half);
+            }
+            for q in 2 * half..2 * half + 2 {
+                let mut halves = [[_mm512_setzero_si512(); 2]; 4];
+                for (g, &(a, b)) in sources.iter().enumerate() {
+                    let c = _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b);
+                    let (low, high, doubled) = lowered_top_bytes(c);
+                    doubled_max = _mm512_max_epu8(doubled_max, doubled);
+                    halves[g] = [
+                        _mm512_inserti64x4::<1>(low, _mm512_castsi512_si256(high)),
+                        _mm512_shuffle_i64x2::<0b11_10_11_10>(low, high),
+                    ];
+                }
+                for column in 0..8 {
+                    let xc = _mm512_set1_pd(x[at + 8 * q + column]);
+                    let index = load(&PLACE_ONE[column % 4]);
+                    for (chain, h) in scaled.iter_mut().zip(&halves) {
+                        let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, h[column / 4]);
+                        *chain = _mm512_fmadd_pd(xc, _mm512_castsi512_pd(w), *chain);
+                    }
+                }
+            }
+        }
+        if has_nan(doubled_max) {
+            stop = kb;
+            break;
+        }
+        for (chain, s) in chains.iter_mut().zip(scaled) {
+            *chain = _mm512_scalef_pd(s, e);
+        }
+    }
+    for (g, chain) in chains.iter().enumerate() {
+        _mm512_storeu_pd(acc[8 * g..].as_mut_ptr(), *chain);
+    }
+    stop
 }
 
 /// Eight FP8 rows of one full block into columns `i .. i + 8` of a column-major block (a
@@ -954,17 +1038,21 @@ pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: F32Rows)
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
 unsafe fn byte_halves(rows: [&[u8; BLOCK]; 8]) -> [(__m512i, __m512i); 2] {
-    let quarter = |h: usize, first: usize| {
+    [byte_half(&rows, 0), byte_half(&rows, 1)]
+}
+
+/// Half `h` of [`byte_halves`]: columns `16h .. 16h + 16` of rows 0..4 and of rows 4..8.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
+unsafe fn byte_half(rows: &[&[u8; BLOCK]; 8], h: usize) -> (__m512i, __m512i) {
+    let quarter = |first: usize| {
         lanes4(std::array::from_fn(|r| {
             rows[first + r][16 * h..16 * h + 16]
                 .try_into()
                 .expect("16 codes")
         }))
     };
-    [
-        (quarter(0, 0), quarter(0, 4)),
-        (quarter(1, 0), quarter(1, 4)),
-    ]
+    (quarter(0), quarter(4))
 }
 
 /// [`byte_halves`] for eight rows of packed nibbles (16 bytes, low nibble first), each
