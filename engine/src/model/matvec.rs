@@ -488,6 +488,8 @@ impl MatVec<'_> {
         let r0 = self.w_first + first;
         let x = &self.x[self.x_off..][..self.n_in];
         let mut acc = [init; DECODE_TILE];
+        // Scratch for the blocks the kernels leave, once per task (not per block).
+        let mut scratch = ([[0.0; TILE]; BLOCK], [[0.0; BLOCK]; TILE]);
         // The rows' bytes, found once per task rather than once per block (lanes ≥ nw: none).
         let rows: [&[u8]; DECODE_TILE] =
             std::array::from_fn(|i| if i < nw { bytes.row(r0 + i) } else { &[] });
@@ -508,7 +510,8 @@ impl MatVec<'_> {
                         simd::avx512::fp8_c2_run32(&mut acc, x, &rows, scales, from..full)
                     };
                     if stop < full {
-                        self.c2_block_groups(bytes, &rows, stop * BLOCK, r0, &mut acc, nw);
+                        let at = (stop * BLOCK, r0, nw);
+                        self.c2_block_groups(bytes, &rows, at, &mut acc, &mut scratch);
                     }
                     from = stop + 1;
                 }
@@ -516,7 +519,7 @@ impl MatVec<'_> {
             }
         }
         for k0 in (from * BLOCK..self.n_in).step_by(BLOCK) {
-            self.c2_block_groups(bytes, &rows, k0, r0, &mut acc, nw);
+            self.c2_block_groups(bytes, &rows, (k0, r0, nw), &mut acc, &mut scratch);
         }
         for (o, a) in out.iter_mut().zip(acc) {
             let v = a as f32;
@@ -524,46 +527,41 @@ impl MatVec<'_> {
         }
     }
 
-    /// One column block (at `k0`) of [`Self::c2_rows8`]'s rows, group by group: the AVX-512
-    /// kernel where it takes the block, else the generic block decode.
+    /// One column block (at `k0`) of [`Self::c2_rows8`]'s `nw` rows from `r0`, group by
+    /// group: the AVX-512 kernel where it takes the block, else the generic block decode.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn c2_block_groups(
         &self,
         bytes: ByteRows,
         rows: &[&[u8]; DECODE_TILE],
-        k0: usize,
-        r0: usize,
+        (k0, r0, nw): (usize, usize, usize),
         acc: &mut [f64; DECODE_TILE],
-        nw: usize,
+        (w, values): &mut (WeightBlock, VqBlock),
     ) {
         let x = &self.x[self.x_off..][..self.n_in];
-        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
-        let mut values: VqBlock = [[0.0; BLOCK]; TILE];
+        let len = BLOCK.min(self.n_in - k0);
+        // Thirty-two rows walked at once are too many streams for the hardware prefetcher
+        // (the FP8 kernel ran at a third of its in-cache rate): fetch each row ahead, a
+        // cache line at a time.
+        simd::avx512::prefetch_rows(&rows[..nw], bytes.offset(k0));
+        for (g, chains) in acc
+            .chunks_exact_mut(TILE)
+            .enumerate()
+            .take(nw.div_ceil(TILE))
         {
-            let len = BLOCK.min(self.n_in - k0);
-            // Thirty-two rows walked at once are too many streams for the hardware prefetcher
-            // (the FP8 kernel ran at a third of its in-cache rate): fetch each row ahead, a
-            // cache line at a time.
-            simd::avx512::prefetch_rows(&rows[..nw], bytes.offset(k0));
-            for (g, chains) in acc
-                .chunks_exact_mut(TILE)
-                .enumerate()
-                .take(nw.div_ceil(TILE))
-            {
-                let chains: &mut [f64; TILE] = chains.try_into().expect("eight chains");
-                let (rg, n) = (r0 + g * TILE, (nw - g * TILE).min(TILE));
-                let fast = n == TILE && len == BLOCK && {
-                    let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
-                    let group = rows[g * TILE..][..TILE].try_into().expect("eight rows");
-                    bytes.block8(group, rg, k0, xb, chains, &mut values)
-                };
-                if !fast {
-                    self.decode(&[], rg, n, k0, len, &mut w, Level::Avx512);
-                    let mut c = [*chains];
-                    dot_rows(&mut c, [&x[k0..k0 + len]], &w, Level::Avx512);
-                    *chains = c[0];
-                }
+            let chains: &mut [f64; TILE] = chains.try_into().expect("eight chains");
+            let (rg, n) = (r0 + g * TILE, (nw - g * TILE).min(TILE));
+            let fast = n == TILE && len == BLOCK && {
+                let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+                let group = rows[g * TILE..][..TILE].try_into().expect("eight rows");
+                bytes.block8(group, rg, k0, xb, chains, values)
+            };
+            if !fast {
+                self.decode(&[], rg, n, k0, len, w, Level::Avx512);
+                let mut c = [*chains];
+                dot_rows(&mut c, [&x[k0..k0 + len]], w, Level::Avx512);
+                *chains = c[0];
             }
         }
     }
