@@ -253,9 +253,12 @@ mod kernel {
         let table = _mm512_loadu_si512(table.as_ptr().cast());
         let nibble = _mm512_set1_epi8(0x0F);
         let zero = _mm512_setzero_si512();
-        let planes: [__m512i; 6] = std::array::from_fn(|i| {
-            _mm512_broadcast_i32x4(_mm_loadu_si128(x.planes[i].as_ptr().cast()))
-        });
+        // A loop, not `array::from_fn`: a closure is compiled without the kernels' target
+        // features, and left out of line its intrinsics become calls.
+        let mut planes = [zero; 6];
+        for (plane, bytes) in planes.iter_mut().zip(&x.planes) {
+            *plane = _mm512_broadcast_i32x4(_mm_loadu_si128(bytes.as_ptr().cast()));
+        }
         // A column's sign applies to the four rows, one per 128-bit lane.
         let signs = x.signs.map(|s| u64::from(s) * 0x0001_0001_0001_0001);
         let mut totals = [zero; 2];
