@@ -821,7 +821,16 @@ mod x86 {
             };
             // SAFETY: as above; the rows, inputs and scales hold LOOP_BLOCKS blocks.
             let run = |acc: &mut [f64; 32], blocks| unsafe {
-                avx512::fp8_c2_run32(acc, &x, &codes, (&scales[..], LOOP_LIMIT), blocks)
+                avx512::fp8_c2_run32(
+                    acc,
+                    &x,
+                    &codes,
+                    avx512::RowScales {
+                        bytes: avx512::ScaleBytes::Shared(&scales[..]),
+                        limit: LOOP_LIMIT,
+                    },
+                    blocks,
+                )
             };
             loop_equals_steps(seed, leaves, step, run, (-0.0, f64::to_bits))?;
         }

@@ -493,7 +493,8 @@ impl MatVec<'_> {
         // The rows' bytes, found once per task rather than once per block (lanes ≥ nw: none).
         let rows: [&[u8]; DECODE_TILE] =
             std::array::from_fn(|i| if i < nw { bytes.row(r0 + i) } else { &[] });
-        // FP8 rows sharing one scale row: the 32-row loop, up to a block it leaves.
+        // FP8 rows sharing one scale row: the 32-row loop, each block it leaves taken group by
+        // group, then the loop resumed after it.
         let mut from = 0;
         if let ByteRows::Quant(v) = bytes {
             let full = self.n_in / BLOCK;
@@ -502,20 +503,23 @@ impl MatVec<'_> {
                 && nw == DECODE_TILE
                 && scale_row == scale_at(&v, r0 + nw - 1, 0)
             {
-                let scales = (&v.scales[scale_row..][..full], SAFE_SCALE_BYTE);
-                while from < full {
+                let scales = simd::avx512::RowScales {
+                    bytes: simd::avx512::ScaleBytes::Shared(&v.scales[scale_row..][..full]),
+                    limit: SAFE_SCALE_BYTE,
+                };
+                loop {
                     // SAFETY: only reached from `task_avx512`; rows, inputs and scales hold
                     // `full` blocks.
-                    let stop = unsafe {
+                    from = unsafe {
                         simd::avx512::fp8_c2_run32(&mut acc, x, &rows, scales, from..full)
                     };
-                    if stop < full {
-                        let at = (stop * BLOCK, r0, nw);
-                        self.c2_block_groups(bytes, &rows, at, &mut acc, &mut scratch);
+                    if from == full {
+                        break;
                     }
-                    from = stop + 1;
+                    let at = (from * BLOCK, r0, nw);
+                    self.c2_block_groups(bytes, &rows, at, &mut acc, &mut scratch);
+                    from += 1;
                 }
-                from = full;
             }
         }
         for k0 in (from * BLOCK..self.n_in).step_by(BLOCK) {

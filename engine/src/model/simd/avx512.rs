@@ -108,12 +108,12 @@ pub unsafe fn fp8_c1_block8(
     let Some(sums) = fp8_block_sums(x, rows, PlaceMasks::new()) else {
         return false;
     };
-    let scale = _mm512_mul_pd(
-        _mm512_loadu_pd(scale.as_ptr()),
-        _mm512_set1_pd(LOWERING_BACK),
+    let scale = _mm512_loadu_pd(scale.as_ptr());
+    accumulate(
+        acc,
+        sums,
+        _mm512_mul_pd(scale, _mm512_set1_pd(LOWERING_BACK)),
     );
-    let sum = _mm256_add_ps(_mm256_loadu_ps(acc.as_ptr()), block_values(sums, scale));
-    _mm256_storeu_ps(acc.as_mut_ptr(), sum);
     true
 }
 
@@ -310,20 +310,29 @@ const E4M3_LOWERED: [u16; 128] = {
     while c < 128 {
         if c != 0x7F {
             let value = f64::from_bits((E4M3_F64_TOP[c] as u64) << 48);
-            let bits = (value * f64::from_bits((1023 - 504) << 52)).to_bits();
+            let bits = (value / LOWERING_BACK).to_bits();
             assert!(bits & 0xFFFF_FFFF_FFFF == 0);
             t[c] = (bits >> 48) as u16;
-            assert!(c < 8 || t[c] == ((c as u16) << 1) + 0x2000);
+            // Exponent field E + 1016 − LOWERING: `2·code` plus that offset's top-16 bits.
+            assert!(c < 8 || t[c] == ((c as u16) << 1) + (((1016 - LOWERING) as u16) << 4));
         }
         c += 1;
     }
     t
 };
 
-/// 2^504: what the products of [`E4M3_LOWERED`] weights are short of.
-const LOWERING_BACK: f64 = f64::from_bits((1023 + 504) << 52);
-/// log2 of [`LOWERING_BACK`].
-const LOWERING_EXP: f64 = 504.0;
+/// log2 of the factor the lowered weights are short of: 504, so that the normal codes' top
+/// bytes are `2·code` and `(code & 0x80) | 0x20` (an exponent offset of 512 − 8).
+const LOWERING: i32 = 504;
+/// 2^[`LOWERING`]: what the products of [`E4M3_LOWERED`] weights are short of.
+const LOWERING_BACK: f64 = f64::from_bits(((1023 + LOWERING) as u64) << 52);
+
+/// The exponents by which C2 chains run divided, exactly: each row's power-of-two scale's
+/// and [`LOWERING`]'s (see [`fp8_c2_block8`]).
+#[inline(always)]
+unsafe fn lowered_exponents(scale: __m512d) -> __m512d {
+    _mm512_add_pd(_mm512_getexp_pd(scale), _mm512_set1_pd(f64::from(LOWERING)))
+}
 
 /// The fix-up tables of `lowered_top_bytes` (16 entries, repeated in each 128-bit lane):
 /// what to flip in `2·code` and in `code & 0x80`. Entry `2m` is the subnormal magnitude m,
@@ -453,10 +462,7 @@ pub unsafe fn fp8_c2_block8(
     scale: &[f64; 8],
 ) -> bool {
     let (sources, top_bytes) = (byte_halves(rows), top_bytes_mask());
-    let e = _mm512_add_pd(
-        _mm512_getexp_pd(_mm512_loadu_pd(scale.as_ptr())),
-        _mm512_set1_pd(LOWERING_EXP),
-    );
+    let e = lowered_exponents(_mm512_loadu_pd(scale.as_ptr()));
     let mut chain = _mm512_scalef_pd(
         _mm512_loadu_pd(acc.as_ptr()),
         _mm512_sub_pd(_mm512_setzero_pd(), e),
@@ -478,9 +484,9 @@ pub unsafe fn fp8_c2_block8(
 /// column blocks `blocks`, in order (`x` and `rows[i]` from column 0), the four chains
 /// advanced column by column in turn: one chain waits for each multiply-add, four hide most
 /// of that, and the chains stay in registers from block to block. The 32 rows share one
-/// scale byte per block (`scales`: FP8 32 × 32 blocks, rows aligned). Returns the first block
-/// it leaves (a NaN code, a scale byte above `limit`), else `blocks.end`; `acc` has every block
-/// before it.
+/// scale byte per block (`scales`, shared bytes: FP8 32 × 32 blocks, rows aligned). Returns
+/// the first block it leaves (a NaN code, a scale above the limit), else `blocks.end`; `acc`
+/// has every block before it.
 ///
 /// # Safety
 /// As for [`fp8_c1_block8`]; `x`, the rows and `scales` must hold `blocks.end` blocks.
@@ -489,7 +495,7 @@ pub unsafe fn fp8_c2_run32(
     acc: &mut [f64; 32],
     x: &[f64],
     rows: &[&[u8]; 32],
-    (scales, limit): (&[u8], u8),
+    scales: RowScales,
     blocks: Range<usize>,
 ) -> usize {
     let top_bytes = top_bytes_mask();
@@ -502,13 +508,11 @@ pub unsafe fn fp8_c2_run32(
     for kb in blocks {
         let at = kb * BLOCK;
         prefetch_rows(rows, at);
-        let b = scales[kb];
-        if b > limit {
+        let Some(scale) = scales.block(kb) else {
             stop = kb;
             break;
-        }
-        // The chains divided by the scale and by 2^504, exactly (see `fp8_c2_block8`).
-        let e = _mm512_set1_pd(f64::from(b) - 127.0 + LOWERING_EXP);
+        };
+        let e = lowered_exponents(scale);
         let mut scaled = chains;
         for chain in scaled.iter_mut() {
             *chain = _mm512_scalef_pd(*chain, _mm512_sub_pd(_mm512_setzero_pd(), e));
@@ -522,14 +526,10 @@ pub unsafe fn fp8_c2_run32(
             }
             for q in 2 * half..2 * half + 2 {
                 let mut halves = [[_mm512_setzero_si512(); 2]; 4];
-                for (g, &(a, b)) in sources.iter().enumerate() {
-                    let c = _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b);
-                    let (low, high, doubled) = lowered_top_bytes(c);
+                for (h, &pair) in halves.iter_mut().zip(&sources) {
+                    let (low, high, doubled) = lowered_top_bytes(transposed(pair, q));
                     doubled_max = _mm512_max_epu8(doubled_max, doubled);
-                    halves[g] = [
-                        _mm512_inserti64x4::<1>(low, _mm512_castsi512_si256(high)),
-                        _mm512_shuffle_i64x2::<0b11_10_11_10>(low, high),
-                    ];
+                    *h = one_source_halves(low, high);
                 }
                 for column in 0..8 {
                     let xc = _mm512_set1_pd(x[at + 8 * q + column]);
@@ -1087,8 +1087,23 @@ unsafe fn nibble_elements(c: __m512i, minus: i8) -> (__m512i, __m512i) {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi")]
 unsafe fn columns(sources: [(__m512i, __m512i); 2], q: usize) -> __m512i {
-    let (a, b) = sources[q / 2];
+    transposed(sources[q / 2], q)
+}
+
+/// [`columns`] from the half of [`byte_halves`] that holds column block `q`.
+#[inline(always)]
+unsafe fn transposed((a, b): (__m512i, __m512i), q: usize) -> __m512i {
     _mm512_permutex2var_epi8(a, load(&TRANSPOSE[q % 2]), b)
+}
+
+/// Eight columns' low and high top bytes (byte `8g + r`: column g, row r) as two one-source
+/// vectors for [`PLACE_ONE`]: columns 0..4's low bytes then their high ones, and 4..8's.
+#[inline(always)]
+unsafe fn one_source_halves(low: __m512i, high: __m512i) -> [__m512i; 2] {
+    [
+        _mm512_inserti64x4::<1>(low, _mm512_castsi512_si256(high)),
+        _mm512_shuffle_i64x2::<0b11_10_11_10>(low, high),
+    ]
 }
 
 /// The low and high table bytes of 64 e4m3 codes: the table index is the code's low seven
@@ -1153,10 +1168,7 @@ unsafe fn chains8(
     top_bytes: __mmask64,
 ) -> __m512d {
     let x: &[f64; 8] = x.try_into().expect("eight columns");
-    let halves = [
-        _mm512_inserti64x4::<1>(lo, _mm512_castsi512_si256(hi)),
-        _mm512_shuffle_i64x2::<0b11_10_11_10>(lo, hi),
-    ];
+    let halves = one_source_halves(lo, hi);
     for (g, &xg) in x.iter().enumerate() {
         let index = load(&PLACE_ONE[g % 4]);
         let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, halves[g / 4]);
