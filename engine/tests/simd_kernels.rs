@@ -55,6 +55,11 @@ fn main() {
             x86::missing_avx512(),
         ),
         gated(
+            "avx512_vq_loops_equal_the_definition_in_every_index_format",
+            x86::vq_loops,
+            x86::missing_avx512(),
+        ),
+        gated(
             "vnni_fp4_loop_equals_its_block_steps_and_stops_at_the_blocks_it_leaves",
             x86::vnni_fp4_loop,
             x86::missing_vnni(),
@@ -122,6 +127,9 @@ mod x86 {
         Ok(())
     }
     pub fn vnni_fp4_loop() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn vq_loops() -> Result<(), Failed> {
         Ok(())
     }
     pub fn missing_vnni() -> Option<&'static str> {
@@ -786,6 +794,144 @@ mod x86 {
         u64::from(v.to_bits())
     }
 
+    /// The AVX-512 VQ loops (32 rows of one index band) against the definition written out
+    /// here (CONTAINER.md §4.2: a row's stage entries added in f32 from +0.0, times its
+    /// scale) and the rules' chains (C2: one chain in increasing k; C1 on VQ rows: one chain
+    /// from +0.0 per 32-column block, rounded to f32 and added in f32), bit for bit, in each
+    /// index format and for both halves of a band. The codebooks hold ±0 and values whose f32
+    /// sums round, the scales have both signs, and two rows select −0.0 entries only: zeros
+    /// whose sign the sum from +0.0 decides.
+    pub fn vq_loops() -> Result<(), Failed> {
+        let mut next = lcg(77);
+        vq_format::<3, 256, false>(&mut next)?;
+        vq_format::<4, 64, true>(&mut next)?;
+        vq_format::<4, 256, false>(&mut next)
+    }
+
+    fn vq_format<const S: usize, const E: usize, const PACKED: bool>(
+        next: &mut impl FnMut() -> u32,
+    ) -> Result<(), Failed> {
+        use ds41_engine::model::simd::vq::{vq_c1_run32, vq_c2_run32, VqRun, VQ_RUN_ROWS};
+        const VECTORS: usize = 12;
+        const BAND: usize = 64;
+        let bytes = if PACKED { 3 } else { S };
+        let palette = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -1.0,
+            3.0e-8,
+            -7.5e-9,
+            1.5,
+            0.333_333_34,
+            65504.0,
+            -6.1e-5,
+        ];
+        let books: Vec<Vec<[f32; 8]>> = (0..S)
+            .map(|_| {
+                (0..E)
+                    .map(|e| {
+                        std::array::from_fn(|_| {
+                            if e == 0 {
+                                -0.0
+                            } else {
+                                palette[next() as usize % palette.len()]
+                            }
+                        })
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut indices: Vec<u8> = (0..VECTORS * BAND * bytes).map(|_| next() as u8).collect();
+        for v in 0..VECTORS {
+            for row in [5, 40] {
+                indices[(v * BAND + row) * bytes..][..bytes].fill(0);
+            }
+        }
+        let scales: Vec<f32> = (0..BAND)
+            .map(|_| {
+                let s = 0.25 + (next() % 1000) as f32 / 250.0;
+                if next().is_multiple_of(2) {
+                    s
+                } else {
+                    -s
+                }
+            })
+            .collect();
+        // Positive inputs: a row of zeros keeps its weights' sign.
+        let x: Vec<f64> = (0..VECTORS * 8)
+            .map(|_| f64::from([1.0f32, 0.5, 3.0e-8, 1.5, 1.0e6, 0.7][next() as usize % 6]))
+            .collect();
+        let weight = |row: usize, v: usize| -> [f32; 8] {
+            let b = &indices[(v * BAND + row) * bytes..][..bytes];
+            let sel: Vec<usize> = if PACKED {
+                let bits = u32::from(b[0]) | (u32::from(b[1]) << 8) | (u32::from(b[2]) << 16);
+                (0..4).map(|i| (bits >> (6 * i) & 63) as usize).collect()
+            } else {
+                b.iter().map(|&i| usize::from(i)).collect()
+            };
+            std::array::from_fn(|t| {
+                let mut acc = 0.0f32;
+                for (s, &e) in sel.iter().enumerate() {
+                    acc += books[s][e][t];
+                }
+                scales[row] * acc
+            })
+        };
+        let refs: [&[[f32; 8]; E]; S] =
+            std::array::from_fn(|s| books[s][..].try_into().expect("E entries"));
+        for r0 in [0, VQ_RUN_ROWS] {
+            let row_scales: &[f32; VQ_RUN_ROWS] =
+                scales[r0..r0 + VQ_RUN_ROWS].try_into().expect("32 scales");
+            let rows = VqRun::<S, E, PACKED> {
+                books: refs,
+                indices: &indices,
+                first: r0 * bytes,
+                stride: BAND * bytes,
+                scales: row_scales,
+            };
+            let (mut c2, mut c2_resumed, mut c1) = (
+                [-0.0f64; VQ_RUN_ROWS],
+                [-0.0f64; VQ_RUN_ROWS],
+                [0f32; VQ_RUN_ROWS],
+            );
+            // SAFETY: `missing_avx512` found the features, or this trial is not run; the
+            // indices and inputs hold every vector.
+            unsafe {
+                vq_c2_run32(&mut c2, &x, rows, 0..VECTORS);
+                vq_c2_run32(&mut c2_resumed, &x, rows, 0..5);
+                vq_c2_run32(&mut c2_resumed, &x, rows, 5..VECTORS);
+                vq_c1_run32(&mut c1, &x, rows, 0..VECTORS / 4);
+            }
+            for i in 0..VQ_RUN_ROWS {
+                let (mut chain, mut sum) = (-0.0f64, 0f32);
+                for kb in 0..VECTORS / 4 {
+                    let mut block = 0.0f64;
+                    for v in 4 * kb..4 * kb + 4 {
+                        for (t, &w) in weight(r0 + i, v).iter().enumerate() {
+                            chain = x[8 * v + t].mul_add(f64::from(w), chain);
+                            block = x[8 * v + t].mul_add(f64::from(w), block);
+                        }
+                    }
+                    sum += block as f32;
+                }
+                let what = format!("S {S}, E {E}, packed {PACKED}: row {}", r0 + i);
+                if c2[i].to_bits() != chain.to_bits() || c2_resumed[i].to_bits() != chain.to_bits()
+                {
+                    return Err(format!(
+                        "{what}: C2 {} / resumed {}, want {chain}",
+                        c2[i], c2_resumed[i]
+                    )
+                    .into());
+                }
+                if c1[i].to_bits() != sum.to_bits() {
+                    return Err(format!("{what}: C1 {}, want {sum}", c1[i]).into());
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// The AVX-512 32-row FP8 C2 loop against its eight-row single-block step on each group,
     /// bit for bit, over 40 blocks of one scale byte per block: the same chains, and a stop at
     /// exactly each block with a NaN code in any row or a scale above the limit.
@@ -911,7 +1057,7 @@ mod x86 {
             };
             // SAFETY: as above; the rows and inputs hold LOOP_BLOCKS blocks.
             let run = |acc: &mut [f32; 8], blocks| unsafe {
-                vnni::fp4_c1_run8_vnni(acc, &x, codes, scales, blocks)
+                vnni::fp4_c1_run8_vnni(acc, &x, codes, scales, avx512::NextRows::NONE, blocks)
             };
             loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
         }

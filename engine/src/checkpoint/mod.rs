@@ -162,7 +162,7 @@ impl VqView<'_> {
 
     /// Where vector `v` of row `r` starts in [`Self::indices`].
     #[inline(always)]
-    fn index_at(&self, r: usize, v: usize) -> usize {
+    pub(crate) fn index_at(&self, r: usize, v: usize) -> usize {
         ((r / VQ_ROW_BAND * (self.cols / VQ_WIDTH) + v) * VQ_ROW_BAND + r % VQ_ROW_BAND)
             * self.bytes_per_vector()
     }
@@ -211,6 +211,20 @@ impl VqView<'_> {
         }
     }
 
+    /// The first `S` codebooks seen as `E` entries each (so that an index below `E` needs no
+    /// bounds check); `None` if there are fewer or one is shorter.
+    #[inline(always)]
+    pub(crate) fn books_as<const E: usize, const S: usize>(
+        &self,
+    ) -> Option<[&[[f32; VQ_WIDTH]; E]; S]> {
+        let mut books: [&[[f32; VQ_WIDTH]; E]; S] = [&[[0.0; VQ_WIDTH]; E]; S];
+        for (s, book) in books.iter_mut().enumerate() {
+            let b = self.books.get(s).and_then(|b| b.as_chunks().0.get(..E))?;
+            *book = b.try_into().expect("E entries");
+        }
+        Some(books)
+    }
+
     /// [`Self::vectors`] with each of the `S` codebooks seen as `E` entries; `false` (nothing
     /// written) if a codebook is shorter.
     #[inline(always)]
@@ -220,13 +234,9 @@ impl VqView<'_> {
         v0: usize,
         out: &mut [[f32; C]; R],
     ) -> bool {
-        let mut books: [&[[f32; VQ_WIDTH]; E]; S] = [&[[0.0; VQ_WIDTH]; E]; S];
-        for (s, book) in books.iter_mut().enumerate() {
-            let Some(b) = self.books.get(s).and_then(|b| b.as_chunks().0.get(..E)) else {
-                return false;
-            };
-            *book = b.try_into().expect("E entries");
-        }
+        let Some(books) = self.books_as::<E, S>() else {
+            return false;
+        };
         self.fill(
             r,
             v0,

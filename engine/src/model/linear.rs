@@ -982,15 +982,23 @@ pub(crate) mod tests {
             add("q4", vec![out, 40], Storage::Q4G, v4, q4);
             add("q8w", vec![out, inp], Storage::Q8G, v8w, q8w);
             add("q4w", vec![out, inp], Storage::Q4G, v4w, q4w);
-            // Container VQ3R expert rows, held by the row double as their exact values.
-            let vq = crate::checkpoint::tests::bank(false, 3, 256, out, inp, out as u64);
-            add(
-                "vq",
-                vec![out, inp],
-                Storage::F32,
-                vq.values(),
-                StoredBytes::Vq(vq),
-            );
+            // Container expert rows in each VQ format (VQ3R, VQ4P, four byte stages), held by
+            // the row double as their exact values.
+            for (name, packed, stages, entries) in [
+                ("vq", false, 3, 256),
+                ("vq4p", true, 4, 64),
+                ("vq4", false, 4, 256),
+            ] {
+                let vq =
+                    crate::checkpoint::tests::bank(packed, stages, entries, out, inp, out as u64);
+                add(
+                    name,
+                    vec![out, inp],
+                    Storage::F32,
+                    vq.values(),
+                    StoredBytes::Vq(vq),
+                );
+            }
             let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
                 layout: Layout::Container,
                 tensors: tensors.clone(),
@@ -1024,6 +1032,9 @@ pub(crate) mod tests {
                 // Container experts (rule C1 upstream, on values that are not on a grid), and
                 // bf16 / f32 rows read the same way.
                 ("vq", LinearKind::Fp4),
+                ("vq4p", LinearKind::Fp4),
+                ("vq4p", LinearKind::F32),
+                ("vq4", LinearKind::Fp4),
                 ("bf16", LinearKind::Fp8),
                 ("f32", LinearKind::Fp4),
             ];

@@ -32,6 +32,8 @@ use std::cell::Cell;
 mod byte_rows;
 #[cfg(target_arch = "x86_64")]
 use byte_rows::{ByteRows, VqBlock};
+#[cfg(target_arch = "x86_64")]
+mod vq_rows;
 
 use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
@@ -196,6 +198,12 @@ impl MatVec<'_> {
     fn task_body(&self, first: usize, out: &mut [f32], level: Level) -> Result<()> {
         let rows = self.rows;
         if rows == 1 {
+            #[cfg(target_arch = "x86_64")]
+            if let (Level::Avx512, Source::View(WeightView::Vq(v))) = (level, &self.source) {
+                if self.vq_rows32(*v, first, out) {
+                    return Ok(());
+                }
+            }
             #[cfg(target_arch = "x86_64")]
             if let (Level::Avx512, Rule::C2 { init }, Source::View(view)) =
                 (level, self.rule, &self.source)
@@ -428,6 +436,8 @@ impl MatVec<'_> {
             limit: SAFE_SCALE_BYTE,
         };
         let full = self.n_in / BLOCK;
+        let next =
+            simd::avx512::NextRows::over(ByteRows::Quant(v).rows_span(r0 + TILE, TILE), full);
         let mut acc = [0f32; TILE];
         let mut kb = 0;
         while kb < full {
@@ -441,7 +451,7 @@ impl MatVec<'_> {
                 // SAFETY: `x_blocks` is set only at `Level::Avx512Vnni` (`wants_act_blocks`),
                 // so the CPU has VNNI.
                 (true, Some(xi)) => unsafe {
-                    simd::vnni::fp4_c1_run8_vnni(&mut acc, xi, codes, scales, kb..full)
+                    simd::vnni::fp4_c1_run8_vnni(&mut acc, xi, codes, scales, next, kb..full)
                 },
                 // Inputs without an integer form (not act-quantised): the f64 kernel.
                 (true, None) => {

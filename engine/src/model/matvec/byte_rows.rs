@@ -133,6 +133,20 @@ impl<'a> ByteRows<'a> {
         }
     }
 
+    /// The stored bytes of rows `r .. r + n` where rows are contiguous, cut at the end of the
+    /// weight (none for VQ's banded indices).
+    #[inline(always)]
+    pub(super) fn rows_span(&self, r: usize, n: usize) -> &'a [u8] {
+        let (bytes, stride) = match *self {
+            ByteRows::Quant(v) => (v.codes, self.offset(v.cols)),
+            ByteRows::Grouped(g) => (g.codes, g.row_bytes),
+            ByteRows::Vq(_) => return &[],
+            ByteRows::Dense { bytes, cols, .. } => (bytes, self.offset(cols)),
+        };
+        let from = (r * stride).min(bytes.len());
+        &bytes[from..(from + n * stride).min(bytes.len())]
+    }
+
     /// The 32 bytes at `at` of eight rows.
     #[inline(always)]
     pub(super) fn byte_blocks<'r>(rows: &[&'r [u8]; TILE], at: usize) -> [&'r [u8; BLOCK]; TILE] {

@@ -997,40 +997,52 @@ pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: F32Rows)
                 }
             };
         }
-        let mut t = [_mm256_setzero_ps(); 8];
-        for (i, ti) in t.iter_mut().enumerate() {
-            let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
-            *ti = if i % 2 == 0 {
-                _mm256_unpacklo_ps(a, b)
-            } else {
-                _mm256_unpackhi_ps(a, b)
-            };
-        }
-        // Per 128-bit half: rows 0..4 (u[0..4]) and 4..8 (u[4..8]) of columns 0..4 / 4..8.
-        let mut u = [_mm256_setzero_ps(); 8];
-        for (i, ui) in u.iter_mut().enumerate() {
-            let (a, b) = (
-                t[4 * (i / 4) + (i % 4) / 2],
-                t[4 * (i / 4) + (i % 4) / 2 + 2],
-            );
-            *ui = if i % 2 == 0 {
-                _mm256_shuffle_ps::<0x44>(a, b)
-            } else {
-                _mm256_shuffle_ps::<0xEE>(a, b)
-            };
-        }
-        for c in 0..8 {
-            let (lo, hi) = (u[c % 4], u[4 + c % 4]);
-            let column = if c < 4 {
-                _mm256_permute2f128_ps::<0x20>(lo, hi)
-            } else {
-                _mm256_permute2f128_ps::<0x31>(lo, hi)
-            };
+        let columns = columns8(r);
+        for (c, &column) in columns.iter().enumerate() {
             let w = _mm512_cvtps_pd(column);
             chain = _mm512_fmadd_pd(_mm512_set1_pd(x[8 * tile + c]), w, chain);
         }
     }
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+}
+
+/// An 8×8 tile of f32 values transposed: `rows[i]` holds row i's eight columns, the result's
+/// `[c]` holds column c of the eight rows (one row per lane).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn columns8(r: [__m256; 8]) -> [__m256; 8] {
+    let mut t = [_mm256_setzero_ps(); 8];
+    for (i, ti) in t.iter_mut().enumerate() {
+        let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+        *ti = if i % 2 == 0 {
+            _mm256_unpacklo_ps(a, b)
+        } else {
+            _mm256_unpackhi_ps(a, b)
+        };
+    }
+    // Per 128-bit half: rows 0..4 (u[0..4]) and 4..8 (u[4..8]) of columns 0..4 / 4..8.
+    let mut u = [_mm256_setzero_ps(); 8];
+    for (i, ui) in u.iter_mut().enumerate() {
+        let (a, b) = (
+            t[4 * (i / 4) + (i % 4) / 2],
+            t[4 * (i / 4) + (i % 4) / 2 + 2],
+        );
+        *ui = if i % 2 == 0 {
+            _mm256_shuffle_ps::<0x44>(a, b)
+        } else {
+            _mm256_shuffle_ps::<0xEE>(a, b)
+        };
+    }
+    let mut columns = [_mm256_setzero_ps(); 8];
+    for (c, column) in columns.iter_mut().enumerate() {
+        let (lo, hi) = (u[c % 4], u[4 + c % 4]);
+        *column = if c < 4 {
+            _mm256_permute2f128_ps::<0x20>(lo, hi)
+        } else {
+            _mm256_permute2f128_ps::<0x31>(lo, hi)
+        };
+    }
+    columns
 }
 
 /// Eight rows of 32 bytes as two pairs of four-row vectors: columns 0..16 of rows 0..4 and
@@ -1230,6 +1242,49 @@ pub fn prefetch_rows(rows: &[&[u8]], at: usize) {
     if at.is_multiple_of(64) {
         for row in rows {
             prefetch(row, at + PREFETCH_AHEAD);
+        }
+    }
+}
+
+/// The weight rows a decode task reads after its current eight (the next eight rows, one
+/// contiguous run of bytes), asked into the L2 cache a share per column block while the
+/// current rows are summed: by the time the task moves on they are there, whatever the row
+/// length (eight rows walked block by block are eight streams for the hardware prefetcher,
+/// each restarting at every page).
+#[derive(Clone, Copy)]
+pub struct NextRows<'a> {
+    pub bytes: &'a [u8],
+    /// Bytes of `bytes` per column block of the current rows.
+    pub per_block: usize,
+}
+
+impl<'a> NextRows<'a> {
+    /// `bytes` spread over `blocks` column blocks.
+    pub fn over(bytes: &'a [u8], blocks: usize) -> Self {
+        NextRows {
+            bytes,
+            per_block: bytes.len().div_ceil(blocks.max(1)),
+        }
+    }
+
+    /// Nothing to ask for.
+    pub const NONE: NextRows<'static> = NextRows {
+        bytes: &[],
+        per_block: 0,
+    };
+
+    /// Ask for the share of column block `kb`.
+    #[inline(always)]
+    pub fn fetch(&self, kb: usize) {
+        let at = kb * self.per_block;
+        let mut line = at;
+        while line < at + self.per_block {
+            if let Some(b) = self.bytes.get(line) {
+                // SAFETY: a prefetch has no architectural effect, and the address is in
+                // `bytes`.
+                unsafe { _mm_prefetch::<_MM_HINT_T1>(std::ptr::from_ref(b).cast()) };
+            }
+            line += 64;
         }
     }
 }

@@ -13,6 +13,8 @@ use std::sync::OnceLock;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod vnni;
+#[cfg(target_arch = "x86_64")]
+pub mod vq;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Level {

@@ -110,7 +110,7 @@ pub use kernel::{fp4_c1_block8_vnni, fp4_c1_run8_vnni, index_dots_vnni, q4_c1_bl
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::super::avx512::{blocks_at, lanes4, prefetch_rows, RowScales};
+    use super::super::avx512::{blocks_at, lanes4, prefetch_rows, NextRows, RowScales};
     use super::{ActBlock, BLOCK};
     use crate::model::index_grid::{KeyTile, TILE_KEYS};
     use std::arch::x86_64::*;
@@ -200,6 +200,7 @@ mod kernel {
         x: &[ActBlock],
         rows: [&[u8]; 8],
         scales: RowScales,
+        next: NextRows,
         blocks: Range<usize>,
     ) -> usize {
         const BYTES: usize = BLOCK / 2;
@@ -210,6 +211,7 @@ mod kernel {
         for kb in blocks {
             let at = kb * BYTES;
             prefetch_rows(&rows, at);
+            next.fetch(kb);
             let Some(scale) = scales.block(kb) else {
                 stop = kb;
                 break;

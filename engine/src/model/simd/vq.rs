@@ -1,0 +1,172 @@
+//! AVX-512 decode loops over container VQ rows (CONTAINER.md §4.2; MODEL.md §5.4): 32 rows
+//! of one 64-row index band, their vectors decoded straight into the reduction.
+//!
+//! A weight is `f32(scale · (((0 + e_0) + e_1) + …))`, the stages' f16 codebook entries
+//! (widened to f32) added in f32 in stage order, as `checkpoint::vq_vector` computes it; each
+//! row's vector is one 8-lane f32 sum. Eight rows' vectors are transposed in registers into
+//! eight columns of one value per row, widened to f64 and multiplied into the rows' chains,
+//! one multiply-add per column in increasing k: the chains of the generic kernels, bit for
+//! bit. The band layout puts the 32 rows' indices of a vector side by side (one run of
+//! bytes), so a vector's indices arrive in one or two cache lines, and the four groups of
+//! eight rows are four independent chains, which hides the multiply-add latency.
+
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+use super::avx512::columns8;
+use crate::checkpoint::{vq_indices, VQ_WIDTH};
+
+/// Rows per loop: half an index band.
+pub const VQ_RUN_ROWS: usize = 32;
+
+/// Vectors ahead of the one in use at which the loops ask for a vector's indices.
+const INDEX_AHEAD: usize = 8;
+
+/// 32 rows of a VQ matrix inside one index band, as the loops read them: `S` stages of `E`
+/// entries each; four six-bit indices in three bytes when `PACKED` (VQ4P), else one byte per
+/// stage.
+#[derive(Clone, Copy)]
+pub struct VqRun<'a, const S: usize, const E: usize, const PACKED: bool> {
+    pub books: [&'a [[f32; VQ_WIDTH]; E]; S],
+    /// The matrix's index bytes.
+    pub indices: &'a [u8],
+    /// Where the rows' run of indices for vector 0 starts in `indices`; vector v's run is at
+    /// `first + v · stride`.
+    pub first: usize,
+    pub stride: usize,
+    /// The rows' scales, as f32.
+    pub scales: &'a [f32; VQ_RUN_ROWS],
+}
+
+impl<const S: usize, const E: usize, const PACKED: bool> VqRun<'_, S, E, PACKED> {
+    /// Index bytes per vector of one row.
+    const BYTES: usize = if PACKED { 3 } else { S };
+}
+
+/// Rule C2: every row's chain `acc[i]` advanced over vectors `vectors` (columns `8v ..
+/// 8v + 8` each, `x` from column 0), in increasing k.
+///
+/// # Safety
+/// The CPU must have AVX-512 F, BW, VL and VBMI, AVX2 and FMA; `x` must hold the vectors'
+/// columns and `indices` their runs.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn vq_c2_run32<const S: usize, const E: usize, const PACKED: bool>(
+    acc: &mut [f64; VQ_RUN_ROWS],
+    x: &[f64],
+    rows: VqRun<S, E, PACKED>,
+    vectors: Range<usize>,
+) {
+    let mut chains = [_mm512_setzero_pd(); 4];
+    for (g, chain) in chains.iter_mut().enumerate() {
+        *chain = _mm512_loadu_pd(acc[8 * g..].as_ptr());
+    }
+    for v in vectors {
+        advance(&mut chains, x, rows, v);
+    }
+    for (g, chain) in chains.iter().enumerate() {
+        _mm512_storeu_pd(acc[8 * g..].as_mut_ptr(), *chain);
+    }
+}
+
+/// Rule C1 as the generic kernels apply it to VQ rows: each 32-column block (`blocks`, four
+/// vectors each) one chain from +0.0, rounded to f32 and added to `acc[i]` in f32.
+///
+/// # Safety
+/// As for [`vq_c2_run32`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn vq_c1_run32<const S: usize, const E: usize, const PACKED: bool>(
+    acc: &mut [f32; VQ_RUN_ROWS],
+    x: &[f64],
+    rows: VqRun<S, E, PACKED>,
+    blocks: Range<usize>,
+) {
+    const VECTORS: usize = crate::model::quant::BLOCK / VQ_WIDTH;
+    let mut totals = [_mm256_setzero_ps(); 4];
+    for (g, total) in totals.iter_mut().enumerate() {
+        *total = _mm256_loadu_ps(acc[8 * g..].as_ptr());
+    }
+    for kb in blocks {
+        let mut chains = [_mm512_setzero_pd(); 4];
+        for v in kb * VECTORS..(kb + 1) * VECTORS {
+            advance(&mut chains, x, rows, v);
+        }
+        for (total, chain) in totals.iter_mut().zip(chains) {
+            *total = _mm256_add_ps(*total, _mm512_cvtpd_ps(chain));
+        }
+    }
+    for (g, total) in totals.iter().enumerate() {
+        _mm256_storeu_ps(acc[8 * g..].as_mut_ptr(), *total);
+    }
+}
+
+/// The four groups' chains advanced over vector `v`'s eight columns. Inlined into the loops,
+/// which have the target features.
+#[inline(always)]
+unsafe fn advance<const S: usize, const E: usize, const PACKED: bool>(
+    chains: &mut [__m512d; 4],
+    x: &[f64],
+    rows: VqRun<S, E, PACKED>,
+    v: usize,
+) {
+    let bytes = VqRun::<S, E, PACKED>::BYTES;
+    let at = rows.first + v * rows.stride;
+    let ahead = at + INDEX_AHEAD * rows.stride;
+    let mut line = ahead;
+    while line < ahead + VQ_RUN_ROWS * bytes {
+        if let Some(b) = rows.indices.get(line) {
+            // SAFETY: a prefetch has no architectural effect, and the address is in the
+            // indices.
+            _mm_prefetch::<_MM_HINT_T0>(std::ptr::from_ref(b).cast());
+        }
+        line += 64;
+    }
+    let run = &rows.indices[at..at + VQ_RUN_ROWS * bytes];
+    let xs: &[f64; VQ_WIDTH] = x[VQ_WIDTH * v..][..VQ_WIDTH].try_into().expect("vector");
+    // Two groups' chains advanced column by column in turn, written out so that the chains
+    // stay in registers: one chain would wait on each multiply-add.
+    for pair in 0..2 {
+        let a = group_columns(rows, run, 2 * pair);
+        let b = group_columns(rows, run, 2 * pair + 1);
+        for (c, &xc) in xs.iter().enumerate() {
+            let xc = _mm512_set1_pd(xc);
+            chains[2 * pair] = _mm512_fmadd_pd(xc, _mm512_cvtps_pd(a[c]), chains[2 * pair]);
+            chains[2 * pair + 1] = _mm512_fmadd_pd(xc, _mm512_cvtps_pd(b[c]), chains[2 * pair + 1]);
+        }
+    }
+}
+
+/// Group `g`'s eight rows' vectors (from their run of indices `run`) as eight columns of
+/// one value per row.
+#[inline(always)]
+unsafe fn group_columns<const S: usize, const E: usize, const PACKED: bool>(
+    rows: VqRun<S, E, PACKED>,
+    run: &[u8],
+    g: usize,
+) -> [__m256; 8] {
+    let bytes = VqRun::<S, E, PACKED>::BYTES;
+    let mut values = [_mm256_setzero_ps(); 8];
+    for (i, value) in values.iter_mut().enumerate() {
+        let row = 8 * g + i;
+        let index = stage_indices::<S, PACKED>(&run[row * bytes..][..bytes]);
+        let mut sum = _mm256_setzero_ps();
+        for (book, &e) in rows.books.iter().zip(&index) {
+            sum = _mm256_add_ps(sum, _mm256_loadu_ps(book[e].as_ptr()));
+        }
+        *value = _mm256_mul_ps(_mm256_set1_ps(rows.scales[row]), sum);
+    }
+    columns8(values)
+}
+
+/// The `S` stage indices of one row's vector.
+#[inline(always)]
+fn stage_indices<const S: usize, const PACKED: bool>(b: &[u8]) -> [usize; S] {
+    let mut index = [0; S];
+    if PACKED {
+        index.copy_from_slice(&vq_indices(b, true)[..S]);
+    } else {
+        for (ix, &byte) in index.iter_mut().zip(b) {
+            *ix = usize::from(byte);
+        }
+    }
+    index
+}
