@@ -1057,7 +1057,14 @@ mod x86 {
             };
             // SAFETY: as above; the rows and inputs hold LOOP_BLOCKS blocks.
             let run = |acc: &mut [f32; 8], blocks| unsafe {
-                vnni::fp4_c1_run8_vnni(acc, &x, codes, scales, avx512::NextRows::NONE, blocks)
+                vnni::nibble_c1_run8_vnni(
+                    acc,
+                    &x,
+                    codes,
+                    vnni::NibbleScales::Fp4(scales),
+                    avx512::NextRows::NONE,
+                    blocks,
+                )
             };
             loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
         }

@@ -982,6 +982,17 @@ pub(crate) mod tests {
             add("q4", vec![out, 40], Storage::Q4G, v4, q4);
             add("q8w", vec![out, inp], Storage::Q8G, v8w, q8w);
             add("q4w", vec![out, inp], Storage::Q4G, v4w, q4w);
+            // Groups of two blocks, and an infinite group scale (row 3, group 1): the VNNI
+            // nibble loop stops at its first block and resumes after it.
+            let (mut q4inf, mut v4inf) = random_grouped(out, inp, 4, 64, &mut rng);
+            if let StoredBytes::Grouped { scales, .. } = &mut q4inf {
+                let groups = inp.div_ceil(64);
+                scales[2 * (3 * groups + 1)..][..2].copy_from_slice(&0x7C00u16.to_le_bytes());
+            }
+            for v in &mut v4inf[3 * inp + 64..3 * inp + inp.min(128)] {
+                *v *= f32::INFINITY;
+            }
+            add("q4inf", vec![out, inp], Storage::Q4G, v4inf, q4inf);
             // Container expert rows in each VQ format (VQ3R, VQ4P, four byte stages), held by
             // the row double as their exact values.
             for (name, packed, stages, entries) in [
@@ -1028,6 +1039,7 @@ pub(crate) mod tests {
                 // A container's requantised trunk read by the FP8/FP4 kinds: rule C1 upstream.
                 ("q8w", LinearKind::Fp8),
                 ("q4w", LinearKind::Fp4),
+                ("q4inf", LinearKind::Fp4),
                 ("vq", LinearKind::F32),
                 // Container experts (rule C1 upstream, on values that are not on a grid), and
                 // bf16 / f32 rows read the same way.

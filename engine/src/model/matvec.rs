@@ -451,7 +451,8 @@ impl MatVec<'_> {
                 // SAFETY: `x_blocks` is set only at `Level::Avx512Vnni` (`wants_act_blocks`),
                 // so the CPU has VNNI.
                 (true, Some(xi)) => unsafe {
-                    simd::vnni::fp4_c1_run8_vnni(&mut acc, xi, codes, scales, next, kb..full)
+                    let scales = simd::vnni::NibbleScales::Fp4(scales);
+                    simd::vnni::nibble_c1_run8_vnni(&mut acc, xi, codes, scales, next, kb..full)
                 },
                 // Inputs without an integer form (not act-quantised): the f64 kernel.
                 (true, None) => {
@@ -591,7 +592,6 @@ impl MatVec<'_> {
     #[inline(always)]
     fn c1_byte_rows8(&self, bytes: ByteRows, first: usize) -> [f32; TILE] {
         let r0 = self.w_first + first;
-        let x = &self.x[self.x_off..][..self.n_in];
         let rows: [&[u8]; TILE] = eight(
             #[inline(always)]
             |i| bytes.row(r0 + i),
@@ -599,26 +599,66 @@ impl MatVec<'_> {
         let mut acc = [0f32; TILE];
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         let mut values: VqBlock = [[0.0; BLOCK]; TILE];
-        for k0 in (0..self.n_in).step_by(BLOCK) {
-            let len = BLOCK.min(self.n_in - k0);
-            let done = len == BLOCK && {
-                let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
-                let xi = self.x_blocks.and_then(|b| b.get(k0 / BLOCK));
-                bytes.c1_block8(&rows, r0, k0, (xb, xi), &mut acc, &mut values)
-            };
-            if !done {
-                self.decode(&[], r0, TILE, k0, len, &mut w, Level::Avx512);
-                let mut block = [[0f64; TILE]];
-                dot_rows(&mut block, [&x[k0..k0 + len]], &w, Level::Avx512);
-                for (a, &b) in acc.iter_mut().zip(&block[0]) {
-                    *a += b as f32;
+        let full = self.n_in / BLOCK;
+        let mut from = 0;
+        // Container Q4G rows on an act-quantised input: the VNNI nibble loop, each block it
+        // leaves taken by the single-block path, then the loop resumed after it.
+        if let (Some(scales), Some(xi)) = (bytes.nibble_scales(r0), self.x_blocks) {
+            let next = simd::avx512::NextRows::over(bytes.rows_span(r0 + TILE, TILE), full);
+            while from < full {
+                // SAFETY: `x_blocks` is set only at `Level::Avx512Vnni` (`wants_act_blocks`);
+                // the rows, inputs and scales hold `full` blocks.
+                from = unsafe {
+                    simd::vnni::nibble_c1_run8_vnni(&mut acc, xi, rows, scales, next, from..full)
+                };
+                if from < full {
+                    self.c1_byte_block(
+                        bytes,
+                        &rows,
+                        (r0, from * BLOCK),
+                        &mut acc,
+                        (&mut w, &mut values),
+                    );
+                    from += 1;
                 }
             }
+        }
+        for k0 in (from * BLOCK..self.n_in).step_by(BLOCK) {
+            self.c1_byte_block(bytes, &rows, (r0, k0), &mut acc, (&mut w, &mut values));
         }
         if self.round_out {
             acc.iter_mut().for_each(|a| *a = bf16(*a));
         }
         acc
+    }
+
+    /// One column block (at `k0`) of [`Self::c1_byte_rows8`]'s eight rows from `r0`: the
+    /// AVX-512 kernel where it takes the block, else the generic block decode.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c1_byte_block(
+        &self,
+        bytes: ByteRows,
+        rows: &[&[u8]; TILE],
+        (r0, k0): (usize, usize),
+        acc: &mut [f32; TILE],
+        (w, values): (&mut WeightBlock, &mut VqBlock),
+    ) {
+        let x = &self.x[self.x_off..][..self.n_in];
+        let len = BLOCK.min(self.n_in - k0);
+        let done = len == BLOCK && {
+            let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
+            let xi = self.x_blocks.and_then(|b| b.get(k0 / BLOCK));
+            bytes.c1_block8(rows, r0, k0, (xb, xi), acc, values)
+        };
+        if !done {
+            self.decode(&[], r0, TILE, k0, len, w, Level::Avx512);
+            let mut block = [[0f64; TILE]];
+            dot_rows(&mut block, [&x[k0..k0 + len]], w, Level::Avx512);
+            for (a, &b) in acc.iter_mut().zip(&block[0]) {
+                *a += b as f32;
+            }
+        }
     }
 
     /// A single-row C1 product on packed nibbles (release FP4, container Q4G) at

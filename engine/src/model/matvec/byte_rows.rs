@@ -133,6 +133,22 @@ impl<'a> ByteRows<'a> {
         }
     }
 
+    /// The f16 group scales of container Q4G rows `r .. r + 8` for the VNNI nibble loop,
+    /// where groups are whole column blocks; `None` for other rows.
+    #[inline(always)]
+    pub(super) fn nibble_scales(&self, r: usize) -> Option<simd::vnni::NibbleScales<'a>> {
+        match *self {
+            ByteRows::Grouped(g) if g.bits == 4 => Some(simd::vnni::NibbleScales::Q4 {
+                rows: eight(
+                    #[inline(always)]
+                    |i| &g.scales[2 * (r + i) * g.groups..][..2 * g.groups],
+                ),
+                blocks_per_group: g.group / BLOCK,
+            }),
+            _ => None,
+        }
+    }
+
     /// The stored bytes of rows `r .. r + n` where rows are contiguous, cut at the end of the
     /// weight (none for VQ's banded indices).
     #[inline(always)]

@@ -106,7 +106,9 @@ pub fn act_blocks(x: &[f64], out: &mut Vec<ActBlock>) -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use kernel::{fp4_c1_block8_vnni, fp4_c1_run8_vnni, index_dots_vnni, q4_c1_block8_vnni};
+pub use kernel::{
+    fp4_c1_block8_vnni, index_dots_vnni, nibble_c1_run8_vnni, q4_c1_block8_vnni, NibbleScales,
+};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
@@ -187,23 +189,71 @@ mod kernel {
         nibble_c1_block8(acc, x, rows, &NIBBLE_MINUS_8, steps);
     }
 
-    /// [`fp4_c1_block8_vnni`] over the column blocks `blocks` of eight FP4 rows, in order
-    /// (`x[kb]` block kb's integers, `rows[i]` from column 0): one loop with the sums and the
-    /// constants in registers. Returns the first block it leaves (a scale above the limit),
-    /// else `blocks.end`; `acc` has every block before it.
+    /// Where the nibble loop finds each column block's eight row scales.
+    #[derive(Clone, Copy)]
+    pub enum NibbleScales<'a> {
+        /// Release FP4: E8M0 bytes per row and block.
+        Fp4(RowScales<'a>),
+        /// Container Q4G: row i's f16 group scales in `rows[i]` (two bytes per group, group 0
+        /// first), `blocks_per_group` column blocks per group.
+        Q4 {
+            rows: [&'a [u8]; 8],
+            blocks_per_group: usize,
+        },
+    }
+
+    impl NibbleScales<'_> {
+        /// Block `kb`'s eight scales as f64; `None` where the single-block kernels do not
+        /// take them either (an E8M0 byte above the limit, an f16 that is not finite).
+        #[inline(always)]
+        unsafe fn block(&self, kb: usize) -> Option<__m512d> {
+            match *self {
+                NibbleScales::Fp4(s) => s.block(kb),
+                NibbleScales::Q4 {
+                    rows,
+                    blocks_per_group,
+                } => {
+                    let at = 2 * (kb / blocks_per_group);
+                    let mut halves = [0u16; 8];
+                    for (h, row) in halves.iter_mut().zip(rows) {
+                        *h = u16::from_le_bytes([row[at], row[at + 1]]);
+                    }
+                    let bits = _mm_loadu_si128(halves.as_ptr().cast());
+                    let exponent = _mm_set1_epi16(0x7C00);
+                    let special = _mm_cmpeq_epi16(_mm_and_si128(bits, exponent), exponent);
+                    (_mm_movemask_epi8(special) == 0)
+                        .then(|| _mm512_cvtps_pd(_mm256_cvtph_ps(bits)))
+                }
+            }
+        }
+    }
+
+    /// [`fp4_c1_block8_vnni`] (release FP4) or [`q4_c1_block8_vnni`] (container Q4G, by the
+    /// kind of `scales`) over the column blocks `blocks` of eight rows, in order (`x[kb]`
+    /// block kb's integers, `rows[i]` from column 0): one loop with the sums and the
+    /// constants in registers, the next rows asked for on the way (`next`). Returns the
+    /// first block it leaves (a scale the single-block kernels do not take), else
+    /// `blocks.end`; `acc` has every block before it.
     ///
     /// # Safety
-    /// As for [`fp4_c1_block8_vnni`]; `x` and the rows must hold `blocks.end` blocks.
+    /// As for [`fp4_c1_block8_vnni`]; `x`, the rows and the scales must hold `blocks.end`
+    /// blocks.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx512vnni")]
-    pub unsafe fn fp4_c1_run8_vnni(
+    pub unsafe fn nibble_c1_run8_vnni(
         acc: &mut [f32; 8],
         x: &[ActBlock],
         rows: [&[u8]; 8],
-        scales: RowScales,
+        scales: NibbleScales,
         next: NextRows,
         blocks: Range<usize>,
     ) -> usize {
         const BYTES: usize = BLOCK / 2;
+        // The kernels' values and steps: FP4 codes as twice their e2m1 value, Q4G nibbles as
+        // `nibble − 8` with the input's unit doubled.
+        let (table, unit_factor) = match scales {
+            NibbleScales::Fp4(_) => (&TWICE_E2M1, 1.0),
+            NibbleScales::Q4 { .. } => (&NIBBLE_MINUS_8, 2.0),
+        };
         let x = &x[..blocks.end];
         let rows = rows.map(|r| &r[..blocks.end * BYTES]);
         let mut total = _mm256_loadu_ps(acc.as_ptr());
@@ -217,8 +267,8 @@ mod kernel {
                 break;
             };
             let rb = blocks_at(&rows, at);
-            let steps = _mm512_mul_pd(scale, _mm512_set1_pd(x[kb].unit));
-            let values = nibble_block_values(&x[kb], rb, &TWICE_E2M1, steps);
+            let steps = _mm512_mul_pd(scale, _mm512_set1_pd(unit_factor * x[kb].unit));
+            let values = nibble_block_values(&x[kb], rb, table, steps);
             total = _mm256_add_ps(total, values);
         }
         _mm256_storeu_ps(acc.as_mut_ptr(), total);
