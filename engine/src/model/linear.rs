@@ -983,7 +983,7 @@ pub(crate) mod tests {
             add("q8w", vec![out, inp], Storage::Q8G, v8w, q8w);
             add("q4w", vec![out, inp], Storage::Q4G, v4w, q4w);
             // Groups of two blocks, and an infinite group scale (row 3, group 1): the VNNI
-            // nibble loop stops at its first block and resumes after it.
+            // nibble loop stops at its first block and resumes after it; the C2 loop takes it.
             let (mut q4inf, mut v4inf) = random_grouped(out, inp, 4, 64, &mut rng);
             if let StoredBytes::Grouped { scales, .. } = &mut q4inf {
                 let groups = inp.div_ceil(64);
@@ -1040,6 +1040,7 @@ pub(crate) mod tests {
                 ("q8w", LinearKind::Fp8),
                 ("q4w", LinearKind::Fp4),
                 ("q4inf", LinearKind::Fp4),
+                ("q4inf", LinearKind::F32),
                 ("vq", LinearKind::F32),
                 // Container experts (rule C1 upstream, on values that are not on a grid), and
                 // bf16 / f32 rows read the same way.

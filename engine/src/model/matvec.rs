@@ -533,6 +533,14 @@ impl MatVec<'_> {
                 }
             }
         }
+        // Container Q8G / Q4G rows: the 32-row loop over every full block.
+        if let Some(codes) = (nw == DECODE_TILE).then(|| bytes.int_rows32(r0)).flatten() {
+            let full = self.n_in / BLOCK;
+            // SAFETY: only reached from `task_avx512`; rows, inputs and scales hold `full`
+            // blocks.
+            unsafe { simd::avx512::int_c2_run32(&mut acc, x, &rows, codes, 0..full) };
+            from = full;
+        }
         for k0 in (from * BLOCK..self.n_in).step_by(BLOCK) {
             self.c2_block_groups(bytes, &rows, (k0, r0, nw), &mut acc, &mut scratch);
         }

@@ -149,6 +149,20 @@ impl<'a> ByteRows<'a> {
         }
     }
 
+    /// Container Q8G / Q4G rows `r .. r + 32` for the 32-row C2 loop, where groups are
+    /// whole column blocks; `None` for other rows.
+    #[inline(always)]
+    pub(super) fn int_rows32(&self, r: usize) -> Option<simd::avx512::IntRows32<'a>> {
+        let ByteRows::Grouped(g) = *self else {
+            return None;
+        };
+        Some(simd::avx512::IntRows32 {
+            nibbles: g.bits == 4,
+            scales: std::array::from_fn(|i| &g.scales[2 * (r + i) * g.groups..][..2 * g.groups]),
+            blocks_per_group: g.group / BLOCK,
+        })
+    }
+
     /// The stored bytes of rows `r .. r + n` where rows are contiguous, cut at the end of the
     /// weight (none for VQ's banded indices).
     #[inline(always)]

@@ -715,6 +715,90 @@ pub unsafe fn q8_c1_block8(
     int_sums(acc, x, byte_halves(rows), scale);
 }
 
+/// Container Q8G / Q4G rows for [`int_c2_run32`]: the kind of code, and each row's f16 group
+/// scales (two bytes per group, group 0 first), `blocks_per_group` column blocks per group.
+#[derive(Clone, Copy)]
+pub struct IntRows32<'a> {
+    pub nibbles: bool,
+    pub scales: [&'a [u8]; 32],
+    pub blocks_per_group: usize,
+}
+
+/// [`q8_c2_block8`] / [`q4_c2_block8`] for 32 rows (four groups of eight, one chain vector
+/// each) over the column blocks `blocks`, in order (`x` and `rows[i]` from column 0): two
+/// groups' chains advanced column by column in turn, the chains in registers from block to
+/// block (one chain waits on each multiply-add). The same products and multiply-adds as the
+/// eight-row step: every scale is taken, as there.
+///
+/// # Safety
+/// As for [`fp8_c1_block8`]; `x`, the rows and the scales must hold `blocks.end` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn int_c2_run32(
+    acc: &mut [f64; 32],
+    x: &[f64],
+    rows: &[&[u8]; 32],
+    codes: IntRows32,
+    blocks: Range<usize>,
+) {
+    let mut chains = [_mm512_setzero_pd(); 4];
+    for (g, chain) in chains.iter_mut().enumerate() {
+        *chain = _mm512_loadu_pd(acc[8 * g..].as_ptr());
+    }
+    for kb in blocks {
+        let at = if codes.nibbles {
+            kb * BLOCK / 2
+        } else {
+            kb * BLOCK
+        };
+        prefetch_rows(rows, at);
+        let mut sources = [[(_mm512_setzero_si512(), _mm512_setzero_si512()); 2]; 4];
+        let mut scales = [_mm512_setzero_pd(); 4];
+        for g in 0..4 {
+            let group: &[&[u8]; 8] = rows[8 * g..8 * g + 8].try_into().expect("eight rows");
+            sources[g] = if codes.nibbles {
+                nibble_halves(blocks_at(group, at), 8)
+            } else {
+                byte_halves(blocks_at(group, at))
+            };
+            let group: &[&[u8]; 8] = codes.scales[8 * g..8 * g + 8].try_into().expect("eight");
+            scales[g] = f16_scales8(group, 2 * (kb / codes.blocks_per_group));
+        }
+        let xb = &x[kb * BLOCK..][..BLOCK];
+        for q in 0..4 {
+            for pair in 0..2 {
+                let (g0, g1) = (2 * pair, 2 * pair + 1);
+                let (a, b) = (int_columns(sources[g0], q), int_columns(sources[g1], q));
+                for c in 0..8 {
+                    let xc = _mm512_set1_pd(xb[8 * q + c]);
+                    chains[g0] = _mm512_fmadd_pd(xc, _mm512_mul_pd(a[c], scales[g0]), chains[g0]);
+                    chains[g1] = _mm512_fmadd_pd(xc, _mm512_mul_pd(b[c], scales[g1]), chains[g1]);
+                }
+            }
+        }
+    }
+    for (g, chain) in chains.iter().enumerate() {
+        _mm512_storeu_pd(acc[8 * g..].as_mut_ptr(), *chain);
+    }
+}
+
+/// The f16 scales at byte `at` of eight rows' scale bytes, as f64 (exactly).
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn f16_scales8(rows: &[&[u8]; 8], at: usize) -> __m512d {
+    _mm512_cvtps_pd(_mm256_cvtph_ps(f16_bits8(rows, at)))
+}
+
+/// The f16 bit patterns at byte `at` of eight rows' scale bytes.
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub(super) unsafe fn f16_bits8(rows: &[&[u8]; 8], at: usize) -> __m128i {
+    let mut halves = [0u16; 8];
+    for (h, row) in halves.iter_mut().zip(rows) {
+        *h = u16::from_le_bytes([row[at], row[at + 1]]);
+    }
+    _mm_loadu_si128(halves.as_ptr().cast())
+}
+
 /// [`q8_c1_block8`] for container Q4G codes (value `nibble − 8`).
 ///
 /// # Safety

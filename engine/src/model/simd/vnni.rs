@@ -112,7 +112,7 @@ pub use kernel::{
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::super::avx512::{blocks_at, lanes4, prefetch_rows, NextRows, RowScales};
+    use super::super::avx512::{blocks_at, f16_bits8, lanes4, prefetch_rows, NextRows, RowScales};
     use super::{ActBlock, BLOCK};
     use crate::model::index_grid::{KeyTile, TILE_KEYS};
     use std::arch::x86_64::*;
@@ -213,12 +213,7 @@ mod kernel {
                     rows,
                     blocks_per_group,
                 } => {
-                    let at = 2 * (kb / blocks_per_group);
-                    let mut halves = [0u16; 8];
-                    for (h, row) in halves.iter_mut().zip(rows) {
-                        *h = u16::from_le_bytes([row[at], row[at + 1]]);
-                    }
-                    let bits = _mm_loadu_si128(halves.as_ptr().cast());
+                    let bits = f16_bits8(&rows, 2 * (kb / blocks_per_group));
                     let exponent = _mm_set1_epi16(0x7C00);
                     let special = _mm_cmpeq_epi16(_mm_and_si128(bits, exponent), exponent);
                     (_mm_movemask_epi8(special) == 0)
