@@ -12,8 +12,12 @@
 //! eight-row kernels of `simd::avx512` instead (rule C1 on every stored form of `ByteRows`,
 //! rule C2 likewise), in `DECODE_TILE`-row tasks; with VNNI, rule C1 on release FP4 and
 //! container Q4G bytes sums in integers (`simd::vnni`, the input's blocks found once per
-//! call). A prefill with AVX-512 decodes every `ByteRows` form eight rows at a time
-//! (`ByteRows::columns8`) and runs up to eight input rows' chains per kernel call.
+//! call). The commonest of these run as loops over a row group's blocks rather than a call
+//! per block: C1 on FP8, FP4 and Q4G (eight rows, the next eight asked for on the way for
+//! nibble rows), C2 on FP8 rows sharing a scale row and on Q8G/Q4G (32 rows), and container
+//! VQ rows under either rule (`simd::vq`, 32 rows of an index band). A prefill with AVX-512
+//! decodes every `ByteRows` form eight rows at a time (`ByteRows::columns8`) and runs up to
+//! eight input rows' chains per kernel call.
 //!
 //! The decoded values are exactly the values `Checkpoint::rows_f32` returns (same f32
 //! products), widened to f64, and every output is the same sequence of f64 operations as a

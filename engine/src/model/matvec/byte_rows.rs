@@ -41,7 +41,13 @@ pub(super) struct GroupedRows<'a> {
     scales: &'a [u8],
 }
 
-impl GroupedRows<'_> {
+impl<'a> GroupedRows<'a> {
+    /// Row `r`'s f16 group scales (two bytes per group, group 0 first).
+    #[inline(always)]
+    fn scale_row(&self, r: usize) -> &'a [u8] {
+        &self.scales[2 * r * self.groups..][..2 * self.groups]
+    }
+
     /// The f16 scales of the group holding column `k0`, for rows `r .. r + 8`, as f64.
     #[inline(always)]
     fn scales8(&self, r: usize, k0: usize) -> [f64; TILE] {
@@ -141,7 +147,7 @@ impl<'a> ByteRows<'a> {
             ByteRows::Grouped(g) if g.bits == 4 => Some(simd::vnni::NibbleScales::Q4 {
                 rows: eight(
                     #[inline(always)]
-                    |i| &g.scales[2 * (r + i) * g.groups..][..2 * g.groups],
+                    |i| g.scale_row(r + i),
                 ),
                 blocks_per_group: g.group / BLOCK,
             }),
@@ -158,7 +164,7 @@ impl<'a> ByteRows<'a> {
         };
         Some(simd::avx512::IntRows32 {
             nibbles: g.bits == 4,
-            scales: std::array::from_fn(|i| &g.scales[2 * (r + i) * g.groups..][..2 * g.groups]),
+            scales: std::array::from_fn(|i| g.scale_row(r + i)),
             blocks_per_group: g.group / BLOCK,
         })
     }
