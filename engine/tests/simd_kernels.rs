@@ -50,7 +50,7 @@ fn main() {
             x86::missing_avx512(),
         ),
         gated(
-            "avx512_c2_loop_equals_its_block_steps_and_stops_at_the_blocks_it_leaves",
+            "avx512_c2_loops_equal_their_block_steps_and_stop_at_the_blocks_they_leave",
             x86::c2_loop,
             x86::missing_avx512(),
         ),
@@ -977,6 +977,42 @@ mod x86 {
                     },
                     blocks,
                 )
+            };
+            loop_equals_steps(seed, leaves, step, run, (-0.0, f64::to_bits))?;
+            // The FP4 loop over the same groups: scales per row and block.
+            let codes: [&[u8]; 32] = std::array::from_fn(|i| &groups[i / 8].fp4[i % 8][..]);
+            let row_scales = |i: usize| &groups[i / 8].scales[i % 8];
+            let leaves = |kb: usize| (0..32).any(|i| row_scales(i)[kb] > LOOP_LIMIT);
+            let step = |kb: usize, acc: &mut [f64; 32]| {
+                let xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
+                for (g, chains) in acc.chunks_exact_mut(8).enumerate() {
+                    let block = std::array::from_fn(|j| {
+                        codes[8 * g + j][kb * BLOCK / 2..][..BLOCK / 2]
+                            .try_into()
+                            .expect("block")
+                    });
+                    let s =
+                        std::array::from_fn(|j| f64::from(e8m0_to_f32(row_scales(8 * g + j)[kb])));
+                    let chains: &mut [f64; 8] = chains.try_into().expect("eight");
+                    // SAFETY: as above.
+                    unsafe { avx512::fp4_c2_block8(chains, xb, block, &s) };
+                }
+            };
+            let group_scales = |g: usize| avx512::RowScales {
+                bytes: avx512::ScaleBytes::PerRow(std::array::from_fn(|j| {
+                    &row_scales(8 * g + j)[..]
+                })),
+                limit: LOOP_LIMIT,
+            };
+            // SAFETY: as above.
+            let run = |acc: &mut [f64; 32], blocks| unsafe {
+                let scales = [
+                    group_scales(0),
+                    group_scales(1),
+                    group_scales(2),
+                    group_scales(3),
+                ];
+                avx512::fp4_c2_run32(acc, &x, &codes, scales, blocks)
             };
             loop_equals_steps(seed, leaves, step, run, (-0.0, f64::to_bits))?;
         }

@@ -978,6 +978,25 @@ pub(crate) mod tests {
                 big.values.clone(),
                 quant(QuantKind::Fp8Block, big.codes.clone(), &big.scale_exp),
             );
+            // Likewise an FP4 scale near the limit (row 40, block 1): the 32-row C2 loop stops
+            // there (the second task of 77 rows) and resumes after it.
+            let mut big4 = random_fp4(out, inp, &mut rng);
+            let bi = inp / 32;
+            big4.scale_exp[40.min(out - 1) * bi + 1] = 119;
+            let r = 40.min(out - 1);
+            for k in 32..64 {
+                let c = big4.codes[r * inp + k];
+                let v = E2M1_GRID[usize::from(c & 7)] * if c & 8 != 0 { -1.0 } else { 1.0 };
+                big4.values[r * inp + k] = v * 2f32.powi(119);
+            }
+            let packed4: Vec<u8> = big4.codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
+            add(
+                "fp4big",
+                vec![out, inp],
+                Storage::Fp4,
+                big4.values.clone(),
+                quant(QuantKind::Fp4, packed4, &big4.scale_exp),
+            );
             add("q8", vec![out, 40], Storage::Q8G, v8, q8);
             add("q4", vec![out, 40], Storage::Q4G, v4, q4);
             add("q8w", vec![out, inp], Storage::Q8G, v8w, q8w);
@@ -1027,6 +1046,7 @@ pub(crate) mod tests {
                 ("fp8big", LinearKind::Fp8),
                 ("fp8big", LinearKind::F32),
                 ("fp4", LinearKind::Fp4),
+                ("fp4big", LinearKind::Fp4),
                 ("bf16", LinearKind::Bf16),
                 ("bf16", LinearKind::F32),
                 ("f32", LinearKind::F32),

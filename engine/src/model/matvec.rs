@@ -508,29 +508,41 @@ impl MatVec<'_> {
         // The rows' bytes, found once per task rather than once per block (lanes ≥ nw: none).
         let rows: [&[u8]; DECODE_TILE] =
             std::array::from_fn(|i| if i < nw { bytes.row(r0 + i) } else { &[] });
-        // FP8 rows sharing one scale row: the 32-row loop, each block it leaves taken group by
-        // group, then the loop resumed after it.
+        // Release FP8 rows sharing one scale row, and FP4 rows: the 32-row loops, each block
+        // they leave taken group by group, then the loop resumed after it.
         let mut from = 0;
-        if let ByteRows::Quant(v) = bytes {
+        if let (ByteRows::Quant(v), DECODE_TILE) = (bytes, nw) {
             let full = self.n_in / BLOCK;
-            let scale_row = scale_at(&v, r0, 0);
-            if v.kind == QuantKind::Fp8Block
-                && nw == DECODE_TILE
-                && scale_row == scale_at(&v, r0 + nw - 1, 0)
-            {
-                let scales = simd::avx512::RowScales {
-                    bytes: simd::avx512::ScaleBytes::Shared(&v.scales[scale_row..][..full]),
+            let scales = |r: usize| &v.scales[scale_at(&v, r, 0)..][..full];
+            let shared = scale_at(&v, r0, 0) == scale_at(&v, r0 + nw - 1, 0);
+            let run = match v.kind {
+                QuantKind::Fp8Block if shared => Some(false),
+                QuantKind::Fp4 => Some(true),
+                _ => None,
+            };
+            while let Some(fp4) = run.filter(|_| from < full) {
+                let scale_rows = |bytes| simd::avx512::RowScales {
+                    bytes,
                     limit: SAFE_SCALE_BYTE,
                 };
-                loop {
-                    // SAFETY: only reached from `task_avx512`; rows, inputs and scales hold
-                    // `full` blocks.
-                    from = unsafe {
-                        simd::avx512::fp8_c2_run32(&mut acc, x, &rows, scales, from..full)
-                    };
-                    if from == full {
-                        break;
+                // SAFETY: only reached from `task_avx512`; rows, inputs and scales hold
+                // `full` blocks.
+                from = unsafe {
+                    if fp4 {
+                        let group = |g: usize| {
+                            scale_rows(simd::avx512::ScaleBytes::PerRow(eight(
+                                #[inline(always)]
+                                |i| scales(r0 + 8 * g + i),
+                            )))
+                        };
+                        let groups = [group(0), group(1), group(2), group(3)];
+                        simd::avx512::fp4_c2_run32(&mut acc, x, &rows, groups, from..full)
+                    } else {
+                        let shared = scale_rows(simd::avx512::ScaleBytes::Shared(scales(r0)));
+                        simd::avx512::fp8_c2_run32(&mut acc, x, &rows, shared, from..full)
                     }
+                };
+                if from < full {
                     let at = (from * BLOCK, r0, nw);
                     self.c2_block_groups(bytes, &rows, at, &mut acc, &mut scratch);
                     from += 1;

@@ -555,6 +555,73 @@ pub unsafe fn fp8_c2_run32(
     stop
 }
 
+/// [`fp4_c2_block8`] for 32 rows (four groups of eight, one chain vector each) over the
+/// column blocks `blocks`, in order (`x` and `rows[i]` from column 0), as [`fp8_c2_run32`]:
+/// the four chains advanced column by column in turn and kept in registers. Each group has
+/// its own scales (FP4 scales are per row and block). Returns the first block it leaves (a
+/// scale above the limit in any row), else `blocks.end`; `acc` has every block before it.
+///
+/// # Safety
+/// As for [`fp8_c1_block8`]; `x`, the rows and the scales must hold `blocks.end` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn fp4_c2_run32(
+    acc: &mut [f64; 32],
+    x: &[f64],
+    rows: &[&[u8]; 32],
+    scales: [RowScales; 4],
+    blocks: Range<usize>,
+) -> usize {
+    let top_bytes = top_bytes_mask();
+    let x = &x[..blocks.end * BLOCK];
+    let mut chains = [_mm512_setzero_pd(); 4];
+    for (g, chain) in chains.iter_mut().enumerate() {
+        *chain = _mm512_loadu_pd(acc[8 * g..].as_ptr());
+    }
+    let mut stop = blocks.end;
+    'blocks: for kb in blocks {
+        let at = kb * BLOCK / 2;
+        prefetch_rows(rows, at);
+        let mut exponents = [_mm512_setzero_pd(); 4];
+        for (e, s) in exponents.iter_mut().zip(&scales) {
+            let Some(scale) = s.block(kb) else {
+                stop = kb;
+                break 'blocks;
+            };
+            *e = _mm512_getexp_pd(scale);
+        }
+        let mut scaled = chains;
+        let mut sources = [[(_mm512_setzero_si512(), _mm512_setzero_si512()); 2]; 4];
+        for g in 0..4 {
+            scaled[g] =
+                _mm512_scalef_pd(chains[g], _mm512_sub_pd(_mm512_setzero_pd(), exponents[g]));
+            let group: &[&[u8]; 8] = rows[8 * g..8 * g + 8].try_into().expect("eight rows");
+            sources[g] = nibble_halves(blocks_at(group, at), 0);
+        }
+        for q in 0..4 {
+            let mut halves = [[_mm512_setzero_si512(); 2]; 4];
+            for (h, &source) in halves.iter_mut().zip(&sources) {
+                let (low, high) = e2m1_top_bytes(columns(source, q));
+                *h = one_source_halves(low, high);
+            }
+            for column in 0..8 {
+                let xc = _mm512_set1_pd(x[kb * BLOCK + 8 * q + column]);
+                let index = load(&PLACE_ONE[column % 4]);
+                for (chain, h) in scaled.iter_mut().zip(&halves) {
+                    let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, h[column / 4]);
+                    *chain = _mm512_fmadd_pd(xc, _mm512_castsi512_pd(w), *chain);
+                }
+            }
+        }
+        for ((chain, s), e) in chains.iter_mut().zip(scaled).zip(exponents) {
+            *chain = _mm512_scalef_pd(s, e);
+        }
+    }
+    for (g, chain) in chains.iter().enumerate() {
+        _mm512_storeu_pd(acc[8 * g..].as_mut_ptr(), *chain);
+    }
+    stop
+}
+
 /// Eight FP8 rows of one full block into columns `i .. i + 8` of a column-major block (a
 /// prefill task's weights): `w[k][i + r] = e4m3(rows[r][k]) · scale[r]`, exact, so the f64
 /// the generic decoder widens from its exact f32 product (a code times a scale byte ≤
