@@ -60,7 +60,7 @@ fn main() {
             x86::missing_avx512(),
         ),
         gated(
-            "vnni_fp4_loop_equals_its_block_steps_and_stops_at_the_blocks_it_leaves",
+            "vnni_nibble_loop_equals_its_block_steps_and_stops_at_the_blocks_it_leaves",
             x86::vnni_fp4_loop,
             x86::missing_vnni(),
         ),
@@ -340,7 +340,6 @@ mod x86 {
         Ok(())
     }
 
-    /// A seeded 31-bit pseudo-random stream (a 64-bit LCG's high bits).
     /// The VNNI index-dot kernel against its scalar definition (`KeyTile::dots`), bit for
     /// bit: keys and queries of 1 to 4 blocks whose codes reach ±127 (the biased query bytes
     /// 1 and 255), units from 2^−30 to 2^30, zero blocks, and partial tiles.
@@ -404,6 +403,7 @@ mod x86 {
         Ok(())
     }
 
+    /// A seeded 31-bit pseudo-random stream (a 64-bit LCG's high bits).
     fn lcg(seed: u64) -> impl FnMut() -> u32 {
         let mut state = seed;
         move || {
@@ -887,7 +887,6 @@ mod x86 {
                 books: refs,
                 indices: &indices,
                 first: r0 * bytes,
-                stride: BAND * bytes,
                 scales: row_scales,
             };
             let (mut c2, mut c2_resumed, mut c1) = (
@@ -1065,8 +1064,9 @@ mod x86 {
         Ok(())
     }
 
-    /// The VNNI FP4 C1 loop against its single-block step, as [`c1_loops`]: the same sums and
-    /// a stop at exactly each block whose scale is above the limit.
+    /// The VNNI nibble C1 loop against its single-block steps, as [`c1_loops`], on release FP4
+    /// rows and on the same bytes as container Q4G rows: the same sums and a stop at exactly
+    /// each block whose scale the step does not take.
     pub fn vnni_fp4_loop() -> Result<(), Failed> {
         for seed in 0..48u64 {
             let rows = loop_rows(seed, false);
@@ -1101,6 +1101,54 @@ mod x86 {
                     avx512::NextRows::NONE,
                     blocks,
                 )
+            };
+            loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
+            // The same rows read as container Q4G (value `nibble − 8`) with f16 scales in
+            // groups of two blocks, of both signs and 2^−24 .. 2^9 (subnormals included), one group in seven of one
+            // row infinite or NaN: the loop stops at its first block as the step declines it.
+            let mut next = lcg(seed + 5);
+            const GROUP_BLOCKS: usize = 2;
+            let f16_rows: Vec<Vec<u8>> = (0..8)
+                .map(|j| {
+                    (0..LOOP_BLOCKS / GROUP_BLOCKS)
+                        .flat_map(|g| {
+                            let bits = if (g as u64 + seed) % 7 == 3 && j as u64 == seed % 8 {
+                                if seed % 2 == 0 {
+                                    0x7C00
+                                } else {
+                                    0xFE00
+                                }
+                            } else {
+                                let sign = (next() % 2) << 15;
+                                sign | ((next() % 25) << 10) | (next() % 1024)
+                            };
+                            (bits as u16).to_le_bytes()
+                        })
+                        .collect()
+                })
+                .collect();
+            let f16_at = |j: usize, kb: usize| {
+                let at = 2 * (kb / GROUP_BLOCKS);
+                half::f16::from_le_bytes([f16_rows[j][at], f16_rows[j][at + 1]])
+            };
+            let leaves = |kb: usize| (0..8).any(|j| !f16_at(j, kb).is_finite());
+            let step = |kb: usize, acc: &mut [f32; 8]| {
+                let block = std::array::from_fn(|j| {
+                    rows.fp4[j][kb * BLOCK / 2..][..BLOCK / 2]
+                        .try_into()
+                        .expect("block")
+                });
+                let s = std::array::from_fn(|j| f64::from(f16_at(j, kb).to_f32()));
+                // SAFETY: as above.
+                unsafe { vnni::q4_c1_block8_vnni(acc, &x[kb], block, &s) };
+            };
+            let q4 = vnni::NibbleScales::Q4 {
+                rows: std::array::from_fn(|j| &f16_rows[j][..]),
+                blocks_per_group: GROUP_BLOCKS,
+            };
+            // SAFETY: as above.
+            let run = |acc: &mut [f32; 8], blocks| unsafe {
+                vnni::nibble_c1_run8_vnni(acc, &x, codes, q4, avx512::NextRows::NONE, blocks)
             };
             loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
         }

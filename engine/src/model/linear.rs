@@ -444,6 +444,18 @@ pub(crate) mod tests {
         values: Vec<f32>,
     }
 
+    impl Fp4Weight {
+        /// The codes as stored: two per byte, low nibble first.
+        fn packed(&self) -> Vec<u8> {
+            self.codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect()
+        }
+    }
+
+    /// The e2m1 value of a nibble (bit 3 the sign).
+    fn e2m1_value(c: u8) -> f32 {
+        E2M1_GRID[usize::from(c & 7)] * if c & 8 != 0 { -1.0 } else { 1.0 }
+    }
+
     fn random_fp4(out: usize, inp: usize, rng: &mut Rng) -> Fp4Weight {
         let codes: Vec<u8> = (0..out * inp)
             .map(|_| (rng.next_u32() & 15) as u8)
@@ -455,9 +467,7 @@ pub(crate) mod tests {
         let values = (0..out * inp)
             .map(|i| {
                 let (n, k) = (i / inp, i % inp);
-                let c = codes[i];
-                let v = E2M1_GRID[usize::from(c & 7)] * if c & 8 != 0 { -1.0 } else { 1.0 };
-                v * 2f32.powi(scale_exp[n * bi + k / 32])
+                e2m1_value(codes[i]) * 2f32.powi(scale_exp[n * bi + k / 32])
             })
             .collect();
         Fp4Weight {
@@ -891,7 +901,6 @@ pub(crate) mod tests {
                 scales: e.iter().map(|&x| (x + 127) as u8).collect(),
                 scale_cols: inp / 32,
             };
-            let packed: Vec<u8> = w4.codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
             let mut tensors = HashMap::new();
             let mut views = HashMap::new();
             let mut add = |name: &str, shape: Vec<usize>, st: Storage, vals: Vec<f32>, b| {
@@ -910,7 +919,7 @@ pub(crate) mod tests {
                 vec![out, inp],
                 Storage::Fp4,
                 w4.values.clone(),
-                quant(QuantKind::Fp4, packed, &w4.scale_exp),
+                quant(QuantKind::Fp4, w4.packed(), &w4.scale_exp),
             );
             add(
                 "bf16",
@@ -982,20 +991,17 @@ pub(crate) mod tests {
             // there (the second task of 77 rows) and resumes after it.
             let mut big4 = random_fp4(out, inp, &mut rng);
             let bi = inp / 32;
-            big4.scale_exp[40.min(out - 1) * bi + 1] = 119;
             let r = 40.min(out - 1);
+            big4.scale_exp[r * bi + 1] = 119;
             for k in 32..64 {
-                let c = big4.codes[r * inp + k];
-                let v = E2M1_GRID[usize::from(c & 7)] * if c & 8 != 0 { -1.0 } else { 1.0 };
-                big4.values[r * inp + k] = v * 2f32.powi(119);
+                big4.values[r * inp + k] = e2m1_value(big4.codes[r * inp + k]) * 2f32.powi(119);
             }
-            let packed4: Vec<u8> = big4.codes.chunks(2).map(|p| p[0] | (p[1] << 4)).collect();
             add(
                 "fp4big",
                 vec![out, inp],
                 Storage::Fp4,
                 big4.values.clone(),
-                quant(QuantKind::Fp4, packed4, &big4.scale_exp),
+                quant(QuantKind::Fp4, big4.packed(), &big4.scale_exp),
             );
             add("q8", vec![out, 40], Storage::Q8G, v8, q8);
             add("q4", vec![out, 40], Storage::Q4G, v4, q4);

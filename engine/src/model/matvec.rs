@@ -440,8 +440,6 @@ impl MatVec<'_> {
             limit: SAFE_SCALE_BYTE,
         };
         let full = self.n_in / BLOCK;
-        let next =
-            simd::avx512::NextRows::over(ByteRows::Quant(v).rows_span(r0 + TILE, TILE), full);
         let mut acc = [0f32; TILE];
         let mut kb = 0;
         while kb < full {
@@ -455,6 +453,8 @@ impl MatVec<'_> {
                 // SAFETY: `x_blocks` is set only at `Level::Avx512Vnni` (`wants_act_blocks`),
                 // so the CPU has VNNI.
                 (true, Some(xi)) => unsafe {
+                    let next = ByteRows::Quant(v).rows_span(r0 + TILE, TILE);
+                    let next = simd::avx512::NextRows::over(next, full);
                     let scales = simd::vnni::NibbleScales::Fp4(scales);
                     simd::vnni::nibble_c1_run8_vnni(&mut acc, xi, codes, scales, next, kb..full)
                 },
@@ -672,8 +672,7 @@ impl MatVec<'_> {
         let len = BLOCK.min(self.n_in - k0);
         let done = len == BLOCK && {
             let xb: &[f64; BLOCK] = x[k0..k0 + BLOCK].try_into().expect("block");
-            let xi = self.x_blocks.and_then(|b| b.get(k0 / BLOCK));
-            bytes.c1_block8(rows, r0, k0, (xb, xi), acc, values)
+            bytes.c1_block8(rows, r0, k0, xb, acc, values)
         };
         if !done {
             self.decode(&[], r0, TILE, k0, len, w, Level::Avx512);

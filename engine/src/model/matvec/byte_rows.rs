@@ -8,7 +8,6 @@ use crate::checkpoint::{DenseDtype, QuantKind, QuantView, VqView, WeightView, VQ
 use crate::dtype::f16_to_f32;
 use crate::model::simd;
 use crate::model::simd::avx512::F32Rows;
-use crate::model::simd::vnni::ActBlock;
 
 /// Weight rows the AVX-512 C2 kernels read: release FP8/FP4 codes with E8M0 scales,
 /// container Q8G/Q4G codes whose f16 groups are whole 32-column blocks, container VQ
@@ -266,8 +265,9 @@ impl<'a> ByteRows<'a> {
         }
     }
 
-    /// One C1 step of rows `r .. r + 8` over the full block at `k0` (its inputs, and their
-    /// integer form where the VNNI kernels read it): `acc[i] += f32(P_i)`.
+    /// One C1 step of rows `r .. r + 8` over the full block at `k0`: `acc[i] += f32(P_i)`.
+    /// (With the input's integer blocks, Q4G rows take the VNNI nibble loop instead, which
+    /// leaves only the blocks whose scales this step declines too.)
     /// Container Q8G/Q4G codes sum exactly (see `simd::avx512::q8_c1_block8`); VQ vectors and
     /// bf16 / f32 rows are not on a grid whose sums are exact, so each block is one chain
     /// from +0.0 in increasing k (the C2 kernel from zero), as the generic block sum adds it.
@@ -281,7 +281,7 @@ impl<'a> ByteRows<'a> {
         rows: &[&[u8]; TILE],
         r: usize,
         k0: usize,
-        (x, x_ints): (&[f64; BLOCK], Option<&ActBlock>),
+        x: &[f64; BLOCK],
         acc: &mut [f32; TILE],
         values: &mut VqBlock,
     ) -> bool {
@@ -294,13 +294,8 @@ impl<'a> ByteRows<'a> {
                 let at = self.offset(k0);
                 if self.packed() {
                     let rows = Self::packed_blocks(rows, at);
-                    match x_ints {
-                        // SAFETY: the input's integer blocks are found only at
-                        // `Level::Avx512Vnni` (`MatVec::wants_act_blocks`).
-                        Some(xi) => unsafe { simd::vnni::q4_c1_block8_vnni(acc, xi, rows, &s) },
-                        // SAFETY: only reached from `task_avx512`.
-                        None => unsafe { simd::avx512::q4_c1_block8(acc, x, rows, &s) },
-                    }
+                    // SAFETY: only reached from `task_avx512`.
+                    unsafe { simd::avx512::q4_c1_block8(acc, x, rows, &s) };
                 } else {
                     // SAFETY: as above.
                     unsafe { simd::avx512::q8_c1_block8(acc, x, Self::byte_blocks(rows, at), &s) };

@@ -48,12 +48,10 @@ impl MatVec<'_> {
         for (i, s) in scales.iter_mut().enumerate() {
             *s = v.scale(r0 + i);
         }
-        let first = v.index_at(r0, 0);
         let rows = VqRun::<S, E, PACKED> {
             books,
             indices: v.indices,
-            first,
-            stride: v.index_at(r0, 1) - first,
+            first: v.index_at(r0, 0),
             scales: &scales,
         };
         let x = &self.x[self.x_off..][..self.n_in];

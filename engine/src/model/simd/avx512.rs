@@ -500,10 +500,7 @@ pub unsafe fn fp8_c2_run32(
 ) -> usize {
     let top_bytes = top_bytes_mask();
     let x = &x[..blocks.end * BLOCK];
-    let mut chains = [_mm512_setzero_pd(); 4];
-    for (g, chain) in chains.iter_mut().enumerate() {
-        *chain = _mm512_loadu_pd(acc[8 * g..].as_ptr());
-    }
+    let mut chains = load_chains(acc);
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * BLOCK;
@@ -531,14 +528,7 @@ pub unsafe fn fp8_c2_run32(
                     doubled_max = _mm512_max_epu8(doubled_max, doubled);
                     *h = one_source_halves(low, high);
                 }
-                for column in 0..8 {
-                    let xc = _mm512_set1_pd(x[at + 8 * q + column]);
-                    let index = load(&PLACE_ONE[column % 4]);
-                    for (chain, h) in scaled.iter_mut().zip(&halves) {
-                        let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, h[column / 4]);
-                        *chain = _mm512_fmadd_pd(xc, _mm512_castsi512_pd(w), *chain);
-                    }
-                }
+                place_columns(&mut scaled, &x[at + 8 * q..][..8], &halves, top_bytes);
             }
         }
         if has_nan(doubled_max) {
@@ -549,9 +539,7 @@ pub unsafe fn fp8_c2_run32(
             *chain = _mm512_scalef_pd(s, e);
         }
     }
-    for (g, chain) in chains.iter().enumerate() {
-        _mm512_storeu_pd(acc[8 * g..].as_mut_ptr(), *chain);
-    }
+    store_chains(acc, chains);
     stop
 }
 
@@ -573,10 +561,7 @@ pub unsafe fn fp4_c2_run32(
 ) -> usize {
     let top_bytes = top_bytes_mask();
     let x = &x[..blocks.end * BLOCK];
-    let mut chains = [_mm512_setzero_pd(); 4];
-    for (g, chain) in chains.iter_mut().enumerate() {
-        *chain = _mm512_loadu_pd(acc[8 * g..].as_ptr());
-    }
+    let mut chains = load_chains(acc);
     let mut stop = blocks.end;
     'blocks: for kb in blocks {
         let at = kb * BLOCK / 2;
@@ -603,22 +588,14 @@ pub unsafe fn fp4_c2_run32(
                 let (low, high) = e2m1_top_bytes(columns(source, q));
                 *h = one_source_halves(low, high);
             }
-            for column in 0..8 {
-                let xc = _mm512_set1_pd(x[kb * BLOCK + 8 * q + column]);
-                let index = load(&PLACE_ONE[column % 4]);
-                for (chain, h) in scaled.iter_mut().zip(&halves) {
-                    let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, h[column / 4]);
-                    *chain = _mm512_fmadd_pd(xc, _mm512_castsi512_pd(w), *chain);
-                }
-            }
+            let xq = &x[kb * BLOCK + 8 * q..][..8];
+            place_columns(&mut scaled, xq, &halves, top_bytes);
         }
         for ((chain, s), e) in chains.iter_mut().zip(scaled).zip(exponents) {
             *chain = _mm512_scalef_pd(s, e);
         }
     }
-    for (g, chain) in chains.iter().enumerate() {
-        _mm512_storeu_pd(acc[8 * g..].as_mut_ptr(), *chain);
-    }
+    store_chains(acc, chains);
     stop
 }
 
@@ -807,10 +784,7 @@ pub unsafe fn int_c2_run32(
     codes: IntRows32,
     blocks: Range<usize>,
 ) {
-    let mut chains = [_mm512_setzero_pd(); 4];
-    for (g, chain) in chains.iter_mut().enumerate() {
-        *chain = _mm512_loadu_pd(acc[8 * g..].as_ptr());
-    }
+    let mut chains = load_chains(acc);
     for kb in blocks {
         let at = if codes.nibbles {
             kb * BLOCK / 2
@@ -843,9 +817,7 @@ pub unsafe fn int_c2_run32(
             }
         }
     }
-    for (g, chain) in chains.iter().enumerate() {
-        _mm512_storeu_pd(acc[8 * g..].as_mut_ptr(), *chain);
-    }
+    store_chains(acc, chains);
 }
 
 /// The f16 scales at byte `at` of eight rows' scale bytes, as f64 (exactly).
@@ -1324,20 +1296,54 @@ pub(super) unsafe fn lanes4(rows: [&[u8; 16]; 4]) -> __m512i {
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma")]
 unsafe fn chains8(
-    mut chain: __m512d,
+    chain: __m512d,
     x: &[f64],
     lo: __m512i,
     hi: __m512i,
     top_bytes: __mmask64,
 ) -> __m512d {
+    let mut chains = [chain];
+    place_columns(&mut chains, x, &[one_source_halves(lo, hi)], top_bytes);
+    chains[0]
+}
+
+/// [`chains8`] for `N` groups of eight rows at once (`halves[g]`: group g's columns as
+/// [`one_source_halves`] gives them), the groups' chains advanced column by column in turn:
+/// one chain waits on each multiply-add, several hide most of that.
+#[inline(always)]
+unsafe fn place_columns<const N: usize>(
+    chains: &mut [__m512d; N],
+    x: &[f64],
+    halves: &[[__m512i; 2]; N],
+    top_bytes: __mmask64,
+) {
     let x: &[f64; 8] = x.try_into().expect("eight columns");
-    let halves = one_source_halves(lo, hi);
-    for (g, &xg) in x.iter().enumerate() {
-        let index = load(&PLACE_ONE[g % 4]);
-        let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, halves[g / 4]);
-        chain = _mm512_fmadd_pd(_mm512_set1_pd(xg), _mm512_castsi512_pd(w), chain);
+    for (column, &xc) in x.iter().enumerate() {
+        let xc = _mm512_set1_pd(xc);
+        let index = load(&PLACE_ONE[column % 4]);
+        for (chain, h) in chains.iter_mut().zip(halves) {
+            let w = _mm512_maskz_permutexvar_epi8(top_bytes, index, h[column / 4]);
+            *chain = _mm512_fmadd_pd(xc, _mm512_castsi512_pd(w), *chain);
+        }
     }
-    chain
+}
+
+/// The four groups' chain vectors of a 32-row loop, from `acc`.
+#[inline(always)]
+pub(super) unsafe fn load_chains(acc: &[f64; 32]) -> [__m512d; 4] {
+    let mut chains = [_mm512_setzero_pd(); 4];
+    for (g, chain) in chains.iter_mut().enumerate() {
+        *chain = _mm512_loadu_pd(acc[8 * g..].as_ptr());
+    }
+    chains
+}
+
+/// [`load_chains`]' inverse.
+#[inline(always)]
+pub(super) unsafe fn store_chains(acc: &mut [f64; 32], chains: [__m512d; 4]) {
+    for (g, chain) in chains.iter().enumerate() {
+        _mm512_storeu_pd(acc[8 * g..].as_mut_ptr(), *chain);
+    }
 }
 
 #[inline]
@@ -1404,9 +1410,9 @@ pub fn prefetch_rows(rows: &[&[u8]], at: usize) {
 /// each restarting at every page).
 #[derive(Clone, Copy)]
 pub struct NextRows<'a> {
-    pub bytes: &'a [u8],
+    bytes: &'a [u8],
     /// Bytes of `bytes` per column block of the current rows.
-    pub per_block: usize,
+    per_block: usize,
 }
 
 impl<'a> NextRows<'a> {

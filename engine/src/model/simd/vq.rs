@@ -13,8 +13,8 @@
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx512::columns8;
-use crate::checkpoint::{vq_indices, VQ_WIDTH};
+use super::avx512::{columns8, load_chains, store_chains};
+use crate::checkpoint::{vq_indices, VQ_ROW_BAND, VQ_WIDTH};
 
 /// Rows per loop: half an index band.
 pub const VQ_RUN_ROWS: usize = 32;
@@ -30,10 +30,9 @@ pub struct VqRun<'a, const S: usize, const E: usize, const PACKED: bool> {
     pub books: [&'a [[f32; VQ_WIDTH]; E]; S],
     /// The matrix's index bytes.
     pub indices: &'a [u8],
-    /// Where the rows' run of indices for vector 0 starts in `indices`; vector v's run is at
-    /// `first + v · stride`.
+    /// Where the rows' run of indices for vector 0 starts in `indices`; vector v's run is a
+    /// band's vector further on each (`first + v · STRIDE`).
     pub first: usize,
-    pub stride: usize,
     /// The rows' scales, as f32.
     pub scales: &'a [f32; VQ_RUN_ROWS],
 }
@@ -41,6 +40,8 @@ pub struct VqRun<'a, const S: usize, const E: usize, const PACKED: bool> {
 impl<const S: usize, const E: usize, const PACKED: bool> VqRun<'_, S, E, PACKED> {
     /// Index bytes per vector of one row.
     const BYTES: usize = if PACKED { 3 } else { S };
+    /// Index bytes per vector of a whole band (CONTAINER.md §4.2: `[N/8][64 rows][bytes]`).
+    const STRIDE: usize = VQ_ROW_BAND * Self::BYTES;
 }
 
 /// Rule C2: every row's chain `acc[i]` advanced over vectors `vectors` (columns `8v ..
@@ -56,16 +57,11 @@ pub unsafe fn vq_c2_run32<const S: usize, const E: usize, const PACKED: bool>(
     rows: VqRun<S, E, PACKED>,
     vectors: Range<usize>,
 ) {
-    let mut chains = [_mm512_setzero_pd(); 4];
-    for (g, chain) in chains.iter_mut().enumerate() {
-        *chain = _mm512_loadu_pd(acc[8 * g..].as_ptr());
-    }
+    let mut chains = load_chains(acc);
     for v in vectors {
         advance(&mut chains, x, rows, v);
     }
-    for (g, chain) in chains.iter().enumerate() {
-        _mm512_storeu_pd(acc[8 * g..].as_mut_ptr(), *chain);
-    }
+    store_chains(acc, chains);
 }
 
 /// Rule C1 as the generic kernels apply it to VQ rows: each 32-column block (`blocks`, four
@@ -109,8 +105,9 @@ unsafe fn advance<const S: usize, const E: usize, const PACKED: bool>(
     v: usize,
 ) {
     let bytes = VqRun::<S, E, PACKED>::BYTES;
-    let at = rows.first + v * rows.stride;
-    let ahead = at + INDEX_AHEAD * rows.stride;
+    let stride = VqRun::<S, E, PACKED>::STRIDE;
+    let at = rows.first + v * stride;
+    let ahead = at + INDEX_AHEAD * stride;
     let mut line = ahead;
     while line < ahead + VQ_RUN_ROWS * bytes {
         if let Some(b) = rows.indices.get(line) {
