@@ -209,6 +209,7 @@ impl Linear {
                 },
                 round_out: transform,
                 x_blocks: None,
+                x_by_block: None,
             }
             .run(n_out, y, n_out, 0)
         });
@@ -256,6 +257,7 @@ impl Linear {
                 rule: Rule::C2 { init: -0.0 },
                 round_out: numerics.is_upstream(),
                 x_blocks: None,
+                x_by_block: None,
             };
             (0..groups).try_for_each(|g| {
                 kernel.w_first = g * per_group;
@@ -1083,8 +1085,10 @@ pub(crate) mod tests {
                 let n_in = by_rows.in_features();
                 for numerics in [Numerics::Upstream, Numerics::Exact] {
                     // Input rows in the groups of module `matvec`: 5 (AVX2: four and one;
-                    // AVX-512: one group of five), 9 (eight and one), 19 (eight, eight and
-                    // three; AVX2: four groups of four and three single rows).
+                    // AVX-512: one group of five), 9 (AVX2: two fours and one; AVX-512: one
+                    // group of nine), 19 (AVX-512: sixteen and three, the second group's
+                    // inputs from row 16 of the block-major copy; AVX2: four groups of four
+                    // and three single rows).
                     for rows in [1usize, 5, 9, 19] {
                         let mut x = random_x(rows, n_in, &mut rng);
                         if name == "cancel" {

@@ -109,6 +109,11 @@ pub(crate) struct MatVec<'a> {
     /// none where the input has no integer form). Only the x86 kernels read it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_blocks: Option<&'a [ActBlock]>,
+    /// The inputs' full 32-blocks block-major, for the AVX-512 prefill kernels: block kb of
+    /// row m at `[kb · rows + m]`, so that a group of rows' blocks is one run (set by
+    /// [`MatVec::run`]; none for a single row or without AVX-512).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub x_by_block: Option<&'a [[f64; BLOCK]]>,
 }
 
 impl MatVec<'_> {
@@ -127,7 +132,29 @@ impl MatVec<'_> {
             ACT_BLOCK_SCRATCH.with(|c| c.set(blocks));
             return r;
         }
+        if self.rows > 1 && largest_group(simd::level()) == WIDE_GROUP {
+            let mut blocked = BLOCKED_INPUT_SCRATCH.with(Cell::take);
+            self.inputs_by_block(&mut blocked);
+            let r = MatVec {
+                x_by_block: Some(&blocked),
+                ..*self
+            }
+            .run_tasks(n_out, y, y_stride, y_off);
+            BLOCKED_INPUT_SCRATCH.with(|c| c.set(blocked));
+            return r;
+        }
         self.run_tasks(n_out, y, y_stride, y_off)
+    }
+
+    /// The inputs' full blocks into `out` as [`Self::x_by_block`] lays them out.
+    fn inputs_by_block(&self, out: &mut Vec<[f64; BLOCK]>) {
+        out.clear();
+        for k0 in (0..self.n_in / BLOCK).map(|kb| kb * BLOCK) {
+            for m in 0..self.rows {
+                let at = m * self.x_stride + self.x_off + k0;
+                out.push(self.x[at..at + BLOCK].try_into().expect("a block"));
+            }
+        }
     }
 
     /// [`Self::run`] once the input's integer blocks are settled.
@@ -338,11 +365,12 @@ impl MatVec<'_> {
                     for (m, n) in row_groups(rows, largest) {
                         let sums = &mut sum_rows[m..m + n];
                         #[cfg(target_arch = "x86_64")]
-                        if largest == WIDE_GROUP && len == BLOCK {
-                            let (xs, stride) = self.group_inputs(m, k0);
+                        if let (WIDE_GROUP, BLOCK, Some(xs)) =
+                            (largest, len, self.group_blocks(m, n, k0))
+                        {
                             // SAFETY: `largest_group` gives WIDE_GROUP only where the CPU has
                             // AVX-512.
-                            unsafe { simd::avx512::c1_rows_any(sums, xs, stride, &w) };
+                            unsafe { simd::avx512::c1_rows_any(sums, xs, &w) };
                             continue;
                         }
                         let mut blocks = [[0f64; TILE]; WIDE_GROUP];
@@ -813,10 +841,11 @@ impl MatVec<'_> {
         largest: usize,
     ) {
         #[cfg(target_arch = "x86_64")]
-        if largest == WIDE_GROUP && len == BLOCK {
-            let (xs, stride) = self.group_inputs(m, k0);
+        if let (WIDE_GROUP, BLOCK, Some(xs)) =
+            (largest, len, self.group_blocks(m, chains.len(), k0))
+        {
             // SAFETY: `largest_group` gives WIDE_GROUP only where the CPU has AVX-512.
-            unsafe { simd::avx512::dot_rows_any(chains, xs, stride, w) };
+            unsafe { simd::avx512::dot_rows_any(chains, xs, w) };
             return;
         }
         // Elsewhere groups are never wider than GROUP.
@@ -838,18 +867,17 @@ impl MatVec<'_> {
         }
     }
 
-    /// Input rows `m ..` from the block at `k0` on, and the distance between two rows.
+    /// The full blocks at `k0` of input rows `m .. m + n`, one run (from
+    /// [`Self::x_by_block`], if set).
     #[inline(always)]
-    fn group_inputs(&self, m: usize, k0: usize) -> (&[f64], usize) {
-        (
-            &self.x[m * self.x_stride + self.x_off + k0..],
-            self.x_stride,
-        )
+    fn group_blocks(&self, m: usize, n: usize, k0: usize) -> Option<&[[f64; BLOCK]]> {
+        let at = k0 / BLOCK * self.rows + m;
+        self.x_by_block?.get(at..at + n)
     }
 
     #[inline(always)]
     fn xs(&self, m: usize, k0: usize, len: usize) -> &[f64] {
-        &self.group_inputs(m, k0).0[..len]
+        &self.x[m * self.x_stride + self.x_off + k0..][..len]
     }
 
     /// Fill `w[..len][..nw]` with weight rows `r0 ..` at columns `k0 .. k0 + len` (a
@@ -1195,7 +1223,7 @@ const GROUP: usize = 4;
 /// With AVX-512, input rows whose chains `simd::avx512::dot_rows` advances together: one
 /// register of eight weight rows' chains each, the input broadcast from memory into the
 /// multiply-add (a third of the AVX2 loop's instructions per multiply-add).
-const WIDE_GROUP: usize = 8;
+const WIDE_GROUP: usize = 16;
 
 /// The largest group [`row_groups`] may form at `level`: the baseline (SSE2) has too few
 /// registers for GROUP rows' chains, AVX-512 room for WIDE_GROUP. Prefill tasks run the
@@ -1260,6 +1288,7 @@ thread_local! {
     static ACC_SCRATCH: Cell<Vec<f64>> = const { Cell::new(Vec::new()) };
     static C1_SUM_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static ACT_BLOCK_SCRATCH: Cell<Vec<ActBlock>> = const { Cell::new(Vec::new()) };
+    static BLOCKED_INPUT_SCRATCH: Cell<Vec<[f64; BLOCK]>> = const { Cell::new(Vec::new()) };
     static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }
 

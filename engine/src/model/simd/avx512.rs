@@ -500,11 +500,12 @@ pub unsafe fn fp8_c2_run32(
 ) -> usize {
     let top_bytes = top_bytes_mask();
     let x = &x[..blocks.end * BLOCK];
+    let rows = RowStarts::new(rows, blocks.end * BLOCK);
     let mut chains = load_chains(acc);
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * BLOCK;
-        prefetch_rows(rows, at);
+        rows.prefetch(at);
         let Some(scale) = scales.block(kb) else {
             stop = kb;
             break;
@@ -518,8 +519,7 @@ pub unsafe fn fp8_c2_run32(
         for half in 0..2 {
             let mut sources = [(_mm512_setzero_si512(), _mm512_setzero_si512()); 4];
             for (g, source) in sources.iter_mut().enumerate() {
-                let group: &[&[u8]; 8] = rows[8 * g..8 * g + 8].try_into().expect("eight rows");
-                *source = byte_half(&blocks_at(group, at), half);
+                *source = byte_half(&rows.group(g, at), half);
             }
             for q in 2 * half..2 * half + 2 {
                 let mut halves = [[_mm512_setzero_si512(); 2]; 4];
@@ -561,11 +561,12 @@ pub unsafe fn fp4_c2_run32(
 ) -> usize {
     let top_bytes = top_bytes_mask();
     let x = &x[..blocks.end * BLOCK];
+    let rows = RowStarts::new(rows, blocks.end * BLOCK / 2);
     let mut chains = load_chains(acc);
     let mut stop = blocks.end;
     'blocks: for kb in blocks {
         let at = kb * BLOCK / 2;
-        prefetch_rows(rows, at);
+        rows.prefetch(at);
         let mut exponents = [_mm512_setzero_pd(); 4];
         for (e, s) in exponents.iter_mut().zip(&scales) {
             let Some(scale) = s.block(kb) else {
@@ -579,8 +580,7 @@ pub unsafe fn fp4_c2_run32(
         for g in 0..4 {
             scaled[g] =
                 _mm512_scalef_pd(chains[g], _mm512_sub_pd(_mm512_setzero_pd(), exponents[g]));
-            let group: &[&[u8]; 8] = rows[8 * g..8 * g + 8].try_into().expect("eight rows");
-            sources[g] = nibble_halves(blocks_at(group, at), 0);
+            sources[g] = nibble_halves(rows.group(g, at), 0);
         }
         for q in 0..4 {
             let mut halves = [[_mm512_setzero_si512(); 2]; 4];
@@ -784,22 +784,19 @@ pub unsafe fn int_c2_run32(
     codes: IntRows32,
     blocks: Range<usize>,
 ) {
+    let block_bytes = if codes.nibbles { BLOCK / 2 } else { BLOCK };
+    let rows = RowStarts::new(rows, blocks.end * block_bytes);
     let mut chains = load_chains(acc);
     for kb in blocks {
-        let at = if codes.nibbles {
-            kb * BLOCK / 2
-        } else {
-            kb * BLOCK
-        };
-        prefetch_rows(rows, at);
+        let at = kb * block_bytes;
+        rows.prefetch(at);
         let mut sources = [[(_mm512_setzero_si512(), _mm512_setzero_si512()); 2]; 4];
         let mut scales = [_mm512_setzero_pd(); 4];
         for g in 0..4 {
-            let group: &[&[u8]; 8] = rows[8 * g..8 * g + 8].try_into().expect("eight rows");
             sources[g] = if codes.nibbles {
-                nibble_halves(blocks_at(group, at), 8)
+                nibble_halves(rows.group(g, at), 8)
             } else {
-                byte_halves(blocks_at(group, at))
+                byte_halves(rows.group(g, at))
             };
             let group: &[&[u8]; 8] = codes.scales[8 * g..8 * g + 8].try_into().expect("eight");
             scales[g] = f16_scales8(group, 2 * (kb / codes.blocks_per_group));
@@ -970,22 +967,23 @@ pub unsafe fn q4_columns<const W: usize>(
 
 /// N ≤ 8 input rows' chains over one full block of eight weight rows (a prefill step of
 /// `matvec`'s `dot_rows`): for k increasing, `acc[j][i] = fma(x[j][k], w[k][i], acc[j][i])`,
-/// input row j's eight chains one vector, its block at `x[j · stride ..][..32]`. Each chain's
-/// operations are `dot_rows`'s, so the bits are the same (its factors are f32 values widened:
-/// exact products, see `madd`).
+/// input row j's eight chains one vector, its block `x[j]`. Each chain's operations are
+/// `dot_rows`'s, so the bits are the same (its factors are f32 values widened: exact
+/// products, see `madd`). The input blocks are one run so that each multiply-add reads its
+/// input at a constant offset: from rows a run-time stride apart, the addresses were a chain
+/// of additions per k that held the loop to one multiply-add per cycle (measured).
 ///
 /// # Safety
 /// The CPU must have AVX-512 F (and AVX2, FMA).
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub unsafe fn dot_rows<const N: usize>(
     acc: &mut [[f64; 8]; N],
-    x: &[f64],
-    stride: usize,
+    x: &[[f64; BLOCK]; N],
     w: &[[f64; 8]; BLOCK],
 ) {
     let chains = advance_rows::<N>(
         std::array::from_fn(|j| _mm512_loadu_pd(acc[j].as_ptr())),
-        input_rows(x, stride),
+        x,
         w,
     );
     for (a, chain) in acc.iter_mut().zip(chains) {
@@ -1002,81 +1000,91 @@ pub unsafe fn dot_rows<const N: usize>(
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub unsafe fn c1_rows<const N: usize>(
     sums: &mut [[f32; 8]; N],
-    x: &[f64],
-    stride: usize,
+    x: &[[f64; BLOCK]; N],
     w: &[[f64; 8]; BLOCK],
 ) {
-    let blocks = advance_rows([_mm512_setzero_pd(); N], input_rows(x, stride), w);
+    let blocks = advance_rows([_mm512_setzero_pd(); N], x, w);
     for (s, block) in sums.iter_mut().zip(blocks) {
         let sum = _mm256_add_ps(_mm256_loadu_ps(s.as_ptr()), _mm512_cvtpd_ps(block));
         _mm256_storeu_ps(s.as_mut_ptr(), sum);
     }
 }
 
-/// [`dot_rows`] for `acc.len()` (1 to 8) input rows.
+/// [`dot_rows`] for `acc.len()` (1 to 8) input rows, `x` their blocks (as many).
 ///
 /// # Safety
 /// As for [`dot_rows`].
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub unsafe fn dot_rows_any(acc: &mut [[f64; 8]], x: &[f64], stride: usize, w: &[[f64; 8]; BLOCK]) {
+pub unsafe fn dot_rows_any(acc: &mut [[f64; 8]], x: &[[f64; BLOCK]], w: &[[f64; 8]; BLOCK]) {
     match acc.len() {
-        1 => dot_rows::<1>(rows_of(acc), x, stride, w),
-        2 => dot_rows::<2>(rows_of(acc), x, stride, w),
-        3 => dot_rows::<3>(rows_of(acc), x, stride, w),
-        4 => dot_rows::<4>(rows_of(acc), x, stride, w),
-        5 => dot_rows::<5>(rows_of(acc), x, stride, w),
-        6 => dot_rows::<6>(rows_of(acc), x, stride, w),
-        7 => dot_rows::<7>(rows_of(acc), x, stride, w),
-        8 => dot_rows::<8>(rows_of(acc), x, stride, w),
-        n => unreachable!("a group of {n} input rows (1 to 8)"),
+        1 => dot_rows::<1>(rows_of_mut(acc), rows_of(x), w),
+        2 => dot_rows::<2>(rows_of_mut(acc), rows_of(x), w),
+        3 => dot_rows::<3>(rows_of_mut(acc), rows_of(x), w),
+        4 => dot_rows::<4>(rows_of_mut(acc), rows_of(x), w),
+        5 => dot_rows::<5>(rows_of_mut(acc), rows_of(x), w),
+        6 => dot_rows::<6>(rows_of_mut(acc), rows_of(x), w),
+        7 => dot_rows::<7>(rows_of_mut(acc), rows_of(x), w),
+        8 => dot_rows::<8>(rows_of_mut(acc), rows_of(x), w),
+        9 => dot_rows::<9>(rows_of_mut(acc), rows_of(x), w),
+        10 => dot_rows::<10>(rows_of_mut(acc), rows_of(x), w),
+        11 => dot_rows::<11>(rows_of_mut(acc), rows_of(x), w),
+        12 => dot_rows::<12>(rows_of_mut(acc), rows_of(x), w),
+        13 => dot_rows::<13>(rows_of_mut(acc), rows_of(x), w),
+        14 => dot_rows::<14>(rows_of_mut(acc), rows_of(x), w),
+        15 => dot_rows::<15>(rows_of_mut(acc), rows_of(x), w),
+        16 => dot_rows::<16>(rows_of_mut(acc), rows_of(x), w),
+        n => unreachable!("a group of {n} input rows (1 to 16)"),
     }
 }
 
-/// [`c1_rows`] for `sums.len()` (1 to 8) input rows.
+/// [`c1_rows`] for `sums.len()` (1 to 8) input rows, `x` their blocks (as many).
 ///
 /// # Safety
 /// As for [`dot_rows`].
 #[target_feature(enable = "avx512f,avx2,fma")]
-pub unsafe fn c1_rows_any(sums: &mut [[f32; 8]], x: &[f64], stride: usize, w: &[[f64; 8]; BLOCK]) {
+pub unsafe fn c1_rows_any(sums: &mut [[f32; 8]], x: &[[f64; BLOCK]], w: &[[f64; 8]; BLOCK]) {
     match sums.len() {
-        1 => c1_rows::<1>(rows_of(sums), x, stride, w),
-        2 => c1_rows::<2>(rows_of(sums), x, stride, w),
-        3 => c1_rows::<3>(rows_of(sums), x, stride, w),
-        4 => c1_rows::<4>(rows_of(sums), x, stride, w),
-        5 => c1_rows::<5>(rows_of(sums), x, stride, w),
-        6 => c1_rows::<6>(rows_of(sums), x, stride, w),
-        7 => c1_rows::<7>(rows_of(sums), x, stride, w),
-        8 => c1_rows::<8>(rows_of(sums), x, stride, w),
-        n => unreachable!("a group of {n} input rows (1 to 8)"),
+        1 => c1_rows::<1>(rows_of_mut(sums), rows_of(x), w),
+        2 => c1_rows::<2>(rows_of_mut(sums), rows_of(x), w),
+        3 => c1_rows::<3>(rows_of_mut(sums), rows_of(x), w),
+        4 => c1_rows::<4>(rows_of_mut(sums), rows_of(x), w),
+        5 => c1_rows::<5>(rows_of_mut(sums), rows_of(x), w),
+        6 => c1_rows::<6>(rows_of_mut(sums), rows_of(x), w),
+        7 => c1_rows::<7>(rows_of_mut(sums), rows_of(x), w),
+        8 => c1_rows::<8>(rows_of_mut(sums), rows_of(x), w),
+        9 => c1_rows::<9>(rows_of_mut(sums), rows_of(x), w),
+        10 => c1_rows::<10>(rows_of_mut(sums), rows_of(x), w),
+        11 => c1_rows::<11>(rows_of_mut(sums), rows_of(x), w),
+        12 => c1_rows::<12>(rows_of_mut(sums), rows_of(x), w),
+        13 => c1_rows::<13>(rows_of_mut(sums), rows_of(x), w),
+        14 => c1_rows::<14>(rows_of_mut(sums), rows_of(x), w),
+        15 => c1_rows::<15>(rows_of_mut(sums), rows_of(x), w),
+        16 => c1_rows::<16>(rows_of_mut(sums), rows_of(x), w),
+        n => unreachable!("a group of {n} input rows (1 to 16)"),
     }
 }
 
-/// `rows` as an array of its length (the caller matched it).
-fn rows_of<T, const N: usize>(rows: &mut [T]) -> &mut [T; N] {
-    rows.try_into().expect("the matched row count")
+/// `rows` as an array of the matched length (the caller matched `sums`' or `acc`'s, and
+/// passes as many input blocks).
+fn rows_of<T, const N: usize>(rows: &[T]) -> &[T; N] {
+    rows.try_into().expect("as many input blocks as rows")
 }
 
-/// The N input blocks `x[j · stride ..][..32]`, bounds checked once.
-#[inline(always)]
-fn input_rows<const N: usize>(x: &[f64], stride: usize) -> [&[f64; BLOCK]; N] {
-    let x = &x[..(N - 1) * stride + BLOCK];
-    std::array::from_fn(|j| {
-        let row = &x[j * stride..][..BLOCK];
-        // SAFETY: a slice of BLOCK elements is a [f64; BLOCK].
-        unsafe { &*row.as_ptr().cast::<[f64; BLOCK]>() }
-    })
+/// [`rows_of`] for the mutable outputs.
+fn rows_of_mut<T, const N: usize>(rows: &mut [T]) -> &mut [T; N] {
+    rows.try_into().expect("the matched row count")
 }
 
 #[inline]
 #[target_feature(enable = "avx512f,avx2,fma")]
 unsafe fn advance_rows<const N: usize>(
     mut chains: [__m512d; N],
-    x: [&[f64; BLOCK]; N],
+    x: &[[f64; BLOCK]; N],
     w: &[[f64; 8]; BLOCK],
 ) -> [__m512d; N] {
     for (k, wk) in w.iter().enumerate() {
         let wk = _mm512_loadu_pd(wk.as_ptr());
-        for (chain, xj) in chains.iter_mut().zip(&x) {
+        for (chain, xj) in chains.iter_mut().zip(x) {
             *chain = _mm512_fmadd_pd(_mm512_set1_pd(xj[k]), wk, *chain);
         }
     }
@@ -1399,6 +1407,67 @@ pub fn prefetch_rows(rows: &[&[u8]], at: usize) {
     if at.is_multiple_of(64) {
         for row in rows {
             prefetch(row, at + PREFETCH_AHEAD);
+        }
+    }
+}
+
+/// Weight rows as a decode loop reads them, block by block: where each starts, and a length
+/// every row has, checked once per loop. Taking each block as a checked slice of each row
+/// cost a third of the 32-row FP8 loop's instructions (a length loaded, compared and
+/// branched on per row and block, measured); here a block's reads need one comparison.
+#[derive(Clone, Copy)]
+pub struct RowStarts<'a, const N: usize> {
+    starts: [*const u8; N],
+    len: usize,
+    rows: std::marker::PhantomData<&'a [u8]>,
+}
+
+impl<'a, const N: usize> RowStarts<'a, N> {
+    /// The first `len` bytes of each row. Panics if a row is shorter: the loops' callers
+    /// promise every block the loop reads.
+    #[inline(always)]
+    pub fn new(rows: &[&'a [u8]; N], len: usize) -> Self {
+        assert!(
+            rows.iter().all(|r| r.len() >= len),
+            "a weight row shorter than the blocks its loop reads"
+        );
+        RowStarts {
+            starts: rows.map(<[u8]>::as_ptr),
+            len,
+            rows: std::marker::PhantomData,
+        }
+    }
+
+    /// The `B` bytes at `at` of group `g`'s eight rows (rows `8g .. 8g + 8`).
+    #[inline(always)]
+    pub fn group<const B: usize>(&self, g: usize, at: usize) -> [&'a [u8; B]; 8] {
+        assert!(at + B <= self.len && 8 * g + 8 <= N, "a block past the rows' checked length");
+        let block = |i: usize| -> &'a [u8; B] {
+            // SAFETY: row `8g + i` has `len` bytes from its start (`new`), and `at + B ≤ len`.
+            unsafe { &*self.starts[8 * g + i].add(at).cast::<[u8; B]>() }
+        };
+        [
+            block(0),
+            block(1),
+            block(2),
+            block(3),
+            block(4),
+            block(5),
+            block(6),
+            block(7),
+        ]
+    }
+
+    /// [`prefetch_rows`] for these rows (nothing past their checked length).
+    #[inline(always)]
+    pub fn prefetch(&self, at: usize) {
+        let ahead = at + PREFETCH_AHEAD;
+        if at.is_multiple_of(64) && ahead < self.len {
+            for start in self.starts {
+                // SAFETY: a prefetch has no architectural effect, and the address is inside
+                // the row (`ahead < len`).
+                unsafe { _mm_prefetch::<_MM_HINT_T0>(start.add(ahead).cast()) };
+            }
         }
     }
 }
