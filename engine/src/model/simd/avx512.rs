@@ -134,14 +134,14 @@ pub unsafe fn fp8_c1_run8(
 ) -> usize {
     let (masks, back) = (PlaceMasks::new(), _mm512_set1_pd(LOWERING_BACK));
     let x = &x[..blocks.end * BLOCK];
-    let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
+    let rows = RowStarts::new(&rows, blocks.end * BLOCK);
     let mut total = _mm256_loadu_ps(acc.as_ptr());
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * BLOCK;
-        prefetch_rows(&rows, at);
+        rows.prefetch(at);
         let xb = x[at..at + BLOCK].try_into().expect("block");
-        let rb = blocks_at(&rows, at);
+        let rb = rows.group(0, at);
         let (Some(scale), Some(sums)) = (scales.block(kb), fp8_block_sums(xb, rb, masks)) else {
             stop = kb;
             break;
@@ -150,23 +150,6 @@ pub unsafe fn fp8_c1_run8(
     }
     _mm256_storeu_ps(acc.as_mut_ptr(), total);
     stop
-}
-
-/// The `B` bytes at `at` of eight rows (written out: through `array::map` this was an
-/// out-of-line call per block).
-#[inline(always)]
-pub(super) fn blocks_at<'r, const B: usize>(rows: &[&'r [u8]; 8], at: usize) -> [&'r [u8; B]; 8] {
-    let block = |i: usize| -> &'r [u8; B] { rows[i][at..at + B].try_into().expect("block") };
-    [
-        block(0),
-        block(1),
-        block(2),
-        block(3),
-        block(4),
-        block(5),
-        block(6),
-        block(7),
-    ]
 }
 
 /// Bytes ahead of the one in use at which the decode loops (C1 here and in `vnni`, C2 in

@@ -112,7 +112,7 @@ pub use kernel::{
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::super::avx512::{blocks_at, f16_bits8, lanes4, prefetch_rows, NextRows, RowScales};
+    use super::super::avx512::{f16_bits8, lanes4, NextRows, RowScales, RowStarts};
     use super::{ActBlock, BLOCK};
     use crate::model::index_grid::{KeyTile, TILE_KEYS};
     use std::arch::x86_64::*;
@@ -250,18 +250,18 @@ mod kernel {
             NibbleScales::Q4 { .. } => (&NIBBLE_MINUS_8, 2.0),
         };
         let x = &x[..blocks.end];
-        let rows = rows.map(|r| &r[..blocks.end * BYTES]);
+        let rows = RowStarts::new(&rows, blocks.end * BYTES);
         let mut total = _mm256_loadu_ps(acc.as_ptr());
         let mut stop = blocks.end;
         for kb in blocks {
             let at = kb * BYTES;
-            prefetch_rows(&rows, at);
+            rows.prefetch(at);
             next.fetch(kb);
             let Some(scale) = scales.block(kb) else {
                 stop = kb;
                 break;
             };
-            let rb = blocks_at(&rows, at);
+            let rb = rows.group(0, at);
             let steps = _mm512_mul_pd(scale, _mm512_set1_pd(unit_factor * x[kb].unit));
             let values = nibble_block_values(&x[kb], rb, table, steps);
             total = _mm256_add_ps(total, values);
