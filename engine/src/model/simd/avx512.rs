@@ -1424,7 +1424,10 @@ impl<'a, const N: usize> RowStarts<'a, N> {
     /// The `B` bytes at `at` of group `g`'s eight rows (rows `8g .. 8g + 8`).
     #[inline(always)]
     pub fn group<const B: usize>(&self, g: usize, at: usize) -> [&'a [u8; B]; 8] {
-        assert!(at + B <= self.len && 8 * g + 8 <= N, "a block past the rows' checked length");
+        assert!(
+            at + B <= self.len && 8 * g + 8 <= N,
+            "a block past the rows' checked length"
+        );
         let block = |i: usize| -> &'a [u8; B] {
             // SAFETY: row `8g + i` has `len` bytes from its start (`new`), and `at + B ≤ len`.
             unsafe { &*self.starts[8 * g + i].add(at).cast::<[u8; B]>() }
