@@ -948,7 +948,7 @@ pub unsafe fn q4_columns<const W: usize>(
     }
 }
 
-/// N ≤ 8 input rows' chains over one full block of eight weight rows (a prefill step of
+/// N ≤ 16 input rows' chains over one full block of eight weight rows (a prefill step of
 /// `matvec`'s `dot_rows`): for k increasing, `acc[j][i] = fma(x[j][k], w[k][i], acc[j][i])`,
 /// input row j's eight chains one vector, its block `x[j]`. Each chain's operations are
 /// `dot_rows`'s, so the bits are the same (its factors are f32 values widened: exact
@@ -993,58 +993,48 @@ pub unsafe fn c1_rows<const N: usize>(
     }
 }
 
-/// [`dot_rows`] for `acc.len()` (1 to 8) input rows, `x` their blocks (as many).
+/// `$kernel::<N>(args)` for N = `$rows` (1 to 16): the kernels take their input row count as
+/// a constant, so that their chains are registers.
+macro_rules! with_input_rows {
+    ($rows:expr, $kernel:ident($($arg:expr),*)) => {
+        match $rows {
+            1 => $kernel::<1>($($arg),*),
+            2 => $kernel::<2>($($arg),*),
+            3 => $kernel::<3>($($arg),*),
+            4 => $kernel::<4>($($arg),*),
+            5 => $kernel::<5>($($arg),*),
+            6 => $kernel::<6>($($arg),*),
+            7 => $kernel::<7>($($arg),*),
+            8 => $kernel::<8>($($arg),*),
+            9 => $kernel::<9>($($arg),*),
+            10 => $kernel::<10>($($arg),*),
+            11 => $kernel::<11>($($arg),*),
+            12 => $kernel::<12>($($arg),*),
+            13 => $kernel::<13>($($arg),*),
+            14 => $kernel::<14>($($arg),*),
+            15 => $kernel::<15>($($arg),*),
+            16 => $kernel::<16>($($arg),*),
+            n => unreachable!("a group of {n} input rows (1 to 16)"),
+        }
+    };
+}
+
+/// [`dot_rows`] for `acc.len()` (1 to 16) input rows, `x` their blocks (as many).
 ///
 /// # Safety
 /// As for [`dot_rows`].
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub unsafe fn dot_rows_any(acc: &mut [[f64; 8]], x: &[[f64; BLOCK]], w: &[[f64; 8]; BLOCK]) {
-    match acc.len() {
-        1 => dot_rows::<1>(rows_of_mut(acc), rows_of(x), w),
-        2 => dot_rows::<2>(rows_of_mut(acc), rows_of(x), w),
-        3 => dot_rows::<3>(rows_of_mut(acc), rows_of(x), w),
-        4 => dot_rows::<4>(rows_of_mut(acc), rows_of(x), w),
-        5 => dot_rows::<5>(rows_of_mut(acc), rows_of(x), w),
-        6 => dot_rows::<6>(rows_of_mut(acc), rows_of(x), w),
-        7 => dot_rows::<7>(rows_of_mut(acc), rows_of(x), w),
-        8 => dot_rows::<8>(rows_of_mut(acc), rows_of(x), w),
-        9 => dot_rows::<9>(rows_of_mut(acc), rows_of(x), w),
-        10 => dot_rows::<10>(rows_of_mut(acc), rows_of(x), w),
-        11 => dot_rows::<11>(rows_of_mut(acc), rows_of(x), w),
-        12 => dot_rows::<12>(rows_of_mut(acc), rows_of(x), w),
-        13 => dot_rows::<13>(rows_of_mut(acc), rows_of(x), w),
-        14 => dot_rows::<14>(rows_of_mut(acc), rows_of(x), w),
-        15 => dot_rows::<15>(rows_of_mut(acc), rows_of(x), w),
-        16 => dot_rows::<16>(rows_of_mut(acc), rows_of(x), w),
-        n => unreachable!("a group of {n} input rows (1 to 16)"),
-    }
+    with_input_rows!(acc.len(), dot_rows(rows_of_mut(acc), rows_of(x), w));
 }
 
-/// [`c1_rows`] for `sums.len()` (1 to 8) input rows, `x` their blocks (as many).
+/// [`c1_rows`] for `sums.len()` (1 to 16) input rows, `x` their blocks (as many).
 ///
 /// # Safety
 /// As for [`dot_rows`].
 #[target_feature(enable = "avx512f,avx2,fma")]
 pub unsafe fn c1_rows_any(sums: &mut [[f32; 8]], x: &[[f64; BLOCK]], w: &[[f64; 8]; BLOCK]) {
-    match sums.len() {
-        1 => c1_rows::<1>(rows_of_mut(sums), rows_of(x), w),
-        2 => c1_rows::<2>(rows_of_mut(sums), rows_of(x), w),
-        3 => c1_rows::<3>(rows_of_mut(sums), rows_of(x), w),
-        4 => c1_rows::<4>(rows_of_mut(sums), rows_of(x), w),
-        5 => c1_rows::<5>(rows_of_mut(sums), rows_of(x), w),
-        6 => c1_rows::<6>(rows_of_mut(sums), rows_of(x), w),
-        7 => c1_rows::<7>(rows_of_mut(sums), rows_of(x), w),
-        8 => c1_rows::<8>(rows_of_mut(sums), rows_of(x), w),
-        9 => c1_rows::<9>(rows_of_mut(sums), rows_of(x), w),
-        10 => c1_rows::<10>(rows_of_mut(sums), rows_of(x), w),
-        11 => c1_rows::<11>(rows_of_mut(sums), rows_of(x), w),
-        12 => c1_rows::<12>(rows_of_mut(sums), rows_of(x), w),
-        13 => c1_rows::<13>(rows_of_mut(sums), rows_of(x), w),
-        14 => c1_rows::<14>(rows_of_mut(sums), rows_of(x), w),
-        15 => c1_rows::<15>(rows_of_mut(sums), rows_of(x), w),
-        16 => c1_rows::<16>(rows_of_mut(sums), rows_of(x), w),
-        n => unreachable!("a group of {n} input rows (1 to 16)"),
-    }
+    with_input_rows!(sums.len(), c1_rows(rows_of_mut(sums), rows_of(x), w));
 }
 
 /// `rows` as an array of the matched length (the caller matched `sums`' or `acc`'s, and
