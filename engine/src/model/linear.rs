@@ -1152,6 +1152,50 @@ pub(crate) mod tests {
         assert!(e.contains("`w`") && e.contains("bytes"), "{e}");
     }
 
+    /// A prefill longer than one block-major input copy (`matvec`'s `BLOCKED_ROWS`) runs in
+    /// slabs of input rows: every output is the baseline copy's, bit for bit, for both rules
+    /// and for the grouped product (inputs at an offset in each row).
+    #[test]
+    fn long_prefills_run_in_slabs_with_the_same_bits() {
+        use super::super::simd::{self, Level};
+        let mut rng = Rng::new(31);
+        // Group width 40: a full block (the wide kernels, inputs at an offset) and a part.
+        let (out, inp, groups, gw) = (24, 96, 3, 40);
+        let w = random_fp8(out, inp, &mut rng);
+        let g: Vec<f32> = (0..out * gw).map(|_| bf16(rng.uniform())).collect();
+        let ckpt = mem(vec![
+            ("w", vec![out, inp], Storage::Fp8Block, w.values.clone()),
+            ("g", vec![out, gw], Storage::Bf16, g),
+        ]);
+        let fp8 = Linear::load(&ckpt, "w", LinearKind::Fp8).unwrap();
+        let grouped = Linear::load(&ckpt, "g", LinearKind::Bf16).unwrap();
+        // Two slabs: 512 + 18 rows, and 512 + a single row (taken by the one-row path).
+        for rows in [530, 513] {
+            let x = random_x(rows, inp, &mut rng);
+            let xg = random_x(rows, groups * gw, &mut rng);
+            for numerics in [Numerics::Upstream, Numerics::Exact] {
+                let run = |level: Option<Level>| {
+                    let (mut y, mut z) = (vec![0f32; rows * out], vec![0f32; rows * out]);
+                    simd::cap_level(level);
+                    let r = fp8.forward(&x, rows, &mut y, numerics).and_then(|()| {
+                        grouped.forward_grouped(&xg, rows, groups, &mut z, numerics)
+                    });
+                    simd::cap_level(None);
+                    r.unwrap();
+                    (y, z)
+                };
+                let (want, got) = (run(Some(Level::Portable)), run(None));
+                let bits = |v: &[f32]| v.iter().map(|a| a.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&got.0), bits(&want.0), "rows {rows} {numerics}");
+                assert_eq!(
+                    bits(&got.1),
+                    bits(&want.1),
+                    "grouped, rows {rows} {numerics}"
+                );
+            }
+        }
+    }
+
     /// `wo_a`'s grouped product: per output a C2 chain from −0.0 over its group's columns.
     #[test]
     fn grouped_forward_is_c2_per_group() {

@@ -60,6 +60,9 @@ type WeightBlock = [[f64; TILE]; BLOCK];
 /// hide the fused multiply-add's latency with four-lane vectors.
 pub(crate) const DECODE_TILE: usize = 32;
 
+/// Input rows per block-major input copy ([`MatVec::x_by_block`]): 20 MiB at width 5120.
+const BLOCKED_ROWS: usize = 512;
+
 /// Weights up to which a decode call runs [`DECODE_TILE`]-row tasks (a megabyte of FP8
 /// codes).
 const WIDE_TASK_WEIGHTS: usize = 1 << 20;
@@ -111,8 +114,8 @@ pub(crate) struct MatVec<'a> {
     pub x_blocks: Option<&'a [ActBlock]>,
     /// The inputs' full 32-blocks block-major, for the AVX-512 prefill kernels: block kb of
     /// row m at `[kb · rows + m]`, so that a group of rows' blocks is one run read at constant
-    /// offsets (set by [`MatVec::run`], a copy as large as the inputs; none for a single row
-    /// or without AVX-512).
+    /// offsets (set by [`MatVec::run`] for at most [`BLOCKED_ROWS`] rows at a time; none for a
+    /// single row or without AVX-512).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_by_block: Option<&'a [[f64; BLOCK]]>,
 }
@@ -134,13 +137,22 @@ impl MatVec<'_> {
             return r;
         }
         if self.rows > 1 && largest_group(simd::level()) == WIDE_GROUP {
+            // A long prefill runs as slabs of input rows, each with its own copy, so that the
+            // copy stays small whatever the chunk's length (outputs are per input row).
             let mut blocked = BLOCKED_INPUT_SCRATCH.with(Cell::take);
-            self.inputs_by_block(&mut blocked);
-            let r = MatVec {
-                x_by_block: Some(&blocked),
-                ..*self
-            }
-            .run_tasks(n_out, y, y_stride, y_off);
+            let r = (0..self.rows).step_by(BLOCKED_ROWS).try_for_each(|m0| {
+                let slab = MatVec {
+                    x_off: self.x_off + m0 * self.x_stride,
+                    rows: BLOCKED_ROWS.min(self.rows - m0),
+                    ..*self
+                };
+                slab.inputs_by_block(&mut blocked);
+                MatVec {
+                    x_by_block: Some(&blocked),
+                    ..slab
+                }
+                .run_tasks(n_out, y, y_stride, y_off + m0 * y_stride)
+            });
             BLOCKED_INPUT_SCRATCH.with(|c| c.set(blocked));
             return r;
         }
