@@ -210,6 +210,7 @@ impl Linear {
                 round_out: transform,
                 x_blocks: None,
                 x_by_block: None,
+                x_tiles: None,
             }
             .run(n_out, y, n_out, 0)
         });
@@ -258,6 +259,7 @@ impl Linear {
                 round_out: numerics.is_upstream(),
                 x_blocks: None,
                 x_by_block: None,
+                x_tiles: None,
             };
             (0..groups).try_for_each(|g| {
                 kernel.w_first = g * per_group;
@@ -1192,6 +1194,74 @@ pub(crate) mod tests {
                     bits(&want.1),
                     "grouped, rows {rows} {numerics}"
                 );
+            }
+        }
+    }
+
+    /// A prefill's FP4 product on inputs and scales at the edges of the f32 range: the tile
+    /// kernel's f32 shortcut (`amx`'s `F32_STEPS`) must give way to its f64 steps there, and
+    /// every level gives the baseline copy's bits (groups of sixteen input rows mixing normal
+    /// and extreme rows, a short last task of weight rows).
+    #[test]
+    fn prefill_fp4_products_keep_their_bits_at_the_range_edges() {
+        use super::super::simd::{self, Level};
+        let mut rng = Rng::new(41);
+        let (out, inp, rows) = (13, 128, 37);
+        let mut w = random_fp4(out, inp, &mut rng);
+        let bi = inp / 32;
+        // Scales from 2^−127 to 2^118 (the largest the vector paths take).
+        for (n, e) in [(0, -127), (1, 118), (2, 100), (5, -120), (12, 90)] {
+            for kb in 0..bi {
+                w.scale_exp[n * bi + kb] = e;
+                for k in 32 * kb..32 * kb + 32 {
+                    w.values[n * inp + k] = e2m1_value(w.codes[n * inp + k]) * 2f32.powi(e);
+                }
+            }
+        }
+        // The stored bytes, as a release checkpoint is read (the rows path is the baseline).
+        let ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
+            rows: MemCheckpoint {
+                layout: Layout::Release,
+                tensors: [(
+                    "w".to_string(),
+                    (vec![out, inp], Storage::Fp4, w.values.clone()),
+                )]
+                .into(),
+            },
+            views: [(
+                "w".to_string(),
+                StoredBytes::Quant {
+                    kind: crate::checkpoint::QuantKind::Fp4,
+                    codes: w.packed(),
+                    scales: w.scale_exp.iter().map(|&e| (e + 127) as u8).collect(),
+                    scale_cols: bi,
+                },
+            )]
+            .into(),
+        });
+        let lin = Linear::load(&ckpt, "w", LinearKind::Fp4).unwrap();
+        let mut x = random_x(rows, inp, &mut rng);
+        // Rows scaled so that the steps `scale · u` of row 0's scale 2^−127 fall below the
+        // f32 range (2^−19: u = 2^−33), so that u does (2^−117: u = 2^−131, still
+        // act-quantised in f32), and towards the top of f32.
+        for (m, row) in x.chunks_exact_mut(inp).enumerate() {
+            let e = [0, -19, -117, 60, 100][m % 5];
+            row.iter_mut().for_each(|v| *v *= 2f32.powi(e));
+        }
+        for numerics in [Numerics::Upstream, Numerics::Exact] {
+            let run = |level: Level| {
+                let mut y = vec![0f32; rows * out];
+                simd::cap_level(Some(level));
+                let r = lin.forward(&x, rows, &mut y, numerics);
+                simd::cap_level(None);
+                r.unwrap();
+                y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            };
+            let want = run(Level::Portable);
+            for level in Level::ALL.into_iter().filter(|&l| l <= simd::available()) {
+                let got = run(level);
+                let first = (0..want.len()).find(|&i| got[i] != want[i]);
+                assert_eq!(first, None, "{numerics} {level:?}: first differing output");
             }
         }
     }

@@ -41,6 +41,7 @@ mod vq_rows;
 
 use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
+use super::simd::amx::ActTiles;
 use super::simd::vnni::{act_blocks, ActBlock};
 use super::simd::{self, madd, Level};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView, VQ_WIDTH};
@@ -118,6 +119,10 @@ pub(crate) struct MatVec<'a> {
     /// single row or without AVX-512).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_by_block: Option<&'a [[f64; BLOCK]]>,
+    /// The inputs as AMX limb tiles, for a prefill's release FP4 product (set by
+    /// [`MatVec::run`] at [`Level::Amx`]; none where an input block is not act-quantised).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub x_tiles: Option<&'a ActTiles>,
 }
 
 impl MatVec<'_> {
@@ -140,6 +145,7 @@ impl MatVec<'_> {
             // A long prefill runs as slabs of input rows, each with its own copy, so that the
             // copy stays small whatever the chunk's length (outputs are per input row).
             let mut blocked = BLOCKED_INPUT_SCRATCH.with(Cell::take);
+            let mut tiles = ACT_TILE_SCRATCH.with(Cell::take);
             let r = (0..self.rows).step_by(BLOCKED_ROWS).try_for_each(|m0| {
                 let slab = MatVec {
                     x_off: self.x_off + m0 * self.x_stride,
@@ -147,13 +153,22 @@ impl MatVec<'_> {
                     ..*self
                 };
                 slab.inputs_by_block(&mut blocked);
+                let tiles_found = slab.wants_act_tiles()
+                    && tiles.fill(
+                        self.x,
+                        (self.x_stride, slab.x_off),
+                        slab.rows,
+                        self.n_in / BLOCK,
+                    );
                 MatVec {
                     x_by_block: Some(&blocked),
+                    x_tiles: tiles_found.then_some(&tiles),
                     ..slab
                 }
                 .run_tasks(n_out, y, y_stride, y_off + m0 * y_stride)
             });
             BLOCKED_INPUT_SCRATCH.with(|c| c.set(blocked));
+            ACT_TILE_SCRATCH.with(|c| c.set(tiles));
             return r;
         }
         self.run_tasks(n_out, y, y_stride, y_off)
@@ -367,6 +382,8 @@ impl MatVec<'_> {
         let r0 = self.w_first + first;
         let largest = largest_group(level);
         match self.rule {
+            #[cfg(target_arch = "x86_64")]
+            Rule::C1 if self.c1_fp4_tiles(r0, nw, out) => {}
             Rule::C1 => {
                 // Per input row m, its eight weight rows' f32 sums (`sums[m][i]`): one vector
                 // add per block, written out output-major at the end.
@@ -725,6 +742,36 @@ impl MatVec<'_> {
         }
     }
 
+    /// Rule C1 of a prefill task's `nw` release FP4 weight rows from `r0` with the AMX tile
+    /// kernel, where the inputs are limb tiles: `false`, nothing written, where a block's
+    /// scale could overflow f32 with some code (the generic path takes those rows).
+    #[cfg(target_arch = "x86_64")]
+    fn c1_fp4_tiles(&self, r0: usize, nw: usize, out: &mut [f32]) -> bool {
+        let (Some(tiles), Source::View(WeightView::Quant(v))) = (self.x_tiles, &self.source) else {
+            return false;
+        };
+        let (bytes, blocks) = (self.n_in / 2, self.n_in / BLOCK);
+        let (mut codes, mut scales): ([&[u8]; TILE], [&[u8]; TILE]) = ([&[]; TILE], [&[]; TILE]);
+        for (i, r) in (r0..r0 + nw).enumerate() {
+            codes[i] = &v.codes[r * bytes..][..bytes];
+            scales[i] = &v.scales[scale_at(v, r, 0)..][..blocks];
+        }
+        let scales = &scales[..nw];
+        if scales
+            .iter()
+            .any(|s| s.iter().any(|&b| b > SAFE_SCALE_BYTE))
+        {
+            return false;
+        }
+        // SAFETY: `x_tiles` is set only at `Level::Amx` (`wants_act_tiles`), which implies
+        // AVX-512 and `amx::usable`; the rows and scales hold every block; scales checked.
+        unsafe { simd::amx::fp4_c1_rows8(out, tiles, &codes[..nw], scales) };
+        if self.round_out {
+            out.iter_mut().for_each(|v| *v = bf16(*v));
+        }
+        true
+    }
+
     /// A single-row C1 product on packed nibbles (release FP4, container Q4G) at
     /// [`Level::Avx512Vnni`]: the VNNI kernels', which read the input's integer blocks.
     fn wants_act_blocks(&self) -> bool {
@@ -733,7 +780,18 @@ impl MatVec<'_> {
             Source::View(WeightView::Grouped { bits, .. }) => bits == 4,
             _ => false,
         };
-        self.rows == 1 && self.rule == Rule::C1 && nibbles && simd::level() == Level::Avx512Vnni
+        self.rows == 1 && self.rule == Rule::C1 && nibbles && simd::level() >= Level::Avx512Vnni
+    }
+
+    /// A prefill's rule C1 product on release FP4 codes at [`Level::Amx`]: the tile kernel's,
+    /// which reads the inputs as limb tiles.
+    fn wants_act_tiles(&self) -> bool {
+        let fp4 =
+            matches!(self.source, Source::View(WeightView::Quant(v)) if v.kind == QuantKind::Fp4);
+        fp4 && self.rows > 1
+            && self.rule == Rule::C1
+            && self.n_in.is_multiple_of(BLOCK)
+            && simd::level() >= Level::Amx
     }
 
     /// A single-row product the AVX-512 kernels serve: any [`ByteRows`], under either rule.
@@ -1305,6 +1363,7 @@ thread_local! {
     static C1_SUM_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
     static ACT_BLOCK_SCRATCH: Cell<Vec<ActBlock>> = const { Cell::new(Vec::new()) };
     static BLOCKED_INPUT_SCRATCH: Cell<Vec<[f64; BLOCK]>> = const { Cell::new(Vec::new()) };
+    static ACT_TILE_SCRATCH: Cell<ActTiles> = Cell::new(ActTiles::default());
     static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }
 

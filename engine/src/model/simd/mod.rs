@@ -4,12 +4,13 @@
 //! A kernel either has one body compiled per level (`#[target_feature]`), or a hand-written
 //! vector copy whose operations may be reordered only where MODEL.md §5.4 makes the result
 //! order-free (the exact FP8/FP4 block sums of rule C1). Either way every level gives the same
-//! bits. `DS41_SIMD=portable` (or `avx2`, `avx512`, `avx512vnni`) caps the level, to compare or
-//! to rule the vector paths out when in doubt.
+//! bits. `DS41_SIMD=portable` (or `avx2`, `avx512`, `avx512vnni`, `amx`) caps the level, to
+//! compare or to rule the vector paths out when in doubt.
 
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::OnceLock;
 
+pub mod amx;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod vnni;
@@ -27,14 +28,18 @@ pub enum Level {
     /// [`Level::Avx512`] plus AVX-512 VNNI (byte dot products: the exact integer FP4 block sums
     /// of `vnni::fp4_c1_block8_vnni`).
     Avx512Vnni,
+    /// [`Level::Avx512Vnni`] plus AMX tiles with byte products (AMX-TILE, AMX-INT8), the OS
+    /// permitting them: a prefill's exact integer FP4 block sums (`amx`).
+    Amx,
 }
 
 impl Level {
-    pub const ALL: [Level; 4] = [
+    pub const ALL: [Level; 5] = [
         Level::Portable,
         Level::Avx2,
         Level::Avx512,
         Level::Avx512Vnni,
+        Level::Amx,
     ];
 
     pub fn name(self) -> &'static str {
@@ -43,6 +48,7 @@ impl Level {
             Level::Avx2 => "avx2",
             Level::Avx512 => "avx512",
             Level::Avx512Vnni => "avx512vnni",
+            Level::Amx => "amx",
         }
     }
 }
@@ -83,22 +89,22 @@ pub fn level() -> Level {
         .unwrap_or(Level::Portable)
 }
 
-/// The best level of this CPU, capped by `DS41_SIMD` (`portable`, `avx2`, `avx512` or
-/// `avx512vnni`; another value is reported on stderr once and ignored).
+/// The best level of this CPU, capped by `DS41_SIMD` (`portable`, `avx2`, `avx512`,
+/// `avx512vnni` or `amx`; another value is reported on stderr once and ignored).
 pub fn available() -> Level {
     static LEVEL: OnceLock<Level> = OnceLock::new();
     *LEVEL.get_or_init(|| {
         let cap = match std::env::var("DS41_SIMD") {
-            Err(_) => Level::Avx512Vnni,
+            Err(_) => Level::Amx,
             Ok(v) => Level::ALL
                 .into_iter()
                 .find(|l| l.name() == v)
                 .unwrap_or_else(|| {
                     eprintln!(
-                        "ds41: DS41_SIMD={v:?} is none of portable, avx2, avx512, avx512vnni; \
-                         ignored"
+                        "ds41: DS41_SIMD={v:?} is none of portable, avx2, avx512, avx512vnni, \
+                         amx; ignored"
                     );
-                    Level::Avx512Vnni
+                    Level::Amx
                 }),
         };
         detected().min(cap)
@@ -116,6 +122,7 @@ fn detected() -> Level {
         && is_x86_feature_detected!("avx512vbmi");
     let vnni = avx512 && is_x86_feature_detected!("avx512vnni");
     match (avx2, avx512, vnni) {
+        (true, true, true) if amx::usable() => Level::Amx,
         (true, true, true) => Level::Avx512Vnni,
         (true, true, false) => Level::Avx512,
         (true, false, _) => Level::Avx2,

@@ -75,20 +75,26 @@ impl ActBlock {
 }
 
 impl ActBlock {
+    /// The block's integers X, signed, and its unit: input k is `X[k] · 2 · unit`.
+    pub fn integers(&self) -> ([i32; BLOCK], f64) {
+        let x = std::array::from_fn(|k| {
+            let (j, h) = (k / 2, k % 2);
+            let m = (0..3).fold(0i32, |m, p| {
+                m | i32::from(self.planes[2 * p + h][j]) << (8 * p)
+            });
+            if self.signs[h] >> j & 1 == 1 {
+                -m
+            } else {
+                m
+            }
+        });
+        (x, self.unit)
+    }
+
     /// The inputs the block stands for, `±|X| · 2 · unit` (+0 for X = 0).
     pub fn inputs(&self) -> [f64; BLOCK] {
-        std::array::from_fn(|k| {
-            let (j, h) = (k / 2, k % 2);
-            let m = (0..3).fold(0u32, |m, p| {
-                m | u32::from(self.planes[2 * p + h][j]) << (8 * p)
-            });
-            let v = f64::from(m) * 2.0 * self.unit;
-            if self.signs[h] >> j & 1 == 1 {
-                -v
-            } else {
-                v
-            }
-        })
+        let (x, unit) = self.integers();
+        x.map(|v| f64::from(v) * 2.0 * unit)
     }
 }
 

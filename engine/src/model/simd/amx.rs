@@ -1,0 +1,335 @@
+//! Rule C1's FP4 block sums for a prefill, in AMX tiles (MODEL.md §5.4).
+//!
+//! As in `vnni`, an act-quantised input block is `x = X · 2u` with integers |X| < 2^19
+//! ([`ActBlock`]) and an e2m1 value is `W / 2` with |W| ≤ 12, so a block sum is
+//! `u · Σ X·W`, |Σ X·W| < 2^28: exact in 32-bit integers, in any order. A tile product adds
+//! signed-byte products into 32-bit lanes, so X is cut into three limbs of seven bits,
+//! `X = X₀ + 2^7 X₁ + 2^14 X₂`, each carrying X's sign (|Xᵢ| ≤ 127): one tile per limb holds
+//! a block of sixteen input rows, and one tile holds a block of eight weight rows' W. The
+//! three limb sums are recombined by shifts (each term below 2^28), multiplied by the exact
+//! power-of-two step `scale · u` and rounded to f32 once, then added over the blocks in
+//! increasing order in f32: the f64 kernels' operations on the same exact block sum, so the
+//! bits are theirs.
+
+use super::super::quant::BLOCK;
+use super::vnni::ActBlock;
+
+/// Input rows per limb tile (the tile's 64-byte rows hold four columns of sixteen rows).
+pub const TILE_ROWS: usize = 16;
+
+/// Limbs per input value.
+const LIMBS: usize = 3;
+
+/// Bits per limb.
+const LIMB_BITS: u32 = 7;
+
+/// One limb of one block of sixteen input rows, laid out as a tile product's right operand:
+/// byte `64r + 4m + j` is the limb of row m at column `4r + j`.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+pub struct LimbTile([i8; BLOCK * TILE_ROWS]);
+
+/// Every full block of a prefill's input rows as limb tiles (sixteen rows per tile, missing
+/// rows zero), with each row's unit per block.
+#[derive(Default)]
+pub struct ActTiles {
+    rows: usize,
+    groups: usize,
+    /// `tiles[kb · groups + g]`: block kb of rows `16g ..`, one tile per limb.
+    tiles: Vec<[LimbTile; LIMBS]>,
+    /// `units[kb · groups + g][m]`: u of row `16g + m` at block kb (0 for missing rows).
+    units: Vec<[f64; TILE_ROWS]>,
+    /// The same as f32 (exact where `unit_range` is inside the kernel's `F32_STEPS`).
+    units_f32: Vec<[f32; TILE_ROWS]>,
+    /// The least and the largest u of the rows present, per entry of `units`.
+    unit_range: Vec<(f64, f64)>,
+}
+
+impl ActTiles {
+    /// Fill from `rows` input rows, row m's block kb at `x[m · stride + off + 32 kb ..]`, for
+    /// `blocks` blocks; `false` (contents unspecified) if some block is not act-quantised.
+    pub fn fill(
+        &mut self,
+        x: &[f64],
+        (stride, off): (usize, usize),
+        rows: usize,
+        blocks: usize,
+    ) -> bool {
+        self.rows = rows;
+        self.groups = rows.div_ceil(TILE_ROWS);
+        let n = blocks * self.groups;
+        self.tiles.clear();
+        self.tiles
+            .resize(n, [LimbTile([0; BLOCK * TILE_ROWS]); LIMBS]);
+        self.units.clear();
+        self.units.resize(n, [0.0; TILE_ROWS]);
+        self.units_f32.clear();
+        self.units_f32.resize(n, [0.0; TILE_ROWS]);
+        self.unit_range.clear();
+        self.unit_range.resize(n, (f64::INFINITY, 0.0));
+        for m in 0..rows {
+            let (g, lane) = (m / TILE_ROWS, m % TILE_ROWS);
+            for kb in 0..blocks {
+                let at = m * stride + off + kb * BLOCK;
+                let block = x[at..at + BLOCK].try_into().expect("a block");
+                let Some(block) = ActBlock::of(block) else {
+                    return false;
+                };
+                let (integers, unit) = block.integers();
+                let at = kb * self.groups + g;
+                self.units[at][lane] = unit;
+                self.units_f32[at][lane] = unit as f32;
+                let range = &mut self.unit_range[at];
+                *range = (range.0.min(unit), range.1.max(unit));
+                for (k, &v) in integers.iter().enumerate() {
+                    let byte = 4 * TILE_ROWS * (k / 4) + 4 * lane + k % 4;
+                    let magnitude = v.unsigned_abs();
+                    for (p, tile) in self.tiles[at].iter_mut().enumerate() {
+                        let limb = (magnitude >> (LIMB_BITS * p as u32) & 0x7F) as i8;
+                        tile.0[byte] = if v < 0 { -limb } else { limb };
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use kernel::{fp4_c1_rows8, usable};
+
+#[cfg(target_arch = "x86_64")]
+mod kernel {
+    use super::{ActTiles, LimbTile, LIMBS, LIMB_BITS, TILE_ROWS};
+    use crate::dtype::e8m0_to_f64;
+    use crate::model::quant::BLOCK;
+    use std::arch::asm;
+    use std::arch::x86_64::*;
+    use std::sync::OnceLock;
+
+    /// Weight rows per call: a task of `matvec`.
+    const W_ROWS: usize = 8;
+
+    /// Powers of two for which `f32(S) · step` is `f32(S · step)` for every |S| < 2^28: the
+    /// product neither overflows nor leaves the normal range, where rounding commutes with
+    /// the power of two.
+    const F32_STEPS: (f64, f64) = (1.0 / (1u128 << 126) as f64, (1u128 << 100) as f64);
+
+    /// Whether this CPU and OS run AMX tiles with 8-bit products (AMX-TILE, AMX-INT8), asking
+    /// Linux once for the tile data permission (without it the first tile instruction faults).
+    pub fn usable() -> bool {
+        static USABLE: OnceLock<bool> = OnceLock::new();
+        *USABLE.get_or_init(|| {
+            // SAFETY: CPUID leaves 0, 1 and 7 exist on every x86_64 CPU; XGETBV only runs
+            // where CPUID reports OSXSAVE.
+            let cpu = unsafe {
+                let leaf7 = __cpuid_count(7, 0);
+                let osxsave = __cpuid(1).ecx >> 27 & 1 == 1;
+                let tile_int8 = leaf7.edx >> 24 & 3 == 3;
+                // XCR0 bits 17 and 18: the OS saves the tile configuration and data.
+                tile_int8 && osxsave && _xgetbv(0) >> 17 & 3 == 3
+            };
+            cpu && permitted()
+        })
+    }
+
+    #[cfg(target_os = "linux")]
+    fn permitted() -> bool {
+        /// `arch_prctl` code asking for an extended state component, and the tile data's.
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a request for a permission; it changes nothing else.
+        unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            ) == 0
+        }
+    }
+
+    #[cfg(not(target_os = "linux"))]
+    fn permitted() -> bool {
+        false
+    }
+
+    /// `2 · e2m1(n)` as a signed byte for every nibble n (bit 3 the sign), in both 128-bit
+    /// lanes.
+    static TWICE_E2M1: [i8; 32] = {
+        const HALF: [i8; 8] = [0, 1, 2, 3, 4, 6, 8, 12];
+        let mut t = [0i8; 32];
+        let mut i = 0;
+        while i < 32 {
+            let n = i % 16;
+            t[i] = if n < 8 { HALF[n] } else { -HALF[n - 8] };
+            i += 1;
+        }
+        t
+    };
+
+    /// The tile configuration (palette 1): tiles 0..3 the limb sums (eight weight rows ×
+    /// sixteen input rows of i32), tile 3 the weights (eight rows × 32 bytes), tiles 4..7 the
+    /// input limbs (eight rows of four columns × sixteen input rows).
+    #[repr(C, align(64))]
+    struct Config([u8; 64]);
+
+    impl Config {
+        const fn new() -> Config {
+            let mut c = [0u8; 64];
+            c[0] = 1;
+            let mut t = 0;
+            while t < 7 {
+                // Bytes per row (little-endian u16 at 16 + 2t), then rows (byte 48 + t).
+                c[16 + 2 * t] = if t == 3 { BLOCK as u8 } else { 64 };
+                c[48 + t] = 8;
+                t += 1;
+            }
+            Config(c)
+        }
+    }
+
+    static CONFIG: Config = Config::new();
+
+    /// One block of eight weight rows as a tile's left operand: row i's 32 values `W`.
+    #[repr(C, align(64))]
+    struct WeightTile([i8; W_ROWS * BLOCK]);
+
+    /// The three limb sums of one block: `[limb][weight row][input row]`.
+    #[repr(C, align(64))]
+    struct Sums([[[i32; TILE_ROWS]; W_ROWS]; LIMBS]);
+
+    /// Rule C1 of up to eight release FP4 weight rows against every input row of `acts`:
+    /// `out[i · rows + m] = Σ_kb f32(scale[i][kb] · u[m][kb] · Σ_k X·W)`, added in f32 in
+    /// increasing kb from +0.0. `codes[i]` is row i's packed nibbles (low nibble first) and
+    /// `scales[i]` its E8M0 bytes, one per block.
+    ///
+    /// # Safety
+    /// [`usable`] must have returned true, and the CPU must have AVX-512 F, BW, VL and VBMI.
+    /// The rows and scales must hold the blocks of `acts`, every scale byte must keep f32
+    /// finite (`SAFE_SCALE_BYTE` in `matvec`), at most eight rows, `out` `rows` per row.
+    #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2")]
+    pub unsafe fn fp4_c1_rows8(
+        out: &mut [f32],
+        acts: &ActTiles,
+        codes: &[&[u8]],
+        scales: &[&[u8]],
+    ) {
+        let (rows, groups) = (acts.rows, acts.groups);
+        let nw = codes.len();
+        assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
+        let blocks = acts.tiles.len() / groups.max(1);
+        assert!(codes.iter().all(|c| c.len() >= blocks * BLOCK / 2));
+        assert!(scales.iter().all(|s| s.len() >= blocks));
+        out.fill(0.0);
+        let mut weights = WeightTile([0; W_ROWS * BLOCK]);
+        let mut sums = Sums([[[0; TILE_ROWS]; W_ROWS]; LIMBS]);
+        let table = _mm256_loadu_si256(TWICE_E2M1.as_ptr().cast());
+        let nibble = _mm_set1_epi8(0x0F);
+        asm!("ldtilecfg [{}]", in(reg) CONFIG.0.as_ptr(), options(nostack, readonly));
+        for kb in 0..blocks {
+            for (i, row) in codes.iter().enumerate() {
+                let c = _mm_loadu_si128(row[kb * BLOCK / 2..].as_ptr().cast());
+                let lo = _mm_and_si128(c, nibble);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(c), nibble);
+                // Columns in order: a byte's low nibble, then its high one.
+                let n = _mm256_set_m128i(_mm_unpackhi_epi8(lo, hi), _mm_unpacklo_epi8(lo, hi));
+                let w = _mm256_shuffle_epi8(table, n);
+                _mm256_storeu_si256(weights.0[i * BLOCK..].as_mut_ptr().cast(), w);
+            }
+            asm!(
+                "tileloadd tmm3, [{w} + {stride}*1]",
+                w = in(reg) weights.0.as_ptr(),
+                stride = in(reg) BLOCK,
+                options(nostack, readonly),
+            );
+            let scale: [f64; W_ROWS] =
+                std::array::from_fn(|i| scales.get(i).map_or(0.0, |s| e8m0_to_f64(s[kb])));
+            let scale_range = scale[..nw]
+                .iter()
+                .fold((f64::INFINITY, 0f64), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+            for g in 0..groups {
+                let at = kb * groups + g;
+                group_sums(&acts.tiles[at], &mut sums);
+                let units = &acts.units[at];
+                let (u_lo, u_hi) = (
+                    _mm512_loadu_pd(units.as_ptr()),
+                    _mm512_loadu_pd(units[8..].as_ptr()),
+                );
+                let units_f32 = _mm512_loadu_ps(acts.units_f32[at].as_ptr());
+                // Every step `scale · u` and every u in the range where f32 arithmetic gives
+                // the f64 kernel's value (the usual case): one f32 conversion and product.
+                let (u_min, u_max) = acts.unit_range[at];
+                let f32_steps = F32_STEPS.0 <= u_min
+                    && u_max <= F32_STEPS.1
+                    && F32_STEPS.0 <= scale_range.0 * u_min
+                    && scale_range.1 * u_max <= F32_STEPS.1;
+                let m0 = g * TILE_ROWS;
+                let lanes = (rows - m0).min(TILE_ROWS);
+                let mask: __mmask16 = ((1u32 << lanes) - 1) as u16;
+                for (i, &scale) in scale.iter().enumerate().take(nw) {
+                    let s = _mm512_add_epi32(
+                        _mm512_loadu_si512(sums.0[0][i].as_ptr().cast()),
+                        _mm512_add_epi32(
+                            _mm512_slli_epi32::<LIMB_BITS>(_mm512_loadu_si512(
+                                sums.0[1][i].as_ptr().cast(),
+                            )),
+                            _mm512_slli_epi32::<{ 2 * LIMB_BITS }>(_mm512_loadu_si512(
+                                sums.0[2][i].as_ptr().cast(),
+                            )),
+                        ),
+                    );
+                    let v = if f32_steps {
+                        let steps = _mm512_mul_ps(_mm512_set1_ps(scale as f32), units_f32);
+                        _mm512_mul_ps(_mm512_cvtepi32_ps(s), steps)
+                    } else {
+                        let step = _mm512_set1_pd(scale);
+                        let lo = _mm512_mul_pd(
+                            _mm512_cvtepi32_pd(_mm512_castsi512_si256(s)),
+                            _mm512_mul_pd(step, u_lo),
+                        );
+                        let hi = _mm512_mul_pd(
+                            _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(s)),
+                            _mm512_mul_pd(step, u_hi),
+                        );
+                        _mm512_insertf32x8::<1>(
+                            _mm512_castps256_ps512(_mm512_cvtpd_ps(lo)),
+                            _mm512_cvtpd_ps(hi),
+                        )
+                    };
+                    let dst = out[i * rows + m0..].as_mut_ptr();
+                    let total = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, dst), v);
+                    _mm512_mask_storeu_ps(dst, mask, total);
+                }
+            }
+        }
+        asm!("tilerelease", options(nostack, nomem));
+    }
+
+    /// The three limb sums of the weight tile (tile 3) with one block of sixteen input rows.
+    #[inline(always)]
+    unsafe fn group_sums(limbs: &[LimbTile; LIMBS], sums: &mut Sums) {
+        const STRIDE: usize = 4 * TILE_ROWS;
+        asm!(
+            "tileloadd tmm4, [{a} + {stride}*1]",
+            "tileloadd tmm5, [{b} + {stride}*1]",
+            "tileloadd tmm6, [{c} + {stride}*1]",
+            "tilezero tmm0",
+            "tilezero tmm1",
+            "tilezero tmm2",
+            "tdpbssd tmm0, tmm3, tmm4",
+            "tdpbssd tmm1, tmm3, tmm5",
+            "tdpbssd tmm2, tmm3, tmm6",
+            "tilestored [{s0} + {stride}*1], tmm0",
+            "tilestored [{s1} + {stride}*1], tmm1",
+            "tilestored [{s2} + {stride}*1], tmm2",
+            a = in(reg) limbs[0].0.as_ptr(),
+            b = in(reg) limbs[1].0.as_ptr(),
+            c = in(reg) limbs[2].0.as_ptr(),
+            s0 = in(reg) sums.0[0].as_mut_ptr(),
+            s1 = in(reg) sums.0[1].as_mut_ptr(),
+            s2 = in(reg) sums.0[2].as_mut_ptr(),
+            stride = in(reg) STRIDE,
+            options(nostack),
+        );
+    }
+}
