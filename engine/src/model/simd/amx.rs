@@ -100,6 +100,7 @@ pub use kernel::{fp4_c1_rows8, usable};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
+    use super::super::vnni::TWICE_E2M1;
     use super::{ActTiles, LimbTile, LIMBS, LIMB_BITS, TILE_ROWS};
     use crate::dtype::e8m0_to_f64;
     use crate::model::quant::BLOCK;
@@ -152,20 +153,6 @@ mod kernel {
     fn permitted() -> bool {
         false
     }
-
-    /// `2 · e2m1(n)` as a signed byte for every nibble n (bit 3 the sign), in both 128-bit
-    /// lanes.
-    static TWICE_E2M1: [i8; 32] = {
-        const HALF: [i8; 8] = [0, 1, 2, 3, 4, 6, 8, 12];
-        let mut t = [0i8; 32];
-        let mut i = 0;
-        while i < 32 {
-            let n = i % 16;
-            t[i] = if n < 8 { HALF[n] } else { -HALF[n - 8] };
-            i += 1;
-        }
-        t
-    };
 
     /// The tile configuration (palette 1): tiles 0..3 the limb sums (eight weight rows ×
     /// sixteen input rows of i32), tile 3 the weights (eight rows × 32 bytes), tiles 4..7 the

@@ -112,6 +112,8 @@ pub fn act_blocks(x: &[f64], out: &mut Vec<ActBlock>) -> bool {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(super) use kernel::TWICE_E2M1;
+#[cfg(target_arch = "x86_64")]
 pub use kernel::{
     fp4_c1_block8_vnni, index_dots_vnni, nibble_c1_run8_vnni, q4_c1_block8_vnni, NibbleScales,
 };
@@ -125,7 +127,7 @@ mod kernel {
     use std::ops::Range;
 
     /// `2 · e2m1(n)` as a signed byte for every nibble n (bit 3 the sign), in each 128-bit lane.
-    static TWICE_E2M1: [i8; 64] = {
+    pub(in crate::model::simd) static TWICE_E2M1: [i8; 64] = {
         const HALF: [i8; 8] = [0, 1, 2, 3, 4, 6, 8, 12];
         let mut t = [0i8; 64];
         let mut i = 0;
