@@ -205,9 +205,14 @@ impl MatVec<'_> {
         }
         // Prefill: tasks fill an output-major buffer, transposed into y afterwards.
         let rows = self.rows;
+        let task_rows = if self.x_tiles.is_some() {
+            simd::amx::W_ROWS
+        } else {
+            TILE
+        };
         let mut yt = take(&OUTPUT_SCRATCH, n_out * rows, 0.0);
-        let r = try_for_each_chunk(&mut yt, TILE * rows, parallel, |t, ych| {
-            self.task(t * TILE, ych)
+        let r = try_for_each_chunk(&mut yt, task_rows * rows, parallel, |t, ych| {
+            self.task(t * task_rows, ych)
         });
         if r.is_ok() {
             for (n, col) in yt.chunks_exact(rows).enumerate() {
@@ -309,6 +314,17 @@ impl MatVec<'_> {
             }
             return Ok(());
         }
+        #[cfg(target_arch = "x86_64")]
+        if self.x_tiles.is_some() {
+            if self.c1_fp4_tiles(self.w_first + first, out.len() / rows, out) {
+                return Ok(());
+            }
+            // Declined: the generic path, a tile of rows at a time (the layout is the same).
+            for (t, o) in out.chunks_mut(TILE * rows).enumerate() {
+                self.task_tile(first + t * TILE, o, level)?;
+            }
+            return Ok(());
+        }
         self.task_tile(first, out, level)
     }
 
@@ -382,8 +398,6 @@ impl MatVec<'_> {
         let r0 = self.w_first + first;
         let largest = largest_group(level);
         match self.rule {
-            #[cfg(target_arch = "x86_64")]
-            Rule::C1 if self.c1_fp4_tiles(r0, nw, out) => {}
             Rule::C1 => {
                 // Per input row m, its eight weight rows' f32 sums (`sums[m][i]`): one vector
                 // add per block, written out output-major at the end.
@@ -751,7 +765,8 @@ impl MatVec<'_> {
             return false;
         };
         let (bytes, blocks) = (self.n_in / 2, self.n_in / BLOCK);
-        let (mut codes, mut scales): ([&[u8]; TILE], [&[u8]; TILE]) = ([&[]; TILE], [&[]; TILE]);
+        const ROWS: usize = simd::amx::W_ROWS;
+        let (mut codes, mut scales): ([&[u8]; ROWS], [&[u8]; ROWS]) = ([&[]; ROWS], [&[]; ROWS]);
         for (i, r) in (r0..r0 + nw).enumerate() {
             codes[i] = &v.codes[r * bytes..][..bytes];
             scales[i] = &v.scales[scale_at(v, r, 0)..][..blocks];
@@ -765,7 +780,7 @@ impl MatVec<'_> {
         }
         // SAFETY: `x_tiles` is set only at `Level::Amx` (`wants_act_tiles`), which implies
         // AVX-512 and `amx::usable`; the rows and scales hold every block; scales checked.
-        unsafe { simd::amx::fp4_c1_rows8(out, tiles, &codes[..nw], scales) };
+        unsafe { simd::amx::fp4_c1_rows(out, tiles, &codes[..nw], scales) };
         if self.round_out {
             out.iter_mut().for_each(|v| *v = bf16(*v));
         }

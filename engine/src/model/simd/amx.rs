@@ -5,7 +5,7 @@
 //! `u · Σ X·W`, |Σ X·W| < 2^28: exact in 32-bit integers, in any order. A tile product adds
 //! signed-byte products into 32-bit lanes, so X is cut into three limbs of seven bits,
 //! `X = X₀ + 2^7 X₁ + 2^14 X₂`, each carrying X's sign (|Xᵢ| ≤ 127): one tile per limb holds
-//! a block of sixteen input rows, and one tile holds a block of eight weight rows' W. The
+//! a block of sixteen input rows, and one tile holds a block of sixteen weight rows' W. The
 //! three limb sums are recombined by shifts (each term below 2^28), multiplied by the exact
 //! power-of-two step `scale · u` and rounded to f32 once, then added over the blocks in
 //! increasing order in f32: the f64 kernels' operations on the same exact block sum, so the
@@ -16,6 +16,11 @@ use super::vnni::ActBlock;
 
 /// Input rows per limb tile (the tile's 64-byte rows hold four columns of sixteen rows).
 pub const TILE_ROWS: usize = 16;
+
+/// Weight rows per kernel call (`matvec`'s prefill task where this kernel runs): a full
+/// tile, since a block's tile steps wait on each other and a larger product per step costs
+/// no longer.
+pub const W_ROWS: usize = 16;
 
 /// Limbs per input value.
 const LIMBS: usize = 3;
@@ -96,20 +101,17 @@ impl ActTiles {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use kernel::{fp4_c1_rows8, usable};
+pub use kernel::{fp4_c1_rows, usable};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::vnni::TWICE_E2M1;
-    use super::{ActTiles, LimbTile, LIMBS, LIMB_BITS, TILE_ROWS};
+    use super::{ActTiles, LimbTile, LIMBS, LIMB_BITS, TILE_ROWS, W_ROWS};
     use crate::dtype::e8m0_to_f64;
     use crate::model::quant::BLOCK;
     use std::arch::asm;
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
-
-    /// Weight rows per call: a task of `matvec`.
-    const W_ROWS: usize = 8;
 
     /// Powers of two for which `f32(S) · step` is `f32(S · step)` for every |S| < 2^28: the
     /// product neither overflows nor leaves the normal range, where rounding commutes with
@@ -154,9 +156,9 @@ mod kernel {
         false
     }
 
-    /// The tile configuration (palette 1): tiles 0..3 the limb sums (eight weight rows ×
-    /// sixteen input rows of i32), tile 3 the weights (eight rows × 32 bytes), tiles 4..7 the
-    /// input limbs (eight rows of four columns × sixteen input rows).
+    /// The tile configuration (palette 1): tiles 0..3 the limb sums (sixteen weight rows ×
+    /// sixteen input rows of i32), tile 3 the weights (sixteen rows × 32 bytes), tiles 4..7
+    /// the input limbs (eight rows of four columns × sixteen input rows).
     #[repr(C, align(64))]
     struct Config([u8; 64]);
 
@@ -168,7 +170,11 @@ mod kernel {
             while t < 7 {
                 // Bytes per row (little-endian u16 at 16 + 2t), then rows (byte 48 + t).
                 c[16 + 2 * t] = if t == 3 { BLOCK as u8 } else { 64 };
-                c[48 + t] = 8;
+                c[48 + t] = if t < 4 {
+                    W_ROWS as u8
+                } else {
+                    (BLOCK / 4) as u8
+                };
                 t += 1;
             }
             Config(c)
@@ -177,7 +183,7 @@ mod kernel {
 
     static CONFIG: Config = Config::new();
 
-    /// One block of eight weight rows as a tile's left operand: row i's 32 values `W`.
+    /// One block of the weight rows as a tile's left operand: row i's 32 values `W`.
     #[repr(C, align(64))]
     struct WeightTile([i8; W_ROWS * BLOCK]);
 
@@ -185,7 +191,7 @@ mod kernel {
     #[repr(C, align(64))]
     struct Sums([[[i32; TILE_ROWS]; W_ROWS]; LIMBS]);
 
-    /// Rule C1 of up to eight release FP4 weight rows against every input row of `acts`:
+    /// Rule C1 of up to [`W_ROWS`] release FP4 weight rows against every input row of `acts`:
     /// `out[i · rows + m] = Σ_kb f32(scale[i][kb] · u[m][kb] · Σ_k X·W)`, added in f32 in
     /// increasing kb from +0.0. `codes[i]` is row i's packed nibbles (low nibble first) and
     /// `scales[i]` its E8M0 bytes, one per block.
@@ -193,14 +199,9 @@ mod kernel {
     /// # Safety
     /// [`usable`] must have returned true, and the CPU must have AVX-512 F, BW, VL and VBMI.
     /// The rows and scales must hold the blocks of `acts`, every scale byte must keep f32
-    /// finite (`SAFE_SCALE_BYTE` in `matvec`), at most eight rows, `out` `rows` per row.
+    /// finite (`SAFE_SCALE_BYTE` in `matvec`), at most [`W_ROWS`] rows, `out` `rows` per row.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2")]
-    pub unsafe fn fp4_c1_rows8(
-        out: &mut [f32],
-        acts: &ActTiles,
-        codes: &[&[u8]],
-        scales: &[&[u8]],
-    ) {
+    pub unsafe fn fp4_c1_rows(out: &mut [f32], acts: &ActTiles, codes: &[&[u8]], scales: &[&[u8]]) {
         let (rows, groups) = (acts.rows, acts.groups);
         let nw = codes.len();
         assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
