@@ -132,7 +132,9 @@ mod kernel {
                 // XCR0 bits 17 and 18: the OS saves the tile configuration and data.
                 tile_int8 && osxsave && _xgetbv(0) >> 17 & 3 == 3
             };
-            cpu && permitted()
+            // The kernel's epilogue uses AVX-512 DQ, which the AVX-512 level does not require
+            // (every CPU with AMX has it).
+            cpu && is_x86_feature_detected!("avx512dq") && permitted()
         })
     }
 
@@ -197,7 +199,8 @@ mod kernel {
     /// `scales[i]` its E8M0 bytes, one per block.
     ///
     /// # Safety
-    /// [`usable`] must have returned true, and the CPU must have AVX-512 F, BW, VL and VBMI.
+    /// [`usable`] must have returned true (it checks AVX-512 DQ), and the CPU must have
+    /// AVX-512 F, BW, VL and VBMI.
     /// The rows and scales must hold the blocks of `acts`, every scale byte must keep f32
     /// finite (`SAFE_SCALE_BYTE` in `matvec`), at most [`W_ROWS`] rows, `out` `rows` per row.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2")]
