@@ -116,7 +116,7 @@ pub(crate) struct MatVec<'a> {
     /// The inputs' full 32-blocks block-major, for the AVX-512 prefill kernels: block kb of
     /// row m at `[kb · rows + m]`, so that a group of rows' blocks is one run read at constant
     /// offsets (set by [`MatVec::run`] for at most [`BLOCKED_ROWS`] rows at a time; none for a
-    /// single row or without AVX-512).
+    /// single row, without AVX-512, or where [`Self::x_tiles`] is set).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_by_block: Option<&'a [[f64; BLOCK]]>,
     /// The inputs as AMX limb tiles, for a prefill's release FP4 product (set by
@@ -152,7 +152,6 @@ impl MatVec<'_> {
                     rows: BLOCKED_ROWS.min(self.rows - m0),
                     ..*self
                 };
-                slab.inputs_by_block(&mut blocked);
                 let tiles_found = slab.wants_act_tiles()
                     && tiles.fill(
                         self.x,
@@ -160,8 +159,13 @@ impl MatVec<'_> {
                         slab.rows,
                         self.n_in / BLOCK,
                     );
+                // The tile kernel reads the limb tiles; a task it declines (a scale above
+                // the limit) reads the inputs row-major, the same bits, so no copy is made.
+                if !tiles_found {
+                    slab.inputs_by_block(&mut blocked);
+                }
                 MatVec {
-                    x_by_block: Some(&blocked),
+                    x_by_block: (!tiles_found).then_some(&blocked[..]),
                     x_tiles: tiles_found.then_some(&tiles),
                     ..slab
                 }

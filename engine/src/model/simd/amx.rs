@@ -40,6 +40,7 @@ pub struct LimbTile([i8; BLOCK * TILE_ROWS]);
 pub struct ActTiles {
     rows: usize,
     groups: usize,
+    blocks: usize,
     /// `tiles[kb · groups + g]`: block kb of rows `16g ..`, one tile per limb.
     tiles: Vec<[LimbTile; LIMBS]>,
     /// `units[kb · groups + g][m]`: u of row `16g + m` at block kb (0 for missing rows).
@@ -62,6 +63,7 @@ impl ActTiles {
     ) -> bool {
         self.rows = rows;
         self.groups = rows.div_ceil(TILE_ROWS);
+        self.blocks = blocks;
         let n = blocks * self.groups;
         self.tiles.clear();
         self.tiles
@@ -205,10 +207,9 @@ mod kernel {
     /// finite (`SAFE_SCALE_BYTE` in `matvec`), at most [`W_ROWS`] rows, `out` `rows` per row.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2")]
     pub unsafe fn fp4_c1_rows(out: &mut [f32], acts: &ActTiles, codes: &[&[u8]], scales: &[&[u8]]) {
-        let (rows, groups) = (acts.rows, acts.groups);
+        let (rows, groups, blocks) = (acts.rows, acts.groups, acts.blocks);
         let nw = codes.len();
         assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
-        let blocks = acts.tiles.len() / groups.max(1);
         assert!(codes.iter().all(|c| c.len() >= blocks * BLOCK / 2));
         assert!(scales.iter().all(|s| s.len() >= blocks));
         out.fill(0.0);
