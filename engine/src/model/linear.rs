@@ -210,7 +210,7 @@ impl Linear {
                 round_out: transform,
                 x_blocks: None,
                 x_by_block: None,
-                x_tiles: None,
+                x_ints: None,
             }
             .run(n_out, y, n_out, 0)
         });
@@ -259,7 +259,7 @@ impl Linear {
                 round_out: numerics.is_upstream(),
                 x_blocks: None,
                 x_by_block: None,
-                x_tiles: None,
+                x_ints: None,
             };
             (0..groups).try_for_each(|g| {
                 kernel.w_first = g * per_group;
@@ -1199,12 +1199,11 @@ pub(crate) mod tests {
     }
 
     /// A prefill's FP4 product on inputs and scales at the edges of the f32 range: the tile
-    /// kernel's f32 shortcut (`amx`'s `F32_STEPS`) must give way to its f64 steps there, and
-    /// every level gives the baseline copy's bits (groups of sixteen input rows mixing normal
-    /// and extreme rows, a short last task of weight rows).
+    /// integer kernels' f32 shortcut (`vnni_prefill`'s `F32_STEPS`) must give way to their f64
+    /// steps there, and every level gives the baseline copy's bits (groups of sixteen input
+    /// rows mixing normal and extreme rows, a short last task of weight rows).
     #[test]
     fn prefill_fp4_products_keep_their_bits_at_the_range_edges() {
-        use super::super::simd::{self, Level};
         let mut rng = Rng::new(41);
         let (out, inp, rows) = (13, 128, 37);
         let mut w = random_fp4(out, inp, &mut rng);
@@ -1218,7 +1217,55 @@ pub(crate) mod tests {
                 }
             }
         }
-        // The stored bytes, as a release checkpoint is read (the rows path is the baseline).
+        let lin = fp4_stored_linear(&w, out, inp);
+        let mut x = random_x(rows, inp, &mut rng);
+        // Rows scaled so that the steps `scale · u` of row 0's scale 2^−127 fall below the
+        // f32 range (2^−19: u = 2^−33), so that u does (2^−117: u = 2^−131, still
+        // act-quantised in f32), and towards the top of f32.
+        for (m, row) in x.chunks_exact_mut(inp).enumerate() {
+            let e = [0, -19, -117, 60, 100][m % 5];
+            row.iter_mut().for_each(|v| *v *= 2f32.powi(e));
+        }
+        every_level_gives_the_portable_bits(&lin, &x, rows);
+    }
+
+    /// The integer prefill kernels write an input block's integers in as few digits as its
+    /// values' spread allows (VNNI: one per block for all rows); blocks needing one, two and
+    /// three digits, side by side and mixed within a block, give the portable bits.
+    #[test]
+    fn prefill_fp4_products_keep_their_bits_for_any_digit_count() {
+        let mut rng = Rng::new(43);
+        let (out, inp, rows) = (21, 160, 19);
+        let lin = fp4_stored_linear(&random_fp4(out, inp, &mut rng), out, inp);
+        let mut x = random_x(rows, inp, &mut rng);
+        let sign = |k: usize| if k % 3 == 1 { -1.0 } else { 1.0 };
+        for (m, row) in x.chunks_exact_mut(inp).enumerate() {
+            let e = 2f32.powi(m as i32 % 7 - 3);
+            for (kb, block) in row.chunks_exact_mut(32).enumerate() {
+                for (k, v) in block.iter_mut().enumerate() {
+                    *v = sign(k + m)
+                        * e
+                        * match kb {
+                            // One digit: small multiples of a common power of two.
+                            0 => [0.0, 1.0, 2.0, 3.0][(k + m) % 4],
+                            // Three digits for row 5 (448 beside e4m3's least step 2^−9), two
+                            // or three for the rest (random).
+                            1 if m == 5 => [448.0, 2f32.powi(-9), 0.5][k % 3],
+                            // The widest spread in every row, largest digit sums.
+                            2 => [448.0, 2f32.powi(-9), 416.0, 2f32.powi(-8)][k % 4],
+                            // Two digits: 448 and steps of 1/4.
+                            3 => [448.0, 0.25, 240.0, 1.75][(k + m) % 4],
+                            _ => *v / e,
+                        };
+                }
+            }
+        }
+        every_level_gives_the_portable_bits(&lin, &x, rows);
+    }
+
+    /// An FP4 linear read from its stored bytes, as a release checkpoint is (the rows path
+    /// is the baseline).
+    fn fp4_stored_linear(w: &Fp4Weight, out: usize, inp: usize) -> Linear {
         let ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
             rows: MemCheckpoint {
                 layout: Layout::Release,
@@ -1234,25 +1281,23 @@ pub(crate) mod tests {
                     kind: crate::checkpoint::QuantKind::Fp4,
                     codes: w.packed(),
                     scales: w.scale_exp.iter().map(|&e| (e + 127) as u8).collect(),
-                    scale_cols: bi,
+                    scale_cols: inp / 32,
                 },
             )]
             .into(),
         });
-        let lin = Linear::load(&ckpt, "w", LinearKind::Fp4).unwrap();
-        let mut x = random_x(rows, inp, &mut rng);
-        // Rows scaled so that the steps `scale · u` of row 0's scale 2^−127 fall below the
-        // f32 range (2^−19: u = 2^−33), so that u does (2^−117: u = 2^−131, still
-        // act-quantised in f32), and towards the top of f32.
-        for (m, row) in x.chunks_exact_mut(inp).enumerate() {
-            let e = [0, -19, -117, 60, 100][m % 5];
-            row.iter_mut().for_each(|v| *v *= 2f32.powi(e));
-        }
+        Linear::load(&ckpt, "w", LinearKind::Fp4).unwrap()
+    }
+
+    /// `lin` on `x` gives the same bits at every vector level this CPU has as portably, in
+    /// both numerics profiles.
+    fn every_level_gives_the_portable_bits(lin: &Linear, x: &[f32], rows: usize) {
+        use super::super::simd::{self, Level};
         for numerics in [Numerics::Upstream, Numerics::Exact] {
             let run = |level: Level| {
-                let mut y = vec![0f32; rows * out];
+                let mut y = vec![0f32; rows * lin.out_features()];
                 simd::cap_level(Some(level));
-                let r = lin.forward(&x, rows, &mut y, numerics);
+                let r = lin.forward(x, rows, &mut y, numerics);
                 simd::cap_level(None);
                 r.unwrap();
                 y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()

@@ -43,6 +43,7 @@ use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
 use super::simd::amx::ActTiles;
 use super::simd::vnni::{act_blocks, ActBlock};
+use super::simd::vnni_prefill::ActDigits;
 use super::simd::{self, madd, Level};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView, VQ_WIDTH};
 use crate::dtype::{
@@ -116,13 +117,32 @@ pub(crate) struct MatVec<'a> {
     /// The inputs' full 32-blocks block-major, for the AVX-512 prefill kernels: block kb of
     /// row m at `[kb · rows + m]`, so that a group of rows' blocks is one run read at constant
     /// offsets (set by [`MatVec::run`] for at most [`BLOCKED_ROWS`] rows at a time; none for a
-    /// single row, without AVX-512, or where [`Self::x_tiles`] is set).
+    /// single row, without AVX-512, or where [`Self::x_ints`] is set).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_by_block: Option<&'a [[f64; BLOCK]]>,
-    /// The inputs as AMX limb tiles, for a prefill's release FP4 product (set by
-    /// [`MatVec::run`] at [`Level::Amx`]; none where an input block is not act-quantised).
+    /// The inputs as integers, for a prefill's release FP4 product (set by [`MatVec::run`]
+    /// from [`Level::Avx512Vnni`] up; none where an input block is not act-quantised).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub x_tiles: Option<&'a ActTiles>,
+    pub x_ints: Option<ActInts<'a>>,
+}
+
+/// A prefill's act-quantised inputs in the integer form of the kernel that takes them.
+#[derive(Clone, Copy)]
+pub enum ActInts<'a> {
+    /// AMX limb tiles ([`Level::Amx`]).
+    Tiles(&'a ActTiles),
+    /// Base-256 digits for the VNNI kernel ([`Level::Avx512Vnni`]).
+    Digits(&'a ActDigits),
+}
+
+impl ActInts<'_> {
+    /// Weight rows per task of the kernel that reads this form.
+    fn task_rows(self) -> usize {
+        match self {
+            ActInts::Tiles(_) => simd::amx::W_ROWS,
+            ActInts::Digits(_) => simd::vnni_prefill::W_ROWS,
+        }
+    }
 }
 
 impl MatVec<'_> {
@@ -146,33 +166,40 @@ impl MatVec<'_> {
             // copy stays small whatever the chunk's length (outputs are per input row).
             let mut blocked = BLOCKED_INPUT_SCRATCH.with(Cell::take);
             let mut tiles = ACT_TILE_SCRATCH.with(Cell::take);
+            let mut digits = ACT_DIGIT_SCRATCH.with(Cell::take);
             let r = (0..self.rows).step_by(BLOCKED_ROWS).try_for_each(|m0| {
                 let slab = MatVec {
                     x_off: self.x_off + m0 * self.x_stride,
                     rows: BLOCKED_ROWS.min(self.rows - m0),
                     ..*self
                 };
-                let tiles_found = slab.wants_act_tiles()
-                    && tiles.fill(
-                        self.x,
-                        (self.x_stride, slab.x_off),
-                        slab.rows,
-                        self.n_in / BLOCK,
-                    );
-                // The tile kernel reads the limb tiles; a task it declines (a scale above
-                // the limit) reads the inputs row-major, the same bits, so no copy is made.
-                if !tiles_found {
+                let at = (self.x_stride, slab.x_off);
+                let blocks = self.n_in / BLOCK;
+                let ints = match slab.wants_act_ints() {
+                    false => None,
+                    true if simd::level() >= Level::Amx => tiles
+                        .fill(self.x, at, slab.rows, blocks)
+                        .then_some(ActInts::Tiles(&tiles)),
+                    true => digits
+                        .fill(self.x, at, slab.rows, blocks)
+                        .then_some(ActInts::Digits(&digits)),
+                };
+                // The integer kernels read their own form; a task they decline (a scale
+                // above the limit) reads the inputs row-major, the same bits, so no copy
+                // is made.
+                if ints.is_none() {
                     slab.inputs_by_block(&mut blocked);
                 }
                 MatVec {
-                    x_by_block: (!tiles_found).then_some(&blocked[..]),
-                    x_tiles: tiles_found.then_some(&tiles),
+                    x_by_block: ints.is_none().then_some(&blocked[..]),
+                    x_ints: ints,
                     ..slab
                 }
                 .run_tasks(n_out, y, y_stride, y_off + m0 * y_stride)
             });
             BLOCKED_INPUT_SCRATCH.with(|c| c.set(blocked));
             ACT_TILE_SCRATCH.with(|c| c.set(tiles));
+            ACT_DIGIT_SCRATCH.with(|c| c.set(digits));
             return r;
         }
         self.run_tasks(n_out, y, y_stride, y_off)
@@ -209,11 +236,7 @@ impl MatVec<'_> {
         }
         // Prefill: tasks fill an output-major buffer, transposed into y afterwards.
         let rows = self.rows;
-        let task_rows = if self.x_tiles.is_some() {
-            simd::amx::W_ROWS
-        } else {
-            TILE
-        };
+        let task_rows = self.x_ints.map_or(TILE, ActInts::task_rows);
         let mut yt = take(&OUTPUT_SCRATCH, n_out * rows, 0.0);
         let r = try_for_each_chunk(&mut yt, task_rows * rows, parallel, |t, ych| {
             self.task(t * task_rows, ych)
@@ -319,8 +342,8 @@ impl MatVec<'_> {
             return Ok(());
         }
         #[cfg(target_arch = "x86_64")]
-        if self.x_tiles.is_some() {
-            if self.c1_fp4_tiles(self.w_first + first, out.len() / rows, out) {
+        if self.x_ints.is_some() {
+            if self.c1_fp4_ints(self.w_first + first, out.len() / rows, out) {
                 return Ok(());
             }
             // Declined: the generic path, a tile of rows at a time (the layout is the same).
@@ -760,31 +783,38 @@ impl MatVec<'_> {
         }
     }
 
-    /// Rule C1 of a prefill task's `nw` release FP4 weight rows from `r0` with the AMX tile
-    /// kernel, where the inputs are limb tiles: `false`, nothing written, where a block's
-    /// scale could overflow f32 with some code (the generic path takes those rows).
+    /// Rule C1 of a prefill task's `nw` release FP4 weight rows from `r0` with the integer
+    /// kernel of [`Self::x_ints`]: `false`, nothing written, where a block's scale could
+    /// overflow f32 with some code (the generic path takes those rows).
     #[cfg(target_arch = "x86_64")]
-    fn c1_fp4_tiles(&self, r0: usize, nw: usize, out: &mut [f32]) -> bool {
-        let (Some(tiles), Source::View(WeightView::Quant(v))) = (self.x_tiles, &self.source) else {
+    fn c1_fp4_ints(&self, r0: usize, nw: usize, out: &mut [f32]) -> bool {
+        let (Some(ints), Source::View(WeightView::Quant(v))) = (self.x_ints, &self.source) else {
             return false;
         };
         let (bytes, blocks) = (self.n_in / 2, self.n_in / BLOCK);
-        const ROWS: usize = simd::amx::W_ROWS;
+        const ROWS: usize = 16;
+        assert!(nw <= ROWS && nw <= ints.task_rows());
         let (mut codes, mut scales): ([&[u8]; ROWS], [&[u8]; ROWS]) = ([&[]; ROWS], [&[]; ROWS]);
         for (i, r) in (r0..r0 + nw).enumerate() {
             codes[i] = &v.codes[r * bytes..][..bytes];
             scales[i] = &v.scales[scale_at(v, r, 0)..][..blocks];
         }
-        let scales = &scales[..nw];
+        let (codes, scales) = (&codes[..nw], &scales[..nw]);
         if scales
             .iter()
             .any(|s| s.iter().any(|&b| b > SAFE_SCALE_BYTE))
         {
             return false;
         }
-        // SAFETY: `x_tiles` is set only at `Level::Amx` (`wants_act_tiles`), which implies
-        // AVX-512 and `amx::usable`; the rows and scales hold every block; scales checked.
-        unsafe { simd::amx::fp4_c1_rows(out, tiles, &codes[..nw], scales) };
+        match ints {
+            // SAFETY: tiles are made only at `Level::Amx`, digits only from
+            // `Level::Avx512Vnni` up (`MatVec::run`), which imply the kernels' features (AMX:
+            // `amx::usable`); the rows and scales hold every block; scales checked.
+            ActInts::Tiles(tiles) => unsafe { simd::amx::fp4_c1_rows(out, tiles, codes, scales) },
+            ActInts::Digits(digits) => unsafe {
+                simd::vnni_prefill::fp4_c1_rows(out, digits, codes, scales)
+            },
+        }
         if self.round_out {
             out.iter_mut().for_each(|v| *v = bf16(*v));
         }
@@ -802,15 +832,15 @@ impl MatVec<'_> {
         self.rows == 1 && self.rule == Rule::C1 && nibbles && simd::level() >= Level::Avx512Vnni
     }
 
-    /// A prefill's rule C1 product on release FP4 codes at [`Level::Amx`]: the tile kernel's,
-    /// which reads the inputs as limb tiles.
-    fn wants_act_tiles(&self) -> bool {
+    /// A prefill's rule C1 product on release FP4 codes from [`Level::Avx512Vnni`] up: the
+    /// integer kernels', which read the inputs as limb tiles (AMX) or digits (VNNI).
+    fn wants_act_ints(&self) -> bool {
         let fp4 =
             matches!(self.source, Source::View(WeightView::Quant(v)) if v.kind == QuantKind::Fp4);
         fp4 && self.rows > 1
             && self.rule == Rule::C1
             && self.n_in.is_multiple_of(BLOCK)
-            && simd::level() >= Level::Amx
+            && simd::level() >= Level::Avx512Vnni
     }
 
     /// A single-row product the AVX-512 kernels serve: any [`ByteRows`], under either rule.
@@ -1383,6 +1413,7 @@ thread_local! {
     static ACT_BLOCK_SCRATCH: Cell<Vec<ActBlock>> = const { Cell::new(Vec::new()) };
     static BLOCKED_INPUT_SCRATCH: Cell<Vec<[f64; BLOCK]>> = const { Cell::new(Vec::new()) };
     static ACT_TILE_SCRATCH: Cell<ActTiles> = Cell::new(ActTiles::default());
+    static ACT_DIGIT_SCRATCH: Cell<ActDigits> = Cell::new(ActDigits::default());
     static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }
 

@@ -108,17 +108,13 @@ pub use kernel::{fp4_c1_rows, usable};
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::vnni::TWICE_E2M1;
+    use super::super::vnni_prefill::{scaled_block_sums, Steps, F32_STEPS};
     use super::{ActTiles, LimbTile, LIMBS, LIMB_BITS, TILE_ROWS, W_ROWS};
     use crate::dtype::e8m0_to_f64;
     use crate::model::quant::BLOCK;
     use std::arch::asm;
     use std::arch::x86_64::*;
     use std::sync::OnceLock;
-
-    /// Powers of two for which `f32(S) · step` is `f32(S · step)` for every |S| < 2^28: the
-    /// product neither overflows nor leaves the normal range, where rounding commutes with
-    /// the power of two.
-    const F32_STEPS: (f64, f64) = (1.0 / (1u128 << 126) as f64, (1u128 << 100) as f64);
 
     /// Whether this CPU and OS run AMX tiles with 8-bit products (AMX-TILE, AMX-INT8), asking
     /// Linux once for the tile data permission (without it the first tile instruction faults).
@@ -134,9 +130,7 @@ mod kernel {
                 // XCR0 bits 17 and 18: the OS saves the tile configuration and data.
                 tile_int8 && osxsave && _xgetbv(0) >> 17 & 3 == 3
             };
-            // The kernel's epilogue uses AVX-512 DQ, which the AVX-512 level does not require
-            // (every CPU with AMX has it).
-            cpu && is_x86_feature_detected!("avx512dq") && permitted()
+            cpu && permitted()
         })
     }
 
@@ -201,8 +195,8 @@ mod kernel {
     /// `scales[i]` its E8M0 bytes, one per block.
     ///
     /// # Safety
-    /// [`usable`] must have returned true (it checks AVX-512 DQ), and the CPU must have
-    /// AVX-512 F, BW, VL and VBMI.
+    /// [`usable`] must have returned true, and the CPU must have AVX-512 F, BW, DQ, VL and
+    /// VBMI.
     /// The rows and scales must hold the blocks of `acts`, every scale byte must keep f32
     /// finite (`SAFE_SCALE_BYTE` in `matvec`), at most [`W_ROWS`] rows, `out` `rows` per row.
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2")]
@@ -270,24 +264,13 @@ mod kernel {
                             )),
                         ),
                     );
-                    let v = if f32_steps {
-                        let steps = _mm512_mul_ps(_mm512_set1_ps(scale as f32), units_f32);
-                        _mm512_mul_ps(_mm512_cvtepi32_ps(s), steps)
+                    let steps = if f32_steps {
+                        Steps::F32(_mm512_mul_ps(_mm512_set1_ps(scale as f32), units_f32))
                     } else {
                         let step = _mm512_set1_pd(scale);
-                        let lo = _mm512_mul_pd(
-                            _mm512_cvtepi32_pd(_mm512_castsi512_si256(s)),
-                            _mm512_mul_pd(step, u_lo),
-                        );
-                        let hi = _mm512_mul_pd(
-                            _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(s)),
-                            _mm512_mul_pd(step, u_hi),
-                        );
-                        _mm512_insertf32x8::<1>(
-                            _mm512_castps256_ps512(_mm512_cvtpd_ps(lo)),
-                            _mm512_cvtpd_ps(hi),
-                        )
+                        Steps::F64(_mm512_mul_pd(step, u_lo), _mm512_mul_pd(step, u_hi))
                     };
+                    let v = scaled_block_sums(s, steps);
                     let dst = out[i * rows + m0..].as_mut_ptr();
                     let total = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, dst), v);
                     _mm512_mask_storeu_ps(dst, mask, total);

@@ -14,6 +14,7 @@ pub mod amx;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod vnni;
+pub mod vnni_prefill;
 #[cfg(target_arch = "x86_64")]
 pub mod vq;
 
@@ -23,10 +24,10 @@ pub enum Level {
     Portable,
     /// AVX2, FMA and F16C.
     Avx2,
-    /// [`Level::Avx2`] plus AVX-512 F, BW, VL and VBMI.
+    /// [`Level::Avx2`] plus AVX-512 F, BW, DQ, VL and VBMI.
     Avx512,
     /// [`Level::Avx512`] plus AVX-512 VNNI (byte dot products: the exact integer FP4 block sums
-    /// of `vnni::fp4_c1_block8_vnni`).
+    /// of `vnni::fp4_c1_block8_vnni` and, for a prefill, `vnni_prefill`).
     Avx512Vnni,
     /// [`Level::Avx512Vnni`] plus AMX tiles with byte products (AMX-TILE, AMX-INT8), the OS
     /// permitting them: a prefill's exact integer FP4 block sums (`amx`).
@@ -118,6 +119,7 @@ fn detected() -> Level {
         && is_x86_feature_detected!("f16c");
     let avx512 = is_x86_feature_detected!("avx512f")
         && is_x86_feature_detected!("avx512bw")
+        && is_x86_feature_detected!("avx512dq")
         && is_x86_feature_detected!("avx512vl")
         && is_x86_feature_detected!("avx512vbmi");
     let vnni = avx512 && is_x86_feature_detected!("avx512vnni");
