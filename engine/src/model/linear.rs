@@ -1217,7 +1217,7 @@ pub(crate) mod tests {
                 }
             }
         }
-        let lin = fp4_stored_linear(&w, out, inp);
+        let lin = stored_linear(Storage::Fp4, &w.values, w.packed(), &w.scale_exp, out, inp);
         let mut x = random_x(rows, inp, &mut rng);
         // Rows scaled so that the steps `scale · u` of row 0's scale 2^−127 fall below the
         // f32 range (2^−19: u = 2^−33), so that u does (2^−117: u = 2^−131, still
@@ -1236,7 +1236,8 @@ pub(crate) mod tests {
     fn prefill_fp4_products_keep_their_bits_for_any_digit_count() {
         let mut rng = Rng::new(43);
         let (out, inp, rows) = (21, 160, 19);
-        let lin = fp4_stored_linear(&random_fp4(out, inp, &mut rng), out, inp);
+        let w = random_fp4(out, inp, &mut rng);
+        let lin = stored_linear(Storage::Fp4, &w.values, w.packed(), &w.scale_exp, out, inp);
         let mut x = random_x(rows, inp, &mut rng);
         let sign = |k: usize| if k % 3 == 1 { -1.0 } else { 1.0 };
         for (m, row) in x.chunks_exact_mut(inp).enumerate() {
@@ -1263,30 +1264,105 @@ pub(crate) mod tests {
         every_level_gives_the_portable_bits(&lin, &x, rows);
     }
 
-    /// An FP4 linear read from its stored bytes, as a release checkpoint is (the rows path
-    /// is the baseline).
-    fn fp4_stored_linear(w: &Fp4Weight, out: usize, inp: usize) -> Linear {
+    /// A prefill's FP8 product in words (`vnni_words`): weight blocks whose exponents span
+    /// at most 7 (one word) or more (two), all-zero blocks, a NaN code (its task declined),
+    /// scales at the edges; input blocks needing one word or two, rows at the edges of the
+    /// f32 range; three groups of input rows, the last one short.
+    #[test]
+    fn prefill_fp8_products_keep_their_bits_for_any_word_count() {
+        let mut rng = Rng::new(47);
+        let (out, inp, rows) = (45, 192, 37);
+        let mut w = random_fp8(out, inp, &mut rng);
+        let bi = inp / 32;
+        for n in 0..out {
+            for kb in 0..bi {
+                for k in 32 * kb..32 * kb + 32 {
+                    let r = rng.next_u32();
+                    let sign = (r as u8) & 0x80;
+                    w.codes[n * inp + k] = match (n + kb) % 4 {
+                        // Exponent fields 6 ..= 13 (a span of 7) and zeros: one word.
+                        0 | 1 if r.is_multiple_of(9) => sign,
+                        0 | 1 => sign | ((6 + (r >> 8) % 8) as u8) << 3 | (r >> 16) as u8 & 7,
+                        // Subnormals beside the largest codes: two words.
+                        2 => sign | [0x01, 0x07, 0x7E, 0x78, 0x40][(r >> 8) as usize % 5],
+                        // All zero (both signs).
+                        _ => sign,
+                    };
+                }
+            }
+        }
+        w.codes[17 * inp + 40] = 0xFF; // NaN: its task takes the generic path
+                                       // Scales (one per 32 weight rows and block) at the edges: 2^−127 for every block of
+                                       // rows 0 .. 32, so that their outputs are made of the smallest block sums; 2^118 and
+                                       // 2^−120 for blocks of rows 32 ...
+        w.scale_exp[..bi].fill(-127);
+        for (b, e) in [(bi + 1, 118), (bi + 2, -120)] {
+            w.scale_exp[b] = e;
+        }
+        for (i, v) in w.values.iter_mut().enumerate() {
+            let (n, k) = (i / inp, i % inp);
+            *v = e4m3_value(w.codes[i]) * 2f32.powi(w.scale_exp[(n / 32) * bi + k / 32]);
+        }
+        let lin = stored_linear(
+            Storage::Fp8Block,
+            &w.values,
+            w.codes.clone(),
+            &w.scale_exp,
+            out,
+            inp,
+        );
+        let mut x = random_x(rows, inp, &mut rng);
+        for (m, row) in x.chunks_exact_mut(inp).enumerate() {
+            let e = 2f32.powi([0, -19, -117, 60, 100, 3][m % 6]);
+            for (kb, block) in row.chunks_exact_mut(32).enumerate() {
+                for (k, v) in block.iter_mut().enumerate() {
+                    *v = e * match kb % 3 {
+                        // One word (|X| up to 15360), so that the f32 steps apply but for
+                        // the rows and scales at the edges: with 2^−127 and rows scaled by
+                        // 2^−19 the steps fall below f32's least subnormal, the block sums
+                        // stay above bf16's.
+                        0 => [240.0, -(2f32.powi(-6)), 0.0, 120.0][(k + m) % 4],
+                        // Two words in every group: 448 beside e4m3's least step.
+                        1 if m % 5 == 2 => [448.0, -(2f32.powi(-9)), 3.0][k % 3],
+                        _ => *v,
+                    };
+                }
+            }
+        }
+        every_level_gives_the_portable_bits(&lin, &x, rows);
+    }
+
+    /// A release linear read from its stored bytes (`codes`, scales `2^scale_exp`), as a
+    /// release checkpoint is (the rows path is the baseline).
+    fn stored_linear(
+        storage: Storage,
+        values: &[f32],
+        codes: Vec<u8>,
+        scale_exp: &[i32],
+        out: usize,
+        inp: usize,
+    ) -> Linear {
+        let (kind, lin_kind) = match storage {
+            Storage::Fp4 => (crate::checkpoint::QuantKind::Fp4, LinearKind::Fp4),
+            _ => (crate::checkpoint::QuantKind::Fp8Block, LinearKind::Fp8),
+        };
         let ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
             rows: MemCheckpoint {
                 layout: Layout::Release,
-                tensors: [(
-                    "w".to_string(),
-                    (vec![out, inp], Storage::Fp4, w.values.clone()),
-                )]
-                .into(),
+                tensors: [("w".to_string(), (vec![out, inp], storage, values.to_vec()))].into(),
             },
             views: [(
                 "w".to_string(),
                 StoredBytes::Quant {
-                    kind: crate::checkpoint::QuantKind::Fp4,
-                    codes: w.packed(),
-                    scales: w.scale_exp.iter().map(|&e| (e + 127) as u8).collect(),
+                    kind,
+                    codes,
+                    scales: scale_exp.iter().map(|&e| (e + 127) as u8).collect(),
                     scale_cols: inp / 32,
                 },
             )]
             .into(),
         });
-        Linear::load(&ckpt, "w", LinearKind::Fp4).unwrap()
+        Linear::load(&ckpt, "w", lin_kind).unwrap()
     }
 
     /// `lin` on `x` gives the same bits at every vector level this CPU has as portably, in

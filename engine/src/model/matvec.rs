@@ -44,6 +44,7 @@ use super::quant::{bf16, BLOCK};
 use super::simd::amx::ActTiles;
 use super::simd::vnni::{act_blocks, ActBlock};
 use super::simd::vnni_prefill::ActDigits;
+use super::simd::vnni_words::ActWords;
 use super::simd::{self, madd, Level};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView, VQ_WIDTH};
 use crate::dtype::{
@@ -120,8 +121,9 @@ pub(crate) struct MatVec<'a> {
     /// single row, without AVX-512, or where [`Self::x_ints`] is set).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_by_block: Option<&'a [[f64; BLOCK]]>,
-    /// The inputs as integers, for a prefill's release FP4 product (set by [`MatVec::run`]
-    /// from [`Level::Avx512Vnni`] up; none where an input block is not act-quantised).
+    /// The inputs as integers, for a prefill's release FP4 or FP8 product (set by
+    /// [`MatVec::run`] from [`Level::Avx512Vnni`] up; none where an input block is not
+    /// act-quantised).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_ints: Option<ActInts<'a>>,
 }
@@ -131,8 +133,10 @@ pub(crate) struct MatVec<'a> {
 pub enum ActInts<'a> {
     /// AMX limb tiles ([`Level::Amx`]).
     Tiles(&'a ActTiles),
-    /// Base-256 digits for the VNNI kernel ([`Level::Avx512Vnni`]).
+    /// Base-256 digits for the VNNI FP4 kernel ([`Level::Avx512Vnni`]).
     Digits(&'a ActDigits),
+    /// Words for the VNNI FP8 kernel (from [`Level::Avx512Vnni`] up).
+    Words(&'a ActWords),
 }
 
 impl ActInts<'_> {
@@ -141,6 +145,7 @@ impl ActInts<'_> {
         match self {
             ActInts::Tiles(_) => simd::amx::W_ROWS,
             ActInts::Digits(_) => simd::vnni_prefill::W_ROWS,
+            ActInts::Words(_) => simd::vnni_words::W_ROWS,
         }
     }
 }
@@ -167,6 +172,7 @@ impl MatVec<'_> {
             let mut blocked = BLOCKED_INPUT_SCRATCH.with(Cell::take);
             let mut tiles = ACT_TILE_SCRATCH.with(Cell::take);
             let mut digits = ACT_DIGIT_SCRATCH.with(Cell::take);
+            let mut words = ACT_WORD_SCRATCH.with(Cell::take);
             let r = (0..self.rows).step_by(BLOCKED_ROWS).try_for_each(|m0| {
                 let slab = MatVec {
                     x_off: self.x_off + m0 * self.x_stride,
@@ -175,12 +181,15 @@ impl MatVec<'_> {
                 };
                 let at = (self.x_stride, slab.x_off);
                 let blocks = self.n_in / BLOCK;
-                let ints = match slab.wants_act_ints() {
-                    false => None,
-                    true if simd::level() >= Level::Amx => tiles
+                let ints = match slab.act_ints_kind() {
+                    None => None,
+                    Some(QuantKind::Fp8Block | QuantKind::Fp8Rows) => words
+                        .fill(self.x, at, slab.rows, blocks)
+                        .then_some(ActInts::Words(&words)),
+                    Some(QuantKind::Fp4) if simd::level() >= Level::Amx => tiles
                         .fill(self.x, at, slab.rows, blocks)
                         .then_some(ActInts::Tiles(&tiles)),
-                    true => digits
+                    Some(QuantKind::Fp4) => digits
                         .fill(self.x, at, slab.rows, blocks)
                         .then_some(ActInts::Digits(&digits)),
                 };
@@ -200,6 +209,7 @@ impl MatVec<'_> {
             BLOCKED_INPUT_SCRATCH.with(|c| c.set(blocked));
             ACT_TILE_SCRATCH.with(|c| c.set(tiles));
             ACT_DIGIT_SCRATCH.with(|c| c.set(digits));
+            ACT_WORD_SCRATCH.with(|c| c.set(words));
             return r;
         }
         self.run_tasks(n_out, y, y_stride, y_off)
@@ -343,7 +353,7 @@ impl MatVec<'_> {
         }
         #[cfg(target_arch = "x86_64")]
         if self.x_ints.is_some() {
-            if self.c1_fp4_ints(self.w_first + first, out.len() / rows, out) {
+            if self.c1_ints(self.w_first + first, out.len() / rows, out) {
                 return Ok(());
             }
             // Declined: the generic path, a tile of rows at a time (the layout is the same).
@@ -783,15 +793,20 @@ impl MatVec<'_> {
         }
     }
 
-    /// Rule C1 of a prefill task's `nw` release FP4 weight rows from `r0` with the integer
-    /// kernel of [`Self::x_ints`]: `false`, nothing written, where a block's scale could
-    /// overflow f32 with some code (the generic path takes those rows).
+    /// Rule C1 of a prefill task's `nw` release FP4 or FP8 weight rows from `r0` with the
+    /// integer kernel of [`Self::x_ints`]: `false` where a block's scale could overflow f32
+    /// with some code or an FP8 code is NaN (the generic path then takes those rows and
+    /// rewrites `out`).
     #[cfg(target_arch = "x86_64")]
-    fn c1_fp4_ints(&self, r0: usize, nw: usize, out: &mut [f32]) -> bool {
+    fn c1_ints(&self, r0: usize, nw: usize, out: &mut [f32]) -> bool {
         let (Some(ints), Source::View(WeightView::Quant(v))) = (self.x_ints, &self.source) else {
             return false;
         };
-        let (bytes, blocks) = (self.n_in / 2, self.n_in / BLOCK);
+        let blocks = self.n_in / BLOCK;
+        let bytes = match v.kind {
+            QuantKind::Fp4 => self.n_in / 2,
+            QuantKind::Fp8Block | QuantKind::Fp8Rows => self.n_in,
+        };
         const ROWS: usize = 16;
         assert!(nw <= ROWS && nw <= ints.task_rows());
         let (mut codes, mut scales): ([&[u8]; ROWS], [&[u8]; ROWS]) = ([&[]; ROWS], [&[]; ROWS]);
@@ -806,19 +821,27 @@ impl MatVec<'_> {
         {
             return false;
         }
-        match ints {
-            // SAFETY: tiles are made only at `Level::Amx`, digits only from
-            // `Level::Avx512Vnni` up (`MatVec::run`), which imply the kernels' features (AMX:
-            // `amx::usable`); the rows and scales hold every block; scales checked.
-            ActInts::Tiles(tiles) => unsafe { simd::amx::fp4_c1_rows(out, tiles, codes, scales) },
-            ActInts::Digits(digits) => unsafe {
-                simd::vnni_prefill::fp4_c1_rows(out, digits, codes, scales)
+        // SAFETY: tiles are made only at `Level::Amx`, digits and words only from
+        // `Level::Avx512Vnni` up (`MatVec::run`), which imply the kernels' features (AMX:
+        // `amx::usable`); each form only for its codes' kind (`act_ints_kind`); the rows and
+        // scales hold every block; scales checked.
+        let done = match ints {
+            ActInts::Tiles(tiles) => unsafe {
+                simd::amx::fp4_c1_rows(out, tiles, codes, scales);
+                true
             },
-        }
-        if self.round_out {
+            ActInts::Digits(digits) => unsafe {
+                simd::vnni_prefill::fp4_c1_rows(out, digits, codes, scales);
+                true
+            },
+            ActInts::Words(words) => unsafe {
+                simd::vnni_words::fp8_c1_rows(out, words, codes, scales)
+            },
+        };
+        if done && self.round_out {
             out.iter_mut().for_each(|v| *v = bf16(*v));
         }
-        true
+        done
     }
 
     /// A single-row C1 product on packed nibbles (release FP4, container Q4G) at
@@ -832,15 +855,18 @@ impl MatVec<'_> {
         self.rows == 1 && self.rule == Rule::C1 && nibbles && simd::level() >= Level::Avx512Vnni
     }
 
-    /// A prefill's rule C1 product on release FP4 codes from [`Level::Avx512Vnni`] up: the
-    /// integer kernels', which read the inputs as limb tiles (AMX) or digits (VNNI).
-    fn wants_act_ints(&self) -> bool {
-        let fp4 =
-            matches!(self.source, Source::View(WeightView::Quant(v)) if v.kind == QuantKind::Fp4);
-        fp4 && self.rows > 1
+    /// A prefill's rule C1 product on release FP4 or FP8 codes from [`Level::Avx512Vnni`] up:
+    /// the integer kernels', which read the inputs as limb tiles (AMX, FP4), digits (VNNI,
+    /// FP4) or words (VNNI, FP8). The codes' kind, where they apply.
+    fn act_ints_kind(&self) -> Option<QuantKind> {
+        let Source::View(WeightView::Quant(v)) = self.source else {
+            return None;
+        };
+        (self.rows > 1
             && self.rule == Rule::C1
             && self.n_in.is_multiple_of(BLOCK)
-            && simd::level() >= Level::Avx512Vnni
+            && simd::level() >= Level::Avx512Vnni)
+            .then_some(v.kind)
     }
 
     /// A single-row product the AVX-512 kernels serve: any [`ByteRows`], under either rule.
@@ -1414,6 +1440,7 @@ thread_local! {
     static BLOCKED_INPUT_SCRATCH: Cell<Vec<[f64; BLOCK]>> = const { Cell::new(Vec::new()) };
     static ACT_TILE_SCRATCH: Cell<ActTiles> = Cell::new(ActTiles::default());
     static ACT_DIGIT_SCRATCH: Cell<ActDigits> = Cell::new(ActDigits::default());
+    static ACT_WORD_SCRATCH: Cell<ActWords> = Cell::new(ActWords::default());
     static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }
 

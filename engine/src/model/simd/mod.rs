@@ -15,6 +15,7 @@ pub mod amx;
 pub mod avx512;
 pub mod vnni;
 pub mod vnni_prefill;
+pub mod vnni_words;
 #[cfg(target_arch = "x86_64")]
 pub mod vq;
 

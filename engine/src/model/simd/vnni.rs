@@ -91,6 +91,20 @@ impl ActBlock {
         (x, self.unit)
     }
 
+    /// [`Self::integers`] with the largest power of two dividing every X moved into the unit
+    /// (at most 2^18: |X| < 2^19), so that the integers are as small as the values' spread
+    /// allows.
+    pub fn reduced_integers(&self) -> ([i32; BLOCK], f64) {
+        let (x, unit) = self.integers();
+        let shift = x
+            .iter()
+            .filter(|&&v| v != 0)
+            .map(|v| v.trailing_zeros())
+            .min()
+            .unwrap_or(0);
+        (x.map(|v| v >> shift), unit * f64::from(1u32 << shift))
+    }
+
     /// The inputs the block stands for, `±|X| · 2 · unit` (+0 for X = 0).
     pub fn inputs(&self) -> [f64; BLOCK] {
         let (x, unit) = self.integers();

@@ -13,6 +13,7 @@
 //! in increasing order are the f64 kernels' operations on the same exact block sum
 //! ([`scaled_block_sums`]), so the bits are theirs.
 
+use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
 use super::vnni::ActBlock;
 
@@ -37,6 +38,8 @@ struct RowBlock {
     offset: i32,
     /// u as f32 (exact where the block's unit range is inside `F32_STEPS`).
     unit_f32: f32,
+    /// The digits X needs (at least one).
+    digit_count: u8,
 }
 
 const EMPTY: RowBlock = RowBlock {
@@ -44,6 +47,7 @@ const EMPTY: RowBlock = RowBlock {
     unit: 0.0,
     offset: 0,
     unit_f32: 0.0,
+    digit_count: 1,
 };
 
 /// Every full block of a prefill's input rows as digits, block-major.
@@ -74,46 +78,48 @@ impl ActDigits {
         self.blocks = blocks;
         self.entries.clear();
         self.entries.resize(rows * blocks, EMPTY);
+        // About a thousand operations per entry: worth the pool for a prefill of real width.
+        let parallel = worth_parallel(rows * blocks * BLOCK * BLOCK);
+        let filled = try_for_each_chunk(
+            &mut self.entries,
+            rows,
+            parallel,
+            |kb, entries| -> Result<(), ()> {
+                for (m, entry) in entries.iter_mut().enumerate() {
+                    let at = m * stride + off + kb * BLOCK;
+                    let block = ActBlock::of(x[at..at + BLOCK].try_into().expect("a block"));
+                    entry.set(block.ok_or(())?);
+                }
+                Ok(())
+            },
+        );
+        if filled.is_err() {
+            return false;
+        }
         self.digit_counts.clear();
-        self.digit_counts.resize(blocks, 1);
         self.unit_ranges.clear();
-        self.unit_ranges.resize(blocks, (f64::INFINITY, 0.0));
-        for kb in 0..blocks {
-            for m in 0..rows {
-                let at = m * stride + off + kb * BLOCK;
-                let Some(block) = ActBlock::of(x[at..at + BLOCK].try_into().expect("a block"))
-                else {
-                    return false;
-                };
-                let entry = &mut self.entries[kb * rows + m];
-                let digits = entry.set(block);
-                self.digit_counts[kb] = self.digit_counts[kb].max(digits);
-                let range = &mut self.unit_ranges[kb];
-                *range = (range.0.min(entry.unit), range.1.max(entry.unit));
-            }
+        for entries in self.entries.chunks_exact(rows) {
+            let digits = entries.iter().map(|e| e.digit_count).max().unwrap_or(1);
+            let units = entries.iter().fold((f64::INFINITY, 0f64), |(lo, hi), e| {
+                (lo.min(e.unit), hi.max(e.unit))
+            });
+            self.digit_counts.push(digits);
+            self.unit_ranges.push(units);
         }
         true
     }
 }
 
 impl RowBlock {
-    /// Set from an act-quantised block; returns the digits its values need (at least one).
-    fn set(&mut self, block: ActBlock) -> u8 {
-        let (x, unit) = block.integers();
-        // The block's common power of two moves into the unit (at most 2^18: |X| < 2^19), so
-        // the digits carry only the values' own spread.
-        let shift = x
-            .iter()
-            .filter(|&&v| v != 0)
-            .map(|v| v.trailing_zeros())
-            .min()
-            .unwrap_or(0);
-        self.unit = unit * f64::from(1u32 << shift);
-        self.unit_f32 = self.unit as f32;
+    /// Set from an act-quantised block.
+    fn set(&mut self, block: ActBlock) {
+        // The digits carry only the values' own spread.
+        let (x, unit) = block.reduced_integers();
+        self.unit = unit;
+        self.unit_f32 = unit as f32;
         let mut sum = 0i32;
         let mut used = 1;
         for (k, &v) in x.iter().enumerate() {
-            let v = v >> shift;
             sum += v;
             let mut rest = v;
             for (i, digits) in self.digits.iter_mut().enumerate() {
@@ -128,7 +134,7 @@ impl RowBlock {
         }
         // |Σ X| < 32 · 2^19: the product stays below 2^28.
         self.offset = -W_OFFSET * sum;
-        used
+        self.digit_count = used;
     }
 }
 
