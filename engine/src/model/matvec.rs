@@ -42,7 +42,7 @@ mod vq_rows;
 use super::parallel::{try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
 use super::simd::amx::ActTiles;
-use super::simd::vnni::{act_blocks, ActBlock};
+use super::simd::vnni::{act_blocks, ActBlock, IntegerInputs};
 use super::simd::vnni_prefill::ActDigits;
 use super::simd::vnni_words::ActWords;
 use super::simd::{self, madd, Level};

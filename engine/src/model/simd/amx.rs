@@ -12,7 +12,7 @@
 //! bits are theirs.
 
 use super::super::quant::BLOCK;
-use super::vnni::ActBlock;
+use super::vnni::{ActBlock, IntegerInputs};
 
 /// Input rows per limb tile (the tile's 64-byte rows hold four columns of sixteen rows).
 pub const TILE_ROWS: usize = 16;
@@ -51,10 +51,8 @@ pub struct ActTiles {
     unit_range: Vec<(f64, f64)>,
 }
 
-impl ActTiles {
-    /// Fill from `rows` input rows, row m's block kb at `x[m · stride + off + 32 kb ..]`, for
-    /// `blocks` blocks; `false` (contents unspecified) if some block is not act-quantised.
-    pub fn fill(
+impl IntegerInputs for ActTiles {
+    fn fill(
         &mut self,
         x: &[f64],
         (stride, off): (usize, usize),

@@ -112,6 +112,13 @@ impl ActBlock {
     }
 }
 
+/// A prefill's act-quantised input rows in the integer form one prefill kernel reads.
+pub trait IntegerInputs {
+    /// Fill from `rows` input rows, row m's block kb at `x[m · stride + off + 32 kb ..]`, for
+    /// `blocks` blocks; `false` (contents unspecified) if some block is not act-quantised.
+    fn fill(&mut self, x: &[f64], at: (usize, usize), rows: usize, blocks: usize) -> bool;
+}
+
 /// The integer form of every full block of `x`, into `out`; `false` (out unspecified) if a
 /// block has none.
 pub fn act_blocks(x: &[f64], out: &mut Vec<ActBlock>) -> bool {

@@ -15,7 +15,7 @@
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
-use super::vnni::ActBlock;
+use super::vnni::{ActBlock, IntegerInputs};
 
 /// Weight rows per kernel call: one per 32-bit lane.
 pub const W_ROWS: usize = 16;
@@ -64,10 +64,8 @@ pub struct ActDigits {
     unit_ranges: Vec<(f64, f64)>,
 }
 
-impl ActDigits {
-    /// Fill from `rows` input rows, row m's block kb at `x[m · stride + off + 32 kb ..]`, for
-    /// `blocks` blocks; `false` (contents unspecified) if some block is not act-quantised.
-    pub fn fill(
+impl IntegerInputs for ActDigits {
+    fn fill(
         &mut self,
         x: &[f64],
         (stride, off): (usize, usize),

@@ -18,7 +18,7 @@
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
-use super::vnni::ActBlock;
+use super::vnni::{ActBlock, IntegerInputs};
 
 /// Input rows per group (one per 32-bit lane).
 const GROUP: usize = 16;
@@ -67,10 +67,8 @@ pub struct ActWords {
     entries: Vec<GroupBlock>,
 }
 
-impl ActWords {
-    /// Fill from `rows` input rows, row m's block kb at `x[m · stride + off + 32 kb ..]`, for
-    /// `blocks` blocks; `false` (contents unspecified) if some block is not act-quantised.
-    pub fn fill(
+impl IntegerInputs for ActWords {
+    fn fill(
         &mut self,
         x: &[f64],
         (stride, off): (usize, usize),
