@@ -314,12 +314,6 @@ mod kernel {
     /// zero codes, whose sums are never read).
     #[inline(always)]
     unsafe fn weight_columns(codes: &[&[u8]], kb: usize) -> [__m512i; 8] {
-        let row = |i: usize| -> __m128i {
-            match codes.get(i) {
-                Some(c) => _mm_loadu_si128(c[kb * BLOCK / 2..][..BLOCK / 2].as_ptr().cast()),
-                None => _mm_setzero_si128(),
-            }
-        };
         // Within each row's 16 bytes, dword j gathers bytes 2j, 2j+1 (columns 4j .. 4j + 4)
         // and 2j+8, 2j+9 (columns 16 + 4j ..).
         let pick = _mm512_broadcast_i32x4(_mm_setr_epi8(
@@ -327,10 +321,10 @@ mod kernel {
         ));
         let mut quads = [_mm512_setzero_si512(); 4];
         for (q, quad) in quads.iter_mut().enumerate() {
-            let z = _mm512_castsi128_si512(row(4 * q));
-            let z = _mm512_inserti32x4::<1>(z, row(4 * q + 1));
-            let z = _mm512_inserti32x4::<2>(z, row(4 * q + 2));
-            let z = _mm512_inserti32x4::<3>(z, row(4 * q + 3));
+            let z = _mm512_castsi128_si512(packed_row(codes, 4 * q, kb));
+            let z = _mm512_inserti32x4::<1>(z, packed_row(codes, 4 * q + 1, kb));
+            let z = _mm512_inserti32x4::<2>(z, packed_row(codes, 4 * q + 2, kb));
+            let z = _mm512_inserti32x4::<3>(z, packed_row(codes, 4 * q + 3, kb));
             *quad = _mm512_shuffle_epi8(z, pick);
         }
         // Quad q holds row 4q + l's dword j at 4l + j. Gather dword j (and j + 1) of eight
@@ -364,5 +358,15 @@ mod kernel {
             w[j + 4] = _mm512_permutexvar_epi8(_mm512_multishift_epi64_epi8(high, d), table);
         }
         w
+    }
+
+    /// Block kb of row i's packed nibbles (zero past the last row). A function, not a
+    /// closure: a closure's body would not be inlined into the kernel's vector code.
+    #[inline(always)]
+    unsafe fn packed_row(codes: &[&[u8]], i: usize, kb: usize) -> __m128i {
+        match codes.get(i) {
+            Some(c) => _mm_loadu_si128(c[kb * BLOCK / 2..][..BLOCK / 2].as_ptr().cast()),
+            None => _mm_setzero_si128(),
+        }
     }
 }
