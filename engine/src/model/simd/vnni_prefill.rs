@@ -209,9 +209,11 @@ mod kernel {
             let weights = weight_columns(codes, kb);
             let scale: [f64; W_ROWS] =
                 std::array::from_fn(|i| scales.get(i).map_or(0.0, |s| e8m0_to_f64(s[kb])));
-            let (s_min, s_max) = scale[..nw]
-                .iter()
-                .fold((f64::INFINITY, 0f64), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+            // A loop, not a fold: the fold's closure was compiled out of line, a call per row.
+            let (mut s_min, mut s_max) = (f64::INFINITY, 0f64);
+            for &s in &scale[..nw] {
+                (s_min, s_max) = (s_min.min(s), s_max.max(s));
+            }
             let (u_min, u_max) = acts.unit_ranges[kb];
             let (lo, hi) = (
                 _mm512_loadu_pd(scale.as_ptr()),
