@@ -1198,7 +1198,7 @@ pub(crate) mod tests {
         }
     }
 
-    /// A prefill's FP4 product on inputs and scales at the edges of the f32 range: the tile
+    /// A prefill's FP4 product on inputs and scales at the edges of the f32 range: the
     /// integer kernels' f32 shortcut (`vnni_prefill`'s `F32_STEPS`) must give way to their f64
     /// steps there, and every level gives the baseline copy's bits (groups of sixteen input
     /// rows mixing normal and extreme rows, a short last task of weight rows).
