@@ -39,7 +39,7 @@ use byte_rows::{ByteRows, VqBlock};
 #[cfg(target_arch = "x86_64")]
 mod vq_rows;
 
-use super::parallel::{try_for_each_chunk, worth_parallel};
+use super::parallel::{for_each_chunk, try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
 use super::simd::amx::ActTiles;
 use super::simd::vnni::{act_blocks, ActBlock, IntegerInputs};
@@ -252,11 +252,7 @@ impl MatVec<'_> {
             self.task(t * task_rows, ych)
         });
         if r.is_ok() {
-            for (n, col) in yt.chunks_exact(rows).enumerate() {
-                for (m, &v) in col.iter().enumerate() {
-                    y[m * y_stride + y_off + n] = v;
-                }
-            }
+            output_rows_from_columns(&yt, rows, &mut y[y_off..], y_stride);
         }
         put(&OUTPUT_SCRATCH, yt);
         r
@@ -1425,6 +1421,29 @@ fn dot_rows<const R: usize>(
             }
         }
     }
+}
+
+/// Input rows per task of [`output_rows_from_columns`]: each task writes that many rows of
+/// `y` in order and reads half a cache line of each output's column.
+const TRANSPOSE_ROWS: usize = 8;
+
+/// A prefill's output-major results `yt[n · rows + m]` written to `y[m · y_stride + n]`.
+/// Rows go to the pool in groups (a serial element-by-element transpose wrote a new cache
+/// line of `y` per element and was a twentieth of a `wide` prefill, with the other thread
+/// idle); a copy, so the bits do not depend on the split.
+fn output_rows_from_columns(yt: &[f32], rows: usize, y: &mut [f32], y_stride: usize) {
+    let n_out = yt.len() / rows;
+    let parallel = worth_parallel(yt.len() * TRANSPOSE_ROWS);
+    let y = &mut y[..(rows - 1) * y_stride + n_out];
+    for_each_chunk(y, TRANSPOSE_ROWS * y_stride, parallel, |t, chunk| {
+        let m0 = t * TRANSPOSE_ROWS;
+        let present = (rows - m0).min(TRANSPOSE_ROWS);
+        for (n, column) in yt.chunks_exact(rows).enumerate() {
+            for (r, &v) in column[m0..m0 + present].iter().enumerate() {
+                chunk[r * y_stride + n] = v;
+            }
+        }
+    });
 }
 
 // Per-thread reusable buffers. They are taken out of the cell while in use, so a nested call
