@@ -1,7 +1,7 @@
 //! Rule C1's FP4 block sums for a prefill, in AMX tiles (MODEL.md §5.4).
 //!
 //! As in `vnni`, an act-quantised input block is `x = X · 2u` with integers |X| < 2^19
-//! ([`ActBlock`]) and an e2m1 value is `W / 2` with |W| ≤ 12, so a block sum is
+//! ([`block_integers`]) and an e2m1 value is `W / 2` with |W| ≤ 12, so a block sum is
 //! `u · Σ X·W`, |Σ X·W| < 2^28: exact in 32-bit integers, in any order. A tile product adds
 //! signed-byte products into 32-bit lanes, so X is cut into three limbs of seven bits,
 //! `X = X₀ + 2^7 X₁ + 2^14 X₂`, each carrying X's sign (|Xᵢ| ≤ 127): one tile per limb holds
@@ -12,7 +12,7 @@
 //! bits are theirs.
 
 use super::super::quant::BLOCK;
-use super::vnni::{ActBlock, IntegerInputs};
+use super::vnni::{block_integers, IntegerInputs};
 
 /// Input rows per limb tile (the tile's 64-byte rows hold four columns of sixteen rows).
 pub const TILE_ROWS: usize = 16;
@@ -77,10 +77,9 @@ impl IntegerInputs for ActTiles {
             for kb in 0..blocks {
                 let at = m * stride + off + kb * BLOCK;
                 let block = x[at..at + BLOCK].try_into().expect("a block");
-                let Some(block) = ActBlock::of(block) else {
+                let Some((integers, unit)) = block_integers(block) else {
                     return false;
                 };
-                let (integers, unit) = block.integers();
                 let at = kb * self.groups + g;
                 self.units[at][lane] = unit;
                 self.units_f32[at][lane] = unit as f32;

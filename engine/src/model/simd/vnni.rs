@@ -3,7 +3,7 @@
 //! A C1 input block is act-quantised: every value is an e4m3 value times the block's
 //! power-of-two scale s, so a multiple of 2^−9 · s of magnitude at most 448 · s. For the power
 //! of two `u = 2^(floor(log2 max|x|) − 18)`, which is at most 2^−10 · s, every input is an
-//! integer `X · u` with |X| < 2^19 ([`ActBlock::of`] checks it and declines otherwise). Every
+//! integer `X · u` with |X| < 2^19 ([`block_integers`] checks it and declines otherwise). Every
 //! e2m1 value is an integer `W / 2` with |W| ≤ 12. The block sum is then `u/2 · Σ X·W`, and
 //! |Σ X·W| < 32 · 12 · 2^19 < 2^28: exact in 32-bit integers, in any order. `vpdpbusd` adds
 //! four unsigned-byte × signed-byte products per 32-bit lane, so |X| is split into three byte
@@ -33,48 +33,24 @@ impl ActBlock {
     /// The block as integers, or `None` where an input is not finite or not an integer
     /// multiple of the unit chosen from the largest magnitude (not an act-quantised block).
     pub fn of(x: &[f64; BLOCK]) -> Option<ActBlock> {
-        // `max` passes over a NaN; the loop below refuses it (but for all-zero blocks here).
-        let amax = x.iter().fold(0f64, |m, v| m.max(v.abs()));
-        let mut block = ActBlock::default();
-        if amax == 0.0 && x.iter().all(|&v| v == 0.0) {
-            // Every input ±0: the sum is +0, whatever the unit.
-            block.unit = 1.0;
-            return Some(block);
-        }
-        if !amax.is_normal() {
-            return None;
-        }
-        // floor(log2 amax) from the exponent field; 2^(18 − e) and 2^(e − 19) built the same
-        // way, both normal for any normal amax of an f32 input.
-        let field = (amax.to_bits() >> 52) as i64;
-        let (up, unit) = (1023 + 1023 + 18 - field, field - 19);
-        if !(1..2047).contains(&up) || !(1..2047).contains(&unit) {
-            return None;
-        }
-        let to_steps = f64::from_bits((up as u64) << 52);
+        let (x, unit) = block_integers(x)?;
+        let mut block = ActBlock {
+            unit,
+            ..ActBlock::default()
+        };
         for (k, &v) in x.iter().enumerate() {
-            let n = v * to_steps; // exact: a power of two, far from the f64 limits
-                                  // An integer below the limit round-trips through i32 (no `trunc` library call;
-                                  // NaN and larger values do not).
-            let i = n as i32;
-            if f64::from(i) != n || n.abs() >= X_LIMIT {
-                return None;
-            }
-            let m = i.unsigned_abs();
+            let m = v.unsigned_abs();
             let (j, h) = (k / 2, k % 2);
             for p in 0..3 {
                 block.planes[2 * p + h][j] = (m >> (8 * p)) as u8;
             }
-            if n < 0.0 {
+            if v < 0 {
                 block.signs[h] |= 1 << j;
             }
         }
-        block.unit = f64::from_bits((unit as u64) << 52);
         Some(block)
     }
-}
 
-impl ActBlock {
     /// The block's integers X, signed, and its unit: input k is `X[k] · 2 · unit`.
     pub fn integers(&self) -> ([i32; BLOCK], f64) {
         let x = std::array::from_fn(|k| {
@@ -91,25 +67,60 @@ impl ActBlock {
         (x, self.unit)
     }
 
-    /// [`Self::integers`] with the largest power of two dividing every X moved into the unit
-    /// (at most 2^18: |X| < 2^19), so that the integers are as small as the values' spread
-    /// allows.
-    pub fn reduced_integers(&self) -> ([i32; BLOCK], f64) {
-        let (x, unit) = self.integers();
-        let shift = x
-            .iter()
-            .filter(|&&v| v != 0)
-            .map(|v| v.trailing_zeros())
-            .min()
-            .unwrap_or(0);
-        (x.map(|v| v >> shift), unit * f64::from(1u32 << shift))
-    }
-
     /// The inputs the block stands for, `±|X| · 2 · unit` (+0 for X = 0).
     pub fn inputs(&self) -> [f64; BLOCK] {
         let (x, unit) = self.integers();
         x.map(|v| f64::from(v) * 2.0 * unit)
     }
+}
+
+/// An act-quantised input block as integers X, signed, and its unit: input k is
+/// `X[k] · 2 · unit` with |X| < 2^19 and `2 · unit = 2^(floor(log2 max|x|) − 18)`; `None`
+/// where an input is not finite or not such a multiple (not an act-quantised block). Every
+/// input ±0 gives X = 0 and unit 1. The integer forms of all the integer kernels come from
+/// here.
+pub fn block_integers(x: &[f64; BLOCK]) -> Option<([i32; BLOCK], f64)> {
+    // `max` passes over a NaN; the loop below refuses it (but for all-zero blocks here).
+    let amax = x.iter().fold(0f64, |m, v| m.max(v.abs()));
+    if amax == 0.0 && x.iter().all(|&v| v == 0.0) {
+        // Every input ±0: the sum is +0, whatever the unit.
+        return Some(([0; BLOCK], 1.0));
+    }
+    if !amax.is_normal() {
+        return None;
+    }
+    // floor(log2 amax) from the exponent field; 2^(18 − e) and 2^(e − 19) built the same
+    // way, both normal for any normal amax of an f32 input.
+    let field = (amax.to_bits() >> 52) as i64;
+    let (up, unit) = (1023 + 1023 + 18 - field, field - 19);
+    if !(1..2047).contains(&up) || !(1..2047).contains(&unit) {
+        return None;
+    }
+    let to_steps = f64::from_bits((up as u64) << 52);
+    let mut integers = [0i32; BLOCK];
+    let mut exact = true;
+    // No early exit, so that the loop vectorises; the verdict is taken once at the end.
+    for (i, &v) in integers.iter_mut().zip(x) {
+        let n = v * to_steps; // exact: a power of two, far from the f64 limits
+                              // An integer below the limit round-trips through i32 (NaN and
+                              // larger values do not: the conversion saturates).
+        *i = n as i32;
+        exact &= f64::from(*i) == n && n.abs() < X_LIMIT;
+    }
+    exact.then(|| (integers, f64::from_bits((unit as u64) << 52)))
+}
+
+/// [`block_integers`] with the largest power of two dividing every X moved into the unit (at
+/// most 2^18: |X| < 2^19), so that the integers are as small as the values' spread allows.
+pub fn reduced_block_integers(x: &[f64; BLOCK]) -> Option<([i32; BLOCK], f64)> {
+    let (x, unit) = block_integers(x)?;
+    let common = x.iter().fold(0i32, |bits, &v| bits | v);
+    let shift = if common == 0 {
+        0
+    } else {
+        common.trailing_zeros()
+    };
+    Some((x.map(|v| v >> shift), unit * f64::from(1u32 << shift)))
 }
 
 /// A prefill's act-quantised input rows in the integer form one prefill kernel reads.

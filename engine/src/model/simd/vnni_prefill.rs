@@ -1,7 +1,7 @@
 //! Rule C1's FP4 block sums for a prefill, with AVX-512 VNNI (MODEL.md §5.4).
 //!
 //! As in `vnni`, an act-quantised input block is `x = X · 2u` with integers |X| < 2^19
-//! ([`ActBlock`]) and an e2m1 value is `W / 2` with |W| ≤ 12, so a block sum is
+//! ([`block_integers`](super::vnni::block_integers)) and an e2m1 value is `W / 2` with |W| ≤ 12, so a block sum is
 //! `u · Σ X·W`, |Σ X·W| < 2^28: exact in 32-bit integers, in any order. Here sixteen weight
 //! rows sit in the lanes of a vector, four columns each, as the unsigned bytes `W + 12`; an
 //! input row's four columns are broadcast to every lane as signed bytes, so one `vpdpbusd`
@@ -15,7 +15,7 @@
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
-use super::vnni::{ActBlock, IntegerInputs};
+use super::vnni::{reduced_block_integers, IntegerInputs};
 
 /// Weight rows per kernel call: one per 32-bit lane.
 pub const W_ROWS: usize = 16;
@@ -85,8 +85,8 @@ impl IntegerInputs for ActDigits {
             |kb, entries| -> Result<(), ()> {
                 for (m, entry) in entries.iter_mut().enumerate() {
                     let at = m * stride + off + kb * BLOCK;
-                    let block = ActBlock::of(x[at..at + BLOCK].try_into().expect("a block"));
-                    entry.set(block.ok_or(())?);
+                    let block = x[at..at + BLOCK].try_into().expect("a block");
+                    entry.set(reduced_block_integers(block).ok_or(())?);
                 }
                 Ok(())
             },
@@ -109,10 +109,9 @@ impl IntegerInputs for ActDigits {
 }
 
 impl RowBlock {
-    /// Set from an act-quantised block.
-    fn set(&mut self, block: ActBlock) {
-        // The digits carry only the values' own spread.
-        let (x, unit) = block.reduced_integers();
+    /// Set from an act-quantised block's reduced integers (so that the digits carry only the
+    /// values' own spread).
+    fn set(&mut self, (x, unit): ([i32; BLOCK], f64)) {
         self.unit = unit;
         self.unit_f32 = unit as f32;
         let mut sum = 0i32;

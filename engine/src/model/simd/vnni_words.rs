@@ -1,7 +1,7 @@
 //! Rule C1's FP8 block sums for a prefill, with AVX-512 VNNI on 16-bit words (MODEL.md §5.4).
 //!
-//! An act-quantised input block is `x = X · 2u` with integers X ([`ActBlock`], its common
-//! power of two moved into u). An e4m3 code is `M · 2^e · 2^−9` with a 4-bit M (the implicit
+//! An act-quantised input block is `x = X · 2u` with integers X
+//! ([`reduced_block_integers`], their common power of two moved into u). An e4m3 code is `M · 2^e · 2^−9` with a 4-bit M (the implicit
 //! bit included) and `e` its exponent field less one (0 for subnormals), so a weight row's
 //! block is `W · 2^(e_min − 9)` with `W = ±M · 2^(e − e_min)`, e_min the least exponent of its
 //! nonzero codes. The block sum is then `u · 2^(e_min − 8) · Σ X·W`, exact in integers.
@@ -18,7 +18,7 @@
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
-use super::vnni::{ActBlock, IntegerInputs};
+use super::vnni::{reduced_block_integers, IntegerInputs};
 
 /// Input rows per group (one per 32-bit lane).
 const GROUP: usize = 16;
@@ -88,9 +88,8 @@ impl IntegerInputs for ActWords {
                 let mut ints = [[0i32; BLOCK]; GROUP];
                 for (lane, m) in (GROUP * g..rows.min(GROUP * g + GROUP)).enumerate() {
                     let at = m * stride + off + kb * BLOCK;
-                    let block =
-                        ActBlock::of(x[at..at + BLOCK].try_into().expect("a block")).ok_or(())?;
-                    let (x, unit) = block.reduced_integers();
+                    let block = x[at..at + BLOCK].try_into().expect("a block");
+                    let (x, unit) = reduced_block_integers(block).ok_or(())?;
                     ints[lane] = x;
                     entry.units[lane] = unit;
                     entry.units_f32[lane] = unit as f32;
