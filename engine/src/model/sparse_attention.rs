@@ -20,8 +20,9 @@ use std::cell::Cell;
 
 use super::parallel::{for_each_chunk, worth_parallel};
 
-use super::numerics::{dot_f64_wide, Numerics};
+use super::numerics::Numerics;
 use super::quant::bf16;
+use super::simd::{self, madd, Level};
 use crate::{Error, Result};
 
 /// Index-list block of the upstream kernel's online softmax.
@@ -72,133 +73,324 @@ pub fn sparse_attention(
             "sparse attention: index list entry {pos} is {bad}, outside -1..{rows}"
         )));
     }
-    let kv_row = |j: i64| &kv[j as usize * dh..(j as usize + 1) * dh];
-
-    let parallel = worth_parallel(out.len() * idx.len());
-    for_each_chunk(out, dh, parallel, |h, o| {
-        let (qh, sink_h) = (&q[h * dh..(h + 1) * dh], sink[h]);
-        match numerics {
-            Numerics::Exact => exact_head(qh, idx, &kv_row, sink_h, scale, o),
-            Numerics::Upstream => upstream_head(qh, idx, &kv_row, sink_h, scale, o),
-        }
-    });
+    attend_groups(simd::level(), (q, kv, sink), idx, scale, numerics, out);
     Ok(())
 }
 
-fn score(qh: &[f32], k: &[f32], scale: f32) -> f32 {
-    (dot_f64_wide(qh, k) as f32) * scale
-}
-
-/// The closed form of §5.7 for one head.
-fn exact_head<'a>(
-    qh: &[f32],
+/// [`sparse_attention`] on checked inputs, its groups of heads compiled for `level`.
+fn attend_groups(
+    level: Level,
+    (q, kv, sink): (&[f32], &[f32], &[f32]),
     idx: &[i64],
-    kv_row: &impl Fn(i64) -> &'a [f32],
-    sink: f32,
     scale: f32,
+    numerics: Numerics,
     out: &mut [f32],
 ) {
-    with_f64_scratch(idx.len() + out.len(), |scratch| {
-        let (scores, num) = scratch.split_at_mut(idx.len());
-        let mut max = f32::NEG_INFINITY;
-        let mut any = false;
-        for (s, &j) in scores.iter_mut().zip(idx) {
-            if j >= 0 {
-                let v = score(qh, kv_row(j), scale);
-                *s = f64::from(v);
-                max = max.max(v);
-                any = true;
+    let dh = q.len() / sink.len();
+    let parallel = worth_parallel(out.len() * idx.len());
+    for_each_chunk(out, HEAD_LANES * dh, parallel, |g, o| {
+        let heads = HEAD_LANES * g..HEAD_LANES * g + o.len() / dh;
+        let group = Group {
+            q: &q[heads.start * dh..heads.end * dh],
+            sinks: &sink[heads],
+            kv,
+            dh,
+        };
+        attend_at(level, group, idx, scale, numerics, o);
+    });
+}
+
+/// Heads attended together: their score chains run side by side, one f64 lane each.
+const HEAD_LANES: usize = 8;
+
+/// Keys whose score chains advance together (independent chains hide the add's latency).
+const KEY_CHAINS: usize = 4;
+
+/// Up to [`HEAD_LANES`] heads' queries and sinks, and the key = value rows.
+#[derive(Clone, Copy)]
+struct Group<'a> {
+    q: &'a [f32],
+    sinks: &'a [f32],
+    kv: &'a [f32],
+    dh: usize,
+}
+
+impl Group<'_> {
+    fn heads(&self) -> usize {
+        self.sinks.len()
+    }
+
+    fn kv_row(&self, j: usize) -> &[f32] {
+        &self.kv[j * self.dh..(j + 1) * self.dh]
+    }
+}
+
+/// [`attend`] compiled for `level` (every copy gives the same bits).
+fn attend_at(
+    level: Level,
+    group: Group,
+    idx: &[i64],
+    scale: f32,
+    numerics: Numerics,
+    out: &mut [f32],
+) {
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` is at most what the CPU has: AVX-512 F at least here.
+        l if l >= Level::Avx512 => unsafe { attend_avx512(group, idx, scale, numerics, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `level` is at most what the CPU has: AVX2 and FMA at least here.
+        l if l >= Level::Avx2 => unsafe { attend_avx2(group, idx, scale, numerics, out) },
+        _ => attend(Level::Portable, group, idx, scale, numerics, out),
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+unsafe fn attend_avx512(
+    group: Group,
+    idx: &[i64],
+    scale: f32,
+    numerics: Numerics,
+    out: &mut [f32],
+) {
+    attend(Level::Avx512, group, idx, scale, numerics, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn attend_avx2(group: Group, idx: &[i64], scale: f32, numerics: Numerics, out: &mut [f32]) {
+    attend(Level::Avx2, group, idx, scale, numerics, out)
+}
+
+/// One group of heads, either regime. The queries are transposed into columns of one value
+/// per head, so that a key's row is read once for the group and each head's score chain
+/// sits in its own lane; the per-head work after the scores is [`exact_heads`] or
+/// [`upstream_heads`].
+#[inline(always)]
+fn attend(
+    level: Level,
+    group: Group,
+    idx: &[i64],
+    scale: f32,
+    numerics: Numerics,
+    out: &mut [f32],
+) {
+    let (dh, heads) = (group.dh, group.heads());
+    let score_rows = match numerics {
+        Numerics::Exact => idx.len(),
+        Numerics::Upstream => KERNEL_BLOCK.min(idx.len()),
+    };
+    // Taken and returned by hand: a closure would be compiled without the caller's target
+    // features (its multiply-adds became library calls).
+    let mut scratch = F64_SCRATCH.with(Cell::take);
+    scratch.clear();
+    scratch.resize(HEAD_LANES * (dh + score_rows) + heads * dh + dh, 0.0);
+    let (columns, rest) = scratch.split_at_mut(HEAD_LANES * dh);
+    let (scores, rest) = rest.split_at_mut(HEAD_LANES * score_rows);
+    let (sums, row) = rest.split_at_mut(heads * dh);
+    let columns = columns.as_chunks_mut::<HEAD_LANES>().0;
+    for (h, qh) in group.q.chunks_exact(dh).enumerate() {
+        for (column, &v) in columns.iter_mut().zip(qh) {
+            column[h] = f64::from(v);
+        }
+    }
+    let work = Work {
+        level,
+        group,
+        columns,
+        scale,
+    };
+    let scores = scores.as_chunks_mut::<HEAD_LANES>().0;
+    match numerics {
+        Numerics::Exact => exact_heads(work, idx, scores, sums, row, out),
+        Numerics::Upstream => upstream_heads(work, idx, scores, sums, row, out),
+    }
+    F64_SCRATCH.with(|c| c.set(scratch));
+}
+
+/// What the per-head steps share: the level, the group, its query columns and the scale.
+#[derive(Clone, Copy)]
+struct Work<'a> {
+    level: Level,
+    group: Group<'a>,
+    columns: &'a [[f64; HEAD_LANES]],
+    scale: f32,
+}
+
+impl Work<'_> {
+    /// `scores[i][h]` for the valid entries `j = idx[i]`: head h's score of key j,
+    /// `f32(Σ_d q[d]·kv_j[d]) · scale` with the dot one f64 chain from +0.0 in increasing d
+    /// (a product of two f32 is exact in f64, so a fused multiply-add is each step of the
+    /// scalar sum). Rows of placeholders are left as they are.
+    #[inline(always)]
+    fn scores(&self, idx: &[i64], scores: &mut [[f64; HEAD_LANES]]) {
+        let mut valid = idx
+            .iter()
+            .enumerate()
+            .filter(|&(_, &j)| j >= 0)
+            .map(|(i, &j)| (i, j as usize));
+        loop {
+            let mut batch = [(0, 0); KEY_CHAINS];
+            let mut count = 0;
+            for (slot, entry) in batch.iter_mut().zip(valid.by_ref()) {
+                *slot = entry;
+                count += 1;
+            }
+            if count == 0 {
+                return;
+            }
+            // Short batches repeat their first key; the repeats are not stored.
+            let keys: [&[f32]; KEY_CHAINS] = std::array::from_fn(|c| {
+                let (_, j) = batch[if c < count { c } else { 0 }];
+                self.group.kv_row(j)
+            });
+            let chains = self.chains(keys);
+            for (&(i, _), chain) in batch[..count].iter().zip(chains) {
+                scores[i] = chain.map(|dot| f64::from((dot as f32) * self.scale));
             }
         }
-        if !any {
-            out.fill(0.0);
-            return;
-        }
-        num.fill(0.0);
-        let mut den = 0f64;
-        for (&s, &j) in scores.iter().zip(idx) {
-            if j >= 0 {
-                let e = (s as f32 - max).exp();
-                den += f64::from(e);
-                for (n, &v) in num.iter_mut().zip(kv_row(j)) {
-                    *n += f64::from(e) * f64::from(v);
+    }
+
+    /// The dots of [`KEY_CHAINS`] keys with every head of the group.
+    #[inline(always)]
+    fn chains(&self, keys: [&[f32]; KEY_CHAINS]) -> [[f64; HEAD_LANES]; KEY_CHAINS] {
+        let dh = self.group.dh;
+        let keys = keys.map(|k| &k[..dh]);
+        let mut acc = [[0f64; HEAD_LANES]; KEY_CHAINS];
+        for (d, column) in self.columns[..dh].iter().enumerate() {
+            for (chain, key) in acc.iter_mut().zip(&keys) {
+                let k = f64::from(key[d]);
+                for (a, &q) in chain.iter_mut().zip(column) {
+                    *a = madd(self.level, *a, q, k);
                 }
             }
         }
-        den += f64::from((sink - max).exp());
-        for (o, &n) in out.iter_mut().zip(num.iter()) {
+        acc
+    }
+
+    /// `sum[d] += p · row[d]` for a head's running P·V sum (`p` a widened f32 or bf16, `row`
+    /// a widened f32 row: the products are exact in f64).
+    #[inline(always)]
+    fn add_scaled(&self, sum: &mut [f64], p: f64, row: &[f64]) {
+        for (a, &v) in sum.iter_mut().zip(row) {
+            *a = madd(self.level, *a, p, v);
+        }
+    }
+}
+
+/// The closed form of §5.7 for each head of the group.
+#[inline(always)]
+fn exact_heads(
+    work: Work,
+    idx: &[i64],
+    scores: &mut [[f64; HEAD_LANES]],
+    num: &mut [f64],
+    row: &mut [f64],
+    out: &mut [f32],
+) {
+    let (group, dh) = (work.group, work.group.dh);
+    if idx.iter().all(|&j| j < 0) {
+        out.fill(0.0);
+        return;
+    }
+    work.scores(idx, scores);
+    let heads = group.heads();
+    let mut max = [f32::NEG_INFINITY; HEAD_LANES];
+    for (s, _) in scores.iter().zip(idx).filter(|&(_, &j)| j >= 0) {
+        for (m, &v) in max.iter_mut().zip(s) {
+            *m = m.max(v as f32);
+        }
+    }
+    num.fill(0.0);
+    let mut den = [0f64; HEAD_LANES];
+    for (s, &j) in scores.iter().zip(idx).filter(|&(_, &j)| j >= 0) {
+        widen(group.kv_row(j as usize), row);
+        for h in 0..heads {
+            let e = (s[h] as f32 - max[h]).exp();
+            den[h] += f64::from(e);
+            work.add_scaled(&mut num[h * dh..(h + 1) * dh], f64::from(e), row);
+        }
+    }
+    for h in 0..heads {
+        let den = den[h] + f64::from((group.sinks[h] - max[h]).exp());
+        for (o, &n) in out[h * dh..(h + 1) * dh].iter_mut().zip(&num[h * dh..]) {
             *o = (n / den) as f32;
         }
-    });
+    }
 }
 
-/// The kernel's blocked online softmax for one head (⚠K detail of §5.7).
-fn upstream_head<'a>(
-    qh: &[f32],
+/// The kernel's blocked online softmax (⚠K detail of §5.7) for each head of the group.
+#[inline(always)]
+fn upstream_heads(
+    work: Work,
     idx: &[i64],
-    kv_row: &impl Fn(i64) -> &'a [f32],
-    sink: f32,
-    scale: f32,
+    scores: &mut [[f64; HEAD_LANES]],
+    pv: &mut [f64],
+    row: &mut [f64],
     out: &mut [f32],
 ) {
-    let dh = out.len();
-    with_f64_scratch(KERNEL_BLOCK + dh, |scratch| {
-        let (scores, pv) = scratch.split_at_mut(KERNEL_BLOCK);
-        let acc = out; // f32 accumulator, rescaled between blocks
-        acc.fill(0.0);
-        let mut running_max = RUNNING_MAX_INIT;
-        let mut den = 0f32;
-        for block in idx.chunks(KERNEL_BLOCK) {
+    let (group, dh, heads) = (work.group, work.group.dh, work.group.heads());
+    let acc = out; // f32 accumulators, rescaled between blocks
+    acc.fill(0.0);
+    let mut running_max = [RUNNING_MAX_INIT; HEAD_LANES];
+    let mut den = [0f32; HEAD_LANES];
+    for block in idx.chunks(KERNEL_BLOCK) {
+        let scores = &mut scores[..block.len()];
+        work.scores(block, scores);
+        let mut new_max = [0f32; HEAD_LANES];
+        let mut rescale = [0f32; HEAD_LANES];
+        for h in 0..heads {
             let mut block_max = f32::NEG_INFINITY;
-            for (s, &j) in scores.iter_mut().zip(block) {
-                let v = if j >= 0 {
-                    score(qh, kv_row(j), scale)
+            for (s, &j) in scores.iter().zip(block) {
+                block_max = block_max.max(if j >= 0 {
+                    s[h] as f32
                 } else {
                     f32::NEG_INFINITY
-                };
-                block_max = block_max.max(v);
-                *s = f64::from(v);
+                });
             }
-            let new_max = running_max.max(block_max);
-            let rescale = (running_max - new_max).exp();
-            pv.fill(0.0);
-            let mut p_sum = 0f64;
-            for (&s, &j) in scores.iter().zip(block) {
-                if j < 0 {
-                    continue; // p = exp(−inf) = 0: contributes nothing to either sum
-                }
-                let p = (s as f32 - new_max).exp();
-                p_sum += f64::from(p);
-                let p_bf16 = f64::from(bf16(p));
-                for (a, &v) in pv.iter_mut().zip(kv_row(j)) {
-                    *a += p_bf16 * f64::from(v);
-                }
-            }
-            den = den * rescale + p_sum as f32;
-            for (a, &b) in acc.iter_mut().zip(pv.iter()) {
-                *a = *a * rescale + b as f32;
-            }
-            running_max = new_max;
+            new_max[h] = running_max[h].max(block_max);
+            rescale[h] = (running_max[h] - new_max[h]).exp();
         }
-        let den = den + (sink - running_max).exp();
-        for a in acc.iter_mut() {
+        pv.fill(0.0);
+        let mut p_sum = [0f64; HEAD_LANES];
+        for (s, &j) in scores.iter().zip(block) {
+            if j < 0 {
+                continue; // p = exp(−inf) = 0: contributes nothing to either sum
+            }
+            widen(group.kv_row(j as usize), row);
+            for h in 0..heads {
+                let p = (s[h] as f32 - new_max[h]).exp();
+                p_sum[h] += f64::from(p);
+                work.add_scaled(&mut pv[h * dh..(h + 1) * dh], f64::from(bf16(p)), row);
+            }
+        }
+        for h in 0..heads {
+            den[h] = den[h] * rescale[h] + p_sum[h] as f32;
+            for (a, &b) in acc[h * dh..(h + 1) * dh].iter_mut().zip(&pv[h * dh..]) {
+                *a = *a * rescale[h] + b as f32;
+            }
+            running_max[h] = new_max[h];
+        }
+    }
+    for h in 0..heads {
+        let den = den[h] + (group.sinks[h] - running_max[h]).exp();
+        for a in acc[h * dh..(h + 1) * dh].iter_mut() {
             *a = bf16(*a / den);
         }
-    });
+    }
+}
+
+/// A key = value row widened to f64 once for every head of the group.
+#[inline(always)]
+fn widen(src: &[f32], dst: &mut [f64]) {
+    for (d, &v) in dst.iter_mut().zip(src) {
+        *d = f64::from(v);
+    }
 }
 
 thread_local! {
     static F64_SCRATCH: Cell<Vec<f64>> = const { Cell::new(Vec::new()) };
-}
-
-/// Run `f` on this thread's reusable f64 buffer of length `len` (taken out while in use).
-fn with_f64_scratch<R>(len: usize, f: impl FnOnce(&mut [f64]) -> R) -> R {
-    let mut buf = F64_SCRATCH.with(Cell::take);
-    buf.clear();
-    buf.resize(len, 0.0);
-    let r = f(&mut buf);
-    F64_SCRATCH.with(|c| c.set(buf));
-    r
 }
 
 #[cfg(test)]
@@ -441,6 +633,126 @@ mod tests {
                 pool.install(|| run(&c, &idx, 0.3, numerics))
             };
             assert_eq!(at(1), at(2));
+        }
+    }
+
+    /// §5.7 head by head, each score one scalar f64 chain, each P·V column a scalar f64 sum
+    /// in list order: the definition the grouped, lane-per-head kernels must equal bit for bit.
+    fn per_head(c: &Case, idx: &[i64], scale: f32, numerics: Numerics) -> Vec<f32> {
+        let dh = c.dh;
+        let row = |j: i64| &c.kv[j as usize * dh..(j as usize + 1) * dh];
+        let mut out = vec![0f32; c.q.len()];
+        for h in 0..c.heads {
+            let qh = &c.q[h * dh..(h + 1) * dh];
+            let score = |j: i64| {
+                let mut dot = 0f64;
+                for (&a, &b) in qh.iter().zip(row(j)) {
+                    dot += f64::from(a) * f64::from(b);
+                }
+                (dot as f32) * scale
+            };
+            let o = &mut out[h * dh..(h + 1) * dh];
+            match numerics {
+                Numerics::Exact => {
+                    let valid: Vec<i64> = idx.iter().copied().filter(|&j| j >= 0).collect();
+                    if valid.is_empty() {
+                        continue;
+                    }
+                    let s: Vec<f32> = valid.iter().map(|&j| score(j)).collect();
+                    let max = s.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+                    let (mut num, mut den) = (vec![0f64; dh], 0f64);
+                    for (&sj, &j) in s.iter().zip(&valid) {
+                        let e = (sj - max).exp();
+                        den += f64::from(e);
+                        for (n, &v) in num.iter_mut().zip(row(j)) {
+                            *n += f64::from(e) * f64::from(v);
+                        }
+                    }
+                    den += f64::from((c.sink[h] - max).exp());
+                    for (o, n) in o.iter_mut().zip(num) {
+                        *o = (n / den) as f32;
+                    }
+                }
+                Numerics::Upstream => {
+                    let (mut running, mut den) = (RUNNING_MAX_INIT, 0f32);
+                    for block in idx.chunks(KERNEL_BLOCK) {
+                        let s: Vec<f32> = block
+                            .iter()
+                            .map(|&j| if j >= 0 { score(j) } else { f32::NEG_INFINITY })
+                            .collect();
+                        let new = s.iter().fold(running, |m, &v| m.max(v));
+                        let rescale = (running - new).exp();
+                        let (mut pv, mut p_sum) = (vec![0f64; dh], 0f64);
+                        for (&sj, &j) in s.iter().zip(block).filter(|&(_, &j)| j >= 0) {
+                            let p = (sj - new).exp();
+                            p_sum += f64::from(p);
+                            for (a, &v) in pv.iter_mut().zip(row(j)) {
+                                *a += f64::from(bf16(p)) * f64::from(v);
+                            }
+                        }
+                        den = den * rescale + p_sum as f32;
+                        for (a, b) in o.iter_mut().zip(pv) {
+                            *a = *a * rescale + b as f32;
+                        }
+                        running = new;
+                    }
+                    let den = den + (c.sink[h] - running).exp();
+                    for a in o.iter_mut() {
+                        *a = bf16(*a / den);
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn grouped_heads_equal_the_per_head_definition_at_every_level() {
+        // 11 heads: a full group of eight and a short one; odd head widths; lists shorter
+        // than a kernel block, with placeholders anywhere, and several blocks long.
+        let cases = [
+            (11, 24, 90, 11),
+            (3, 7, 40, 12),
+            (9, 64, 300, 13),
+            (8, 16, 6, 14),
+        ];
+        for (heads, dh, rows, seed) in cases {
+            for upstream in [false, true] {
+                let mut c = case(heads, dh, rows, seed, upstream);
+                // Dimensions 1 and 2 add ±2^40 to every dot, after dimension 0's small term:
+                // that term keeps its low bits only if the chain runs in increasing d.
+                for h in 0..heads {
+                    c.q[h * dh + 1] = 1048576.0;
+                    c.q[h * dh + 2] = -1048576.0;
+                }
+                for j in 0..rows {
+                    c.kv[j * dh + 1] = 1048576.0;
+                    c.kv[j * dh + 2] = 1048576.0;
+                }
+                let mut lists = vec![list(rows), (0..rows as i64).rev().collect::<Vec<_>>()];
+                lists.push(vec![-1, 2, -1, 0, 4, -1, 1]);
+                lists.push(vec![-1; 3]);
+                let numerics = if upstream {
+                    Numerics::Upstream
+                } else {
+                    Numerics::Exact
+                };
+                for idx in &lists {
+                    let want = per_head(&c, idx, 0.3, numerics);
+                    for level in Level::ALL.into_iter().filter(|&l| l <= simd::available()) {
+                        let mut got = vec![f32::NAN; c.q.len()];
+                        let inputs = (&c.q[..], &c.kv[..], &c.sink[..]);
+                        attend_groups(level, inputs, idx, 0.3, numerics, &mut got);
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(
+                            bits(&got),
+                            bits(&want),
+                            "{heads} heads of {dh}, {} entries, {numerics}, {level:?}",
+                            idx.len()
+                        );
+                    }
+                }
+            }
         }
     }
 
