@@ -133,6 +133,7 @@ pub use kernel::fp8_c1_rows;
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
+    use super::super::avx512::prefetch_rows;
     use super::super::vnni_prefill::{scaled_block_sums, Steps, F32_STEPS};
     use super::{ActWords, GroupBlock, BLOCK, GROUP, PAIRS, W_ROWS};
     use crate::dtype::e8m0_to_f64;
@@ -178,6 +179,8 @@ mod kernel {
             exponent: 0,
         }; W_ROWS];
         for kb in 0..blocks {
+            // Sixteen rows streamed at once: more than the hardware prefetcher follows.
+            prefetch_rows(codes, kb * BLOCK);
             for (w, row) in weights.iter_mut().zip(codes) {
                 let block = row[kb * BLOCK..][..BLOCK].try_into().expect("a block");
                 if !row_words(block, w) {
