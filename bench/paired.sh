@@ -6,7 +6,7 @@
 #   bench/paired.sh BIN_A BIN_B ROUNDS [ds41 bench options...]
 #
 # e.g. bench/paired.sh /tmp/ds41-old target/release/ds41 3 --model /tmp/wide --tokens 12
-# Prints each run's decode line (and prefill line), prefixed with the round and the binary.
+# Prints each run's prefill, warm prefill and decode lines, prefixed with the round and the binary.
 set -euo pipefail
 
 if [ $# -lt 3 ]; then
@@ -25,6 +25,6 @@ for bin in "$a" "$b"; do
 done
 for round in $(seq 1 "$rounds"); do
     for bin in "$a" "$b"; do
-        "$bin" bench "$@" | grep -E '^(prefill|decode) ' | sed "s|^|round $round  $bin  |"
+        "$bin" bench "$@" | grep -E '^(prefill|decode) |^  warm ' | sed "s|^|round $round  $bin  |"
     done
 done
