@@ -95,8 +95,11 @@ fn attend_groups(
             sinks: &sink[heads],
             kv,
             dh,
+            idx,
+            scale,
+            numerics,
         };
-        attend_at(level, group, idx, scale, numerics, o);
+        attend_at(level, group, o);
     });
 }
 
@@ -106,13 +109,17 @@ const HEAD_LANES: usize = 8;
 /// Keys whose score chains advance together (independent chains hide the add's latency).
 const KEY_CHAINS: usize = 4;
 
-/// Up to [`HEAD_LANES`] heads' queries and sinks, and the key = value rows.
+/// One call's work for up to [`HEAD_LANES`] heads: their queries and sinks, the key = value
+/// rows, the index list, the scale and the regime.
 #[derive(Clone, Copy)]
 struct Group<'a> {
     q: &'a [f32],
     sinks: &'a [f32],
     kv: &'a [f32],
     dh: usize,
+    idx: &'a [i64],
+    scale: f32,
+    numerics: Numerics,
 }
 
 impl Group<'_> {
@@ -126,41 +133,28 @@ impl Group<'_> {
 }
 
 /// [`attend`] compiled for `level` (every copy gives the same bits).
-fn attend_at(
-    level: Level,
-    group: Group,
-    idx: &[i64],
-    scale: f32,
-    numerics: Numerics,
-    out: &mut [f32],
-) {
+fn attend_at(level: Level, group: Group, out: &mut [f32]) {
     match level {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `level` is at most what the CPU has: AVX-512 F at least here.
-        l if l >= Level::Avx512 => unsafe { attend_avx512(group, idx, scale, numerics, out) },
+        l if l >= Level::Avx512 => unsafe { attend_avx512(group, out) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `level` is at most what the CPU has: AVX2 and FMA at least here.
-        l if l >= Level::Avx2 => unsafe { attend_avx2(group, idx, scale, numerics, out) },
-        _ => attend(Level::Portable, group, idx, scale, numerics, out),
+        l if l >= Level::Avx2 => unsafe { attend_avx2(group, out) },
+        _ => attend(Level::Portable, group, out),
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-unsafe fn attend_avx512(
-    group: Group,
-    idx: &[i64],
-    scale: f32,
-    numerics: Numerics,
-    out: &mut [f32],
-) {
-    attend(Level::Avx512, group, idx, scale, numerics, out)
+unsafe fn attend_avx512(group: Group, out: &mut [f32]) {
+    attend(Level::Avx512, group, out)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn attend_avx2(group: Group, idx: &[i64], scale: f32, numerics: Numerics, out: &mut [f32]) {
-    attend(Level::Avx2, group, idx, scale, numerics, out)
+unsafe fn attend_avx2(group: Group, out: &mut [f32]) {
+    attend(Level::Avx2, group, out)
 }
 
 /// One group of heads, either regime. The queries are transposed into columns of one value
@@ -168,16 +162,10 @@ unsafe fn attend_avx2(group: Group, idx: &[i64], scale: f32, numerics: Numerics,
 /// sits in its own lane; the per-head work after the scores is [`exact_heads`] or
 /// [`upstream_heads`].
 #[inline(always)]
-fn attend(
-    level: Level,
-    group: Group,
-    idx: &[i64],
-    scale: f32,
-    numerics: Numerics,
-    out: &mut [f32],
-) {
+fn attend(level: Level, group: Group, out: &mut [f32]) {
+    let idx = group.idx;
     let (dh, heads) = (group.dh, group.heads());
-    let score_rows = match numerics {
+    let score_rows = match group.numerics {
         Numerics::Exact => idx.len(),
         Numerics::Upstream => KERNEL_BLOCK.min(idx.len()),
     };
@@ -199,23 +187,25 @@ fn attend(
         level,
         group,
         columns,
-        scale,
     };
-    let scores = scores.as_chunks_mut::<HEAD_LANES>().0;
-    match numerics {
-        Numerics::Exact => exact_heads(work, idx, scores, sums, row, out),
-        Numerics::Upstream => upstream_heads(work, idx, scores, sums, row, out),
+    let buffers = Buffers {
+        scores: scores.as_chunks_mut::<HEAD_LANES>().0,
+        sums,
+        row,
+    };
+    match group.numerics {
+        Numerics::Exact => exact_heads(work, buffers, out),
+        Numerics::Upstream => upstream_heads(work, buffers, out),
     }
     F64_SCRATCH.with(|c| c.set(scratch));
 }
 
-/// What the per-head steps share: the level, the group, its query columns and the scale.
+/// What the per-head steps share: the level, the group and its query columns.
 #[derive(Clone, Copy)]
 struct Work<'a> {
     level: Level,
     group: Group<'a>,
     columns: &'a [[f64; HEAD_LANES]],
-    scale: f32,
 }
 
 impl Work<'_> {
@@ -247,7 +237,7 @@ impl Work<'_> {
             });
             let chains = self.chains(keys);
             for (&(i, _), chain) in batch[..count].iter().zip(chains) {
-                scores[i] = chain.map(|dot| f64::from((dot as f32) * self.scale));
+                scores[i] = chain.map(|dot| f64::from((dot as f32) * self.group.scale));
             }
         }
     }
@@ -279,16 +269,19 @@ impl Work<'_> {
     }
 }
 
+/// A group's working memory: the scores (entries × heads), one running sum per head and
+/// head width, and one key = value row widened to f64.
+struct Buffers<'a> {
+    scores: &'a mut [[f64; HEAD_LANES]],
+    sums: &'a mut [f64],
+    row: &'a mut [f64],
+}
+
 /// The closed form of §5.7 for each head of the group.
 #[inline(always)]
-fn exact_heads(
-    work: Work,
-    idx: &[i64],
-    scores: &mut [[f64; HEAD_LANES]],
-    num: &mut [f64],
-    row: &mut [f64],
-    out: &mut [f32],
-) {
+fn exact_heads(work: Work, buffers: Buffers, out: &mut [f32]) {
+    let idx = work.group.idx;
+    let (scores, num, row) = (buffers.scores, buffers.sums, buffers.row);
     let (group, dh) = (work.group, work.group.dh);
     if idx.iter().all(|&j| j < 0) {
         out.fill(0.0);
@@ -322,14 +315,9 @@ fn exact_heads(
 
 /// The kernel's blocked online softmax (⚠K detail of §5.7) for each head of the group.
 #[inline(always)]
-fn upstream_heads(
-    work: Work,
-    idx: &[i64],
-    scores: &mut [[f64; HEAD_LANES]],
-    pv: &mut [f64],
-    row: &mut [f64],
-    out: &mut [f32],
-) {
+fn upstream_heads(work: Work, buffers: Buffers, out: &mut [f32]) {
+    let idx = work.group.idx;
+    let (scores, pv, row) = (buffers.scores, buffers.sums, buffers.row);
     let (group, dh, heads) = (work.group, work.group.dh, work.group.heads());
     let acc = out; // f32 accumulators, rescaled between blocks
     acc.fill(0.0);
