@@ -101,9 +101,9 @@ pub fn block_integers(x: &[f64; BLOCK]) -> Option<([i32; BLOCK], f64)> {
     let mut exact = true;
     // No early exit, so that the loop vectorises; the verdict is taken once at the end.
     for (i, &v) in integers.iter_mut().zip(x) {
-        let n = v * to_steps; // exact: a power of two, far from the f64 limits
-                              // An integer below the limit round-trips through i32 (NaN and
-                              // larger values do not: the conversion saturates).
+        // Exact: a power of two, far from the f64 limits. An integer below the limit
+        // round-trips through i32; NaN and larger values do not (the conversion saturates).
+        let n = v * to_steps;
         *i = n as i32;
         exact &= f64::from(*i) == n && n.abs() < X_LIMIT;
     }

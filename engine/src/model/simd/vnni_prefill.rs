@@ -1,17 +1,17 @@
 //! Rule C1's FP4 block sums for a prefill, with AVX-512 VNNI (MODEL.md §5.4).
 //!
 //! As in `vnni`, an act-quantised input block is `x = X · 2u` with integers |X| < 2^19
-//! ([`block_integers`](super::vnni::block_integers)) and an e2m1 value is `W / 2` with |W| ≤ 12, so a block sum is
-//! `u · Σ X·W`, |Σ X·W| < 2^28: exact in 32-bit integers, in any order. Here sixteen weight
-//! rows sit in the lanes of a vector, four columns each, as the unsigned bytes `W + 12`; an
-//! input row's four columns are broadcast to every lane as signed bytes, so one `vpdpbusd`
-//! makes 64 products. X is written in balanced base-256 digits (`X = D₀ + 2^8 D₁ + 2^16 D₂`,
-//! each −128 ≤ Dᵢ ≤ 127) after dividing out its block's common power of two, so most blocks
-//! need two digits, some one; the digit sums are recombined by shifts and the offset
-//! `−12 · Σ X` is added, in wrapping 32-bit arithmetic, which is exact because the true sum
-//! fits. The product with the scales, the rounding to f32 and the addition over the blocks
-//! in increasing order are the f64 kernels' operations on the same exact block sum
-//! ([`scaled_block_sums`]), so the bits are theirs.
+//! ([`block_integers`](super::vnni::block_integers)) and an e2m1 value is `W / 2` with |W| ≤
+//! 12, so a block sum is `u · Σ X·W`, |Σ X·W| < 2^28: exact in 32-bit integers, in any order.
+//! Here sixteen weight rows sit in the lanes of a vector, four columns each, as the unsigned
+//! bytes `W + 12`; an input row's four columns are broadcast to every lane as signed bytes, so
+//! one `vpdpbusd` makes 64 products. X is written in balanced base-256 digits
+//! (`X = D₀ + 2^8 D₁ + 2^16 D₂`, each −128 ≤ Dᵢ ≤ 127) after dividing out its block's common
+//! power of two, so most blocks need two digits, some one; the digit sums are recombined by
+//! shifts and the offset `−12 · Σ X` is added, in wrapping 32-bit arithmetic, which is exact
+//! because the true sum fits. The product with the scales, the rounding to f32 and the addition
+//! over the blocks in increasing order are the f64 kernels' operations on the same exact block
+//! sum ([`scaled_block_sums`]), so the bits are theirs.
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;

@@ -1,20 +1,19 @@
 //! Rule C1's FP8 block sums for a prefill, with AVX-512 VNNI on 16-bit words (MODEL.md §5.4).
 //!
-//! An act-quantised input block is `x = X · 2u` with integers X
-//! ([`reduced_block_integers`], their common power of two moved into u). An e4m3 code is `M · 2^e · 2^−9` with a 4-bit M (the implicit
-//! bit included) and `e` its exponent field less one (0 for subnormals), so a weight row's
-//! block is `W · 2^(e_min − 9)` with `W = ±M · 2^(e − e_min)`, e_min the least exponent of its
-//! nonzero codes. The block sum is then `u · 2^(e_min − 8) · Σ X·W`, exact in integers.
-//! `vpdpwssd` adds two signed 16-bit products per 32-bit lane: sixteen input rows sit in
-//! the lanes, two columns each, and a weight row's two columns are broadcast. Both sides are
+//! An act-quantised input block is `x = X · 2u` with integers X ([`reduced_block_integers`],
+//! their common power of two moved into u). An e4m3 code is `M · 2^e · 2^−9` with a 4-bit M
+//! (the implicit bit included) and `e` its exponent field less one (0 for subnormals), so a
+//! weight row's block is `W · 2^(e_min − 9)` with `W = ±M · 2^(e − e_min)`, e_min the least
+//! exponent of its nonzero codes. The block sum is then `u · 2^(e_min − 8) · Σ X·W`, exact in
+//! integers. `vpdpwssd` adds two signed 16-bit products per 32-bit lane: sixteen input rows sit
+//! in the lanes, two columns each, and a weight row's two columns are broadcast. Both sides are
 //! cut into digits so that every partial sum fits 32 bits: X into one word where |X| < 2^15,
-//! else two (`X = X₀ + 2^15 X₁`, |X₀| ≤ 2^14); W into one word where its exponents span at
-//! most 7 (|W| ≤ 1920, the usual case), else two bytes' worth (`W = W₀ + 2^8 W₁`, |W₀| < 2^8,
-//! |W₁| ≤ 1920). So each partial sum is below 32 · 1920 · 2^15 < 2^31. A single pair's sum
-//! is used as it is; several are recombined exactly in f64. The scaling, the rounding to f32
-//! and the additions over the blocks in increasing order are the f64 kernels' operations on
-//! the same exact block sum ([`super::vnni_prefill::scaled_block_sums`]), so the bits are
-//! theirs.
+//! else two (`X = X₀ + 2^15 X₁`, |X₀| ≤ 2^14); W into one word where its exponents span at most
+//! 7 (|W| ≤ 1920, the usual case), else two bytes' worth (`W = W₀ + 2^8 W₁`, |W₀| < 2^8, |W₁| ≤
+//! 1920). So each partial sum is below 32 · 1920 · 2^15 < 2^31. A single pair's sum is used as
+//! it is; several are recombined exactly in f64. The scaling, the rounding to f32 and the
+//! additions over the blocks in increasing order are the f64 kernels' operations on the same
+//! exact block sum ([`super::vnni_prefill::scaled_block_sums`]), so the bits are theirs.
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
