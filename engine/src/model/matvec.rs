@@ -42,7 +42,7 @@ mod vq_rows;
 use super::parallel::{for_each_chunk, try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
 use super::simd::amx::ActTiles;
-use super::simd::vnni::{act_blocks, ActBlock, IntegerInputs};
+use super::simd::vnni::{act_blocks, ActBlock, InputBlocks, IntegerInputs};
 use super::simd::vnni_prefill::ActDigits;
 use super::simd::vnni_words::ActWords;
 use super::simd::{self, madd, Level};
@@ -179,25 +179,25 @@ impl MatVec<'_> {
                     rows: BLOCKED_ROWS.min(self.rows - m0),
                     ..*self
                 };
-                let at = (self.x_stride, slab.x_off);
-                let blocks = self.n_in / BLOCK;
+                let input = slab.input_blocks();
                 let ints = match slab.act_ints_kind() {
                     None => None,
-                    Some(QuantKind::Fp8Block | QuantKind::Fp8Rows) => words
-                        .fill(self.x, at, slab.rows, blocks)
-                        .then_some(ActInts::Words(&words)),
-                    Some(QuantKind::Fp4) if simd::level() >= Level::Amx => tiles
-                        .fill(self.x, at, slab.rows, blocks)
-                        .then_some(ActInts::Tiles(&tiles)),
-                    Some(QuantKind::Fp4) => digits
-                        .fill(self.x, at, slab.rows, blocks)
-                        .then_some(ActInts::Digits(&digits)),
+                    Some(QuantKind::Fp8Block | QuantKind::Fp8Rows) => {
+                        words.fill(input).then_some(ActInts::Words(&words))
+                    }
+                    Some(QuantKind::Fp4) if simd::level() >= Level::Amx => {
+                        tiles.fill(input).then_some(ActInts::Tiles(&tiles))
+                    }
+                    Some(QuantKind::Fp4) => digits.fill(input).then_some(ActInts::Digits(&digits)),
                 };
                 // The integer kernels read their own form; a task they decline (a scale
                 // above the limit) reads the inputs row-major, the same bits, so no copy
                 // is made.
                 if ints.is_none() {
-                    slab.inputs_by_block(&mut blocked);
+                    blocked.clear();
+                    for kb in 0..input.blocks {
+                        blocked.extend((0..input.rows).map(|m| *input.block(m, kb)));
+                    }
                 }
                 MatVec {
                     x_by_block: ints.is_none().then_some(&blocked[..]),
@@ -215,14 +215,14 @@ impl MatVec<'_> {
         self.run_tasks(n_out, y, y_stride, y_off)
     }
 
-    /// The inputs' full blocks into `out` as [`Self::x_by_block`] lays them out.
-    fn inputs_by_block(&self, out: &mut Vec<[f64; BLOCK]>) {
-        out.clear();
-        for k0 in (0..self.n_in / BLOCK).map(|kb| kb * BLOCK) {
-            for m in 0..self.rows {
-                let at = m * self.x_stride + self.x_off + k0;
-                out.push(self.x[at..at + BLOCK].try_into().expect("a block"));
-            }
+    /// The input rows' full blocks.
+    fn input_blocks(&self) -> InputBlocks<'_> {
+        InputBlocks {
+            x: self.x,
+            stride: self.x_stride,
+            off: self.x_off,
+            rows: self.rows,
+            blocks: self.n_in / BLOCK,
         }
     }
 

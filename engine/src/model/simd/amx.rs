@@ -12,7 +12,8 @@
 //! bits are theirs.
 
 use super::super::quant::BLOCK;
-use super::vnni::{block_integers, IntegerInputs};
+use super::vnni::{block_integers, InputBlocks, IntegerInputs};
+use super::vnni_prefill::LaneUnits;
 
 /// Input rows per limb tile (the tile's 64-byte rows hold four columns of sixteen rows).
 pub const TILE_ROWS: usize = 16;
@@ -43,22 +44,13 @@ pub struct ActTiles {
     blocks: usize,
     /// `tiles[kb · groups + g]`: block kb of rows `16g ..`, one tile per limb.
     tiles: Vec<[LimbTile; LIMBS]>,
-    /// `units[kb · groups + g][m]`: u of row `16g + m` at block kb (0 for missing rows).
-    units: Vec<[f64; TILE_ROWS]>,
-    /// The same as f32 (exact where `unit_range` is inside the kernel's `F32_STEPS`).
-    units_f32: Vec<[f32; TILE_ROWS]>,
-    /// The least and the largest u of the rows present, per entry of `units`.
-    unit_range: Vec<(f64, f64)>,
+    /// `units[kb · groups + g]`: the units of rows `16g ..` at block kb.
+    units: Vec<LaneUnits>,
 }
 
 impl IntegerInputs for ActTiles {
-    fn fill(
-        &mut self,
-        x: &[f64],
-        (stride, off): (usize, usize),
-        rows: usize,
-        blocks: usize,
-    ) -> bool {
+    fn fill(&mut self, input: InputBlocks) -> bool {
+        let (rows, blocks) = (input.rows, input.blocks);
         self.rows = rows;
         self.groups = rows.div_ceil(TILE_ROWS);
         self.blocks = blocks;
@@ -67,24 +59,15 @@ impl IntegerInputs for ActTiles {
         self.tiles
             .resize(n, [LimbTile([0; BLOCK * TILE_ROWS]); LIMBS]);
         self.units.clear();
-        self.units.resize(n, [0.0; TILE_ROWS]);
-        self.units_f32.clear();
-        self.units_f32.resize(n, [0.0; TILE_ROWS]);
-        self.unit_range.clear();
-        self.unit_range.resize(n, (f64::INFINITY, 0.0));
+        self.units.resize(n, LaneUnits::NONE);
         for m in 0..rows {
             let (g, lane) = (m / TILE_ROWS, m % TILE_ROWS);
             for kb in 0..blocks {
-                let at = m * stride + off + kb * BLOCK;
-                let block = x[at..at + BLOCK].try_into().expect("a block");
-                let Some((integers, unit)) = block_integers(block) else {
+                let Some((integers, unit)) = block_integers(input.block(m, kb)) else {
                     return false;
                 };
                 let at = kb * self.groups + g;
-                self.units[at][lane] = unit;
-                self.units_f32[at][lane] = unit as f32;
-                let range = &mut self.unit_range[at];
-                *range = (range.0.min(unit), range.1.max(unit));
+                self.units[at].set(lane, unit);
                 for (k, &v) in integers.iter().enumerate() {
                     let byte = 4 * TILE_ROWS * (k / 4) + 4 * lane + k % 4;
                     let magnitude = v.unsigned_abs();
@@ -105,7 +88,7 @@ pub use kernel::{fp4_c1_rows, usable};
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::vnni::TWICE_E2M1;
-    use super::super::vnni_prefill::{scaled_block_sums, Steps, F32_STEPS};
+    use super::super::vnni_prefill::{f32_steps_exact, scale_range, scaled_block_sums};
     use super::{ActTiles, LimbTile, LIMBS, LIMB_BITS, TILE_ROWS, W_ROWS};
     use crate::dtype::e8m0_to_f64;
     use crate::model::quant::BLOCK;
@@ -227,25 +210,14 @@ mod kernel {
             );
             let scale: [f64; W_ROWS] =
                 std::array::from_fn(|i| scales.get(i).map_or(0.0, |s| e8m0_to_f64(s[kb])));
-            let scale_range = scale[..nw]
-                .iter()
-                .fold((f64::INFINITY, 0f64), |(lo, hi), &s| (lo.min(s), hi.max(s)));
+            let scale_range = scale_range(&scale[..nw]);
             for g in 0..groups {
                 let at = kb * groups + g;
                 group_sums(&acts.tiles[at], &mut sums);
                 let units = &acts.units[at];
-                let (u_lo, u_hi) = (
-                    _mm512_loadu_pd(units.as_ptr()),
-                    _mm512_loadu_pd(units[8..].as_ptr()),
-                );
-                let units_f32 = _mm512_loadu_ps(acts.units_f32[at].as_ptr());
                 // Every step `scale · u` and every u in the range where f32 arithmetic gives
                 // the f64 kernel's value (the usual case): one f32 conversion and product.
-                let (u_min, u_max) = acts.unit_range[at];
-                let f32_steps = F32_STEPS.0 <= u_min
-                    && u_max <= F32_STEPS.1
-                    && F32_STEPS.0 <= scale_range.0 * u_min
-                    && scale_range.1 * u_max <= F32_STEPS.1;
+                let f32_steps = f32_steps_exact(units.range(), scale_range);
                 let m0 = g * TILE_ROWS;
                 let lanes = (rows - m0).min(TILE_ROWS);
                 let mask: __mmask16 = ((1u32 << lanes) - 1) as u16;
@@ -261,13 +233,7 @@ mod kernel {
                             )),
                         ),
                     );
-                    let steps = if f32_steps {
-                        Steps::F32(_mm512_mul_ps(_mm512_set1_ps(scale as f32), units_f32))
-                    } else {
-                        let step = _mm512_set1_pd(scale);
-                        Steps::F64(_mm512_mul_pd(step, u_lo), _mm512_mul_pd(step, u_hi))
-                    };
-                    let v = scaled_block_sums(s, steps);
+                    let v = scaled_block_sums(s, units.steps(scale, f32_steps));
                     let dst = out[i * rows + m0..].as_mut_ptr();
                     let total = _mm512_add_ps(_mm512_maskz_loadu_ps(mask, dst), v);
                     _mm512_mask_storeu_ps(dst, mask, total);

@@ -123,11 +123,31 @@ pub fn reduced_block_integers(x: &[f64; BLOCK]) -> Option<([i32; BLOCK], f64)> {
     Some((x.map(|v| v >> shift), unit * f64::from(1u32 << shift)))
 }
 
+/// A prefill's input rows as its kernels read them, a 32-column block at a time.
+#[derive(Clone, Copy)]
+pub struct InputBlocks<'a> {
+    /// Row m's block kb starts at `x[m · stride + off + 32 kb]`.
+    pub x: &'a [f64],
+    pub stride: usize,
+    pub off: usize,
+    pub rows: usize,
+    /// Full blocks per row.
+    pub blocks: usize,
+}
+
+impl<'a> InputBlocks<'a> {
+    /// Row m's block kb.
+    pub fn block(&self, m: usize, kb: usize) -> &'a [f64; BLOCK] {
+        let at = m * self.stride + self.off + kb * BLOCK;
+        self.x[at..at + BLOCK].try_into().expect("a block")
+    }
+}
+
 /// A prefill's act-quantised input rows in the integer form one prefill kernel reads.
 pub trait IntegerInputs {
-    /// Fill from `rows` input rows, row m's block kb at `x[m · stride + off + 32 kb ..]`, for
-    /// `blocks` blocks; `false` (contents unspecified) if some block is not act-quantised.
-    fn fill(&mut self, x: &[f64], at: (usize, usize), rows: usize, blocks: usize) -> bool;
+    /// Fill from every block of `input`; `false` (contents unspecified) if some block is not
+    /// act-quantised.
+    fn fill(&mut self, input: InputBlocks) -> bool;
 }
 
 /// The integer form of every full block of `x`, into `out`; `false` (out unspecified) if a

@@ -15,7 +15,7 @@
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
-use super::vnni::{reduced_block_integers, IntegerInputs};
+use super::vnni::{reduced_block_integers, InputBlocks, IntegerInputs};
 
 /// Weight rows per kernel call: one per 32-bit lane.
 pub const W_ROWS: usize = 16;
@@ -50,6 +50,36 @@ const EMPTY: RowBlock = RowBlock {
     digit_count: 1,
 };
 
+/// The units u of sixteen input rows, one per lane of a kernel's block sums (0 for rows past
+/// the end), as f64 and as f32, and the least and the largest of the rows present: the input
+/// side of the f32 steps of [`scaled_block_sums`] (AMX tiles, VNNI words).
+#[derive(Clone, Copy, Debug)]
+pub struct LaneUnits {
+    units: [f64; LANES],
+    /// The same as f32 (exact where `range` is inside `F32_STEPS`).
+    units_f32: [f32; LANES],
+    range: (f64, f64),
+}
+
+/// f32 lanes of a 512-bit vector.
+const LANES: usize = 16;
+
+impl LaneUnits {
+    /// No row present yet.
+    pub const NONE: LaneUnits = LaneUnits {
+        units: [0.0; LANES],
+        units_f32: [0.0; LANES],
+        range: (f64::INFINITY, 0.0),
+    };
+
+    /// Row `lane`'s unit.
+    pub fn set(&mut self, lane: usize, unit: f64) {
+        self.units[lane] = unit;
+        self.units_f32[lane] = unit as f32;
+        self.range = (self.range.0.min(unit), self.range.1.max(unit));
+    }
+}
+
 /// Every full block of a prefill's input rows as digits, block-major.
 #[derive(Default)]
 pub struct ActDigits {
@@ -65,13 +95,8 @@ pub struct ActDigits {
 }
 
 impl IntegerInputs for ActDigits {
-    fn fill(
-        &mut self,
-        x: &[f64],
-        (stride, off): (usize, usize),
-        rows: usize,
-        blocks: usize,
-    ) -> bool {
+    fn fill(&mut self, input: InputBlocks) -> bool {
+        let (rows, blocks) = (input.rows, input.blocks);
         self.rows = rows;
         self.blocks = blocks;
         self.entries.clear();
@@ -84,9 +109,7 @@ impl IntegerInputs for ActDigits {
             parallel,
             |kb, entries| -> Result<(), ()> {
                 for (m, entry) in entries.iter_mut().enumerate() {
-                    let at = m * stride + off + kb * BLOCK;
-                    let block = x[at..at + BLOCK].try_into().expect("a block");
-                    entry.set(reduced_block_integers(block).ok_or(())?);
+                    entry.set(reduced_block_integers(input.block(m, kb)).ok_or(())?);
                 }
                 Ok(())
             },
@@ -138,20 +161,78 @@ impl RowBlock {
 #[cfg(target_arch = "x86_64")]
 pub use kernel::fp4_c1_rows;
 #[cfg(target_arch = "x86_64")]
-pub(in crate::model::simd) use kernel::{scaled_block_sums, Steps, F32_STEPS};
+pub(in crate::model::simd) use kernel::{
+    f32_steps_exact, scale_range, scaled_block_sums, scaled_f64_sums,
+};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::vnni::TWICE_E2M1;
-    use super::{ActDigits, RowBlock, BLOCK, W_OFFSET, W_ROWS};
+    use super::{ActDigits, LaneUnits, RowBlock, BLOCK, W_OFFSET, W_ROWS};
     use crate::dtype::e8m0_to_f64;
     use std::arch::x86_64::*;
 
     /// Powers of two for which `f32(S) · step` is `f32(S · step)` for every |S| < 2^28: the
     /// product neither overflows nor leaves the normal range, where rounding commutes with
     /// the power of two.
-    pub(in crate::model::simd) const F32_STEPS: (f64, f64) =
-        (1.0 / (1u128 << 126) as f64, (1u128 << 100) as f64);
+    const F32_STEPS: (f64, f64) = (1.0 / (1u128 << 126) as f64, (1u128 << 100) as f64);
+
+    /// Whether f32 steps give the f64 steps' values for inputs whose units lie in `units` and
+    /// weights whose scales lie in `scales`: every unit and every product of the two inside
+    /// [`F32_STEPS`].
+    #[inline(always)]
+    pub(in crate::model::simd) fn f32_steps_exact(units: (f64, f64), scales: (f64, f64)) -> bool {
+        F32_STEPS.0 <= units.0
+            && units.1 <= F32_STEPS.1
+            && F32_STEPS.0 <= scales.0 * units.0
+            && scales.1 * units.1 <= F32_STEPS.1
+    }
+
+    /// The least and the largest of `scales` (a loop: a fold's closure was compiled out of
+    /// line, a call per block).
+    #[inline(always)]
+    pub(in crate::model::simd) fn scale_range(scales: &[f64]) -> (f64, f64) {
+        let (mut lo, mut hi) = (f64::INFINITY, 0f64);
+        for &s in scales {
+            (lo, hi) = (lo.min(s), hi.max(s));
+        }
+        (lo, hi)
+    }
+
+    impl LaneUnits {
+        /// Each lane's step `step · u`, in f32 where `f32` (the caller checked
+        /// [`f32_steps_exact`] for its steps), else in f64.
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512 F.
+        #[inline(always)]
+        pub(in crate::model::simd) unsafe fn steps(&self, step: f64, f32: bool) -> Steps {
+            if f32 {
+                let units = _mm512_loadu_ps(self.units_f32.as_ptr());
+                return Steps::F32(_mm512_mul_ps(units, _mm512_set1_ps(step as f32)));
+            }
+            let (lo, hi) = self.f64_steps(step);
+            Steps::F64(lo, hi)
+        }
+
+        /// Each lane's step `step · u` in f64 (low and high eight lanes).
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512 F.
+        #[inline(always)]
+        pub(in crate::model::simd) unsafe fn f64_steps(&self, step: f64) -> (__m512d, __m512d) {
+            let s = _mm512_set1_pd(step);
+            (
+                _mm512_mul_pd(_mm512_loadu_pd(self.units.as_ptr()), s),
+                _mm512_mul_pd(_mm512_loadu_pd(self.units[8..].as_ptr()), s),
+            )
+        }
+
+        /// The least and the largest unit of the rows present.
+        pub(in crate::model::simd) fn range(&self) -> (f64, f64) {
+            self.range
+        }
+    }
 
     /// The power-of-two step of sixteen exact block sums, as f32 where every step and factor
     /// lies inside [`F32_STEPS`], else as f64 (low and high eight lanes).
@@ -170,15 +251,30 @@ mod kernel {
     pub(in crate::model::simd) unsafe fn scaled_block_sums(s: __m512i, steps: Steps) -> __m512 {
         match steps {
             Steps::F32(step) => _mm512_mul_ps(_mm512_cvtepi32_ps(s), step),
-            Steps::F64(lo, hi) => {
-                let lo = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_castsi512_si256(s)), lo);
-                let hi = _mm512_mul_pd(_mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(s)), hi);
-                _mm512_insertf32x8::<1>(
-                    _mm512_castps256_ps512(_mm512_cvtpd_ps(lo)),
-                    _mm512_cvtpd_ps(hi),
-                )
-            }
+            Steps::F64(lo, hi) => scaled_f64_sums(
+                (
+                    _mm512_cvtepi32_pd(_mm512_castsi512_si256(s)),
+                    _mm512_cvtepi32_pd(_mm512_extracti64x4_epi64::<1>(s)),
+                ),
+                (lo, hi),
+            ),
         }
+    }
+
+    /// `f32(S · step)` for sixteen exact sums S held in f64 (low and high eight lanes) and
+    /// their f64 steps: one product and one rounding each.
+    ///
+    /// # Safety
+    /// The CPU must have AVX-512 F and DQ.
+    #[inline(always)]
+    pub(in crate::model::simd) unsafe fn scaled_f64_sums(
+        (lo, hi): (__m512d, __m512d),
+        (step_lo, step_hi): (__m512d, __m512d),
+    ) -> __m512 {
+        _mm512_insertf32x8::<1>(
+            _mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_mul_pd(lo, step_lo))),
+            _mm512_cvtpd_ps(_mm512_mul_pd(hi, step_hi)),
+        )
     }
 
     /// Rule C1 of up to [`W_ROWS`] release FP4 weight rows against every input row of `acts`:
@@ -208,12 +304,7 @@ mod kernel {
             let weights = weight_columns(codes, kb);
             let scale: [f64; W_ROWS] =
                 std::array::from_fn(|i| scales.get(i).map_or(0.0, |s| e8m0_to_f64(s[kb])));
-            // A loop, not a fold: the fold's closure was compiled out of line, a call per row.
-            let (mut s_min, mut s_max) = (f64::INFINITY, 0f64);
-            for &s in &scale[..nw] {
-                (s_min, s_max) = (s_min.min(s), s_max.max(s));
-            }
-            let (u_min, u_max) = acts.unit_ranges[kb];
+
             let (lo, hi) = (
                 _mm512_loadu_pd(scale.as_ptr()),
                 _mm512_loadu_pd(scale[8..].as_ptr()),
@@ -226,10 +317,7 @@ mod kernel {
                 ),
                 lo,
                 hi,
-                f32_steps: F32_STEPS.0 <= u_min
-                    && u_max <= F32_STEPS.1
-                    && F32_STEPS.0 <= s_min * u_min
-                    && s_max * u_max <= F32_STEPS.1,
+                f32_steps: f32_steps_exact(acts.unit_ranges[kb], scale_range(&scale[..nw])),
             };
             let entries = &acts.entries[kb * rows..][..rows];
             match acts.digit_counts[kb] {

@@ -17,7 +17,8 @@
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
-use super::vnni::{reduced_block_integers, IntegerInputs};
+use super::vnni::{reduced_block_integers, InputBlocks, IntegerInputs};
+use super::vnni_prefill::LaneUnits;
 
 /// Input rows per group (one per 32-bit lane).
 const GROUP: usize = 16;
@@ -38,21 +39,15 @@ struct GroupBlock {
     /// `words[d][c][m]`: digit d of X at columns 2c (low half) and 2c + 1 (high half) of row
     /// m of the group.
     words: [[[i32; GROUP]; PAIRS]; 2],
-    /// u per row (0 for rows past the end).
-    units: [f64; GROUP],
-    /// The same as f32 (exact where `unit_range` is inside `F32_STEPS`).
-    units_f32: [f32; GROUP],
-    /// The least and the largest u of the rows present.
-    unit_range: (f64, f64),
+    /// u per row.
+    units: LaneUnits,
     /// Words per value: 1, or 2 where some |X| exceeds [`ONE_WORD`].
     digits: usize,
 }
 
 const EMPTY: GroupBlock = GroupBlock {
     words: [[[0; GROUP]; PAIRS]; 2],
-    units: [0.0; GROUP],
-    units_f32: [0.0; GROUP],
-    unit_range: (f64::INFINITY, 0.0),
+    units: LaneUnits::NONE,
     digits: 1,
 };
 
@@ -67,13 +62,8 @@ pub struct ActWords {
 }
 
 impl IntegerInputs for ActWords {
-    fn fill(
-        &mut self,
-        x: &[f64],
-        (stride, off): (usize, usize),
-        rows: usize,
-        blocks: usize,
-    ) -> bool {
+    fn fill(&mut self, input: InputBlocks) -> bool {
+        let (rows, blocks) = (input.rows, input.blocks);
         self.rows = rows;
         self.groups = rows.div_ceil(GROUP);
         self.blocks = blocks;
@@ -86,14 +76,9 @@ impl IntegerInputs for ActWords {
             for (g, entry) in entries.iter_mut().enumerate() {
                 let mut ints = [[0i32; BLOCK]; GROUP];
                 for (lane, m) in (GROUP * g..rows.min(GROUP * g + GROUP)).enumerate() {
-                    let at = m * stride + off + kb * BLOCK;
-                    let block = x[at..at + BLOCK].try_into().expect("a block");
-                    let (x, unit) = reduced_block_integers(block).ok_or(())?;
+                    let (x, unit) = reduced_block_integers(input.block(m, kb)).ok_or(())?;
                     ints[lane] = x;
-                    entry.units[lane] = unit;
-                    entry.units_f32[lane] = unit as f32;
-                    let r = entry.unit_range;
-                    entry.unit_range = (r.0.min(unit), r.1.max(unit));
+                    entry.units.set(lane, unit);
                 }
                 entry.set_words(&ints);
             }
@@ -133,7 +118,7 @@ pub use kernel::fp8_c1_rows;
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::avx512::prefetch_rows;
-    use super::super::vnni_prefill::{scaled_block_sums, Steps, F32_STEPS};
+    use super::super::vnni_prefill::{f32_steps_exact, scaled_block_sums, scaled_f64_sums};
     use super::{ActWords, GroupBlock, BLOCK, GROUP, PAIRS, W_ROWS};
     use crate::dtype::e8m0_to_f64;
     use std::arch::x86_64::*;
@@ -197,7 +182,8 @@ mod kernel {
                     let step = e8m0_to_f64(scales[i][kb])
                         * f64::from_bits(((1023 + w.exponent) as u64) << 52);
                     let v = if w.digits == 1 && group.digits == 1 {
-                        scaled_block_sums(pair_sum(&x, &w.words[0]), steps(group, step))
+                        let f32 = f32_steps_exact(group.units.range(), (step, step));
+                        scaled_block_sums(pair_sum(&x, &w.words[0]), group.units.steps(step, f32))
                     } else {
                         combined(group, &x, w, step)
                     };
@@ -218,26 +204,6 @@ mod kernel {
             acc = _mm512_dpwssd_epi32(acc, *xc, _mm512_set1_epi32(wc));
         }
         acc
-    }
-
-    /// The group's steps `u · step` for one weight row, as f32 where every factor and product
-    /// lies inside [`F32_STEPS`].
-    #[inline(always)]
-    unsafe fn steps(group: &GroupBlock, step: f64) -> Steps {
-        let (u_min, u_max) = group.unit_range;
-        if F32_STEPS.0 <= u_min
-            && u_max <= F32_STEPS.1
-            && F32_STEPS.0 <= step * u_min
-            && step * u_max <= F32_STEPS.1
-        {
-            let units = _mm512_loadu_ps(group.units_f32.as_ptr());
-            return Steps::F32(_mm512_mul_ps(units, _mm512_set1_ps(step as f32)));
-        }
-        let s = _mm512_set1_pd(step);
-        Steps::F64(
-            _mm512_mul_pd(_mm512_loadu_pd(group.units.as_ptr()), s),
-            _mm512_mul_pd(_mm512_loadu_pd(group.units[8..].as_ptr()), s),
-        )
     }
 
     /// A block sum from several digit pairs: each pair's sum (below 2^31) times its power of
@@ -269,16 +235,7 @@ mod kernel {
                 );
             }
         }
-        let s = _mm512_set1_pd(step);
-        let lo = _mm512_mul_pd(lo, _mm512_mul_pd(_mm512_loadu_pd(group.units.as_ptr()), s));
-        let hi = _mm512_mul_pd(
-            hi,
-            _mm512_mul_pd(_mm512_loadu_pd(group.units[8..].as_ptr()), s),
-        );
-        _mm512_insertf32x8::<1>(
-            _mm512_castps256_ps512(_mm512_cvtpd_ps(lo)),
-            _mm512_cvtpd_ps(hi),
-        )
+        scaled_f64_sums((lo, hi), group.units.f64_steps(step))
     }
 
     /// A weight row's block of e4m3 codes as words into `w`; `false` for a NaN code.
