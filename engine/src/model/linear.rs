@@ -1304,10 +1304,11 @@ pub(crate) mod tests {
                 }
             }
         }
-        w.codes[17 * inp + 40] = 0xFF; // NaN: its task takes the generic path
-                                       // Scales (one per 32 weight rows and block) at the edges: 2^−127 for every block of
-                                       // rows 0 .. 32, so that their outputs are made of the smallest block sums; 2^118 and
-                                       // 2^−120 for blocks of rows 32 ...
+        // NaN: its task takes the generic path.
+        w.codes[17 * inp + 40] = 0xFF;
+        // Scales (one per 32 weight rows and block) at the edges: 2^−127 for every block of
+        // rows 0 .. 32, so that their outputs are made of the smallest block sums; 2^118 and
+        // 2^−120 for blocks of rows 32 ...
         w.scale_exp[..bi].fill(-127);
         for (b, e) in [(bi + 1, 118), (bi + 2, -120)] {
             w.scale_exp[b] = e;
@@ -1357,7 +1358,8 @@ pub(crate) mod tests {
     ) -> Linear {
         let (kind, lin_kind) = match storage {
             Storage::Fp4 => (crate::checkpoint::QuantKind::Fp4, LinearKind::Fp4),
-            _ => (crate::checkpoint::QuantKind::Fp8Block, LinearKind::Fp8),
+            Storage::Fp8Block => (crate::checkpoint::QuantKind::Fp8Block, LinearKind::Fp8),
+            other => panic!("no stored-byte release linear of {other:?}"),
         };
         let ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
             rows: MemCheckpoint {
