@@ -906,7 +906,11 @@ pub(crate) mod tests {
         for (out, inp) in [(45, 96), (77, 160), (1031, 1024)] {
             let w8 = random_fp8(out, inp, &mut rng);
             let w4 = random_fp4(out, inp, &mut rng);
-            let wb: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
+            let mut wb: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
+            // A signalling NaN in the bf16 rows (row 2): its value is the quiet NaN that
+            // widening makes of it.
+            let nan_at = 2 * inp + 5;
+            wb[nan_at] = f32::from_bits(0x7FC1_0000);
             let (q8, v8) = random_grouped(out, 40, 8, 16, &mut rng);
             let (q4, v4) = random_grouped(out, 40, 4, 16, &mut rng);
             // Groups of whole 32-column blocks: the AVX-512 kernels read these directly.
@@ -946,7 +950,11 @@ pub(crate) mod tests {
                 StoredBytes::Dense(
                     DenseDtype::Bf16,
                     wb.iter()
-                        .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+                        .enumerate()
+                        .flat_map(|(i, v)| {
+                            let bits = half::bf16::from_f32(*v).to_bits();
+                            if i == nan_at { 0x7F81 } else { bits }.to_le_bytes()
+                        })
                         .collect(),
                 ),
             );

@@ -654,6 +654,13 @@ impl MatVec<'_> {
                 }
             }
         }
+        // Stored bf16 / f32 rows: the 32-row loop over every full block.
+        if let (ByteRows::Dense { bf16, .. }, DECODE_TILE) = (bytes, nw) {
+            let full = self.n_in / BLOCK;
+            // SAFETY: only reached from `task_avx512`; rows and inputs hold `full` blocks.
+            unsafe { simd::avx512::dense_c2_run32(&mut acc, x, &rows, bf16, 0..full) };
+            from = full;
+        }
         // Container Q8G / Q4G rows: the 32-row loop over every full block.
         if let Some(codes) = (nw == DECODE_TILE).then(|| bytes.int_rows32(r0)).flatten() {
             let full = self.n_in / BLOCK;

@@ -1075,7 +1075,7 @@ pub enum F32Rows<'a> {
 
 /// [`fp8_c2_block8`] for eight rows of 32 f32 values ([`F32Rows`]): each 8×8 tile
 /// transposed in registers, each column widened to f64 and one multiply-add. A bf16 value
-/// widens as `dtype::bf16_to_f32` does (a NaN gets its quiet bit).
+/// widens as `dtype::bf16_to_f32` does ([`bf16_values`]).
 ///
 /// # Safety
 /// As for [`fp8_c1_block8`].
@@ -1091,14 +1091,7 @@ pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: F32Rows)
             *ri = match rows {
                 F32Rows::Values(v) => _mm256_loadu_ps(v[i][8 * tile..].as_ptr()),
                 F32Rows::F32(b) => _mm256_loadu_ps(b[i][32 * tile..].as_ptr().cast()),
-                F32Rows::Bf16(b) => {
-                    let bits =
-                        _mm256_cvtepu16_epi32(_mm_loadu_si128(b[i][16 * tile..].as_ptr().cast()));
-                    let magnitude = _mm256_and_si256(bits, _mm256_set1_epi32(0x7FFF));
-                    let nan = _mm256_cmpgt_epi32(magnitude, _mm256_set1_epi32(0x7F80));
-                    let quiet = _mm256_and_si256(nan, _mm256_set1_epi32(0x0040));
-                    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_or_si256(bits, quiet)))
-                }
+                F32Rows::Bf16(b) => bf16_values(_mm_loadu_si128(b[i][16 * tile..].as_ptr().cast())),
             };
         }
         let columns = columns8(r);
@@ -1108,6 +1101,79 @@ pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: F32Rows)
         }
     }
     _mm512_storeu_pd(acc.as_mut_ptr(), chain);
+}
+
+/// [`f32_c2_block8`] for 32 stored bf16 or f32 rows (little-endian; four groups of eight,
+/// one chain vector each) over the column blocks `blocks`, in order (`x` and `rows[i]` from
+/// column 0), as [`int_c2_run32`]: two groups' chains advanced column by column in turn,
+/// the chains in registers from block to block (one chain waits on each multiply-add).
+///
+/// # Safety
+/// As for [`fp8_c1_block8`]; `x` and the rows must hold `blocks.end` blocks.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")]
+pub unsafe fn dense_c2_run32(
+    acc: &mut [f64; 32],
+    x: &[f64],
+    rows: &[&[u8]; 32],
+    bf16: bool,
+    blocks: Range<usize>,
+) {
+    let block_bytes = BLOCK * if bf16 { 2 } else { 4 };
+    let rows = RowStarts::new(rows, blocks.end * block_bytes);
+    let mut chains = load_chains(acc);
+    for kb in blocks {
+        let at = kb * block_bytes;
+        let mut line = at;
+        while line < at + block_bytes {
+            rows.prefetch(line);
+            line += 64;
+        }
+        for tile in 0..BLOCK / 8 {
+            let xt = &x[kb * BLOCK + 8 * tile..][..8];
+            for pair in 0..2 {
+                let (g0, g1) = (2 * pair, 2 * pair + 1);
+                let a = columns8(dense_tile(&rows, g0, at, tile, bf16));
+                let b = columns8(dense_tile(&rows, g1, at, tile, bf16));
+                for (c, &xc) in xt.iter().enumerate() {
+                    let xc = _mm512_set1_pd(xc);
+                    chains[g0] = _mm512_fmadd_pd(xc, _mm512_cvtps_pd(a[c]), chains[g0]);
+                    chains[g1] = _mm512_fmadd_pd(xc, _mm512_cvtps_pd(b[c]), chains[g1]);
+                }
+            }
+        }
+    }
+    store_chains(acc, chains);
+}
+
+/// Columns `8·tile .. 8·tile + 8` of group `g`'s eight stored rows, from byte `at` (a block's
+/// start), as f32 values (one row per vector).
+#[inline(always)]
+unsafe fn dense_tile(
+    rows: &RowStarts<32>,
+    g: usize,
+    at: usize,
+    tile: usize,
+    bf16: bool,
+) -> [__m256; 8] {
+    let mut values = [_mm256_setzero_ps(); 8];
+    if bf16 {
+        for (v, row) in values.iter_mut().zip(rows.group::<16>(g, at + 16 * tile)) {
+            *v = bf16_values(_mm_loadu_si128(row.as_ptr().cast()));
+        }
+    } else {
+        for (v, row) in values.iter_mut().zip(rows.group::<32>(g, at + 32 * tile)) {
+            *v = _mm256_loadu_ps(row.as_ptr().cast());
+        }
+    }
+    values
+}
+
+/// Eight bf16 values (their bits) widened to f32. A signalling NaN is left signalling here:
+/// the kernels' next step, the widening to f64, sets its quiet bit and keeps its payload, so
+/// the f64 is the one `dtype::bf16_to_f32` (which quiets first) leads to.
+#[inline(always)]
+unsafe fn bf16_values(bits: __m128i) -> __m256 {
+    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
 }
 
 /// An 8×8 tile of f32 values transposed: `rows[i]` holds row i's eight columns, the result's
