@@ -1028,6 +1028,21 @@ pub(crate) mod tests {
                 big4.values.clone(),
                 quant(QuantKind::Fp4, big4.packed(), &big4.scale_exp),
             );
+            // bf16 rows of one full block and a partial one: the 32-row loop, then the
+            // block decode for the tail.
+            let tail: Vec<f32> = (0..out * 40).map(|_| bf16(rng.uniform())).collect();
+            add(
+                "bf16tail",
+                vec![out, 40],
+                Storage::Bf16,
+                tail.clone(),
+                StoredBytes::Dense(
+                    DenseDtype::Bf16,
+                    tail.iter()
+                        .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+                        .collect(),
+                ),
+            );
             add("q8", vec![out, 40], Storage::Q8G, v8, q8);
             add("q4", vec![out, 40], Storage::Q4G, v4, q4);
             add("q8w", vec![out, inp], Storage::Q8G, v8w, q8w);
@@ -1083,6 +1098,7 @@ pub(crate) mod tests {
                 ("f32", LinearKind::F32),
                 ("cancel", LinearKind::Bf16),
                 ("cancel", LinearKind::F32),
+                ("bf16tail", LinearKind::Bf16),
                 ("q8", LinearKind::Bf16),
                 ("q4", LinearKind::F32),
                 ("q8w", LinearKind::Bf16),
