@@ -759,6 +759,72 @@ pub(crate) mod tests {
         }
     }
 
+    /// A decode product on a few long stored rows (mHC's shape: 24 rows, over a mebibyte of
+    /// f32 or bf16) goes to the pool in eight-row tasks: at every vector level, on one thread
+    /// or two, the bits of the portable rows path.
+    #[test]
+    fn few_long_rows_shared_between_threads_keep_their_bits() {
+        use super::super::parallel::MIN_PARALLEL_BYTES;
+        use super::super::simd::{self, Level};
+        use crate::checkpoint::DenseDtype;
+        let mut rng = Rng::new(13);
+        let out = 24;
+        for (dtype, storage, kind, inp) in [
+            (DenseDtype::F32, Storage::F32, LinearKind::F32, 11_008),
+            (DenseDtype::Bf16, Storage::Bf16, LinearKind::Bf16, 22_016),
+        ] {
+            assert!(out * inp * dtype.width() >= MIN_PARALLEL_BYTES);
+            let values: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
+            let bytes = values
+                .iter()
+                .flat_map(|&v| match dtype {
+                    DenseDtype::Bf16 => half::bf16::from_f32(v).to_bits().to_le_bytes().to_vec(),
+                    _ => v.to_le_bytes().to_vec(),
+                })
+                .collect();
+            let tensors: HashMap<_, _> =
+                [("w".to_string(), (vec![out, inp], storage, values))].into();
+            let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
+                layout: Layout::Release,
+                tensors: tensors.clone(),
+            });
+            let view_ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
+                rows: MemCheckpoint {
+                    layout: Layout::Release,
+                    tensors,
+                },
+                views: [("w".to_string(), StoredBytes::Dense(dtype, bytes))].into(),
+            });
+            let by_rows = Linear::load(&rows_ckpt, "w", kind).unwrap();
+            let by_view = Linear::load(&view_ckpt, "w", kind).unwrap();
+            let x = random_x(1, inp, &mut rng);
+            for numerics in [Numerics::Upstream, Numerics::Exact] {
+                let run = |lin: &Linear, level: Level, threads: usize| {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let mut y = vec![0f32; out];
+                    simd::cap_level(Some(level));
+                    let r = pool.install(|| lin.forward(&x, 1, &mut y, numerics));
+                    simd::cap_level(None);
+                    r.unwrap();
+                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                };
+                let want = run(&by_rows, Level::Portable, 1);
+                let levels = Level::ALL.into_iter().filter(|&l| l <= simd::available());
+                for (level, threads) in levels.flat_map(|l| [(l, 1), (l, 2)]) {
+                    let got = run(&by_view, level, threads);
+                    let first = (0..out).find(|&i| got[i] != want[i]);
+                    assert_eq!(
+                        first, None,
+                        "{dtype:?} {numerics} {level:?} threads {threads}"
+                    );
+                }
+            }
+        }
+    }
+
     /// A test double that serves stored bytes through `weight_view` (and exact rows through
     /// `rows_f32` for the rows path), like the mapped readers.
     struct ViewCheckpoint {

@@ -39,7 +39,7 @@ use byte_rows::{ByteRows, VqBlock};
 #[cfg(target_arch = "x86_64")]
 mod vq_rows;
 
-use super::parallel::{for_each_chunk, try_for_each_chunk, worth_parallel};
+use super::parallel::{for_each_chunk, try_for_each_chunk, worth_parallel, worth_parallel_read};
 use super::quant::{bf16, BLOCK};
 use super::simd::amx::ActTiles;
 use super::simd::vnni::{act_blocks, ActBlock, InputBlocks, IntegerInputs};
@@ -228,15 +228,19 @@ impl MatVec<'_> {
 
     /// [`Self::run`] once the input's integer blocks are settled.
     fn run_tasks(&self, n_out: usize, y: &mut [f32], y_stride: usize, y_off: usize) -> Result<()> {
-        let parallel = worth_parallel(n_out * self.n_in * self.rows);
+        let parallel = worth_parallel(n_out * self.n_in * self.rows)
+            || (self.rows == 1 && worth_parallel_read(n_out * self.n_in * self.value_bytes()));
         if self.rows == 1 {
             // Decode: each task owns a contiguous slice of y. Wide tasks for a weight that
             // stays in cache; from a larger one, streamed from memory, tasks of TILE rows
             // measured twice as fast (fewer rows walked at once) but for the AVX-512 FP8/FP4
             // kernels, whose C2 chains need the wide tasks' independent rows.
-            let size = if n_out * self.n_in <= WIDE_TASK_WEIGHTS
-                || (simd::level() >= Level::Avx512 && self.byte_rows_decode())
-            {
+            let wide = n_out * self.n_in <= WIDE_TASK_WEIGHTS
+                || (simd::level() >= Level::Avx512 && self.byte_rows_decode());
+            // A weight of few, long rows (mHC's 24 × 4·dim) would be one wide task, read by
+            // one thread while the others wait: TILE-row tasks give each thread a share.
+            let one_task = n_out <= DECODE_TILE;
+            let size = if wide && !(parallel && one_task) {
                 DECODE_TILE
             } else {
                 TILE
@@ -885,6 +889,15 @@ impl MatVec<'_> {
     #[cfg(not(target_arch = "x86_64"))]
     fn byte_rows_decode(&self) -> bool {
         false
+    }
+
+    /// Stored bytes per weight, for the choice of the pool: a dense view's width; one
+    /// otherwise (the quantised forms store a byte or less, a rows source is counted alike).
+    fn value_bytes(&self) -> usize {
+        match self.source {
+            Source::View(WeightView::Dense { dtype, .. }) => dtype.width(),
+            _ => 1,
+        }
     }
 
     /// One C1 block of weight row `r` at columns `k0 ..` (a multiple of 32): the exact block
