@@ -537,6 +537,14 @@ pub(crate) mod tests {
         })
     }
 
+    /// Values (bf16 already) as stored little-endian bf16 bytes.
+    fn bf16_bytes(values: &[f32]) -> Vec<u8> {
+        values
+            .iter()
+            .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
+            .collect()
+    }
+
     fn random_x(rows: usize, inp: usize, rng: &mut Rng) -> Vec<f32> {
         (0..rows * inp)
             .map(|i| rng.uniform() * 2f32.powi((i % 5) as i32 * 2 - 3))
@@ -775,13 +783,10 @@ pub(crate) mod tests {
         ] {
             assert!(out * inp * dtype.width() >= MIN_PARALLEL_BYTES);
             let values: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
-            let bytes = values
-                .iter()
-                .flat_map(|&v| match dtype {
-                    DenseDtype::Bf16 => half::bf16::from_f32(v).to_bits().to_le_bytes().to_vec(),
-                    _ => v.to_le_bytes().to_vec(),
-                })
-                .collect();
+            let bytes = match dtype {
+                DenseDtype::Bf16 => bf16_bytes(&values),
+                _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+            };
             let tensors: HashMap<_, _> =
                 [("w".to_string(), (vec![out, inp], storage, values))].into();
             let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
@@ -1013,16 +1018,11 @@ pub(crate) mod tests {
                 vec![out, inp],
                 Storage::Bf16,
                 wb.clone(),
-                StoredBytes::Dense(
-                    DenseDtype::Bf16,
-                    wb.iter()
-                        .enumerate()
-                        .flat_map(|(i, v)| {
-                            let bits = half::bf16::from_f32(*v).to_bits();
-                            if i == nan_at { 0x7F81 } else { bits }.to_le_bytes()
-                        })
-                        .collect(),
-                ),
+                StoredBytes::Dense(DenseDtype::Bf16, {
+                    let mut bytes = bf16_bytes(&wb);
+                    bytes[2 * nan_at..2 * nan_at + 2].copy_from_slice(&0x7F81u16.to_le_bytes());
+                    bytes
+                }),
             );
             // Rule C2's order made visible: each row's chain passes through ±2^40 at columns
             // a and a + inp/2 (a at random), whose inputs are made equal below, so the terms
@@ -1040,13 +1040,7 @@ pub(crate) mod tests {
                 vec![out, inp],
                 Storage::Bf16,
                 cancel.clone(),
-                StoredBytes::Dense(
-                    DenseDtype::Bf16,
-                    cancel
-                        .iter()
-                        .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
-                        .collect(),
-                ),
+                StoredBytes::Dense(DenseDtype::Bf16, bf16_bytes(&cancel)),
             );
             add(
                 "f32",
@@ -1102,12 +1096,7 @@ pub(crate) mod tests {
                 vec![out, 40],
                 Storage::Bf16,
                 tail.clone(),
-                StoredBytes::Dense(
-                    DenseDtype::Bf16,
-                    tail.iter()
-                        .flat_map(|v| half::bf16::from_f32(*v).to_bits().to_le_bytes())
-                        .collect(),
-                ),
+                StoredBytes::Dense(DenseDtype::Bf16, bf16_bytes(&tail)),
             );
             add("q8", vec![out, 40], Storage::Q8G, v8, q8);
             add("q4", vec![out, 40], Storage::Q4G, v4, q4);

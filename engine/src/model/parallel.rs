@@ -5,8 +5,8 @@
 //! or index scores take; decode on a dim-128 model spent most of its time there. Loops below
 //! [`MIN_PARALLEL_WORK`] multiply-adds, or with a one-thread pool, run in order on the calling
 //! thread; a decode's product that reads [`MIN_PARALLEL_BYTES`] of weights goes to the pool
-//! whatever its multiply-adds. Every loop here writes disjoint outputs with the same arithmetic either way, so
-//! results do not depend on the choice (nor on the thread count).
+//! whatever its multiply-adds. Every loop here writes disjoint outputs with the same
+//! arithmetic either way, so results do not depend on the choice (nor on the thread count).
 
 use rayon::prelude::*;
 
