@@ -1106,7 +1106,10 @@ pub unsafe fn f32_c2_block8(acc: &mut [f64; 8], x: &[f64; BLOCK], rows: F32Rows)
 /// [`f32_c2_block8`] for 32 stored bf16 or f32 rows (little-endian; four groups of eight,
 /// one chain vector each) over the column blocks `blocks`, in order (`x` and `rows[i]` from
 /// column 0), as [`int_c2_run32`]: two groups' chains advanced column by column in turn,
-/// the chains in registers from block to block (one chain waits on each multiply-add).
+/// the chains in registers from block to block (one chain waits on each multiply-add). Each
+/// pair of groups takes its whole block before the next pair, so that every row's block is
+/// read front to back at once: tile by tile across all 32 rows, a 1024² f32 weight in L3 ran
+/// at two thirds of the rate (measured).
 ///
 /// # Safety
 /// As for [`fp8_c1_block8`]; `x` and the rows must hold `blocks.end` blocks.
@@ -1128,10 +1131,10 @@ pub unsafe fn dense_c2_run32(
             rows.prefetch(line);
             line += 64;
         }
-        for tile in 0..BLOCK / 8 {
-            let xt = &x[kb * BLOCK + 8 * tile..][..8];
-            for pair in 0..2 {
-                let (g0, g1) = (2 * pair, 2 * pair + 1);
+        for pair in 0..2 {
+            let (g0, g1) = (2 * pair, 2 * pair + 1);
+            for tile in 0..BLOCK / 8 {
+                let xt = &x[kb * BLOCK + 8 * tile..][..8];
                 let a = columns8(dense_tile(&rows, g0, at, tile, bf16));
                 let b = columns8(dense_tile(&rows, g1, at, tile, bf16));
                 for (c, &xc) in xt.iter().enumerate() {
