@@ -772,7 +772,7 @@ pub(crate) mod tests {
     /// or two, the bits of the portable rows path.
     #[test]
     fn few_long_rows_shared_between_threads_keep_their_bits() {
-        use super::super::parallel::MIN_PARALLEL_BYTES;
+        use super::super::parallel::MIN_PARALLEL_WORK;
         use super::super::simd::{self, Level};
         use crate::checkpoint::DenseDtype;
         let mut rng = Rng::new(13);
@@ -781,45 +781,28 @@ pub(crate) mod tests {
             (DenseDtype::F32, Storage::F32, LinearKind::F32, 11_008),
             (DenseDtype::Bf16, Storage::Bf16, LinearKind::Bf16, 22_016),
         ] {
-            assert!(out * inp * dtype.width() >= MIN_PARALLEL_BYTES);
+            // Over a mebibyte of weights, below a million multiply-adds.
+            assert!(
+                out * inp < MIN_PARALLEL_WORK && out * inp * dtype.width() >= MIN_PARALLEL_WORK
+            );
             let values: Vec<f32> = (0..out * inp).map(|_| bf16(rng.uniform())).collect();
             let bytes = match dtype {
                 DenseDtype::Bf16 => bf16_bytes(&values),
                 _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
             };
-            let tensors: HashMap<_, _> =
-                [("w".to_string(), (vec![out, inp], storage, values))].into();
-            let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
-                layout: Layout::Release,
-                tensors: tensors.clone(),
-            });
-            let view_ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
-                rows: MemCheckpoint {
-                    layout: Layout::Release,
-                    tensors,
-                },
-                views: [("w".to_string(), StoredBytes::Dense(dtype, bytes))].into(),
-            });
+            let (rows_ckpt, view_ckpt) = rows_and_views(
+                Layout::Release,
+                [("w".to_string(), (vec![out, inp], storage, values))].into(),
+                [("w".to_string(), StoredBytes::Dense(dtype, bytes))].into(),
+            );
             let by_rows = Linear::load(&rows_ckpt, "w", kind).unwrap();
             let by_view = Linear::load(&view_ckpt, "w", kind).unwrap();
             let x = random_x(1, inp, &mut rng);
             for numerics in [Numerics::Upstream, Numerics::Exact] {
-                let run = |lin: &Linear, level: Level, threads: usize| {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
-                    let mut y = vec![0f32; out];
-                    simd::cap_level(Some(level));
-                    let r = pool.install(|| lin.forward(&x, 1, &mut y, numerics));
-                    simd::cap_level(None);
-                    r.unwrap();
-                    y.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-                };
-                let want = run(&by_rows, Level::Portable, 1);
+                let want = forward_bits(&by_rows, &x, 1, numerics, (Level::Portable, 1));
                 let levels = Level::ALL.into_iter().filter(|&l| l <= simd::available());
                 for (level, threads) in levels.flat_map(|l| [(l, 1), (l, 2)]) {
-                    let got = run(&by_view, level, threads);
+                    let got = forward_bits(&by_view, &x, 1, numerics, (level, threads));
                     let first = (0..out).find(|&i| got[i] != want[i]);
                     assert_eq!(
                         first, None,
@@ -828,6 +811,46 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// The same tensors as exact rows (`rows_f32`, the baseline path) and as stored bytes
+    /// (`weight_view`).
+    fn rows_and_views(
+        layout: Layout,
+        tensors: HashMap<String, (Vec<usize>, Storage, Vec<f32>)>,
+        views: HashMap<String, StoredBytes>,
+    ) -> (Arc<dyn Checkpoint>, Arc<dyn Checkpoint>) {
+        let rows = MemCheckpoint {
+            layout,
+            tensors: tensors.clone(),
+        };
+        let view = ViewCheckpoint {
+            rows: MemCheckpoint { layout, tensors },
+            views,
+        };
+        (Arc::new(rows), Arc::new(view))
+    }
+
+    /// The output bits of `lin` on `rows` input rows `x`, at vector level `level` on a pool of
+    /// `threads` threads.
+    fn forward_bits(
+        lin: &Linear,
+        x: &[f32],
+        rows: usize,
+        numerics: Numerics,
+        (level, threads): (super::super::simd::Level, usize),
+    ) -> Vec<u32> {
+        use super::super::simd;
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        let mut y = vec![0f32; rows * lin.out_features()];
+        simd::cap_level(Some(level));
+        let r = pool.install(|| lin.forward(x, rows, &mut y, numerics));
+        simd::cap_level(None);
+        r.unwrap();
+        y.iter().map(|v| v.to_bits()).collect()
     }
 
     /// A test double that serves stored bytes through `weight_view` (and exact rows through
@@ -1130,17 +1153,7 @@ pub(crate) mod tests {
                     StoredBytes::Vq(vq),
                 );
             }
-            let rows_ckpt: Arc<dyn Checkpoint> = Arc::new(MemCheckpoint {
-                layout: Layout::Container,
-                tensors: tensors.clone(),
-            });
-            let view_ckpt: Arc<dyn Checkpoint> = Arc::new(ViewCheckpoint {
-                rows: MemCheckpoint {
-                    layout: Layout::Container,
-                    tensors,
-                },
-                views,
-            });
+            let (rows_ckpt, view_ckpt) = rows_and_views(Layout::Container, tensors, views);
             let cases = [
                 ("fp8", LinearKind::Fp8),
                 ("fp8", LinearKind::Bf16),
@@ -1191,30 +1204,14 @@ pub(crate) mod tests {
                                 second.copy_from_slice(first);
                             }
                         }
-                        let mut want = vec![0f32; rows * out];
                         // The baseline copy of the row path against every vector copy this
                         // CPU has of the stored-byte path.
-                        simd::cap_level(Some(Level::Portable));
-                        let r = by_rows.forward(&x, rows, &mut want, numerics);
-                        simd::cap_level(None);
-                        r.unwrap();
+                        let want = forward_bits(&by_rows, &x, rows, numerics, (Level::Portable, 1));
                         let levels = Level::ALL.into_iter().filter(|&l| l <= simd::available());
                         for (level, threads) in levels.flat_map(|l| [(l, 1), (l, 2)]) {
-                            let pool = rayon::ThreadPoolBuilder::new()
-                                .num_threads(threads)
-                                .build()
-                                .unwrap();
-                            let mut got = vec![0f32; rows * out];
-                            simd::cap_level(Some(level));
-                            let r = pool.install(|| by_view.forward(&x, rows, &mut got, numerics));
-                            simd::cap_level(None);
-                            r.unwrap();
-                            let same = got
-                                .iter()
-                                .zip(&want)
-                                .all(|(a, b)| a.to_bits() == b.to_bits());
+                            let got = forward_bits(&by_view, &x, rows, numerics, (level, threads));
                             assert!(
-                                same,
+                                got == want,
                                 "{name} {kind:?} {numerics} rows {rows} {level:?} threads {threads}"
                             );
                         }

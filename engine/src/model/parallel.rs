@@ -3,10 +3,10 @@
 //! Handing work to rayon's pool from outside it costs a wake-up and a context switch each way
 //! (tens of microseconds on a busy machine), more than a small model's linears, attention rows
 //! or index scores take; decode on a dim-128 model spent most of its time there. Loops below
-//! [`MIN_PARALLEL_WORK`] multiply-adds, or with a one-thread pool, run in order on the calling
-//! thread; a decode's product that reads [`MIN_PARALLEL_BYTES`] of weights goes to the pool
-//! whatever its multiply-adds. Every loop here writes disjoint outputs with the same
-//! arithmetic either way, so results do not depend on the choice (nor on the thread count).
+//! [`MIN_PARALLEL_WORK`] units of work (multiply-adds, or the weight bytes a product reads
+//! where those are more), or with a one-thread pool, run in order on the calling thread.
+//! Every loop here writes disjoint outputs with the same arithmetic either way, so results do
+//! not depend on the choice (nor on the thread count).
 
 use rayon::prelude::*;
 
@@ -17,20 +17,9 @@ use rayon::prelude::*;
 /// one (`ds41 bench`, 1,500 tokens).
 pub(crate) const MIN_PARALLEL_WORK: usize = 1 << 20;
 
-/// Weight bytes from which a decode's product is worth the pool whatever its multiply-adds:
-/// rows read from memory cost more per multiply-add than the kernels' arithmetic. mHC's
-/// 24 × 4·dim f32 rows (2 MiB, below [`MIN_PARALLEL_WORK`] multiply-adds) took ~0.5 ms a call
-/// on the calling thread while the pool waited, several hand-offs' worth.
-pub(crate) const MIN_PARALLEL_BYTES: usize = 1 << 20;
-
 /// Is a loop of about `work` multiply-adds worth the pool?
 pub(crate) fn worth_parallel(work: usize) -> bool {
     work >= MIN_PARALLEL_WORK && rayon::current_num_threads() > 1
-}
-
-/// Is a product reading about `bytes` of weights worth the pool?
-pub(crate) fn worth_parallel_read(bytes: usize) -> bool {
-    bytes >= MIN_PARALLEL_BYTES && rayon::current_num_threads() > 1
 }
 
 /// `task(index, chunk)` over the `size`-element chunks of `out`, on the pool when `parallel`,
