@@ -1353,10 +1353,11 @@ pub(crate) mod tests {
         every_level_gives_the_portable_bits(&lin, &x, rows);
     }
 
-    /// A prefill's FP8 product in words (`vnni_words`): weight blocks whose exponents span
-    /// at most 7 (one word) or more (two), all-zero blocks, a NaN code (its task declined),
-    /// scales at the edges; input blocks needing one word or two, rows at the edges of the
-    /// f32 range; three groups of input rows, the last one short.
+    /// A prefill's FP8 product in words (`vnni_words`, sixteen weight rows a task): weight
+    /// blocks whose exponents span at most 7, or 11 with sums too large for one pass, or more
+    /// (split words), all-zero blocks, a NaN code (its task declined), scales at the edges;
+    /// input blocks in one word or more, rows at the edges of the f32 range; three tasks
+    /// and three groups of input rows, the last ones short.
     #[test]
     fn prefill_fp8_products_keep_their_bits_for_any_word_count() {
         let mut rng = Rng::new(47);
@@ -1368,12 +1369,21 @@ pub(crate) mod tests {
                 for k in 32 * kb..32 * kb + 32 {
                     let r = rng.next_u32();
                     let sign = (r as u8) & 0x80;
-                    w.codes[n * inp + k] = match (n + kb) % 4 {
-                        // Exponent fields 6 ..= 13 (a span of 7) and zeros: one word.
-                        0 | 1 if r.is_multiple_of(9) => sign,
-                        0 | 1 => sign | ((6 + (r >> 8) % 8) as u8) << 3 | (r >> 16) as u8 & 7,
-                        // Subnormals beside the largest codes: two words.
-                        2 => sign | [0x01, 0x07, 0x7E, 0x78, 0x40][(r >> 8) as usize % 5],
+                    let mantissa = (r >> 16) as u8 & 7;
+                    // One kind per task's block (the kernel's sixteen rows share their words).
+                    w.codes[n * inp + k] = match (n / 16 + kb) % 4 {
+                        // Exponent fields 6 ..= 13 (a span of 7) and zeros.
+                        0 if r.is_multiple_of(9) => sign,
+                        0 => sign | ((6 + (r >> 8) % 8) as u8) << 3 | mantissa,
+                        // Fields 2 ..= 13 (a span of 11, the most a word holds), mostly
+                        // positive and the largest: with the largest inputs below, sums past
+                        // 2^31 (one pass would wrap).
+                        1 if r.is_multiple_of(7) => sign | ((2 + (r >> 8) % 12) as u8) << 3,
+                        1 => 13 << 3 | mantissa,
+                        // Subnormals beside the largest codes (a span of 14), or beside
+                        // field 13 (12, one past a word): split words.
+                        2 if kb < 4 => sign | [0x01, 0x07, 0x7E, 0x78, 0x40][(r >> 8) as usize % 5],
+                        2 => sign | [0x01, 0x07, 0x6F, 0x68, 0x40][(r >> 8) as usize % 5],
                         // All zero (both signs).
                         _ => sign,
                     };

@@ -442,17 +442,20 @@ struct MemWeights {
 impl MemWeights {
     fn fp8_random(out: usize, inp: usize) -> anyhow::Result<MemWeights> {
         let mut s = 0x2545_F491_4F6C_DD1Du64;
+        let mut uniform = || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 11) as f32 / (1u64 << 53) as f32
+        };
+        // Like a trained block: near-normal values (four uniforms' sum, unit variance, at
+        // most ±3.5) quantised with the block's largest near 448, so that small values
+        // reach far below the largest, as they do in a release (uniform random bytes spread
+        // every block over all sixteen exponents, which no trained weight does).
         let codes: Vec<u8> = (0..out * inp)
             .map(|_| {
-                s ^= s << 13;
-                s ^= s >> 7;
-                s ^= s << 17;
-                let code = (s % 256) as u8;
-                if code & 0x7F == 0x7F {
-                    0
-                } else {
-                    code
-                }
+                let g = ((0..4).map(|_| uniform()).sum::<f32>() - 2.0) * 3f32.sqrt();
+                ds41_engine::model::quant::e4m3_encode(g * 128.0)
             })
             .collect();
         let (bo, bi) = (out.div_ceil(32), inp.div_ceil(32));

@@ -52,7 +52,7 @@ const EMPTY: RowBlock = RowBlock {
 
 /// The units u of sixteen input rows, one per lane of a kernel's block sums (0 for rows past
 /// the end), as f64 and as f32, and the least and the largest of the rows present: the input
-/// side of the f32 steps of [`scaled_block_sums`] (AMX tiles, VNNI words).
+/// side of the f32 steps of [`scaled_block_sums`] (AMX tiles).
 #[derive(Clone, Copy, Debug)]
 pub struct LaneUnits {
     units: [f64; LANES],
@@ -162,7 +162,7 @@ impl RowBlock {
 pub use kernel::fp4_c1_rows;
 #[cfg(target_arch = "x86_64")]
 pub(in crate::model::simd) use kernel::{
-    f32_steps_exact, scale_range, scaled_block_sums, scaled_f64_sums,
+    f32_steps_exact, scale_range, scaled_block_sums, scaled_f64_sums, Steps,
 };
 
 #[cfg(target_arch = "x86_64")]
