@@ -412,11 +412,11 @@ mod kernel {
             let (mut largest, mut sums) = (zero, zero);
             for j in 0..8 {
                 let shift = _mm512_sub_epi8(exponents[j], least_bytes);
-                for h in 0..2 {
+                for (h, (&low, &up)) in lows.iter().zip(&ups).enumerate() {
                     // ±M as a word (from the high byte, arithmetic), times 2^shift (≤ 11 for
                     // nonzero codes; zero codes give 0 whatever their count).
-                    let m = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(mantissas[j], ups[h]));
-                    let v = _mm512_sllv_epi16(m, _mm512_shuffle_epi8(shift, lows[h]));
+                    let m = _mm512_srai_epi16::<8>(_mm512_shuffle_epi8(mantissas[j], up));
+                    let v = _mm512_sllv_epi16(m, _mm512_shuffle_epi8(shift, low));
                     w.words[2 * j + h] = v;
                     let magnitude = _mm512_abs_epi16(v);
                     largest = _mm512_max_epu16(largest, magnitude);
@@ -433,9 +433,9 @@ mod kernel {
             let eight = _mm512_set1_epi16(8);
             for j in 0..8 {
                 let shift = _mm512_sub_epi8(exponents[j], least_bytes);
-                for h in 0..2 {
-                    let shift = _mm512_shuffle_epi8(shift, lows[h]);
-                    let signed = _mm512_shuffle_epi8(mantissas[j], lows[h]);
+                for (h, &low) in lows.iter().enumerate() {
+                    let shift = _mm512_shuffle_epi8(shift, low);
+                    let signed = _mm512_shuffle_epi8(mantissas[j], low);
                     let negative = _mm512_test_epi16_mask(signed, _mm512_set1_epi16(0x80));
                     let m = _mm512_abs_epi8(signed);
                     // |W| = M << shift (≤ 14): its low byte, and the rest (M << (shift − 8),
