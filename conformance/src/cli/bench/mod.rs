@@ -448,10 +448,9 @@ impl MemWeights {
             s ^= s << 17;
             (s >> 11) as f32 / (1u64 << 53) as f32
         };
-        // Like a trained block: near-normal values (four uniforms' sum, unit variance, at
-        // most ±3.5) quantised with the block's largest near 448, so that small values
-        // reach far below the largest, as they do in a release (uniform random bytes spread
-        // every block over all sixteen exponents, which no trained weight does).
+        // Near-normal values (four uniforms' sum, unit variance, at most ±3.5) times 128, so
+        // that a block's small values reach about a dozen exponents below its largest, as a
+        // normal draw's do (uniform random bytes spread every block over all sixteen).
         let codes: Vec<u8> = (0..out * inp)
             .map(|_| {
                 let g = ((0..4).map(|_| uniform()).sum::<f32>() - 2.0) * 3f32.sqrt();
