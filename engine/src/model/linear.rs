@@ -1370,8 +1370,9 @@ pub(crate) mod tests {
                     let r = rng.next_u32();
                     let sign = (r as u8) & 0x80;
                     let mantissa = (r >> 16) as u8 & 7;
-                    // One kind per task's block (the kernel's sixteen rows share their words).
-                    w.codes[n * inp + k] = match (n / 16 + kb) % 4 {
+                    // One kind per task's block (the kernel's rows share their words).
+                    let task = n / crate::model::simd::vnni_words::W_ROWS;
+                    w.codes[n * inp + k] = match (task + kb) % 4 {
                         // Exponent fields 6 ..= 13 (a span of 7) and zeros.
                         0 if r.is_multiple_of(9) => sign,
                         0 => sign | ((6 + (r >> 8) % 8) as u8) << 3 | mantissa,

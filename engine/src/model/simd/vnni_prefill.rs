@@ -162,7 +162,7 @@ impl RowBlock {
 pub use kernel::fp4_c1_rows;
 #[cfg(target_arch = "x86_64")]
 pub(in crate::model::simd) use kernel::{
-    f32_steps_exact, scale_range, scaled_block_sums, scaled_f64_sums, Steps,
+    f32_steps_exact, scale_range, scaled_block_sums, scaled_f64_sums, LaneSteps,
 };
 
 #[cfg(target_arch = "x86_64")]
@@ -242,6 +242,63 @@ mod kernel {
         F64(__m512d, __m512d),
     }
 
+    /// One block's steps of sixteen weight rows (one per lane): as f64 (low and high eight
+    /// lanes) and as f32, and whether f32 steps give the f64 steps' values for every input
+    /// row of the block ([`f32_steps_exact`]).
+    #[derive(Clone, Copy)]
+    pub(in crate::model::simd) struct LaneSteps {
+        lo: __m512d,
+        hi: __m512d,
+        f32: __m512,
+        f32_exact: bool,
+    }
+
+    impl LaneSteps {
+        /// From the f64 steps, each a power of two that f32 holds (2^−149 up to 2^127).
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512 F and DQ.
+        #[inline(always)]
+        pub(in crate::model::simd) unsafe fn new(
+            (lo, hi): (__m512d, __m512d),
+            f32_exact: bool,
+        ) -> LaneSteps {
+            let f32 = _mm512_insertf32x8::<1>(
+                _mm512_castps256_ps512(_mm512_cvtpd_ps(lo)),
+                _mm512_cvtpd_ps(hi),
+            );
+            LaneSteps {
+                lo,
+                hi,
+                f32,
+                f32_exact,
+            }
+        }
+
+        /// The steps for an input row of unit u (`unit_f32`, u as f32): in f32 where exact.
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512 F.
+        #[inline(always)]
+        pub(in crate::model::simd) unsafe fn times(&self, unit: f64, unit_f32: f32) -> Steps {
+            if self.f32_exact {
+                return Steps::F32(_mm512_mul_ps(self.f32, _mm512_set1_ps(unit_f32)));
+            }
+            let (lo, hi) = self.times_f64(unit);
+            Steps::F64(lo, hi)
+        }
+
+        /// The steps for an input row of unit u, in f64.
+        ///
+        /// # Safety
+        /// The CPU must have AVX-512 F.
+        #[inline(always)]
+        pub(in crate::model::simd) unsafe fn times_f64(&self, unit: f64) -> (__m512d, __m512d) {
+            let unit = _mm512_set1_pd(unit);
+            (_mm512_mul_pd(self.lo, unit), _mm512_mul_pd(self.hi, unit))
+        }
+    }
+
     /// `f32(S · step)` for sixteen exact block sums S (|S| < 2^28): with f32 steps, S rounds
     /// to f32 first, which the power of two then scales exactly.
     ///
@@ -305,20 +362,14 @@ mod kernel {
             let scale: [f64; W_ROWS] =
                 std::array::from_fn(|i| scales.get(i).map_or(0.0, |s| e8m0_to_f64(s[kb])));
 
-            let (lo, hi) = (
-                _mm512_loadu_pd(scale.as_ptr()),
-                _mm512_loadu_pd(scale[8..].as_ptr()),
-            );
-            let block = BlockScales {
-                // Exact: a scale byte up to 245 is an f32 value (2^−127 a subnormal one).
-                f32: _mm512_insertf32x8::<1>(
-                    _mm512_castps256_ps512(_mm512_cvtpd_ps(lo)),
-                    _mm512_cvtpd_ps(hi),
+            // Each an f32 value: a scale byte up to 245 (2^−127 a subnormal one).
+            let block = LaneSteps::new(
+                (
+                    _mm512_loadu_pd(scale.as_ptr()),
+                    _mm512_loadu_pd(scale[8..].as_ptr()),
                 ),
-                lo,
-                hi,
-                f32_steps: f32_steps_exact(acts.unit_ranges[kb], scale_range(&scale[..nw])),
-            };
+                f32_steps_exact(acts.unit_ranges[kb], scale_range(&scale[..nw])),
+            );
             let entries = &acts.entries[kb * rows..][..rows];
             match acts.digit_counts[kb] {
                 1 => rows_block::<1>(&mut sums, entries, &weights, &block),
@@ -348,15 +399,6 @@ mod kernel {
         t
     };
 
-    /// One block's weight scales, as f64 and as f32, and whether f32 steps give the f64
-    /// kernel's values for every row of the block.
-    struct BlockScales {
-        f32: __m512,
-        lo: __m512d,
-        hi: __m512d,
-        f32_steps: bool,
-    }
-
     /// Add block `entries` (one per input row) of the weight rows in `w` to `sums`, with `D`
     /// digits per input value.
     #[inline(always)]
@@ -364,7 +406,7 @@ mod kernel {
         sums: &mut [__m512],
         entries: &[RowBlock],
         w: &[__m512i; 8],
-        scales: &BlockScales,
+        scales: &LaneSteps,
     ) {
         for (sum, e) in sums.iter_mut().zip(entries) {
             let mut acc = [_mm512_setzero_si512(); D];
@@ -385,16 +427,7 @@ mod kernel {
             if D >= 3 {
                 s = _mm512_add_epi32(s, _mm512_slli_epi32::<16>(acc[2]));
             }
-            let steps = if scales.f32_steps {
-                Steps::F32(_mm512_mul_ps(scales.f32, _mm512_set1_ps(e.unit_f32)))
-            } else {
-                let unit = _mm512_set1_pd(e.unit);
-                Steps::F64(
-                    _mm512_mul_pd(scales.lo, unit),
-                    _mm512_mul_pd(scales.hi, unit),
-                )
-            };
-            *sum = _mm512_add_ps(*sum, scaled_block_sums(s, steps));
+            *sum = _mm512_add_ps(*sum, scaled_block_sums(s, scales.times(e.unit, e.unit_f32)));
         }
     }
 

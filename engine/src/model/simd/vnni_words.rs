@@ -126,6 +126,11 @@ impl IntegerInputs for ActWords {
 }
 
 impl RowWords {
+    /// Whether X fits words (`words` is set).
+    fn in_words(&self) -> bool {
+        self.largest <= i16::MAX as u32
+    }
+
     /// From an act-quantised block's reduced integers and unit.
     fn of(x: &[i32; BLOCK], unit: f64, digit_count: u8) -> RowWords {
         let largest = x.iter().map(|v| v.unsigned_abs()).max().unwrap_or(0);
@@ -137,7 +142,7 @@ impl RowWords {
             digit_count,
             ..EMPTY
         };
-        if largest <= i16::MAX as u32 {
+        if row.in_words() {
             row.words = pairs(x);
         }
         row
@@ -178,7 +183,9 @@ pub use kernel::fp8_c1_rows;
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::avx512::RowStarts;
-    use super::super::vnni_prefill::{f32_steps_exact, scaled_block_sums, scaled_f64_sums, Steps};
+    use super::super::vnni_prefill::{
+        f32_steps_exact, scaled_block_sums, scaled_f64_sums, LaneSteps,
+    };
     use super::{ActWords, RowDigits, RowWords, BLOCK, PAIRS, W_ROWS};
     use std::arch::x86_64::*;
 
@@ -194,11 +201,8 @@ mod kernel {
         /// `split[d][c]`: W's low byte (d = 0) and the rest (d = 1), the same way (where not
         /// `whole`).
         split: [[__m512i; PAIRS]; 2],
-        /// Each row's step `scale · 2^(e_min − 8)` (low and high eight lanes), and as f32.
-        steps: (__m512d, __m512d),
-        steps_f32: __m512,
-        /// The least and the largest step of the rows present.
-        step_range: (f64, f64),
+        /// Each row's step `scale · 2^(e_min − 8)`.
+        steps: LaneSteps,
     }
 
     /// Rule C1 of up to [`W_ROWS`] release FP8 weight rows against every input row of `acts`:
@@ -221,8 +225,6 @@ mod kernel {
         let (rows, blocks) = (acts.rows, acts.blocks);
         let nw = codes.len();
         assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
-        assert!(codes.iter().all(|c| c.len() >= blocks * BLOCK));
-        assert!(scales.iter().all(|s| s.len() >= blocks));
         if nw == 0 {
             return true;
         }
@@ -232,6 +234,7 @@ mod kernel {
             std::array::from_fn(|i| if i < nw { codes[i] } else { codes[0] }),
             std::array::from_fn(|i| if i < nw { scales[i] } else { scales[0] }),
         );
+        // Every row must hold the blocks of `acts` (checked here).
         let codes = RowStarts::new(&code_rows, blocks * BLOCK);
         let scales = RowStarts::new(&scale_rows, blocks);
         // Row m's sixteen sums, in f32 from +0.0.
@@ -243,31 +246,20 @@ mod kernel {
             largest: 0,
             sum: 0,
             split: [[zero; PAIRS]; 2],
-            steps: (_mm512_setzero_pd(), _mm512_setzero_pd()),
-            steps_f32: _mm512_setzero_ps(),
-            step_range: (0.0, 0.0),
+            steps: LaneSteps::new((_mm512_setzero_pd(), _mm512_setzero_pd()), false),
         };
         for kb in 0..blocks {
-            if !weight_block(&mut w, &codes, &scales, kb) {
+            if !weight_block(&mut w, &codes, &scales, kb, acts.unit_ranges[kb]) {
                 return false;
             }
-            let f32_steps = f32_steps_exact(acts.unit_ranges[kb], w.step_range);
             let at = kb * rows;
             let (entries, digits) = (&acts.entries[at..][..rows], &acts.digits[at..][..rows]);
             for ((sum, e), d) in sums.iter_mut().zip(entries).zip(digits) {
                 let one_pass = w.whole
-                    && e.largest <= i16::MAX as u32
+                    && e.in_words()
                     && (w.largest * u64::from(e.sum)).min(w.sum * u64::from(e.largest)) < 1 << 31;
                 let v = if one_pass {
-                    let steps = if f32_steps {
-                        Steps::F32(_mm512_mul_ps(w.steps_f32, _mm512_set1_ps(e.unit_f32)))
-                    } else {
-                        let unit = _mm512_set1_pd(e.unit);
-                        Steps::F64(
-                            _mm512_mul_pd(w.steps.0, unit),
-                            _mm512_mul_pd(w.steps.1, unit),
-                        )
-                    };
+                    let steps = w.steps.times(e.unit, e.unit_f32);
                     scaled_block_sums(word_sum(&w.words, &e.words), steps)
                 } else {
                     by_digits(&w, e, d)
@@ -308,7 +300,7 @@ mod kernel {
                 &digits[..usize::from(e.digit_count)],
                 std::slice::from_ref(&w.words),
             )
-        } else if e.largest <= i16::MAX as u32 {
+        } else if e.in_words() {
             (std::slice::from_ref(&e.words), &w.split)
         } else {
             (&digits[..usize::from(e.digit_count)], &w.split)
@@ -326,14 +318,7 @@ mod kernel {
                 );
             }
         }
-        let unit = _mm512_set1_pd(e.unit);
-        scaled_f64_sums(
-            (lo, hi),
-            (
-                _mm512_mul_pd(w.steps.0, unit),
-                _mm512_mul_pd(w.steps.1, unit),
-            ),
-        )
+        scaled_f64_sums((lo, hi), w.steps.times_f64(e.unit))
     }
 
     /// `vpshufb` patterns (each 128-bit lane) taking bytes 0, 1 (`LOW`) or 2, 3 (`HIGH`) of
@@ -356,13 +341,15 @@ mod kernel {
     }
 
     /// Block kb of the sixteen weight rows into `w`: its words (or split words), their
-    /// bounds and each row's step; `false` for a NaN code.
+    /// bounds and each row's step (in f32 where exact for input units in `units`); `false`
+    /// for a NaN code.
     #[inline(always)]
     unsafe fn weight_block(
         w: &mut WeightBlock,
         codes: &RowStarts<W_ROWS>,
         scales: &RowStarts<W_ROWS>,
         kb: usize,
+        units: (f64, f64),
     ) -> bool {
         // Sixteen rows streamed at once: more than the hardware prefetcher follows.
         codes.prefetch(kb * BLOCK);
@@ -465,19 +452,18 @@ mod kernel {
             _mm512_add_epi32(_mm512_loadu_si512(bytes.as_ptr().cast()), least),
             _mm512_set1_epi32(1023 - 127 - 8),
         );
-        w.steps = (
-            power_of_two(_mm512_castsi512_si256(fields)),
-            power_of_two(_mm512_extracti64x4_epi64::<1>(fields)),
-        );
-        // Exact: from 2^−135 (an f32 subnormal) to 2^124 (scale bytes up to 245).
-        w.steps_f32 = _mm512_insertf32x8::<1>(
-            _mm512_castps256_ps512(_mm512_cvtpd_ps(w.steps.0)),
-            _mm512_cvtpd_ps(w.steps.1),
-        );
         let field = |f: i32| f64::from_bits((f as u64) << 52);
-        w.step_range = (
+        let range = (
             field(_mm512_reduce_min_epi32(fields)),
             field(_mm512_reduce_max_epi32(fields)),
+        );
+        // Each an f32 value: from 2^−135 (a subnormal) to 2^124 (scale bytes up to 245).
+        w.steps = LaneSteps::new(
+            (
+                power_of_two(_mm512_castsi512_si256(fields)),
+                power_of_two(_mm512_extracti64x4_epi64::<1>(fields)),
+            ),
+            f32_steps_exact(units, range),
         );
         true
     }
