@@ -224,6 +224,7 @@ impl Linear {
                 x_blocks: None,
                 x_by_block: None,
                 x_ints: None,
+                x_lanes: None,
             }
             .run(n_out, y, n_out, 0)
         });
@@ -273,6 +274,7 @@ impl Linear {
                 x_blocks: None,
                 x_by_block: None,
                 x_ints: None,
+                x_lanes: None,
             };
             (0..groups).try_for_each(|g| {
                 kernel.w_first = g * per_group;

@@ -126,6 +126,11 @@ pub(crate) struct MatVec<'a> {
     /// act-quantised).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_ints: Option<ActInts<'a>>,
+    /// A single input row in the lane order of the AVX2 C1 kernels for its weight's codes
+    /// (`simd::avx2`; set by [`MatVec::run`] at [`Level::Avx2`], none where a block is not
+    /// act-quantised).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub x_lanes: Option<&'a [f64]>,
 }
 
 /// A prefill's act-quantised inputs in the integer form of the kernel that takes them.
@@ -164,6 +169,20 @@ impl MatVec<'_> {
             }
             .run_tasks(n_out, y, y_stride, y_off);
             ACT_BLOCK_SCRATCH.with(|c| c.set(blocks));
+            return r;
+        }
+        #[cfg(target_arch = "x86_64")]
+        if let Some(codes) = self.lane_codes() {
+            // Once per call, for every task; none (the block-by-block path) if the input is
+            // not act-quantised after all.
+            let mut lanes = INPUT_LANE_SCRATCH.with(Cell::take);
+            let found = lanes.fill(&self.x[self.x_off..][..self.n_in], codes);
+            let r = MatVec {
+                x_lanes: found.then(|| lanes.of(codes)).flatten(),
+                ..*self
+            }
+            .run_tasks(n_out, y, y_stride, y_off);
+            INPUT_LANE_SCRATCH.with(|c| c.set(lanes));
             return r;
         }
         if self.rows > 1 && largest_group(simd::level()) == WIDE_GROUP {
@@ -239,7 +258,8 @@ impl MatVec<'_> {
             // measured twice as fast (fewer rows walked at once) but for the AVX-512 FP8/FP4
             // kernels, whose C2 chains need the wide tasks' independent rows.
             let wide = n_out * self.n_in <= WIDE_TASK_WEIGHTS
-                || (simd::level() >= Level::Avx512 && self.byte_rows_decode());
+                || (simd::level() >= Level::Avx512 && self.byte_rows_decode())
+                || (simd::level() == Level::Avx2 && self.quant_c2());
             // A weight of few, long rows (mHC's 24 × 4·dim) would be one wide task, read by
             // one thread while the others wait: TILE-row tasks give each thread a share.
             let one_task = n_out <= DECODE_TILE;
@@ -332,6 +352,13 @@ impl MatVec<'_> {
                     }
                     return Ok(());
                 }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if let (Level::Avx2, Rule::C2 { init }, Source::View(WeightView::Quant(v))) =
+                (level, self.rule, &self.source)
+            {
+                self.c2_quant16(*v, init, first, out);
+                return Ok(());
             }
             if let (Rule::C2 { init }, true) = (self.rule, out.len() > TILE) {
                 return self.task_c2_single(init, first, out, level);
@@ -512,6 +539,16 @@ impl MatVec<'_> {
                 return;
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        if let (Level::Avx2, Some(lanes)) = (level, self.x_lanes) {
+            if let Ok(out) = <&mut [f32; TILE]>::try_from(&mut *out) {
+                *out = self.c1_lanes8(v, r0, lanes);
+                if self.round_out {
+                    out.iter_mut().for_each(|o| *o = bf16(*o));
+                }
+                return;
+            }
+        }
         for (i, o) in out.iter_mut().enumerate() {
             let mut acc = 0f32;
             for k0 in (0..self.n_in).step_by(BLOCK) {
@@ -599,6 +636,133 @@ impl MatVec<'_> {
             }
         }
         acc
+    }
+
+    /// Rule C1 for one input row over weight rows `r0 .. r0 + 8` with the AVX2 kernel on the
+    /// input's lanes (`simd::avx2`), every full block of the eight rows at a time; a block it
+    /// leaves (a NaN code, a scale that could overflow f32) and a partial block are taken row
+    /// by row, in place.
+    ///
+    /// Only called at [`Level::Avx2`], i.e. inside `task_avx2`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c1_lanes8(&self, v: QuantView, r0: usize, lanes: &[f64]) -> [f32; TILE] {
+        let (codes, row_bytes) = match v.kind {
+            QuantKind::Fp4 => (simd::avx2::Codes::Fp4, v.cols / 2),
+            QuantKind::Fp8Block | QuantKind::Fp8Rows => (simd::avx2::Codes::Fp8, v.cols),
+        };
+        let full = self.n_in / BLOCK;
+        let rows: [&[u8]; TILE] = eight(
+            #[inline(always)]
+            |i| &v.codes[(r0 + i) * row_bytes..][..row_bytes],
+        );
+        let scales: [&[u8]; TILE] = eight(
+            #[inline(always)]
+            |i| &v.scales[scale_at(&v, r0 + i, 0)..][..full],
+        );
+        let mut acc = [0f32; TILE];
+        let mut kb = 0;
+        while kb < full {
+            // SAFETY: only reached from `task_avx2`; the lanes, rows and scales hold `full`
+            // blocks.
+            kb = unsafe {
+                simd::avx2::c1_run8(
+                    codes,
+                    &mut acc,
+                    lanes,
+                    rows,
+                    scales,
+                    SAFE_SCALE_BYTE,
+                    kb..full,
+                )
+            };
+            if kb < full {
+                for (i, a) in acc.iter_mut().enumerate() {
+                    *a += self.c1_block(v, r0 + i, kb * BLOCK, Level::Avx2) as f32;
+                }
+                kb += 1;
+            }
+        }
+        if full * BLOCK < self.n_in {
+            for (i, a) in acc.iter_mut().enumerate() {
+                *a += self.c1_block(v, r0 + i, full * BLOCK, Level::Avx2) as f32;
+            }
+        }
+        acc
+    }
+
+    /// Rule C2 for one input row over release FP8/FP4 weight rows `first ..` with the AVX2
+    /// kernel, sixteen rows at a time (`simd::avx2::c2_run16`); a block it leaves (a NaN
+    /// code, a scale that could overflow f32) and a partial block take the generic block
+    /// decode for those rows, in place, and fewer than sixteen rows the eight-row path.
+    ///
+    /// Only called at [`Level::Avx2`], i.e. inside `task_avx2`.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c2_quant16(&self, v: QuantView, init: f64, first: usize, out: &mut [f32]) {
+        const ROWS: usize = 16;
+        let x = &self.x[self.x_off..][..self.n_in];
+        let (codes, row_bytes) = match v.kind {
+            QuantKind::Fp4 => (simd::avx2::Codes::Fp4, v.cols / 2),
+            QuantKind::Fp8Block | QuantKind::Fp8Rows => (simd::avx2::Codes::Fp8, v.cols),
+        };
+        let full = self.n_in / BLOCK;
+        let done = out.len() - out.len() % ROWS;
+        let mut chunks = out.chunks_exact_mut(ROWS);
+        for (t, o) in chunks.by_ref().enumerate() {
+            let r0 = self.w_first + first + t * ROWS;
+            let rows: [&[u8]; ROWS] =
+                std::array::from_fn(|i| &v.codes[(r0 + i) * row_bytes..][..row_bytes]);
+            let scales: [&[u8]; ROWS] =
+                std::array::from_fn(|i| &v.scales[scale_at(&v, r0 + i, 0)..][..full]);
+            let mut acc = [init; ROWS];
+            let mut kb = 0;
+            while kb < full {
+                // SAFETY: only reached from `task_avx2`; the input, rows and scales hold
+                // `full` blocks.
+                kb = unsafe {
+                    simd::avx2::c2_run16(
+                        codes,
+                        &mut acc,
+                        x,
+                        rows,
+                        scales,
+                        SAFE_SCALE_BYTE,
+                        kb..full,
+                    )
+                };
+                if kb < full {
+                    self.c2_block16(r0, kb * BLOCK, &mut acc);
+                    kb += 1;
+                }
+            }
+            if full * BLOCK < self.n_in {
+                self.c2_block16(r0, full * BLOCK, &mut acc);
+            }
+            for (o, a) in o.iter_mut().zip(acc) {
+                let v = a as f32;
+                *o = if self.round_out { bf16(v) } else { v };
+            }
+        }
+        for (t, o) in chunks.into_remainder().chunks_mut(TILE).enumerate() {
+            self.task_single_c2(v, init, first + done + t * TILE, o, Level::Avx2);
+        }
+    }
+
+    /// One column block (at `k0`) of sixteen rows' C2 chains from `r0` by the generic block
+    /// decode, eight rows at a time.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c2_block16(&self, r0: usize, k0: usize, acc: &mut [f64; 16]) {
+        let x = &self.x[self.x_off..][..self.n_in];
+        let len = BLOCK.min(self.n_in - k0);
+        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        for (g, chains) in acc.chunks_exact_mut(TILE).enumerate() {
+            self.decode(&[], r0 + g * TILE, TILE, k0, len, &mut w, Level::Avx2);
+            let mut c = [<[f64; TILE]>::try_from(&*chains).expect("eight chains")];
+            dot_rows(&mut c, [&x[k0..k0 + len]], &w, Level::Avx2);
+            chains.copy_from_slice(&c[0]);
+        }
     }
 
     /// Rule C2 for one input row over up to [`DECODE_TILE`] rows of stored bytes with the
@@ -865,6 +1029,20 @@ impl MatVec<'_> {
         self.rows == 1 && self.rule == Rule::C1 && nibbles && simd::level() >= Level::Avx512Vnni
     }
 
+    /// A single-row C1 product on release FP8/FP4 codes at [`Level::Avx2`]: the codes of the
+    /// AVX2 kernels, which read the input in their lane order.
+    #[cfg(target_arch = "x86_64")]
+    fn lane_codes(&self) -> Option<simd::avx2::Codes> {
+        let Source::View(WeightView::Quant(v)) = self.source else {
+            return None;
+        };
+        let codes = match v.kind {
+            QuantKind::Fp4 => simd::avx2::Codes::Fp4,
+            QuantKind::Fp8Block | QuantKind::Fp8Rows => simd::avx2::Codes::Fp8,
+        };
+        (self.rows == 1 && self.rule == Rule::C1 && simd::level() == Level::Avx2).then_some(codes)
+    }
+
     /// A prefill's rule C1 product on release FP4 or FP8 codes from [`Level::Avx512Vnni`] up:
     /// the integer kernels', which read the inputs as limb tiles (AMX, FP4), digits (VNNI,
     /// FP4) or words (VNNI, FP8). The codes' kind, where they apply.
@@ -877,6 +1055,12 @@ impl MatVec<'_> {
             && self.n_in.is_multiple_of(BLOCK)
             && simd::level() >= Level::Avx512Vnni)
             .then_some(v.kind)
+    }
+
+    /// A rule C2 product on release FP8/FP4 codes (the AVX2 kernel's sixteen-row chains).
+    fn quant_c2(&self) -> bool {
+        matches!(self.source, Source::View(WeightView::Quant(_)))
+            && matches!(self.rule, Rule::C2 { .. })
     }
 
     /// A single-row product the AVX-512 kernels serve: any [`ByteRows`], under either rule.
@@ -1483,6 +1667,9 @@ thread_local! {
     static ACT_TILE_SCRATCH: Cell<ActTiles> = Cell::new(ActTiles::default());
     static ACT_DIGIT_SCRATCH: Cell<ActDigits> = Cell::new(ActDigits::default());
     static ACT_WORD_SCRATCH: Cell<ActWords> = Cell::new(ActWords::default());
+    #[cfg(target_arch = "x86_64")]
+    static INPUT_LANE_SCRATCH: Cell<simd::avx2::InputLanes> =
+        Cell::new(simd::avx2::InputLanes::default());
     static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }
 

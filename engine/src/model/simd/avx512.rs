@@ -70,8 +70,8 @@ const fn top_bytes(shift: u32) -> [u8; 128] {
 }
 
 /// Low and high bytes of `E2M1_F64_TOP`, repeated in each 128-bit lane for `vpshufb`.
-static E2M1_LOW: [u8; 64] = nibble_bytes(0);
-static E2M1_HIGH: [u8; 64] = nibble_bytes(8);
+pub(super) static E2M1_LOW: [u8; 64] = nibble_bytes(0);
+pub(super) static E2M1_HIGH: [u8; 64] = nibble_bytes(8);
 
 const fn nibble_bytes(shift: u32) -> [u8; 64] {
     let mut t = [0u8; 64];
@@ -308,7 +308,7 @@ const E4M3_LOWERED: [u16; 128] = {
 /// bytes are `2·code` and `(code & 0x80) | 0x20` (an exponent offset of 512 − 8).
 const LOWERING: i32 = 504;
 /// 2^[`LOWERING`]: what the products of [`E4M3_LOWERED`] weights are short of.
-const LOWERING_BACK: f64 = f64::from_bits(((1023 + LOWERING) as u64) << 52);
+pub(super) const LOWERING_BACK: f64 = f64::from_bits(((1023 + LOWERING) as u64) << 52);
 
 /// The exponents by which C2 chains run divided, exactly: each row's power-of-two scale's
 /// and [`LOWERING`]'s (see [`fp8_c2_block8`]).
@@ -321,8 +321,8 @@ unsafe fn lowered_exponents(scale: __m512d) -> __m512d {
 /// what to flip in `2·code` and in `code & 0x80`. Entry `2m` is the subnormal magnitude m,
 /// entry 15 any normal code. `HALVES`: the low table in lanes 0 and 1, the high one in 2 and
 /// 3, for a row's codes in both halves of a vector.
-static LOWERED_FIX_LOW: [u8; 64] = lowered_fixes(false);
-static LOWERED_FIX_HIGH: [u8; 64] = lowered_fixes(true);
+pub(super) static LOWERED_FIX_LOW: [u8; 64] = lowered_fixes(false);
+pub(super) static LOWERED_FIX_HIGH: [u8; 64] = lowered_fixes(true);
 static LOWERED_FIX_HALVES: [u8; 64] = {
     let mut t = LOWERED_FIX_LOW;
     let mut i = 32;

@@ -12,6 +12,8 @@ use std::sync::OnceLock;
 
 pub mod amx;
 #[cfg(target_arch = "x86_64")]
+pub mod avx2;
+#[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod vnni;
 pub mod vnni_prefill;
@@ -356,7 +358,7 @@ pub mod x86 {
     /// eight rows' bytes in order) in its low 128 bits and `16 + 2q, 17 + 2q` in its high.
     #[inline]
     #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn transpose_8x32(r: [__m256i; 8]) -> [__m256i; 8] {
+    pub(in crate::model::simd) unsafe fn transpose_8x32(r: [__m256i; 8]) -> [__m256i; 8] {
         // Row pairs interleaved byte by byte: columns 0..8 (16..24), then 8..16 (24..32).
         let t: [__m256i; 8] = std::array::from_fn(|i| {
             let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);

@@ -1,0 +1,482 @@
+//! Rule C1's block sums of a decode (one input row) over eight release FP8 or FP4 weight rows
+//! with AVX2 alone (MODEL.md §5.4).
+//!
+//! As in `avx512`, a weight's f64 is built, not converted: every e4m3 value times 2^−504 and
+//! every e2m1 value is an f64 whose low 48 bits are zero, so two bytes per weight (made by
+//! byte arithmetic and 16-entry `vpshufb` lookups) placed at bytes 6 and 7 of a 64-bit lane
+//! by one more `vpshufb` give four weights ready for a multiply-add. AVX2's byte shuffles stay
+//! inside 128-bit lanes, so the weights of one vector are not four neighbouring columns; the
+//! input row is instead copied once per call into that lane order ([`InputLanes`]), which is
+//! harmless because every product is exact and so is any sum of them (the C1 argument in
+//! `linear`): the block sum is the portable kernel's to the bit. The scale, the rounding to
+//! f32 and the f32 accumulation over blocks follow for the eight rows as one vector, in the
+//! portable order.
+
+use super::super::quant::BLOCK;
+use super::avx512::{
+    E2M1_HIGH, E2M1_LOW, LOWERED_FIX_HIGH, LOWERED_FIX_LOW, LOWERING_BACK, PREFETCH_AHEAD,
+};
+use super::vnni::block_integers;
+use std::arch::x86_64::*;
+use std::ops::Range;
+
+/// The stored code kinds the kernels read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Codes {
+    /// e4m3, a byte per weight.
+    Fp8,
+    /// e2m1, two weights per byte (low nibble first).
+    Fp4,
+}
+
+/// `ORDER[p]`: the block column whose weight the kernels put at position p of a block (four
+/// positions per vector, eight vectors).
+///
+/// FP8: the two bytes of every weight are interleaved by `vpunpck{l,h}bw`, which take columns
+/// 0..8 and 16..24 (low) or 8..16 and 24..32 (high) into the two 128-bit lanes; placement j
+/// takes words 2j, 2j + 1 of each lane. FP4: a row's 16 bytes sit in both lanes, the low
+/// nibbles (even columns) in lane 0 and the high ones (odd columns) in lane 1.
+const fn lane_order(codes: Codes) -> [usize; BLOCK] {
+    let mut order = [0; BLOCK];
+    let mut p = 0;
+    while p < BLOCK {
+        let (half, j, e) = (p / 16, (p / 4) % 4, p % 4);
+        order[p] = match codes {
+            Codes::Fp8 => 8 * half + 16 * (e / 2) + 2 * j + e % 2,
+            Codes::Fp4 => 16 * half + 4 * j + [0, 2, 1, 3][e],
+        };
+        p += 1;
+    }
+    order
+}
+
+static FP8_ORDER: [usize; BLOCK] = lane_order(Codes::Fp8);
+static FP4_ORDER: [usize; BLOCK] = lane_order(Codes::Fp4);
+
+/// An input row's full blocks in the kernels' lane order for one code kind (a per-thread
+/// buffer, reused).
+#[derive(Default)]
+pub struct InputLanes {
+    values: Vec<f64>,
+    codes: Option<Codes>,
+}
+
+impl InputLanes {
+    /// Fill from the full blocks of `x` for `codes`; `false` (contents unspecified) if a block
+    /// is not act-quantised (`vnni::block_integers`), whose sums the lanes could not reorder
+    /// exactly.
+    pub fn fill(&mut self, x: &[f64], codes: Codes) -> bool {
+        let order = match codes {
+            Codes::Fp8 => &FP8_ORDER,
+            Codes::Fp4 => &FP4_ORDER,
+        };
+        self.values.clear();
+        self.codes = Some(codes);
+        for xb in x.chunks_exact(BLOCK) {
+            let xb: &[f64; BLOCK] = xb.try_into().expect("a block");
+            if block_integers(xb).is_none() {
+                return false;
+            }
+            self.values.extend(order.iter().map(|&k| xb[k]));
+        }
+        true
+    }
+
+    /// The lanes for `codes`, `None` if filled for the other kind.
+    pub fn of(&self, codes: Codes) -> Option<&[f64]> {
+        (self.codes == Some(codes)).then_some(&self.values[..])
+    }
+}
+
+/// `PLACE[j]`: puts the words 2j and 2j + 1 of each 128-bit lane into bytes 6, 7 and 14, 15
+/// (the top of the lane's two f64s), zeroing the rest.
+static PLACE: [[u8; 32]; 4] = {
+    let mut t = [[0x80u8; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut lane = 0;
+        while lane < 2 {
+            let at = 16 * lane;
+            t[j][at + 6] = (4 * j) as u8;
+            t[j][at + 7] = (4 * j + 1) as u8;
+            t[j][at + 14] = (4 * j + 2) as u8;
+            t[j][at + 15] = (4 * j + 3) as u8;
+            lane += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// C1 over the column blocks `blocks` of eight release weight rows, in order: `acc[i] +=
+/// f32(P_i · 2^(scale_i − 127))` per block with `P_i` the exact block sum. `lanes` is the
+/// input in [`InputLanes`] order, `rows[i]` and `scales[i]` row i's codes and E8M0 bytes from
+/// block 0. Returns the first block it leaves (a scale byte above `limit`, a NaN code), else
+/// `blocks.end`; `acc` then has every block before it.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `lanes`, `rows` and `scales` must hold
+/// `blocks.end` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn c1_run8(
+    codes: Codes,
+    acc: &mut [f32; 8],
+    lanes: &[f64],
+    rows: [&[u8]; 8],
+    scales: [&[u8]; 8],
+    limit: u8,
+    blocks: Range<usize>,
+) -> usize {
+    let (block_bytes, back) = match codes {
+        Codes::Fp8 => (BLOCK, LOWERING_BACK),
+        Codes::Fp4 => (BLOCK / 2, 1.0),
+    };
+    let lanes = &lanes[..blocks.end * BLOCK];
+    let rows = rows.map(|r| &r[..blocks.end * block_bytes]);
+    let scales = scales.map(|s| &s[..blocks.end]);
+    let back = _mm256_set1_pd(back);
+    let mut total = _mm256_loadu_ps(acc.as_ptr());
+    // A block's lane sums are reduced, scaled and added one block later, while the next
+    // block's chains run: in program order its reduction would wait on the chains just made.
+    let mut pending: Option<([[__m256d; 4]; 2], [__m256d; 2])> = None;
+    let mut stop = blocks.end;
+    for kb in blocks {
+        let at = kb * block_bytes;
+        // Rows of equal length: ahead in one, ahead in all.
+        if at + PREFETCH_AHEAD < rows[0].len() {
+            for row in &rows {
+                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + PREFETCH_AHEAD).cast());
+            }
+        }
+        let Some(scale) = block_scales(&scales, kb, limit) else {
+            stop = kb;
+            break;
+        };
+        let xb: &[f64; BLOCK] = lanes[kb * BLOCK..][..BLOCK].try_into().expect("block");
+        let mut doubled_max = _mm256_setzero_si256();
+        let mut words = [[_mm256_setzero_si256(); 2]; 4];
+        let mut sums = [[_mm256_setzero_pd(); 4]; 2];
+        for (q, quad) in sums.iter_mut().enumerate() {
+            // Four rows' words, then their sums side by side: independent chains.
+            for (r, w) in words.iter_mut().enumerate() {
+                let row = rows[4 * q + r][at..].as_ptr();
+                let (low, high) = match codes {
+                    Codes::Fp8 => {
+                        let (low, high, doubled) = fp8_top_bytes(row);
+                        doubled_max = _mm256_max_epu8(doubled_max, doubled);
+                        (low, high)
+                    }
+                    Codes::Fp4 => fp4_top_bytes(row),
+                };
+                *w = [
+                    _mm256_unpacklo_epi8(low, high),
+                    _mm256_unpackhi_epi8(low, high),
+                ];
+            }
+            *quad = block_sums4(xb, &words);
+        }
+        // 2·code is 0xFE exactly for the NaN codes 0x7F and 0xFF, and no byte is larger.
+        let nan = _mm256_cmpeq_epi8(doubled_max, _mm256_set1_epi8(-2));
+        if _mm256_movemask_epi8(nan) != 0 {
+            stop = kb;
+            break;
+        }
+        if let Some((sums, scale)) = pending.replace((sums, scale)) {
+            total = _mm256_add_ps(total, block_values(sums, scale, back));
+        }
+    }
+    if let Some((sums, scale)) = pending {
+        total = _mm256_add_ps(total, block_values(sums, scale, back));
+    }
+    _mm256_storeu_ps(acc.as_mut_ptr(), total);
+    stop
+}
+
+/// The eight rows' block values `f32(P_i · scale_i)` from their lane sums (rows 0..4, 4..8),
+/// `back` the power of two the weights were lowered by.
+#[inline(always)]
+unsafe fn block_values(sums: [[__m256d; 4]; 2], scale: [__m256d; 2], back: __m256d) -> __m256 {
+    let low = _mm256_mul_pd(row_totals(sums[0]), _mm256_mul_pd(scale[0], back));
+    let high = _mm256_mul_pd(row_totals(sums[1]), _mm256_mul_pd(scale[1], back));
+    _mm256_set_m128(_mm256_cvtpd_ps(high), _mm256_cvtpd_ps(low))
+}
+
+/// Block `kb`'s eight scales as f64 (rows 0..4, 4..8), `None` if a byte is above `limit`.
+#[inline(always)]
+unsafe fn block_scales(scales: &[&[u8]; 8], kb: usize, limit: u8) -> Option<[__m256d; 2]> {
+    let bytes: [u8; 8] = [
+        scales[0][kb],
+        scales[1][kb],
+        scales[2][kb],
+        scales[3][kb],
+        scales[4][kb],
+        scales[5][kb],
+        scales[6][kb],
+        scales[7][kb],
+    ];
+    if bytes.iter().any(|&b| b > limit) {
+        return None;
+    }
+    let word = u64::from_le_bytes(bytes) as i64;
+    Some([e8m0_f64x4(word), e8m0_f64x4(word >> 32)])
+}
+
+/// The low four bytes of `bytes` as E8M0 scales, 2^(b − 127) from the exponent field as
+/// `e8m0_to_f64` (bytes 1..=254).
+#[inline(always)]
+unsafe fn e8m0_f64x4(bytes: i64) -> __m256d {
+    let b = _mm256_cvtepu8_epi64(_mm_cvtsi64_si128(bytes));
+    let biased = _mm256_add_epi64(b, _mm256_set1_epi64x(1023 - 127));
+    _mm256_castsi256_pd(_mm256_slli_epi64::<52>(biased))
+}
+
+/// A 16-entry byte lookup (the table repeated in each 128-bit lane) of every byte of `index`.
+#[inline(always)]
+unsafe fn look_up(table: &[u8; 64], index: __m256i) -> __m256i {
+    _mm256_shuffle_epi8(_mm256_loadu_si256(table.as_ptr().cast()), index)
+}
+
+/// The top bytes of the f64s of a row's 32 e4m3 codes times 2^−504 (`avx512`'s
+/// `lowered_top_bytes`: `2·code` and `code & 0x80 | 0x20`, the subnormal codes from a
+/// 16-entry fix-up), and `2·code` for the NaN test.
+#[inline(always)]
+unsafe fn fp8_top_bytes(codes: *const u8) -> (__m256i, __m256i, __m256i) {
+    fp8_top_bytes_of(_mm256_loadu_si256(codes.cast()))
+}
+
+/// [`fp8_top_bytes`] of 32 codes in a register.
+#[inline(always)]
+unsafe fn fp8_top_bytes_of(c: __m256i) -> (__m256i, __m256i, __m256i) {
+    let doubled = _mm256_add_epi8(c, c);
+    let index = _mm256_min_epu8(doubled, _mm256_set1_epi8(15));
+    let low = _mm256_xor_si256(doubled, look_up(&LOWERED_FIX_LOW, index));
+    let sign = _mm256_and_si256(c, _mm256_set1_epi8(i8::MIN));
+    let high = _mm256_xor_si256(sign, look_up(&LOWERED_FIX_HIGH, index));
+    (low, high, doubled)
+}
+
+/// The top bytes of the f64s of a row's 32 e2m1 codes (16 bytes): lane 0 the low nibbles
+/// (even columns), lane 1 the high ones (odd columns).
+#[inline(always)]
+unsafe fn fp4_top_bytes(codes: *const u8) -> (__m256i, __m256i) {
+    let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(codes.cast()));
+    let shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+    let nibbles = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+    (look_up(&E2M1_LOW, nibbles), look_up(&E2M1_HIGH, nibbles))
+}
+
+/// Four rows' `Σ_p lanes[p] · w[p]` over one block (four lanes of partial sums each), from
+/// their weights' words (the top bytes interleaved by `vpunpck{l,h}bw`), placed into f64s in
+/// [`InputLanes`] order. The rows' chains advance side by side.
+#[inline(always)]
+unsafe fn block_sums4(lanes: &[f64; BLOCK], words: &[[__m256i; 2]; 4]) -> [__m256d; 4] {
+    // Each half in its own chains: eight chains of four steps.
+    let mut sums = [[_mm256_setzero_pd(); 4]; 2];
+    for (h, half) in sums.iter_mut().enumerate() {
+        for (j, place) in PLACE.iter().enumerate() {
+            let x = _mm256_loadu_pd(lanes[16 * h + 4 * j..].as_ptr());
+            let place = _mm256_loadu_si256(place.as_ptr().cast());
+            for (sum, w) in half.iter_mut().zip(words) {
+                let weights = _mm256_castsi256_pd(_mm256_shuffle_epi8(w[h], place));
+                *sum = _mm256_fmadd_pd(x, weights, *sum);
+            }
+        }
+    }
+    std::array::from_fn(|r| _mm256_add_pd(sums[0][r], sums[1][r]))
+}
+
+/// The four rows' totals of their lane sums, as one vector (exact, so in any order).
+#[inline(always)]
+unsafe fn row_totals(sums: [__m256d; 4]) -> __m256d {
+    let (a, b) = (
+        _mm256_hadd_pd(sums[0], sums[1]),
+        _mm256_hadd_pd(sums[2], sums[3]),
+    );
+    _mm256_add_pd(
+        _mm256_permute2f128_pd::<0x20>(a, b),
+        _mm256_permute2f128_pd::<0x31>(a, b),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lane_orders_are_permutations_of_a_block() {
+        for codes in [Codes::Fp8, Codes::Fp4] {
+            let mut seen = lane_order(codes);
+            seen.sort_unstable();
+            assert_eq!(
+                seen,
+                std::array::from_fn::<usize, BLOCK, _>(|k| k),
+                "{codes:?}"
+            );
+        }
+    }
+}
+
+/// Rule C2 over the column blocks `blocks` of sixteen release weight rows, in order: each
+/// row's f64 chain `acc = fma(x[k], w[k], acc)`, k increasing, with `w = code · 2^(scale −
+/// 127)` exactly the table decoder's value. The rows are the lanes: a block's codes are
+/// transposed by byte unpacks (rows 0..8 in the low 128-bit lanes, 8..16 in the high ones),
+/// and chain vector j holds rows 2j, 2j + 1, 8 + 2j, 9 + 2j ([`c2_row_of_lane`]). The weights
+/// are built lowered as in [`c1_run8`]; the power they are short of and the scales are taken
+/// out of the chains for the block instead (see the loop). Each product is exact, so the
+/// fused multiply-add rounds as the portable `acc + x · w` does. Returns the first block it leaves (a scale byte above `limit`, a NaN
+/// code), else `blocks.end`; `acc` then holds every block before it.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `x`, `rows` and `scales` must hold `blocks.end`
+/// blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn c2_run16(
+    codes: Codes,
+    acc: &mut [f64; 16],
+    x: &[f64],
+    rows: [&[u8]; 16],
+    scales: [&[u8]; 16],
+    limit: u8,
+    blocks: Range<usize>,
+) -> usize {
+    let (block_bytes, back) = match codes {
+        Codes::Fp8 => (BLOCK, LOWERING_BACK),
+        Codes::Fp4 => (BLOCK / 2, 1.0),
+    };
+    let x = &x[..blocks.end * BLOCK];
+    let rows = rows.map(|r| &r[..blocks.end * block_bytes]);
+    let scales = scales.map(|s| &s[..blocks.end]);
+    let mut chains: [__m256d; 4] = std::array::from_fn(|j| {
+        let r = c2_row_of_lane(4 * j);
+        _mm256_setr_pd(acc[r], acc[r + 1], acc[r + 8], acc[r + 9])
+    });
+    let mut stop = blocks.end;
+    for kb in blocks {
+        let at = kb * block_bytes;
+        if at + PREFETCH_AHEAD < rows[0].len() {
+            for row in &rows {
+                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + PREFETCH_AHEAD).cast());
+            }
+        }
+        let Some(factor) = c2_factors(&scales, kb, limit, back) else {
+            stop = kb;
+            break;
+        };
+        // Sixteen bytes of each row per half block (FP8: columns 16h ..; FP4: 32 columns).
+        let mut columns = [[_mm256_setzero_si256(); 8]; 2];
+        for (h, half) in columns.iter_mut().enumerate().take(block_bytes / 16) {
+            let loaded: [__m256i; 8] = std::array::from_fn(|i| {
+                let lo = rows[i][at + 16 * h..].as_ptr();
+                let hi = rows[i + 8][at + 16 * h..].as_ptr();
+                _mm256_loadu2_m128i(hi.cast(), lo.cast())
+            });
+            *half = super::x86::transpose_8x32(loaded);
+        }
+        // Every column's weights first (a NaN code leaves the block untouched).
+        let mut doubled_max = _mm256_setzero_si256();
+        let mut words = [_mm256_setzero_si256(); BLOCK];
+        match codes {
+            Codes::Fp8 => {
+                for (n, pair) in columns.iter().flatten().enumerate() {
+                    // `pair`: columns 16h + 2q and 16h + 2q + 1 (n = 8h + q).
+                    let (low, high, doubled) = fp8_top_bytes_of(*pair);
+                    doubled_max = _mm256_max_epu8(doubled_max, doubled);
+                    words[2 * n] = _mm256_unpacklo_epi8(low, high);
+                    words[2 * n + 1] = _mm256_unpackhi_epi8(low, high);
+                }
+            }
+            Codes::Fp4 => {
+                for (q, pair) in columns[0].iter().enumerate() {
+                    // `pair`: bytes 2q and 2q + 1, i.e. columns 4q .. 4q + 4.
+                    let low = _mm256_and_si256(*pair, _mm256_set1_epi8(0x0F));
+                    let high =
+                        _mm256_and_si256(_mm256_srli_epi16::<4>(*pair), _mm256_set1_epi8(0x0F));
+                    let (l0, l1) = (look_up(&E2M1_LOW, low), look_up(&E2M1_HIGH, low));
+                    let (h0, h1) = (look_up(&E2M1_LOW, high), look_up(&E2M1_HIGH, high));
+                    words[4 * q] = _mm256_unpacklo_epi8(l0, l1);
+                    words[4 * q + 1] = _mm256_unpacklo_epi8(h0, h1);
+                    words[4 * q + 2] = _mm256_unpackhi_epi8(l0, l1);
+                    words[4 * q + 3] = _mm256_unpackhi_epi8(h0, h1);
+                }
+            }
+        }
+        let nan = _mm256_cmpeq_epi8(doubled_max, _mm256_set1_epi8(-2));
+        if _mm256_movemask_epi8(nan) != 0 {
+            stop = kb;
+            break;
+        }
+        // The chains run divided by their rows' factors for the block, so that the lowered
+        // weights multiply x unscaled; powers of two, far from the f64 limits (every chain
+        // value is a sum of products of f32 values with scales above 2^−128), so the
+        // division, the multiply-adds' roundings and the multiplication back are exact
+        // images of the unscaled ones.
+        let xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
+        for (chain, f) in chains.iter_mut().zip(factor) {
+            *chain = _mm256_div_pd(*chain, f);
+        }
+        chains = column_steps(chains, &words, xb);
+        for (chain, f) in chains.iter_mut().zip(factor) {
+            *chain = _mm256_mul_pd(*chain, f);
+        }
+    }
+    for (j, chain) in chains.into_iter().enumerate() {
+        let mut lanes = [0f64; 4];
+        _mm256_storeu_pd(lanes.as_mut_ptr(), chain);
+        for (l, v) in lanes.into_iter().enumerate() {
+            acc[c2_row_of_lane(4 * j + l)] = v;
+        }
+    }
+    stop
+}
+
+/// [`c2_run16`]'s chains advanced over one block: column k's sixteen weights (`words[k]`,
+/// rows 0..8 in the low 128-bit lane, 8..16 in the high one) placed into the four chain
+/// vectors, each one multiply-add by `x[k]`.
+#[inline(always)]
+unsafe fn column_steps(
+    mut chains: [__m256d; 4],
+    words: &[__m256i; BLOCK],
+    x: &[f64; BLOCK],
+) -> [__m256d; 4] {
+    for (w, &xk) in words.iter().zip(x) {
+        let xk = _mm256_set1_pd(xk);
+        for (chain, place) in chains.iter_mut().zip(&PLACE) {
+            let place = _mm256_loadu_si256(place.as_ptr().cast());
+            let lowered = _mm256_castsi256_pd(_mm256_shuffle_epi8(*w, place));
+            *chain = _mm256_fmadd_pd(xk, lowered, *chain);
+        }
+    }
+    chains
+}
+
+/// The row of [`c2_run16`]'s chain lane `l` (lane `l % 4` of chain vector `l / 4`).
+pub const fn c2_row_of_lane(l: usize) -> usize {
+    let (j, lane) = (l / 4, l % 4);
+    2 * j + lane % 2 + 8 * (lane / 2)
+}
+
+/// Block `kb`'s factors for [`c2_run16`]: per chain vector j, the scales of its rows times
+/// `back` (the power the weights were lowered by); `None` if a scale byte is above `limit`.
+#[inline(always)]
+unsafe fn c2_factors(
+    scales: &[&[u8]; 16],
+    kb: usize,
+    limit: u8,
+    back: f64,
+) -> Option<[__m256d; 4]> {
+    let bytes: [u8; 16] = std::array::from_fn(|l| scales[c2_row_of_lane(l)][kb]);
+    if bytes.iter().any(|&b| b > limit) {
+        return None;
+    }
+    let back = _mm256_set1_pd(back);
+    let (low, high) = (
+        u64::from_le_bytes(bytes[..8].try_into().expect("8")),
+        u64::from_le_bytes(bytes[8..].try_into().expect("8")),
+    );
+    Some([
+        _mm256_mul_pd(e8m0_f64x4(low as i64), back),
+        _mm256_mul_pd(e8m0_f64x4((low >> 32) as i64), back),
+        _mm256_mul_pd(e8m0_f64x4(high as i64), back),
+        _mm256_mul_pd(e8m0_f64x4((high >> 32) as i64), back),
+    ])
+}
