@@ -259,7 +259,7 @@ impl MatVec<'_> {
             // kernels, whose C2 chains need the wide tasks' independent rows.
             let wide = n_out * self.n_in <= WIDE_TASK_WEIGHTS
                 || (simd::level() >= Level::Avx512 && self.byte_rows_decode())
-                || (simd::level() == Level::Avx2 && self.quant_c2());
+                || (simd::level() == Level::Avx2 && self.avx2_decode());
             // A weight of few, long rows (mHC's 24 × 4·dim) would be one wide task, read by
             // one thread while the others wait: TILE-row tasks give each thread a share.
             let one_task = n_out <= DECODE_TILE;
@@ -323,8 +323,10 @@ impl MatVec<'_> {
         let rows = self.rows;
         if rows == 1 {
             #[cfg(target_arch = "x86_64")]
-            if let (Level::Avx512, Source::View(WeightView::Vq(v))) = (level, &self.source) {
-                if self.vq_rows32(*v, first, out) {
+            if let (Level::Avx2 | Level::Avx512, Source::View(WeightView::Vq(v))) =
+                (level, &self.source)
+            {
+                if self.vq_rows32(*v, first, out, level) {
                     return Ok(());
                 }
             }
@@ -354,10 +356,20 @@ impl MatVec<'_> {
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            if let (Level::Avx2, Rule::C2 { init }, Source::View(WeightView::Quant(v))) =
-                (level, self.rule, &self.source)
-            {
-                self.c2_quant16(*v, init, first, out);
+            if let (Level::Avx2, Rule::C2 { init }) = (level, self.rule) {
+                if self.avx2_rows::<1>(self.w_first).is_some() {
+                    return self.c2_rows16(init, first, out);
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if let (Level::Avx2, Some(lanes)) = (level, self.x_lanes) {
+                for (t, o) in out.chunks_mut(TILE).enumerate() {
+                    if o.len() == TILE {
+                        o.copy_from_slice(&self.c1_lanes8(self.w_first + first + t * TILE, lanes));
+                    } else {
+                        self.task_tile(first + t * TILE, o, level)?;
+                    }
+                }
                 return Ok(());
             }
             if let (Rule::C2 { init }, true) = (self.rule, out.len() > TILE) {
@@ -539,16 +551,6 @@ impl MatVec<'_> {
                 return;
             }
         }
-        #[cfg(target_arch = "x86_64")]
-        if let (Level::Avx2, Some(lanes)) = (level, self.x_lanes) {
-            if let Ok(out) = <&mut [f32; TILE]>::try_from(&mut *out) {
-                *out = self.c1_lanes8(v, r0, lanes);
-                if self.round_out {
-                    out.iter_mut().for_each(|o| *o = bf16(*o));
-                }
-                return;
-            }
-        }
         for (i, o) in out.iter_mut().enumerate() {
             let mut acc = 0f32;
             for k0 in (0..self.n_in).step_by(BLOCK) {
@@ -638,99 +640,126 @@ impl MatVec<'_> {
         acc
     }
 
-    /// Rule C1 for one input row over weight rows `r0 .. r0 + 8` with the AVX2 kernel on the
-    /// input's lanes (`simd::avx2`), every full block of the eight rows at a time; a block it
-    /// leaves (a NaN code, a scale that could overflow f32) and a partial block are taken row
-    /// by row, in place.
-    ///
-    /// Only called at [`Level::Avx2`], i.e. inside `task_avx2`.
+    /// The rows `r0 .. r0 + N` as the AVX2 kernels read them (`simd::avx2`): release FP8/FP4
+    /// codes with their E8M0 scales, or container Q4G codes with their f16 group scales where
+    /// groups are whole column blocks; `None` for other weights.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    fn c1_lanes8(&self, v: QuantView, r0: usize, lanes: &[f64]) -> [f32; TILE] {
-        let (codes, row_bytes) = match v.kind {
-            QuantKind::Fp4 => (simd::avx2::Codes::Fp4, v.cols / 2),
-            QuantKind::Fp8Block | QuantKind::Fp8Rows => (simd::avx2::Codes::Fp8, v.cols),
+    fn avx2_rows<const N: usize>(
+        &self,
+        r0: usize,
+    ) -> Option<(simd::avx2::Codes, [&[u8]; N], simd::avx2::Scales<'_, N>)> {
+        use simd::avx2::{Codes, Scales};
+        let full = self.n_in / BLOCK;
+        match self.source {
+            Source::View(WeightView::Quant(v)) => {
+                let (codes, row_bytes) = match v.kind {
+                    QuantKind::Fp4 => (Codes::Fp4, v.cols / 2),
+                    QuantKind::Fp8Block | QuantKind::Fp8Rows => (Codes::Fp8, v.cols),
+                };
+                let rows = std::array::from_fn(|i| &v.codes[(r0 + i) * row_bytes..][..row_bytes]);
+                let scales = Scales::E8m0 {
+                    rows: std::array::from_fn(|i| &v.scales[scale_at(&v, r0 + i, 0)..][..full]),
+                    limit: SAFE_SCALE_BYTE,
+                };
+                Some((codes, rows, scales))
+            }
+            Source::View(WeightView::Grouped {
+                bits: 4,
+                cols,
+                group,
+                row_bytes,
+                codes,
+                scales,
+                ..
+            }) if group.is_multiple_of(BLOCK) => {
+                let groups = cols.div_ceil(group);
+                let rows = std::array::from_fn(|i| &codes[(r0 + i) * row_bytes..][..row_bytes]);
+                let scales = Scales::F16 {
+                    rows: std::array::from_fn(|i| &scales[2 * (r0 + i) * groups..][..2 * groups]),
+                    blocks_per_group: group / BLOCK,
+                };
+                Some((Codes::Q4, rows, scales))
+            }
+            _ => None,
+        }
+    }
+
+    /// Rule C1 for one input row over weight rows `r0 .. r0 + 8` with the AVX2 kernel on the
+    /// input's lanes (`simd::avx2`), every full block of the eight rows at a time; a block it
+    /// leaves (a NaN code, a scale it does not take) and a partial block take the generic
+    /// block decode, in place.
+    ///
+    /// Only called at [`Level::Avx2`], i.e. inside `task_avx2`, where [`Self::avx2_rows`]
+    /// serves the weight.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c1_lanes8(&self, r0: usize, lanes: &[f64]) -> [f32; TILE] {
+        let Some((codes, rows, scales)) = self.avx2_rows::<TILE>(r0) else {
+            unreachable!("x_lanes is set only for weights the AVX2 kernels read");
         };
         let full = self.n_in / BLOCK;
-        let rows: [&[u8]; TILE] = eight(
-            #[inline(always)]
-            |i| &v.codes[(r0 + i) * row_bytes..][..row_bytes],
-        );
-        let scales: [&[u8]; TILE] = eight(
-            #[inline(always)]
-            |i| &v.scales[scale_at(&v, r0 + i, 0)..][..full],
-        );
         let mut acc = [0f32; TILE];
         let mut kb = 0;
         while kb < full {
             // SAFETY: only reached from `task_avx2`; the lanes, rows and scales hold `full`
             // blocks.
-            kb = unsafe {
-                simd::avx2::c1_run8(
-                    codes,
-                    &mut acc,
-                    lanes,
-                    rows,
-                    scales,
-                    SAFE_SCALE_BYTE,
-                    kb..full,
-                )
-            };
+            kb = unsafe { simd::avx2::c1_run8(codes, &mut acc, lanes, rows, scales, kb..full) };
             if kb < full {
-                for (i, a) in acc.iter_mut().enumerate() {
-                    *a += self.c1_block(v, r0 + i, kb * BLOCK, Level::Avx2) as f32;
-                }
+                self.c1_block8(r0, kb * BLOCK, &mut acc);
                 kb += 1;
             }
         }
         if full * BLOCK < self.n_in {
-            for (i, a) in acc.iter_mut().enumerate() {
-                *a += self.c1_block(v, r0 + i, full * BLOCK, Level::Avx2) as f32;
-            }
+            self.c1_block8(r0, full * BLOCK, &mut acc);
+        }
+        if self.round_out {
+            acc.iter_mut().for_each(|a| *a = bf16(*a));
         }
         acc
     }
 
-    /// Rule C2 for one input row over release FP8/FP4 weight rows `first ..` with the AVX2
-    /// kernel, sixteen rows at a time (`simd::avx2::c2_run16`); a block it leaves (a NaN
-    /// code, a scale that could overflow f32) and a partial block take the generic block
-    /// decode for those rows, in place, and fewer than sixteen rows the eight-row path.
+    /// One column block (at `k0`) of eight rows' C1 sums from `r0` by the generic block
+    /// decode.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c1_block8(&self, r0: usize, k0: usize, acc: &mut [f32; TILE]) {
+        let x = &self.x[self.x_off..][..self.n_in];
+        let len = BLOCK.min(self.n_in - k0);
+        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
+        self.decode(&[], r0, TILE, k0, len, &mut w, Level::Avx2);
+        let mut block = [[0f64; TILE]];
+        dot_rows(&mut block, [&x[k0..k0 + len]], &w, Level::Avx2);
+        for (a, &b) in acc.iter_mut().zip(&block[0]) {
+            *a += b as f32;
+        }
+    }
+
+    /// Rule C2 for one input row over weight rows `first ..` that [`Self::avx2_rows`] serves,
+    /// with the AVX2 kernel sixteen rows at a time (`simd::avx2::c2_run16`); a block it leaves
+    /// (a NaN code, a scale it does not take) and a partial block take the generic block
+    /// decode for those rows, in place, and fewer than sixteen rows the generic tile path.
     ///
     /// Only called at [`Level::Avx2`], i.e. inside `task_avx2`.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    fn c2_quant16(&self, v: QuantView, init: f64, first: usize, out: &mut [f32]) {
+    fn c2_rows16(&self, init: f64, first: usize, out: &mut [f32]) -> Result<()> {
         const ROWS: usize = 16;
         let x = &self.x[self.x_off..][..self.n_in];
-        let (codes, row_bytes) = match v.kind {
-            QuantKind::Fp4 => (simd::avx2::Codes::Fp4, v.cols / 2),
-            QuantKind::Fp8Block | QuantKind::Fp8Rows => (simd::avx2::Codes::Fp8, v.cols),
-        };
         let full = self.n_in / BLOCK;
         let done = out.len() - out.len() % ROWS;
         let mut chunks = out.chunks_exact_mut(ROWS);
         for (t, o) in chunks.by_ref().enumerate() {
             let r0 = self.w_first + first + t * ROWS;
-            let rows: [&[u8]; ROWS] =
-                std::array::from_fn(|i| &v.codes[(r0 + i) * row_bytes..][..row_bytes]);
-            let scales: [&[u8]; ROWS] =
-                std::array::from_fn(|i| &v.scales[scale_at(&v, r0 + i, 0)..][..full]);
+            let Some((codes, rows, scales)) = self.avx2_rows::<ROWS>(r0) else {
+                unreachable!("called only for weights the AVX2 kernels read");
+            };
             let mut acc = [init; ROWS];
             let mut kb = 0;
             while kb < full {
                 // SAFETY: only reached from `task_avx2`; the input, rows and scales hold
                 // `full` blocks.
-                kb = unsafe {
-                    simd::avx2::c2_run16(
-                        codes,
-                        &mut acc,
-                        x,
-                        rows,
-                        scales,
-                        SAFE_SCALE_BYTE,
-                        kb..full,
-                    )
-                };
+                kb = unsafe { simd::avx2::c2_run16(codes, &mut acc, x, rows, scales, kb..full) };
                 if kb < full {
                     self.c2_block16(r0, kb * BLOCK, &mut acc);
                     kb += 1;
@@ -745,8 +774,9 @@ impl MatVec<'_> {
             }
         }
         for (t, o) in chunks.into_remainder().chunks_mut(TILE).enumerate() {
-            self.task_single_c2(v, init, first + done + t * TILE, o, Level::Avx2);
+            self.task_tile(first + done + t * TILE, o, Level::Avx2)?;
         }
+        Ok(())
     }
 
     /// One column block (at `k0`) of sixteen rows' C2 chains from `r0` by the generic block
@@ -1029,18 +1059,14 @@ impl MatVec<'_> {
         self.rows == 1 && self.rule == Rule::C1 && nibbles && simd::level() >= Level::Avx512Vnni
     }
 
-    /// A single-row C1 product on release FP8/FP4 codes at [`Level::Avx2`]: the codes of the
-    /// AVX2 kernels, which read the input in their lane order.
+    /// A single-row C1 product at [`Level::Avx2`] on a weight the AVX2 kernels read
+    /// ([`Self::avx2_rows`]): its codes, whose lane order the input is copied into.
     #[cfg(target_arch = "x86_64")]
     fn lane_codes(&self) -> Option<simd::avx2::Codes> {
-        let Source::View(WeightView::Quant(v)) = self.source else {
+        if self.rows != 1 || self.rule != Rule::C1 || simd::level() != Level::Avx2 {
             return None;
-        };
-        let codes = match v.kind {
-            QuantKind::Fp4 => simd::avx2::Codes::Fp4,
-            QuantKind::Fp8Block | QuantKind::Fp8Rows => simd::avx2::Codes::Fp8,
-        };
-        (self.rows == 1 && self.rule == Rule::C1 && simd::level() == Level::Avx2).then_some(codes)
+        }
+        self.avx2_rows::<1>(self.w_first).map(|(codes, ..)| codes)
     }
 
     /// A prefill's rule C1 product on release FP4 or FP8 codes from [`Level::Avx512Vnni`] up:
@@ -1057,10 +1083,23 @@ impl MatVec<'_> {
             .then_some(v.kind)
     }
 
-    /// A rule C2 product on release FP8/FP4 codes (the AVX2 kernel's sixteen-row chains).
-    fn quant_c2(&self) -> bool {
-        matches!(self.source, Source::View(WeightView::Quant(_)))
-            && matches!(self.rule, Rule::C2 { .. })
+    /// A single-row product on a weight of the AVX2 loops (`simd::avx2`, `simd::vq`), which
+    /// take 32-row tasks whatever the weight's size.
+    #[cfg(target_arch = "x86_64")]
+    fn avx2_decode(&self) -> bool {
+        self.avx2_rows::<1>(self.w_first).is_some() || self.vq_view()
+    }
+
+    /// No AVX2 loops off x86.
+    #[cfg(not(target_arch = "x86_64"))]
+    fn avx2_decode(&self) -> bool {
+        false
+    }
+
+    /// Container VQ rows (the 32-row loops of `simd::vq`).
+    #[cfg(target_arch = "x86_64")]
+    fn vq_view(&self) -> bool {
+        matches!(self.source, Source::View(WeightView::Vq(_)))
     }
 
     /// A single-row product the AVX-512 kernels serve: any [`ByteRows`], under either rule.

@@ -27,6 +27,96 @@ pub enum Codes {
     Fp8,
     /// e2m1, two weights per byte (low nibble first).
     Fp4,
+    /// Container Q4G: `nibble − 8`, two weights per byte (low nibble first).
+    Q4,
+}
+
+impl Codes {
+    /// Code bytes per 32-column block.
+    fn block_bytes(self) -> usize {
+        match self {
+            Codes::Fp8 => BLOCK,
+            Codes::Fp4 | Codes::Q4 => BLOCK / 2,
+        }
+    }
+
+    /// The power of two the kernels' weights are short of (`avx512`'s lowering for e4m3).
+    fn back(self) -> f64 {
+        match self {
+            Codes::Fp8 => LOWERING_BACK,
+            Codes::Fp4 | Codes::Q4 => 1.0,
+        }
+    }
+
+    /// The input lane order of the C1 kernel (nibble codes share one).
+    fn order(self) -> &'static [usize; BLOCK] {
+        match self {
+            Codes::Fp8 => &FP8_ORDER,
+            Codes::Fp4 | Codes::Q4 => &FP4_ORDER,
+        }
+    }
+}
+
+/// A block's scales for the kernels' rows.
+#[derive(Clone, Copy)]
+pub enum Scales<'a, const N: usize> {
+    /// Release E8M0 bytes, one per row and column block (from block 0), and the largest byte
+    /// taken (one whose products with every code stay finite in f32).
+    E8m0 { rows: [&'a [u8]; N], limit: u8 },
+    /// Container f16 group scales, two bytes per row and group (from group 0), groups of
+    /// whole column blocks; only finite ones are taken.
+    F16 {
+        rows: [&'a [u8]; N],
+        blocks_per_group: usize,
+    },
+}
+
+impl<const N: usize> Scales<'_, N> {
+    /// Column block `kb`'s scales as f64 (exactly), lane l of vector v from row
+    /// `row_of(4v + l)`; `None` where the kernels leave the block.
+    #[inline(always)]
+    unsafe fn vectors<const V: usize>(
+        &self,
+        kb: usize,
+        row_of: fn(usize) -> usize,
+    ) -> Option<[__m256d; V]> {
+        match *self {
+            Scales::E8m0 { rows, limit } => {
+                let bytes: [u8; N] = std::array::from_fn(|l| rows[row_of(l)][kb]);
+                if bytes.iter().any(|&b| b > limit) {
+                    return None;
+                }
+                Some(std::array::from_fn(|v| {
+                    let four = u32::from_le_bytes(bytes[4 * v..4 * v + 4].try_into().expect("4"));
+                    e8m0_f64x4(i64::from(four))
+                }))
+            }
+            Scales::F16 {
+                rows,
+                blocks_per_group,
+            } => {
+                let at = 2 * (kb / blocks_per_group);
+                let halves: [u16; N] = std::array::from_fn(|l| {
+                    let row = rows[row_of(l)];
+                    u16::from_le_bytes([row[at], row[at + 1]])
+                });
+                if halves.iter().any(|&h| h & 0x7C00 == 0x7C00) {
+                    return None;
+                }
+                Some(std::array::from_fn(|v| {
+                    let four = u64::from_le_bytes(std::array::from_fn(|b| {
+                        (halves[4 * v + b / 2] >> (8 * (b % 2))) as u8
+                    }));
+                    _mm256_cvtps_pd(_mm_cvtph_ps(_mm_cvtsi64_si128(four as i64)))
+                }))
+            }
+        }
+    }
+
+    /// Whether every scale is a power of two (E8M0).
+    fn powers_of_two(&self) -> bool {
+        matches!(self, Scales::E8m0 { .. })
+    }
 }
 
 /// `ORDER[p]`: the block column whose weight the kernels put at position p of a block (four
@@ -43,7 +133,7 @@ const fn lane_order(codes: Codes) -> [usize; BLOCK] {
         let (half, j, e) = (p / 16, (p / 4) % 4, p % 4);
         order[p] = match codes {
             Codes::Fp8 => 8 * half + 16 * (e / 2) + 2 * j + e % 2,
-            Codes::Fp4 => 16 * half + 4 * j + [0, 2, 1, 3][e],
+            Codes::Fp4 | Codes::Q4 => 16 * half + 4 * j + [0, 2, 1, 3][e],
         };
         p += 1;
     }
@@ -52,6 +142,24 @@ const fn lane_order(codes: Codes) -> [usize; BLOCK] {
 
 static FP8_ORDER: [usize; BLOCK] = lane_order(Codes::Fp8);
 static FP4_ORDER: [usize; BLOCK] = lane_order(Codes::Fp4);
+
+/// Low and high top bytes of the f64 of `nibble − 8` (container Q4G values), repeated in each
+/// 128-bit lane for `vpshufb`.
+static Q4_LOW: [u8; 64] = q4_top_bytes(0);
+static Q4_HIGH: [u8; 64] = q4_top_bytes(8);
+
+const fn q4_top_bytes(shift: u32) -> [u8; 64] {
+    let mut t = [0u8; 64];
+    let mut i = 0;
+    while i < 64 {
+        let bits = ((i % 16) as f64 - 8.0).to_bits();
+        // Four significant bits at most: the low 48 bits are zero.
+        assert!(bits & 0xFFFF_FFFF_FFFF == 0);
+        t[i] = ((bits >> 48) >> shift) as u8;
+        i += 1;
+    }
+    t
+}
 
 /// An input row's full blocks in the kernels' lane order for one code kind (a per-thread
 /// buffer, reused).
@@ -66,10 +174,7 @@ impl InputLanes {
     /// is not act-quantised (`vnni::block_integers`), whose sums the lanes could not reorder
     /// exactly.
     pub fn fill(&mut self, x: &[f64], codes: Codes) -> bool {
-        let order = match codes {
-            Codes::Fp8 => &FP8_ORDER,
-            Codes::Fp4 => &FP4_ORDER,
-        };
+        let order = codes.order();
         self.values.clear();
         self.codes = Some(codes);
         for xb in x.chunks_exact(BLOCK) {
@@ -82,9 +187,10 @@ impl InputLanes {
         true
     }
 
-    /// The lanes for `codes`, `None` if filled for the other kind.
+    /// The lanes for `codes`, `None` if filled for another order.
     pub fn of(&self, codes: Codes) -> Option<&[f64]> {
-        (self.codes == Some(codes)).then_some(&self.values[..])
+        let filled = self.codes.map(Codes::order);
+        (filled == Some(codes.order())).then_some(&self.values[..])
     }
 }
 
@@ -123,18 +229,13 @@ pub unsafe fn c1_run8(
     acc: &mut [f32; 8],
     lanes: &[f64],
     rows: [&[u8]; 8],
-    scales: [&[u8]; 8],
-    limit: u8,
+    scales: Scales<8>,
     blocks: Range<usize>,
 ) -> usize {
-    let (block_bytes, back) = match codes {
-        Codes::Fp8 => (BLOCK, LOWERING_BACK),
-        Codes::Fp4 => (BLOCK / 2, 1.0),
-    };
+    let block_bytes = codes.block_bytes();
     let lanes = &lanes[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * block_bytes]);
-    let scales = scales.map(|s| &s[..blocks.end]);
-    let back = _mm256_set1_pd(back);
+    let back = _mm256_set1_pd(codes.back());
     let mut total = _mm256_loadu_ps(acc.as_ptr());
     // A block's lane sums are reduced, scaled and added one block later, while the next
     // block's chains run: in program order its reduction would wait on the chains just made.
@@ -148,7 +249,7 @@ pub unsafe fn c1_run8(
                 _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + PREFETCH_AHEAD).cast());
             }
         }
-        let Some(scale) = block_scales(&scales, kb, limit) else {
+        let Some(scale) = scales.vectors::<2>(kb, |l| l) else {
             stop = kb;
             break;
         };
@@ -166,7 +267,8 @@ pub unsafe fn c1_run8(
                         doubled_max = _mm256_max_epu8(doubled_max, doubled);
                         (low, high)
                     }
-                    Codes::Fp4 => fp4_top_bytes(row),
+                    Codes::Fp4 => nibble_top_bytes(row, &E2M1_LOW, &E2M1_HIGH),
+                    Codes::Q4 => nibble_top_bytes(row, &Q4_LOW, &Q4_HIGH),
                 };
                 *w = [
                     _mm256_unpacklo_epi8(low, high),
@@ -199,26 +301,6 @@ unsafe fn block_values(sums: [[__m256d; 4]; 2], scale: [__m256d; 2], back: __m25
     let low = _mm256_mul_pd(row_totals(sums[0]), _mm256_mul_pd(scale[0], back));
     let high = _mm256_mul_pd(row_totals(sums[1]), _mm256_mul_pd(scale[1], back));
     _mm256_set_m128(_mm256_cvtpd_ps(high), _mm256_cvtpd_ps(low))
-}
-
-/// Block `kb`'s eight scales as f64 (rows 0..4, 4..8), `None` if a byte is above `limit`.
-#[inline(always)]
-unsafe fn block_scales(scales: &[&[u8]; 8], kb: usize, limit: u8) -> Option<[__m256d; 2]> {
-    let bytes: [u8; 8] = [
-        scales[0][kb],
-        scales[1][kb],
-        scales[2][kb],
-        scales[3][kb],
-        scales[4][kb],
-        scales[5][kb],
-        scales[6][kb],
-        scales[7][kb],
-    ];
-    if bytes.iter().any(|&b| b > limit) {
-        return None;
-    }
-    let word = u64::from_le_bytes(bytes) as i64;
-    Some([e8m0_f64x4(word), e8m0_f64x4(word >> 32)])
 }
 
 /// The low four bytes of `bytes` as E8M0 scales, 2^(b − 127) from the exponent field as
@@ -255,14 +337,19 @@ unsafe fn fp8_top_bytes_of(c: __m256i) -> (__m256i, __m256i, __m256i) {
     (low, high, doubled)
 }
 
-/// The top bytes of the f64s of a row's 32 e2m1 codes (16 bytes): lane 0 the low nibbles
-/// (even columns), lane 1 the high ones (odd columns).
+/// The top bytes of the f64s of a row's 32 nibble codes (16 bytes) from 16-entry tables of
+/// low and high bytes: lane 0 the low nibbles (even columns), lane 1 the high ones (odd
+/// columns).
 #[inline(always)]
-unsafe fn fp4_top_bytes(codes: *const u8) -> (__m256i, __m256i) {
+unsafe fn nibble_top_bytes(
+    codes: *const u8,
+    low: &[u8; 64],
+    high: &[u8; 64],
+) -> (__m256i, __m256i) {
     let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(codes.cast()));
     let shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
     let nibbles = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
-    (look_up(&E2M1_LOW, nibbles), look_up(&E2M1_HIGH, nibbles))
+    (look_up(low, nibbles), look_up(high, nibbles))
 }
 
 /// Four rows' `Σ_p lanes[p] · w[p]` over one block (four lanes of partial sums each), from
@@ -335,17 +422,13 @@ pub unsafe fn c2_run16(
     acc: &mut [f64; 16],
     x: &[f64],
     rows: [&[u8]; 16],
-    scales: [&[u8]; 16],
-    limit: u8,
+    scales: Scales<16>,
     blocks: Range<usize>,
 ) -> usize {
-    let (block_bytes, back) = match codes {
-        Codes::Fp8 => (BLOCK, LOWERING_BACK),
-        Codes::Fp4 => (BLOCK / 2, 1.0),
-    };
+    let block_bytes = codes.block_bytes();
+    let back = _mm256_set1_pd(codes.back());
     let x = &x[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * block_bytes]);
-    let scales = scales.map(|s| &s[..blocks.end]);
     let mut chains: [__m256d; 4] = std::array::from_fn(|j| {
         let r = c2_row_of_lane(4 * j);
         _mm256_setr_pd(acc[r], acc[r + 1], acc[r + 8], acc[r + 9])
@@ -358,10 +441,11 @@ pub unsafe fn c2_run16(
                 _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + PREFETCH_AHEAD).cast());
             }
         }
-        let Some(factor) = c2_factors(&scales, kb, limit, back) else {
+        let Some(factor) = scales.vectors::<4>(kb, c2_row_of_lane) else {
             stop = kb;
             break;
         };
+        let factor = factor.map(|f| _mm256_mul_pd(f, back));
         // Sixteen bytes of each row per half block (FP8: columns 16h ..; FP4: 32 columns).
         let mut columns = [[_mm256_setzero_si256(); 8]; 2];
         for (h, half) in columns.iter_mut().enumerate().take(block_bytes / 16) {
@@ -385,14 +469,18 @@ pub unsafe fn c2_run16(
                     words[2 * n + 1] = _mm256_unpackhi_epi8(low, high);
                 }
             }
-            Codes::Fp4 => {
+            Codes::Fp4 | Codes::Q4 => {
+                let (low_table, high_table) = match codes {
+                    Codes::Q4 => (&Q4_LOW, &Q4_HIGH),
+                    _ => (&E2M1_LOW, &E2M1_HIGH),
+                };
                 for (q, pair) in columns[0].iter().enumerate() {
                     // `pair`: bytes 2q and 2q + 1, i.e. columns 4q .. 4q + 4.
                     let low = _mm256_and_si256(*pair, _mm256_set1_epi8(0x0F));
                     let high =
                         _mm256_and_si256(_mm256_srli_epi16::<4>(*pair), _mm256_set1_epi8(0x0F));
-                    let (l0, l1) = (look_up(&E2M1_LOW, low), look_up(&E2M1_HIGH, low));
-                    let (h0, h1) = (look_up(&E2M1_LOW, high), look_up(&E2M1_HIGH, high));
+                    let (l0, l1) = (look_up(low_table, low), look_up(high_table, low));
+                    let (h0, h1) = (look_up(low_table, high), look_up(high_table, high));
                     words[4 * q] = _mm256_unpacklo_epi8(l0, l1);
                     words[4 * q + 1] = _mm256_unpacklo_epi8(h0, h1);
                     words[4 * q + 2] = _mm256_unpackhi_epi8(l0, l1);
@@ -405,18 +493,23 @@ pub unsafe fn c2_run16(
             stop = kb;
             break;
         }
-        // The chains run divided by their rows' factors for the block, so that the lowered
-        // weights multiply x unscaled; powers of two, far from the f64 limits (every chain
-        // value is a sum of products of f32 values with scales above 2^−128), so the
-        // division, the multiply-adds' roundings and the multiplication back are exact
-        // images of the unscaled ones.
         let xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
-        for (chain, f) in chains.iter_mut().zip(factor) {
-            *chain = _mm256_div_pd(*chain, f);
-        }
-        chains = column_steps(chains, &words, xb);
-        for (chain, f) in chains.iter_mut().zip(factor) {
-            *chain = _mm256_mul_pd(*chain, f);
+        if scales.powers_of_two() {
+            // The chains run divided by their rows' factors for the block, so that the
+            // lowered weights multiply x unscaled; powers of two, far from the f64 limits
+            // (every chain value is a sum of products of f32 values with scales above
+            // 2^−128), so the division, the multiply-adds' roundings and the multiplication
+            // back are exact images of the unscaled ones.
+            for (chain, f) in chains.iter_mut().zip(factor) {
+                *chain = _mm256_div_pd(*chain, f);
+            }
+            chains = column_steps(chains, &words, xb, None);
+            for (chain, f) in chains.iter_mut().zip(factor) {
+                *chain = _mm256_mul_pd(*chain, f);
+            }
+        } else {
+            // Other scales go onto each weight (a product of a few bits and an f16: exact).
+            chains = column_steps(chains, &words, xb, Some(factor));
         }
     }
     for (j, chain) in chains.into_iter().enumerate() {
@@ -431,19 +524,23 @@ pub unsafe fn c2_run16(
 
 /// [`c2_run16`]'s chains advanced over one block: column k's sixteen weights (`words[k]`,
 /// rows 0..8 in the low 128-bit lane, 8..16 in the high one) placed into the four chain
-/// vectors, each one multiply-add by `x[k]`.
+/// vectors (times the chain vectors' `factors`, if given), each one multiply-add by `x[k]`.
 #[inline(always)]
 unsafe fn column_steps(
     mut chains: [__m256d; 4],
     words: &[__m256i; BLOCK],
     x: &[f64; BLOCK],
+    factors: Option<[__m256d; 4]>,
 ) -> [__m256d; 4] {
     for (w, &xk) in words.iter().zip(x) {
         let xk = _mm256_set1_pd(xk);
-        for (chain, place) in chains.iter_mut().zip(&PLACE) {
+        for (j, (chain, place)) in chains.iter_mut().zip(&PLACE).enumerate() {
             let place = _mm256_loadu_si256(place.as_ptr().cast());
-            let lowered = _mm256_castsi256_pd(_mm256_shuffle_epi8(*w, place));
-            *chain = _mm256_fmadd_pd(xk, lowered, *chain);
+            let mut weights = _mm256_castsi256_pd(_mm256_shuffle_epi8(*w, place));
+            if let Some(f) = factors {
+                weights = _mm256_mul_pd(weights, f[j]);
+            }
+            *chain = _mm256_fmadd_pd(xk, weights, *chain);
         }
     }
     chains
@@ -453,30 +550,4 @@ unsafe fn column_steps(
 pub const fn c2_row_of_lane(l: usize) -> usize {
     let (j, lane) = (l / 4, l % 4);
     2 * j + lane % 2 + 8 * (lane / 2)
-}
-
-/// Block `kb`'s factors for [`c2_run16`]: per chain vector j, the scales of its rows times
-/// `back` (the power the weights were lowered by); `None` if a scale byte is above `limit`.
-#[inline(always)]
-unsafe fn c2_factors(
-    scales: &[&[u8]; 16],
-    kb: usize,
-    limit: u8,
-    back: f64,
-) -> Option<[__m256d; 4]> {
-    let bytes: [u8; 16] = std::array::from_fn(|l| scales[c2_row_of_lane(l)][kb]);
-    if bytes.iter().any(|&b| b > limit) {
-        return None;
-    }
-    let back = _mm256_set1_pd(back);
-    let (low, high) = (
-        u64::from_le_bytes(bytes[..8].try_into().expect("8")),
-        u64::from_le_bytes(bytes[8..].try_into().expect("8")),
-    );
-    Some([
-        _mm256_mul_pd(e8m0_f64x4(low as i64), back),
-        _mm256_mul_pd(e8m0_f64x4((low >> 32) as i64), back),
-        _mm256_mul_pd(e8m0_f64x4(high as i64), back),
-        _mm256_mul_pd(e8m0_f64x4((high >> 32) as i64), back),
-    ])
 }

@@ -354,6 +354,46 @@ pub mod x86 {
         }
     }
 
+    /// An 8×8 tile of f32 values transposed: `rows[i]` holds row i's eight columns, the result's
+    /// `[c]` holds column c of the eight rows (one row per lane).
+    ///
+    /// AVX instructions only, inlined into kernels of every level that has them.
+    #[inline(always)]
+    pub(in crate::model::simd) unsafe fn columns8(r: [__m256; 8]) -> [__m256; 8] {
+        let mut t = [_mm256_setzero_ps(); 8];
+        for (i, ti) in t.iter_mut().enumerate() {
+            let (a, b) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+            *ti = if i % 2 == 0 {
+                _mm256_unpacklo_ps(a, b)
+            } else {
+                _mm256_unpackhi_ps(a, b)
+            };
+        }
+        // Per 128-bit half: rows 0..4 (u[0..4]) and 4..8 (u[4..8]) of columns 0..4 / 4..8.
+        let mut u = [_mm256_setzero_ps(); 8];
+        for (i, ui) in u.iter_mut().enumerate() {
+            let (a, b) = (
+                t[4 * (i / 4) + (i % 4) / 2],
+                t[4 * (i / 4) + (i % 4) / 2 + 2],
+            );
+            *ui = if i % 2 == 0 {
+                _mm256_shuffle_ps::<0x44>(a, b)
+            } else {
+                _mm256_shuffle_ps::<0xEE>(a, b)
+            };
+        }
+        let mut columns = [_mm256_setzero_ps(); 8];
+        for (c, column) in columns.iter_mut().enumerate() {
+            let (lo, hi) = (u[c % 4], u[4 + c % 4]);
+            *column = if c < 4 {
+                _mm256_permute2f128_ps::<0x20>(lo, hi)
+            } else {
+                _mm256_permute2f128_ps::<0x31>(lo, hi)
+            };
+        }
+        columns
+    }
+
     /// Eight rows of 32 bytes to columns: result `q` holds columns `2q, 2q + 1` (each the
     /// eight rows' bytes in order) in its low 128 bits and `16 + 2q, 17 + 2q` in its high.
     #[inline]

@@ -1,5 +1,5 @@
-//! AVX-512 decode loops over container VQ rows (CONTAINER.md §4.2; MODEL.md §5.4): 32 rows
-//! of one 64-row index band, their vectors decoded straight into the reduction.
+//! Decode loops over container VQ rows (CONTAINER.md §4.2; MODEL.md §5.4) with AVX-512 or
+//! AVX2: 32 rows of one 64-row index band, their vectors decoded straight into the reduction.
 //!
 //! A weight is `f32(scale · (((0 + e_0) + e_1) + …))`, the stages' f16 codebook entries
 //! (widened to f32) added in f32 in stage order, as `checkpoint::vq_vector` computes it; each
@@ -8,12 +8,14 @@
 //! one multiply-add per column in increasing k: the chains of the generic kernels, bit for
 //! bit. The band layout puts the 32 rows' indices of a vector side by side (one run of
 //! bytes), so a vector's indices arrive in one or two cache lines, and the four groups of
-//! eight rows are four independent chains, which hides the multiply-add latency.
+//! eight rows are independent chains (four vectors of eight with AVX-512, eight of four with
+//! AVX2, [`RowChains`]), which hides the multiply-add latency.
 
 use std::arch::x86_64::*;
 use std::ops::Range;
 
-use super::avx512::{columns8, load_chains, store_chains};
+use super::avx512::{load_chains, store_chains};
+use super::x86::columns8;
 use crate::checkpoint::{vq_indices, VQ_ROW_BAND, VQ_WIDTH};
 
 /// Rows per loop: half an index band.
@@ -44,6 +46,79 @@ impl<const S: usize, const E: usize, const PACKED: bool> VqRun<'_, S, E, PACKED>
     const STRIDE: usize = VQ_ROW_BAND * Self::BYTES;
 }
 
+/// The 32 rows' f64 chains in registers, as one vector per group of eight rows (AVX-512) or
+/// two (AVX2): how a column of a group's eight f32 values is multiplied into them. Inlined
+/// into the loops, which have the target features.
+pub trait RowChains: Copy {
+    /// All chains at `acc`.
+    unsafe fn load(acc: &[f64; VQ_RUN_ROWS]) -> Self;
+    /// Every chain from +0.0.
+    unsafe fn zero() -> Self;
+    unsafe fn store(self, acc: &mut [f64; VQ_RUN_ROWS]);
+    /// Group g's chains: `chain = fma(x, f64(column), chain)`, row by row.
+    unsafe fn step(&mut self, g: usize, x: f64, column: __m256);
+    /// Group g's chains rounded to f32.
+    unsafe fn rounded(&self, g: usize) -> __m256;
+}
+
+impl RowChains for [__m512d; 4] {
+    #[inline(always)]
+    unsafe fn load(acc: &[f64; VQ_RUN_ROWS]) -> Self {
+        load_chains(acc)
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        [_mm512_setzero_pd(); 4]
+    }
+    #[inline(always)]
+    unsafe fn store(self, acc: &mut [f64; VQ_RUN_ROWS]) {
+        store_chains(acc, self);
+    }
+    #[inline(always)]
+    unsafe fn step(&mut self, g: usize, x: f64, column: __m256) {
+        self[g] = _mm512_fmadd_pd(_mm512_set1_pd(x), _mm512_cvtps_pd(column), self[g]);
+    }
+    #[inline(always)]
+    unsafe fn rounded(&self, g: usize) -> __m256 {
+        _mm512_cvtpd_ps(self[g])
+    }
+}
+
+impl RowChains for [__m256d; 8] {
+    #[inline(always)]
+    unsafe fn load(acc: &[f64; VQ_RUN_ROWS]) -> Self {
+        std::array::from_fn(|h| _mm256_loadu_pd(acc[4 * h..].as_ptr()))
+    }
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        [_mm256_setzero_pd(); 8]
+    }
+    #[inline(always)]
+    unsafe fn store(self, acc: &mut [f64; VQ_RUN_ROWS]) {
+        for (h, chain) in self.into_iter().enumerate() {
+            _mm256_storeu_pd(acc[4 * h..].as_mut_ptr(), chain);
+        }
+    }
+    #[inline(always)]
+    unsafe fn step(&mut self, g: usize, x: f64, column: __m256) {
+        let x = _mm256_set1_pd(x);
+        let (low, high) = (
+            _mm256_castps256_ps128(column),
+            _mm256_extractf128_ps::<1>(column),
+        );
+        self[2 * g] = _mm256_fmadd_pd(x, _mm256_cvtps_pd(low), self[2 * g]);
+        self[2 * g + 1] = _mm256_fmadd_pd(x, _mm256_cvtps_pd(high), self[2 * g + 1]);
+    }
+    #[inline(always)]
+    unsafe fn rounded(&self, g: usize) -> __m256 {
+        let (low, high) = (
+            _mm256_cvtpd_ps(self[2 * g]),
+            _mm256_cvtpd_ps(self[2 * g + 1]),
+        );
+        _mm256_set_m128(high, low)
+    }
+}
+
 /// Rule C2: every row's chain `acc[i]` advanced over vectors `vectors` (columns `8v ..
 /// 8v + 8` each, `x` from column 0), in increasing k.
 ///
@@ -57,11 +132,35 @@ pub unsafe fn vq_c2_run32<const S: usize, const E: usize, const PACKED: bool>(
     rows: VqRun<S, E, PACKED>,
     vectors: Range<usize>,
 ) {
-    let mut chains = load_chains(acc);
+    c2_run::<[__m512d; 4], S, E, PACKED>(acc, x, rows, vectors);
+}
+
+/// [`vq_c2_run32`] with AVX2.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; as for [`vq_c2_run32`] otherwise.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vq_c2_run32_avx2<const S: usize, const E: usize, const PACKED: bool>(
+    acc: &mut [f64; VQ_RUN_ROWS],
+    x: &[f64],
+    rows: VqRun<S, E, PACKED>,
+    vectors: Range<usize>,
+) {
+    c2_run::<[__m256d; 8], S, E, PACKED>(acc, x, rows, vectors);
+}
+
+#[inline(always)]
+unsafe fn c2_run<C: RowChains, const S: usize, const E: usize, const PACKED: bool>(
+    acc: &mut [f64; VQ_RUN_ROWS],
+    x: &[f64],
+    rows: VqRun<S, E, PACKED>,
+    vectors: Range<usize>,
+) {
+    let mut chains = C::load(acc);
     for v in vectors {
         advance(&mut chains, x, rows, v);
     }
-    store_chains(acc, chains);
+    chains.store(acc);
 }
 
 /// Rule C1 as the generic kernels apply it to VQ rows: each 32-column block (`blocks`, four
@@ -76,18 +175,42 @@ pub unsafe fn vq_c1_run32<const S: usize, const E: usize, const PACKED: bool>(
     rows: VqRun<S, E, PACKED>,
     blocks: Range<usize>,
 ) {
+    c1_run::<[__m512d; 4], S, E, PACKED>(acc, x, rows, blocks);
+}
+
+/// [`vq_c1_run32`] with AVX2.
+///
+/// # Safety
+/// As for [`vq_c2_run32_avx2`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn vq_c1_run32_avx2<const S: usize, const E: usize, const PACKED: bool>(
+    acc: &mut [f32; VQ_RUN_ROWS],
+    x: &[f64],
+    rows: VqRun<S, E, PACKED>,
+    blocks: Range<usize>,
+) {
+    c1_run::<[__m256d; 8], S, E, PACKED>(acc, x, rows, blocks);
+}
+
+#[inline(always)]
+unsafe fn c1_run<C: RowChains, const S: usize, const E: usize, const PACKED: bool>(
+    acc: &mut [f32; VQ_RUN_ROWS],
+    x: &[f64],
+    rows: VqRun<S, E, PACKED>,
+    blocks: Range<usize>,
+) {
     const VECTORS: usize = crate::model::quant::BLOCK / VQ_WIDTH;
     let mut totals = [_mm256_setzero_ps(); 4];
     for (g, total) in totals.iter_mut().enumerate() {
         *total = _mm256_loadu_ps(acc[8 * g..].as_ptr());
     }
     for kb in blocks {
-        let mut chains = [_mm512_setzero_pd(); 4];
+        let mut chains = C::zero();
         for v in kb * VECTORS..(kb + 1) * VECTORS {
             advance(&mut chains, x, rows, v);
         }
-        for (total, chain) in totals.iter_mut().zip(chains) {
-            *total = _mm256_add_ps(*total, _mm512_cvtpd_ps(chain));
+        for (g, total) in totals.iter_mut().enumerate() {
+            *total = _mm256_add_ps(*total, chains.rounded(g));
         }
     }
     for (g, total) in totals.iter().enumerate() {
@@ -98,8 +221,8 @@ pub unsafe fn vq_c1_run32<const S: usize, const E: usize, const PACKED: bool>(
 /// The four groups' chains advanced over vector `v`'s eight columns. Inlined into the loops,
 /// which have the target features.
 #[inline(always)]
-unsafe fn advance<const S: usize, const E: usize, const PACKED: bool>(
-    chains: &mut [__m512d; 4],
+unsafe fn advance<C: RowChains, const S: usize, const E: usize, const PACKED: bool>(
+    chains: &mut C,
     x: &[f64],
     rows: VqRun<S, E, PACKED>,
     v: usize,
@@ -125,9 +248,8 @@ unsafe fn advance<const S: usize, const E: usize, const PACKED: bool>(
         let a = group_columns(rows, run, 2 * pair);
         let b = group_columns(rows, run, 2 * pair + 1);
         for (c, &xc) in xs.iter().enumerate() {
-            let xc = _mm512_set1_pd(xc);
-            chains[2 * pair] = _mm512_fmadd_pd(xc, _mm512_cvtps_pd(a[c]), chains[2 * pair]);
-            chains[2 * pair + 1] = _mm512_fmadd_pd(xc, _mm512_cvtps_pd(b[c]), chains[2 * pair + 1]);
+            chains.step(2 * pair, xc, a[c]);
+            chains.step(2 * pair + 1, xc, b[c]);
         }
     }
 }
