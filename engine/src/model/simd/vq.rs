@@ -48,8 +48,9 @@ impl<const S: usize, const E: usize, const PACKED: bool> VqRun<'_, S, E, PACKED>
 
 /// The 32 rows' f64 chains in registers, as one vector per group of eight rows (AVX-512) or
 /// two (AVX2): how a column of a group's eight f32 values is multiplied into them. Inlined
-/// into the loops, which have the target features.
-pub trait RowChains: Copy {
+/// into the loops, which have the target features (the methods' safety condition: the CPU
+/// has the implementing vectors' features).
+trait RowChains: Copy {
     /// All chains at `acc`.
     unsafe fn load(acc: &[f64; VQ_RUN_ROWS]) -> Self;
     /// Every chain from +0.0.
