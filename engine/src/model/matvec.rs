@@ -1,22 +1,24 @@
 //! Matrix-vector kernels on the stored weight bytes (MODEL.md §5.4 C1/C2).
 //!
-//! A task computes [`TILE`] output rows for every input row of a call. It walks the reduction
-//! in 32-column blocks: the block of its weight rows is decoded straight from the mapped
-//! checkpoint bytes ([`WeightView`]: e4m3 / e2m1 lookup tables times the block's E8M0 scale,
-//! bf16 / f16 / f32 rows, container Q8G / Q4G groups and VQ vectors) into a small stack array,
-//! then every input row is run over it. No f32 copy of the weight rows is made per call, and
-//! in a prefill each block is decoded once for all rows. A decode (one input row) under rule
-//! C2 on a weight that stays in cache takes [`DECODE_TILE`] rows per task instead, enough
-//! independent chains for the vector units; full FP8/FP4 blocks are decoded eight rows at a
-//! time by the AVX2 decoders of [`simd`]. Where the CPU has AVX-512, a decode is served by the
-//! eight-row kernels of `simd::avx512` instead (rule C1 on every stored form of `ByteRows`,
-//! rule C2 likewise), in `DECODE_TILE`-row tasks; with VNNI, rule C1 on release FP4 and
-//! container Q4G bytes sums in integers (`simd::vnni`, the input's blocks found once per
-//! call). The commonest of these run as loops over a row group's blocks rather than a call
-//! per block: C1 on FP8, FP4 and Q4G (eight rows, the next eight asked for on the way for
-//! nibble rows), C2 on FP8 rows sharing a scale row and on Q8G/Q4G (32 rows), and container
-//! VQ rows under either rule (`simd::vq`, 32 rows of an index band). A prefill with AVX-512
-//! decodes every `ByteRows` form eight rows at a time (`ByteRows::columns8`) and runs up to
+//! A task computes [`TILE`] output rows for every input row of a call. It walks the reduction in
+//! 32-column blocks: the block of its weight rows is decoded straight from the mapped checkpoint
+//! bytes ([`WeightView`]: e4m3 / e2m1 lookup tables times the block's E8M0 scale, bf16 / f16 / f32
+//! rows, container Q8G / Q4G groups and VQ vectors) into a small stack array, then every input row
+//! is run over it. No f32 copy of the weight rows is made per call, and in a prefill each block is
+//! decoded once for all rows. A decode (one input row) under rule C2 on a weight that stays in
+//! cache takes [`DECODE_TILE`] rows per task instead, enough independent chains for the vector
+//! units; full FP8/FP4 blocks are decoded eight rows at a time by the AVX2 decoders of [`simd`].
+//! With AVX2 alone, a decode on release FP8/FP4 codes or container Q4G codes runs the loops of
+//! `simd::avx2` (rule C1 eight rows at a time on the input copied into their lane order, rule C2
+//! sixteen rows in the lanes) and container VQ rows those of `simd::vq`, in `DECODE_TILE`-row
+//! tasks. Where the CPU has AVX-512, a decode is served by the eight-row kernels of `simd::avx512`
+//! instead (rule C1 on every stored form of `ByteRows`, rule C2 likewise), in `DECODE_TILE`-row
+//! tasks; with VNNI, rule C1 on release FP4 and container Q4G bytes sums in integers (`simd::vnni`,
+//! the input's blocks found once per call). The commonest of these run as loops over a row group's
+//! blocks rather than a call per block: C1 on FP8, FP4 and Q4G (eight rows, the next eight asked
+//! for on the way for nibble rows), C2 on FP8 rows sharing a scale row and on Q8G/Q4G (32 rows),
+//! and container VQ rows under either rule (`simd::vq`, 32 rows of an index band). A prefill with
+//! AVX-512 decodes every `ByteRows` form eight rows at a time (`ByteRows::columns8`) and runs up to
 //! eight input rows' chains per kernel call.
 //!
 //! The decoded values are exactly the values `Checkpoint::rows_f32` returns (same f32
