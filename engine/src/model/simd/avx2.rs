@@ -1,16 +1,18 @@
-//! Rule C1's block sums of a decode (one input row) over eight release FP8 or FP4 weight rows
-//! with AVX2 alone (MODEL.md §5.4).
+//! A decode (one input row) over release FP8/FP4 or container Q4G weight rows with AVX2 alone
+//! (MODEL.md §5.4): rule C1's block sums eight rows at a time ([`c1_run8`]) and rule C2's
+//! chains sixteen rows at a time ([`c2_run16`]).
 //!
-//! As in `avx512`, a weight's f64 is built, not converted: every e4m3 value times 2^−504 and
-//! every e2m1 value is an f64 whose low 48 bits are zero, so two bytes per weight (made by
-//! byte arithmetic and 16-entry `vpshufb` lookups) placed at bytes 6 and 7 of a 64-bit lane
-//! by one more `vpshufb` give four weights ready for a multiply-add. AVX2's byte shuffles stay
-//! inside 128-bit lanes, so the weights of one vector are not four neighbouring columns; the
-//! input row is instead copied once per call into that lane order ([`InputLanes`]), which is
-//! harmless because every product is exact and so is any sum of them (the C1 argument in
-//! `linear`): the block sum is the portable kernel's to the bit. The scale, the rounding to
-//! f32 and the f32 accumulation over blocks follow for the eight rows as one vector, in the
-//! portable order.
+//! As in `avx512`, a weight's f64 is built, not converted: every e4m3 value times 2^−504, every
+//! e2m1 value and every `nibble − 8` is an f64 whose low 48 bits are zero, so two bytes per
+//! weight (made by byte arithmetic and 16-entry `vpshufb` lookups) placed at bytes 6 and 7 of a
+//! 64-bit lane by one more `vpshufb` give four weights ready for a multiply-add. AVX2's byte
+//! shuffles stay inside 128-bit lanes, so in C1 the weights of one vector are not four
+//! neighbouring columns; the input row is instead copied once per call into that lane order
+//! ([`InputLanes`]), which is harmless because every product is exact and so is any sum of them
+//! (the C1 argument in `linear`): the block sum is the portable kernel's to the bit. The scale,
+//! the rounding to f32 and the f32 accumulation over blocks follow for the eight rows as one
+//! vector, in the portable order. C2 cannot reorder a row's sum, so there the rows are the
+//! lanes and each column one multiply-add per four rows, in increasing k.
 
 use super::super::quant::BLOCK;
 use super::avx512::{
@@ -143,6 +145,18 @@ const fn lane_order(codes: Codes) -> [usize; BLOCK] {
 static FP8_ORDER: [usize; BLOCK] = lane_order(Codes::Fp8);
 static FP4_ORDER: [usize; BLOCK] = lane_order(Codes::Fp4);
 
+/// Asks for the rows' cache lines [`PREFETCH_AHEAD`] bytes past `at` (the loops outrun the
+/// hardware prefetcher on weights streamed from memory).
+#[inline(always)]
+unsafe fn prefetch<const N: usize>(rows: &[&[u8]; N], at: usize) {
+    // Rows of equal length: ahead in one, ahead in all.
+    if at + PREFETCH_AHEAD < rows[0].len() {
+        for row in rows {
+            _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + PREFETCH_AHEAD).cast());
+        }
+    }
+}
+
 /// Low and high top bytes of the f64 of `nibble − 8` (container Q4G values), repeated in each
 /// 128-bit lane for `vpshufb`.
 static Q4_LOW: [u8; 64] = q4_top_bytes(0);
@@ -217,8 +231,8 @@ static PLACE: [[u8; 32]; 4] = {
 /// C1 over the column blocks `blocks` of eight release weight rows, in order: `acc[i] +=
 /// f32(P_i · 2^(scale_i − 127))` per block with `P_i` the exact block sum. `lanes` is the
 /// input in [`InputLanes`] order, `rows[i]` and `scales[i]` row i's codes and E8M0 bytes from
-/// block 0. Returns the first block it leaves (a scale byte above `limit`, a NaN code), else
-/// `blocks.end`; `acc` then has every block before it.
+/// block 0. Returns the first block it leaves (a scale [`Scales`] does not take, a NaN
+/// code), else `blocks.end`; `acc` then has every block before it.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `lanes`, `rows` and `scales` must hold
@@ -243,12 +257,7 @@ pub unsafe fn c1_run8(
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * block_bytes;
-        // Rows of equal length: ahead in one, ahead in all.
-        if at + PREFETCH_AHEAD < rows[0].len() {
-            for row in &rows {
-                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + PREFETCH_AHEAD).cast());
-            }
-        }
+        prefetch(&rows, at);
         let Some(scale) = scales.vectors::<2>(kb, |l| l) else {
             stop = kb;
             break;
@@ -409,9 +418,10 @@ mod tests {
 /// transposed by byte unpacks (rows 0..8 in the low 128-bit lanes, 8..16 in the high ones),
 /// and chain vector j holds rows 2j, 2j + 1, 8 + 2j, 9 + 2j ([`c2_row_of_lane`]). The weights
 /// are built lowered as in [`c1_run8`]; the power they are short of and the scales are taken
-/// out of the chains for the block instead (see the loop). Each product is exact, so the
-/// fused multiply-add rounds as the portable `acc + x · w` does. Returns the first block it leaves (a scale byte above `limit`, a NaN
-/// code), else `blocks.end`; `acc` then holds every block before it.
+/// out of the chains for the block instead (see the loop), other scales go onto each weight.
+/// Each product is exact, so the fused multiply-add rounds as the portable `acc + x · w`
+/// does. Returns the first block it leaves (a scale [`Scales`] does not take, a NaN code),
+/// else `blocks.end`; `acc` then holds every block before it.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `x`, `rows` and `scales` must hold `blocks.end`
@@ -436,11 +446,7 @@ pub unsafe fn c2_run16(
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * block_bytes;
-        if at + PREFETCH_AHEAD < rows[0].len() {
-            for row in &rows {
-                _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + PREFETCH_AHEAD).cast());
-            }
-        }
+        prefetch(&rows, at);
         let Some(factor) = scales.vectors::<4>(kb, c2_row_of_lane) else {
             stop = kb;
             break;
