@@ -178,9 +178,8 @@ impl MatVec<'_> {
             // Once per call, for every task; none (the block-by-block path) if the input is
             // not act-quantised after all.
             let mut lanes = INPUT_LANE_SCRATCH.with(Cell::take);
-            let found = lanes.fill(&self.x[self.x_off..][..self.n_in], codes);
             let r = MatVec {
-                x_lanes: found.then(|| lanes.of(codes)).flatten(),
+                x_lanes: lanes.fill(&self.x[self.x_off..][..self.n_in], codes),
                 ..*self
             }
             .run_tasks(n_out, y, y_stride, y_off);
@@ -726,13 +725,9 @@ impl MatVec<'_> {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn c1_block8(&self, r0: usize, k0: usize, acc: &mut [f32; TILE]) {
-        let x = &self.x[self.x_off..][..self.n_in];
-        let len = BLOCK.min(self.n_in - k0);
-        let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
-        self.decode(&[], r0, TILE, k0, len, &mut w, Level::Avx2);
-        let mut block = [[0f64; TILE]];
-        dot_rows(&mut block, [&x[k0..k0 + len]], &w, Level::Avx2);
-        for (a, &b) in acc.iter_mut().zip(&block[0]) {
+        let (mut block, mut w) = ([0f64; TILE], [[0.0; TILE]; BLOCK]);
+        self.block_chains((r0, TILE, k0), &mut block, &mut w, Level::Avx2);
+        for (a, b) in acc.iter_mut().zip(block) {
             *a += b as f32;
         }
     }
@@ -786,14 +781,10 @@ impl MatVec<'_> {
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn c2_block16(&self, r0: usize, k0: usize, acc: &mut [f64; 16]) {
-        let x = &self.x[self.x_off..][..self.n_in];
-        let len = BLOCK.min(self.n_in - k0);
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         for (g, chains) in acc.chunks_exact_mut(TILE).enumerate() {
-            self.decode(&[], r0 + g * TILE, TILE, k0, len, &mut w, Level::Avx2);
-            let mut c = [<[f64; TILE]>::try_from(&*chains).expect("eight chains")];
-            dot_rows(&mut c, [&x[k0..k0 + len]], &w, Level::Avx2);
-            chains.copy_from_slice(&c[0]);
+            let chains = chains.try_into().expect("eight chains");
+            self.block_chains((r0 + g * TILE, TILE, k0), chains, &mut w, Level::Avx2);
         }
     }
 
@@ -912,10 +903,7 @@ impl MatVec<'_> {
                 bytes.block8(group, rg, k0, xb, chains, values)
             };
             if !fast {
-                self.decode(&[], rg, n, k0, len, w, Level::Avx512);
-                let mut c = [*chains];
-                dot_rows(&mut c, [&x[k0..k0 + len]], w, Level::Avx512);
-                *chains = c[0];
+                self.block_chains((rg, n, k0), chains, w, Level::Avx512);
             }
         }
     }
@@ -990,10 +978,9 @@ impl MatVec<'_> {
             bytes.c1_block8(rows, r0, k0, xb, acc, values)
         };
         if !done {
-            self.decode(&[], r0, TILE, k0, len, w, Level::Avx512);
-            let mut block = [[0f64; TILE]];
-            dot_rows(&mut block, [&x[k0..k0 + len]], w, Level::Avx512);
-            for (a, &b) in acc.iter_mut().zip(&block[0]) {
+            let mut block = [0f64; TILE];
+            self.block_chains((r0, TILE, k0), &mut block, w, Level::Avx512);
+            for (a, b) in acc.iter_mut().zip(block) {
                 *a += b as f32;
             }
         }
@@ -1269,6 +1256,25 @@ impl MatVec<'_> {
     #[inline(always)]
     fn xs(&self, m: usize, k0: usize, len: usize) -> &[f64] {
         &self.x[m * self.x_stride + self.x_off + k0..][..len]
+    }
+
+    /// Weight rows `r0 .. r0 + n`'s chains advanced over the column block at `k0` by the
+    /// generic block decode (into `w`), the fallback of every vector loop: C2 chains as
+    /// they are, a C1 block sum from chains of +0.0.
+    #[inline(always)]
+    fn block_chains(
+        &self,
+        (r0, n, k0): (usize, usize, usize),
+        chains: &mut [f64; TILE],
+        w: &mut WeightBlock,
+        level: Level,
+    ) {
+        let x = &self.x[self.x_off..][..self.n_in];
+        let len = BLOCK.min(self.n_in - k0);
+        self.decode(&[], r0, n, k0, len, w, level);
+        let mut c = [*chains];
+        dot_rows(&mut c, [&x[k0..k0 + len]], w, level);
+        *chains = c[0];
     }
 
     /// Fill `w[..len][..nw]` with weight rows `r0 ..` at columns `k0 .. k0 + len` (a

@@ -175,36 +175,23 @@ const fn q4_top_bytes(shift: u32) -> [u8; 64] {
     t
 }
 
-/// An input row's full blocks in the kernels' lane order for one code kind (a per-thread
+/// An input row's full blocks in the C1 kernel's lane order for one code kind (a per-thread
 /// buffer, reused).
 #[derive(Default)]
-pub struct InputLanes {
-    values: Vec<f64>,
-    codes: Option<Codes>,
-}
+pub struct InputLanes(Vec<f64>);
 
 impl InputLanes {
-    /// Fill from the full blocks of `x` for `codes`; `false` (contents unspecified) if a block
-    /// is not act-quantised (`vnni::block_integers`), whose sums the lanes could not reorder
-    /// exactly.
-    pub fn fill(&mut self, x: &[f64], codes: Codes) -> bool {
+    /// The full blocks of `x` in the lane order of `codes`; `None` if a block is not
+    /// act-quantised (`vnni::block_integers`), whose sums the lanes could not reorder exactly.
+    pub fn fill(&mut self, x: &[f64], codes: Codes) -> Option<&[f64]> {
         let order = codes.order();
-        self.values.clear();
-        self.codes = Some(codes);
+        self.0.clear();
         for xb in x.chunks_exact(BLOCK) {
             let xb: &[f64; BLOCK] = xb.try_into().expect("a block");
-            if block_integers(xb).is_none() {
-                return false;
-            }
-            self.values.extend(order.iter().map(|&k| xb[k]));
+            block_integers(xb)?;
+            self.0.extend(order.iter().map(|&k| xb[k]));
         }
-        true
-    }
-
-    /// The lanes for `codes`, `None` if filled for another order.
-    pub fn of(&self, codes: Codes) -> Option<&[f64]> {
-        let filled = self.codes.map(Codes::order);
-        (filled == Some(codes.order())).then_some(&self.values[..])
+        Some(&self.0)
     }
 }
 
