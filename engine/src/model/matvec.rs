@@ -361,6 +361,9 @@ impl MatVec<'_> {
                 if self.avx2_rows::<1>(self.w_first).is_some() {
                     return self.c2_rows16(init, first, out);
                 }
+                if self.dense_view() {
+                    return self.c2_dense_rows32(init, first, out);
+                }
             }
             #[cfg(target_arch = "x86_64")]
             if let (Level::Avx2, Some(lanes)) = (level, self.x_lanes) {
@@ -445,12 +448,18 @@ impl MatVec<'_> {
             }
         }
         WIDE_SCRATCH_BLOCK.with(|c| c.set(Some(w)));
-        for (o, a) in out.iter_mut().zip(acc) {
+        self.c2_outputs(out, &acc);
+        put(&WEIGHT_SCRATCH, row_buf);
+        Ok(())
+    }
+
+    /// A single-row task's outputs from its rows' C2 chains: rounded to f32, then to bf16
+    /// where the kind's output is bf16.
+    fn c2_outputs(&self, out: &mut [f32], acc: &[f64]) {
+        for (o, &a) in out.iter_mut().zip(acc) {
             let v = a as f32;
             *o = if self.round_out { bf16(v) } else { v };
         }
-        put(&WEIGHT_SCRATCH, row_buf);
-        Ok(())
     }
 
     /// This thread's weight scratch, holding weight rows `first .. first + nw` when the
@@ -758,17 +767,14 @@ impl MatVec<'_> {
                 // `full` blocks.
                 kb = unsafe { simd::avx2::c2_run16(codes, &mut acc, x, rows, scales, kb..full) };
                 if kb < full {
-                    self.c2_block16(r0, kb * BLOCK, &mut acc);
+                    self.c2_block_rows(r0, kb * BLOCK, &mut acc);
                     kb += 1;
                 }
             }
             if full * BLOCK < self.n_in {
-                self.c2_block16(r0, full * BLOCK, &mut acc);
+                self.c2_block_rows(r0, full * BLOCK, &mut acc);
             }
-            for (o, a) in o.iter_mut().zip(acc) {
-                let v = a as f32;
-                *o = if self.round_out { bf16(v) } else { v };
-            }
+            self.c2_outputs(o, &acc);
         }
         for (t, o) in chunks.into_remainder().chunks_mut(TILE).enumerate() {
             self.task_tile(first + done + t * TILE, o, Level::Avx2)?;
@@ -776,16 +782,53 @@ impl MatVec<'_> {
         Ok(())
     }
 
-    /// One column block (at `k0`) of sixteen rows' C2 chains from `r0` by the generic block
-    /// decode, eight rows at a time.
+    /// One column block (at `k0`) of the C2 chains of rows `r0 .. r0 + acc.len()` (a multiple
+    /// of eight) by the generic block decode, eight rows at a time.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    fn c2_block16(&self, r0: usize, k0: usize, acc: &mut [f64; 16]) {
+    fn c2_block_rows(&self, r0: usize, k0: usize, acc: &mut [f64]) {
         let mut w: WeightBlock = [[0.0; TILE]; BLOCK];
         for (g, chains) in acc.chunks_exact_mut(TILE).enumerate() {
             let chains = chains.try_into().expect("eight chains");
             self.block_chains((r0 + g * TILE, TILE, k0), chains, &mut w, Level::Avx2);
         }
+    }
+
+    /// Rule C2 for one input row over stored bf16 / f32 rows `first ..` with the AVX2 loop, 32
+    /// rows at a time (`simd::avx2::dense_c2_run32`, every full block); a partial block takes
+    /// the generic block decode for those rows, in place, and fewer than 32 rows the generic
+    /// tile path.
+    ///
+    /// Only called at [`Level::Avx2`], i.e. inside `task_avx2`, where [`Self::dense_view`]
+    /// holds.
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn c2_dense_rows32(&self, init: f64, first: usize, out: &mut [f32]) -> Result<()> {
+        let Source::View(view) = self.source else {
+            unreachable!("called only for stored bf16 / f32 rows");
+        };
+        let Some(bytes @ ByteRows::Dense { bf16, .. }) = ByteRows::of(view) else {
+            unreachable!("called only for stored bf16 / f32 rows");
+        };
+        let x = &self.x[self.x_off..][..self.n_in];
+        let full = self.n_in / BLOCK;
+        let done = out.len() - out.len() % DECODE_TILE;
+        let mut chunks = out.chunks_exact_mut(DECODE_TILE);
+        for (t, o) in chunks.by_ref().enumerate() {
+            let r0 = self.w_first + first + t * DECODE_TILE;
+            let rows: [&[u8]; DECODE_TILE] = std::array::from_fn(|i| bytes.row(r0 + i));
+            let mut acc = [init; DECODE_TILE];
+            // SAFETY: only reached from `task_avx2`; the input and rows hold `full` blocks.
+            unsafe { simd::avx2::dense_c2_run32(&mut acc, x, &rows, bf16, 0..full) };
+            if full * BLOCK < self.n_in {
+                self.c2_block_rows(r0, full * BLOCK, &mut acc);
+            }
+            self.c2_outputs(o, &acc);
+        }
+        for (t, o) in chunks.into_remainder().chunks_mut(TILE).enumerate() {
+            self.task_tile(first + done + t * TILE, o, Level::Avx2)?;
+        }
+        Ok(())
     }
 
     /// Rule C2 for one input row over up to [`DECODE_TILE`] rows of stored bytes with the
@@ -866,10 +909,7 @@ impl MatVec<'_> {
         for k0 in (from * BLOCK..self.n_in).step_by(BLOCK) {
             self.c2_block_groups(bytes, &rows, (k0, r0, nw), &mut acc, &mut scratch);
         }
-        for (o, a) in out.iter_mut().zip(acc) {
-            let v = a as f32;
-            *o = if self.round_out { bf16(v) } else { v };
-        }
+        self.c2_outputs(out, &acc);
     }
 
     /// One column block (at `k0`) of [`Self::c2_rows8`]'s `nw` rows from `r0`, group by
@@ -1076,7 +1116,18 @@ impl MatVec<'_> {
     /// take 32-row tasks whatever the weight's size.
     #[cfg(target_arch = "x86_64")]
     fn avx2_decode(&self) -> bool {
-        self.avx2_rows::<1>(self.w_first).is_some() || self.vq_view()
+        self.avx2_rows::<1>(self.w_first).is_some() || self.vq_view() || self.dense_view()
+    }
+
+    /// Stored bf16 rows (the 32-row loop `simd::avx2::dense_c2_run32`). Stored f32 rows stay
+    /// in eight-row tasks (the tile decoder): the 32-row loop ran them at half that rate, its
+    /// 64 cache lines per block more than the prefetches in flight (measured, Zen 3).
+    #[cfg(target_arch = "x86_64")]
+    fn dense_view(&self) -> bool {
+        let Source::View(view) = self.source else {
+            return false;
+        };
+        matches!(ByteRows::of(view), Some(ByteRows::Dense { bf16: true, .. }))
     }
 
     /// No AVX2 loops off x86.
@@ -1197,10 +1248,7 @@ impl MatVec<'_> {
                 acc = chains[0];
             }
         }
-        for (o, a) in out.iter_mut().zip(acc) {
-            let v = a as f32;
-            *o = if self.round_out { bf16(v) } else { v };
-        }
+        self.c2_outputs(out, &acc);
     }
 
     /// [`dot_rows`] for input rows `m .. m + chains.len()` (a group of [`row_groups`]): with
@@ -1297,7 +1345,9 @@ impl MatVec<'_> {
         #[cfg(target_arch = "x86_64")]
         let tiles = match self.source {
             Source::View(view) if level >= Level::Avx2 && len == BLOCK => {
-                if simd::level() >= Level::Avx512 {
+                if let Some(ByteRows::Dense { bf16, cols, bytes }) = ByteRows::of(view) {
+                    Some(TileDecoder::Dense { bf16, cols, bytes })
+                } else if simd::level() >= Level::Avx512 {
                     ByteRows::of(view).map(TileDecoder::Avx512)
                 } else if let WeightView::Quant(v) = view {
                     Some(TileDecoder::Avx2(v))
@@ -1317,6 +1367,17 @@ impl MatVec<'_> {
                 let done = match tiles {
                     Some(TileDecoder::Avx512(bytes)) => bytes.columns8(r0 + i, k0, w, i),
                     Some(TileDecoder::Avx2(v)) => quant_tile(&v, r0 + i, k0, i, w),
+                    Some(TileDecoder::Dense { bf16, cols, bytes }) => {
+                        let width = if bf16 { 2 } else { 4 };
+                        let rows = eight(
+                            #[inline(always)]
+                            |j| &bytes[((r0 + i + j) * cols + k0) * width..][..BLOCK * width],
+                        );
+                        // SAFETY: the caller runs at Level::Avx2 or above, which `simd`
+                        // reports only where the CPU has AVX2, FMA and F16C.
+                        unsafe { simd::x86::dense_columns(rows, bf16, w, i) };
+                        true
+                    }
                     None => false,
                 };
                 if done {
@@ -1346,6 +1407,13 @@ enum TileDecoder<'a> {
     Avx512(ByteRows<'a>),
     /// AVX2: release FP8/FP4 codes ([`quant_tile`]).
     Avx2(QuantView<'a>),
+    /// AVX2 at either level: stored bf16 or f32 rows of `cols` values
+    /// (`simd::x86::dense_columns`).
+    Dense {
+        bf16: bool,
+        cols: usize,
+        bytes: &'a [u8],
+    },
 }
 
 /// Eight rows `r ..` of a full FP8/FP4 block into columns `i .. i + 8` of `w` with the AVX2

@@ -16,9 +16,11 @@
 
 use super::super::quant::BLOCK;
 use super::avx512::{
-    E2M1_HIGH, E2M1_LOW, LOWERED_FIX_HIGH, LOWERED_FIX_LOW, LOWERING_BACK, PREFETCH_AHEAD,
+    dense_tile, RowStarts, E2M1_HIGH, E2M1_LOW, LOWERED_FIX_HIGH, LOWERED_FIX_LOW, LOWERING_BACK,
+    PREFETCH_AHEAD,
 };
 use super::vnni::block_integers;
+use super::x86::columns8;
 use std::arch::x86_64::*;
 use std::ops::Range;
 
@@ -537,6 +539,63 @@ unsafe fn column_steps(
         }
     }
     chains
+}
+
+/// Rule C2 over the column blocks `blocks` of 32 stored bf16 or f32 rows (little-endian, from
+/// column 0, as `x`), in order: row i's f64 chain `acc[i] = fma(x[k], w[k], acc[i])`, k
+/// increasing, with `w` the value the row decoder gives (`avx512::dense_tile`'s widening).
+/// The rows are the lanes of eight chain vectors (rows `4j .. 4j + 4`); each 8×8 tile of a
+/// group of eight rows is transposed in registers and each column widened to f64. The product
+/// of an f32 input and a bf16 or f32 weight is exact, so the fused multiply-add rounds as the
+/// portable `acc + x · w` does. Every cache line of a block is asked for
+/// [`PREFETCH_AHEAD`] bytes ahead in each row: 32 rows walked at once are more streams than
+/// the hardware prefetcher follows.
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C; `x` and the rows must hold `blocks.end` blocks.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn dense_c2_run32(
+    acc: &mut [f64; 32],
+    x: &[f64],
+    rows: &[&[u8]; 32],
+    bf16: bool,
+    blocks: Range<usize>,
+) {
+    let block_bytes = BLOCK * if bf16 { 2 } else { 4 };
+    let x = &x[..blocks.end * BLOCK];
+    let rows = RowStarts::new(rows, blocks.end * block_bytes);
+    let mut chains = [_mm256_setzero_pd(); 8];
+    for (j, chain) in chains.iter_mut().enumerate() {
+        *chain = _mm256_loadu_pd(acc[4 * j..].as_ptr());
+    }
+    for kb in blocks {
+        let at = kb * block_bytes;
+        for line in (at..at + block_bytes).step_by(64) {
+            rows.prefetch(line);
+        }
+        // Two groups of eight rows at a time: four chains per column, each group's tile
+        // transposed once.
+        for pair in 0..2 {
+            let (g0, g1) = (2 * pair, 2 * pair + 1);
+            for tile in 0..BLOCK / 8 {
+                let xt = &x[kb * BLOCK + 8 * tile..][..8];
+                let a = columns8(dense_tile(&rows, g0, at, tile, bf16));
+                let b = columns8(dense_tile(&rows, g1, at, tile, bf16));
+                for (c, &xc) in xt.iter().enumerate() {
+                    let xc = _mm256_set1_pd(xc);
+                    for (g, column) in [(g0, a[c]), (g1, b[c])] {
+                        let low = _mm256_cvtps_pd(_mm256_castps256_ps128(column));
+                        let high = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(column));
+                        chains[2 * g] = _mm256_fmadd_pd(xc, low, chains[2 * g]);
+                        chains[2 * g + 1] = _mm256_fmadd_pd(xc, high, chains[2 * g + 1]);
+                    }
+                }
+            }
+        }
+    }
+    for (j, chain) in chains.into_iter().enumerate() {
+        _mm256_storeu_pd(acc[4 * j..].as_mut_ptr(), chain);
+    }
 }
 
 /// The row of [`c2_run16`]'s chain lane `l` (lane `l % 4` of chain vector `l / 4`).

@@ -19,7 +19,7 @@
 //! f32 weights) are transposed eight by eight.
 
 use super::super::quant::BLOCK;
-use super::x86::columns8;
+use super::x86::{bf16_values, columns8};
 use crate::dtype::{e8m0_to_f64, E2M1_F64_TOP, E4M3_F64_TOP};
 use std::arch::x86_64::*;
 use std::ops::Range;
@@ -1150,9 +1150,10 @@ pub unsafe fn dense_c2_run32(
 }
 
 /// Columns `8·tile .. 8·tile + 8` of group `g`'s eight stored rows, from byte `at` (a block's
-/// start), as f32 values (one row per vector).
+/// start), as f32 values (one row per vector). AVX2 instructions only: the AVX2 loop reads
+/// its rows with it too.
 #[inline(always)]
-unsafe fn dense_tile(
+pub(super) unsafe fn dense_tile(
     rows: &RowStarts<32>,
     g: usize,
     at: usize,
@@ -1170,14 +1171,6 @@ unsafe fn dense_tile(
         }
     }
     values
-}
-
-/// Eight bf16 values (their bits) widened to f32. A signalling NaN is left signalling here:
-/// the kernels' next step, the widening to f64, sets its quiet bit and keeps its payload, so
-/// the f64 is the one `dtype::bf16_to_f32` (which quiets first) leads to.
-#[inline(always)]
-unsafe fn bf16_values(bits: __m128i) -> __m256 {
-    _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
 }
 
 /// Eight rows of 32 bytes as two pairs of four-row vectors: columns 0..16 of rows 0..4 and

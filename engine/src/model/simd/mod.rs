@@ -394,6 +394,55 @@ pub mod x86 {
         columns
     }
 
+    /// Eight bf16 values (their bits) widened to f32. A signalling NaN is left signalling here:
+    /// the kernels' next step, the widening to f64, sets its quiet bit and keeps its payload, so
+    /// the f64 is the one `dtype::bf16_to_f32` (which quiets first) leads to.
+    ///
+    /// AVX2 instructions only, inlined into kernels of every level that has them.
+    #[inline(always)]
+    pub(in crate::model::simd) unsafe fn bf16_values(bits: __m128i) -> __m256 {
+        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(bits)))
+    }
+
+    /// Eight stored bf16 or f32 weight rows (little-endian) over one 32-column block, decoded
+    /// into columns `i .. i + 8` of a column-major block: `w[k][i + j]` = row j's value at k,
+    /// widened to f64 as the row decoder does (`dtype::bf16_to_f32` or the f32 itself, then
+    /// `f64::from`; see [`bf16_values`] for a NaN). Each 8×8 tile is transposed in registers
+    /// ([`columns8`]), so the block is written a column of eight rows at a time.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dense_columns<const W: usize>(
+        rows: [&[u8]; 8],
+        bf16: bool,
+        w: &mut [[f64; W]; BLOCK],
+        i: usize,
+    ) {
+        let width = if bf16 { 2 } else { 4 };
+        assert!(i + 8 <= W && rows.iter().all(|r| r.len() >= BLOCK * width));
+        for tile in 0..BLOCK / 8 {
+            let mut r = [_mm256_setzero_ps(); 8];
+            for (v, row) in r.iter_mut().zip(&rows) {
+                let at = row[8 * width * tile..].as_ptr();
+                *v = if bf16 {
+                    bf16_values(_mm_loadu_si128(at.cast()))
+                } else {
+                    _mm256_loadu_ps(at.cast())
+                };
+            }
+            for (c, column) in columns8(r).into_iter().enumerate() {
+                let out = w[8 * tile + c][i..i + 8].as_mut_ptr();
+                _mm256_storeu_pd(out, _mm256_cvtps_pd(_mm256_castps256_ps128(column)));
+                _mm256_storeu_pd(
+                    out.add(4),
+                    _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(column)),
+                );
+            }
+        }
+    }
+
     /// Eight rows of 32 bytes to columns: result `q` holds columns `2q, 2q + 1` (each the
     /// eight rows' bytes in order) in its low 128 bits and `16 + 2q, 17 + 2q` in its high.
     #[inline]
