@@ -7,11 +7,11 @@
 //! is run over it. No f32 copy of the weight rows is made per call, and in a prefill each block is
 //! decoded once for all rows. A decode (one input row) under rule C2 on a weight that stays in
 //! cache takes [`DECODE_TILE`] rows per task instead, enough independent chains for the vector
-//! units; full FP8/FP4 blocks are decoded eight rows at a time by the AVX2 decoders of [`simd`].
-//! With AVX2 alone, a decode on release FP8/FP4 codes or container Q4G codes runs the loops of
-//! `simd::avx2` (rule C1 eight rows at a time on the input copied into their lane order, rule C2
-//! sixteen rows in the lanes) and container VQ rows those of `simd::vq`, in `DECODE_TILE`-row
-//! tasks. Where the CPU has AVX-512, a decode is served by the eight-row kernels of `simd::avx512`
+//! units; full FP8/FP4 blocks and full blocks of stored bf16 / f32 rows are decoded eight rows at
+//! a time by the AVX2 decoders of [`simd`]. With AVX2 alone, a decode on release FP8/FP4 codes or
+//! container Q4G codes runs the loops of `simd::avx2` (rule C1 eight rows at a time on the input
+//! copied into their lane order, rule C2 sixteen rows in the lanes), stored bf16 rows its 32-row
+//! C2 loop and container VQ rows those of `simd::vq`, in `DECODE_TILE`-row tasks. Where the CPU has AVX-512, a decode is served by the eight-row kernels of `simd::avx512`
 //! instead (rule C1 on every stored form of `ByteRows`, rule C2 likewise), in `DECODE_TILE`-row
 //! tasks; with VNNI, rule C1 on release FP4 and container Q4G bytes sums in integers (`simd::vnni`,
 //! the input's blocks found once per call). The commonest of these run as loops over a row group's

@@ -1,6 +1,7 @@
 //! A decode (one input row) over release FP8/FP4 or container Q4G weight rows with AVX2 alone
 //! (MODEL.md §5.4): rule C1's block sums eight rows at a time ([`c1_run8`]) and rule C2's
-//! chains sixteen rows at a time ([`c2_run16`]).
+//! chains sixteen rows at a time ([`c2_run16`]); over stored bf16 rows, rule C2's chains 32
+//! rows at a time ([`dense_c2_run32`]).
 //!
 //! As in `avx512`, a weight's f64 is built, not converted: every e4m3 value times 2^−504, every
 //! e2m1 value and every `nibble − 8` is an f64 whose low 48 bits are zero, so two bytes per
