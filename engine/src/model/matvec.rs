@@ -11,10 +11,11 @@
 //! a time by the AVX2 decoders of [`simd`]. With AVX2 alone, a decode on release FP8/FP4 codes or
 //! container Q4G codes runs the loops of `simd::avx2` (rule C1 eight rows at a time on the input
 //! copied into their lane order, rule C2 sixteen rows in the lanes), stored bf16 rows its 32-row
-//! C2 loop and container VQ rows those of `simd::vq`, in `DECODE_TILE`-row tasks. Where the CPU has AVX-512, a decode is served by the eight-row kernels of `simd::avx512`
-//! instead (rule C1 on every stored form of `ByteRows`, rule C2 likewise), in `DECODE_TILE`-row
-//! tasks; with VNNI, rule C1 on release FP4 and container Q4G bytes sums in integers (`simd::vnni`,
-//! the input's blocks found once per call). The commonest of these run as loops over a row group's
+//! C2 loop and container VQ rows those of `simd::vq`, in `DECODE_TILE`-row tasks. Where the CPU
+//! has AVX-512, a decode is served by the eight-row kernels of `simd::avx512` instead (rule C1
+//! on every stored form of `ByteRows`, rule C2 likewise), in `DECODE_TILE`-row tasks; with VNNI,
+//! rule C1 on release FP4 and container Q4G bytes sums in integers (`simd::vnni`, the input's
+//! blocks found once per call). The commonest of these run as loops over a row group's
 //! blocks rather than a call per block: C1 on FP8, FP4 and Q4G (eight rows, the next eight asked
 //! for on the way for nibble rows), C2 on FP8 rows sharing a scale row and on Q8G/Q4G (32 rows),
 //! and container VQ rows under either rule (`simd::vq`, 32 rows of an index band). A prefill with
@@ -794,7 +795,7 @@ impl MatVec<'_> {
         }
     }
 
-    /// Rule C2 for one input row over stored bf16 / f32 rows `first ..` with the AVX2 loop, 32
+    /// Rule C2 for one input row over stored bf16 rows `first ..` with the AVX2 loop, 32
     /// rows at a time (`simd::avx2::dense_c2_run32`, every full block); a partial block takes
     /// the generic block decode for those rows, in place, and fewer than 32 rows the generic
     /// tile path.
@@ -805,10 +806,10 @@ impl MatVec<'_> {
     #[inline(always)]
     fn c2_dense_rows32(&self, init: f64, first: usize, out: &mut [f32]) -> Result<()> {
         let Source::View(view) = self.source else {
-            unreachable!("called only for stored bf16 / f32 rows");
+            unreachable!("called only for stored bf16 rows");
         };
         let Some(bytes @ ByteRows::Dense { bf16, .. }) = ByteRows::of(view) else {
-            unreachable!("called only for stored bf16 / f32 rows");
+            unreachable!("called only for stored bf16 rows");
         };
         let x = &self.x[self.x_off..][..self.n_in];
         let full = self.n_in / BLOCK;
