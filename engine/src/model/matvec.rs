@@ -808,7 +808,7 @@ impl MatVec<'_> {
         let Source::View(view) = self.source else {
             unreachable!("called only for stored bf16 rows");
         };
-        let Some(bytes @ ByteRows::Dense { bf16, .. }) = ByteRows::of(view) else {
+        let Some(bytes @ ByteRows::Dense { bf16: true, .. }) = ByteRows::of(view) else {
             unreachable!("called only for stored bf16 rows");
         };
         let x = &self.x[self.x_off..][..self.n_in];
@@ -820,7 +820,7 @@ impl MatVec<'_> {
             let rows: [&[u8]; DECODE_TILE] = std::array::from_fn(|i| bytes.row(r0 + i));
             let mut acc = [init; DECODE_TILE];
             // SAFETY: only reached from `task_avx2`; the input and rows hold `full` blocks.
-            unsafe { simd::avx2::dense_c2_run32(&mut acc, x, &rows, bf16, 0..full) };
+            unsafe { simd::avx2::dense_c2_run32(&mut acc, x, &rows, 0..full) };
             if full * BLOCK < self.n_in {
                 self.c2_block_rows(r0, full * BLOCK, &mut acc);
             }

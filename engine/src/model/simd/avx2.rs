@@ -542,8 +542,8 @@ unsafe fn column_steps(
     chains
 }
 
-/// Rule C2 over the column blocks `blocks` of 32 stored bf16 or f32 rows (little-endian, from
-/// column 0, as `x`), in order: row i's f64 chain `acc[i] = fma(x[k], w[k], acc[i])`, k
+/// Rule C2 over the column blocks `blocks` of 32 stored bf16 rows (little-endian, from column
+/// 0, as `x`), in order: row i's f64 chain `acc[i] = fma(x[k], w[k], acc[i])`, k
 /// increasing, with `w` the value the row decoder gives (`avx512::dense_tile`'s widening).
 /// The rows are the lanes of eight chain vectors (rows `4j .. 4j + 4`); each 8×8 tile of a
 /// group of eight rows is transposed in registers and each column widened to f64. The product
@@ -559,10 +559,10 @@ pub unsafe fn dense_c2_run32(
     acc: &mut [f64; 32],
     x: &[f64],
     rows: &[&[u8]; 32],
-    bf16: bool,
     blocks: Range<usize>,
 ) {
-    let block_bytes = BLOCK * if bf16 { 2 } else { 4 };
+    // Stored f32 rows stay in eight-row tasks (`MatVec::dense_view`).
+    let block_bytes = 2 * BLOCK;
     let x = &x[..blocks.end * BLOCK];
     let rows = RowStarts::new(rows, blocks.end * block_bytes);
     let mut chains = [_mm256_setzero_pd(); 8];
@@ -580,8 +580,8 @@ pub unsafe fn dense_c2_run32(
             let (g0, g1) = (2 * pair, 2 * pair + 1);
             for tile in 0..BLOCK / 8 {
                 let xt = &x[kb * BLOCK + 8 * tile..][..8];
-                let a = columns8(dense_tile(&rows, g0, at, tile, bf16));
-                let b = columns8(dense_tile(&rows, g1, at, tile, bf16));
+                let a = columns8(dense_tile(&rows, g0, at, tile, true));
+                let b = columns8(dense_tile(&rows, g1, at, tile, true));
                 for (c, &xc) in xt.iter().enumerate() {
                     let xc = _mm256_set1_pd(xc);
                     for (g, column) in [(g0, a[c]), (g1, b[c])] {
