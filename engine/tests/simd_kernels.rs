@@ -65,6 +65,11 @@ fn main() {
             x86::missing_vnni(),
         ),
         gated(
+            "avx2_digit_loop_equals_the_exact_sums_and_stops_at_the_blocks_it_leaves",
+            x86::avx2_digit_loop,
+            x86::missing(),
+        ),
+        gated(
             "avx512_eight_row_chains_equal_the_portable_chains_on_every_code",
             x86::eight_row_chains,
             x86::missing_avx512(),
@@ -130,6 +135,9 @@ mod x86 {
         Ok(())
     }
     pub fn vq_loops() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn avx2_digit_loop() -> Result<(), Failed> {
         Ok(())
     }
     pub fn missing_vnni() -> Option<&'static str> {
@@ -1151,6 +1159,106 @@ mod x86 {
                 vnni::nibble_c1_run8_vnni(acc, &x, codes, q4, avx512::NextRows::NONE, blocks)
             };
             loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
+        }
+        Ok(())
+    }
+
+    /// The AVX2 digit loop (`avx2_digits`, release FP4 and container Q4G) against the exact
+    /// block sums, as the engine drives it: every e2m1 nibble at every column, E8M0 scales
+    /// from 2^−127 up with some above the loop's limit, f16 group scales of both signs and
+    /// every range with some infinite or NaN, and input blocks that need one, two and three
+    /// digits.
+    pub fn avx2_digit_loop() -> Result<(), Failed> {
+        use ds41_engine::model::simd::avx2::{Codes, Scales};
+        use ds41_engine::model::simd::avx2_digits::{nibble_c1_run8, NibbleInputs};
+        let mut counts = [0usize; 4];
+        for seed in 0..48u64 {
+            let mut rows = loop_rows(seed, false);
+            // Blocks of inputs within 3 and within 9 octaves of their largest (one and two
+            // digits); the others span all of e4m3 (mostly three).
+            let mut next = lcg(seed + 3);
+            for (kb, x) in rows.x.chunks_exact_mut(BLOCK).enumerate() {
+                let least_field = [0, 12, 6][kb % 3];
+                if least_field > 0 {
+                    let scale = 2f64.powi((kb % 9) as i32 - 4);
+                    for v in x.iter_mut() {
+                        let field = least_field + next() % (15 - least_field);
+                        let code = (next() & 0x87) as u8 | (field << 3) as u8;
+                        *v = f64::from(e4m3_to_f32(code)) * scale;
+                    }
+                }
+            }
+            let mut inputs = NibbleInputs::default();
+            let Some(x) = inputs.fill(&rows.x) else {
+                return Err(format!("seed {seed}: no integer form").into());
+            };
+            x.iter()
+                .for_each(|b| counts[usize::from(b.digit_count())] += 1);
+            let codes: [&[u8]; 8] = std::array::from_fn(|j| &rows.fp4[j][..]);
+            let nibble = |j: usize, k: usize| rows.fp4[j][k / 2] >> (4 * (k % 2)) & 0x0F;
+            let block_sum = |j: usize, kb: usize, value: &dyn Fn(u8) -> f32| {
+                let xb = rows.x[kb * BLOCK..][..BLOCK].try_into().expect("block");
+                exact(xb, |k| value(nibble(j, kb * BLOCK + k)))
+            };
+            let e2m1 = |n: u8| e2m1_pair(n)[0];
+            let leaves = |kb: usize| (0..8).any(|j| rows.scales[j][kb] > LOOP_LIMIT);
+            let step = |kb: usize, acc: &mut [f32; 8]| {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let s = f64::from(e8m0_to_f32(rows.scales[j][kb]));
+                    *a += (block_sum(j, kb, &e2m1) * s) as f32;
+                }
+            };
+            let scales = Scales::E8m0 {
+                rows: std::array::from_fn(|j| &rows.scales[j][..]),
+                limit: LOOP_LIMIT,
+            };
+            // SAFETY: `missing` found AVX2, FMA and F16C, or this trial is not run; the rows
+            // and inputs hold LOOP_BLOCKS blocks.
+            let run = |acc: &mut [f32; 8], blocks| unsafe {
+                nibble_c1_run8(Codes::Fp4, acc, x, codes, scales, blocks)
+            };
+            loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
+            // The same rows as container Q4G (value `nibble − 8`), f16 scales in groups of
+            // two blocks, one group in seven of one row infinite or NaN.
+            const GROUP_BLOCKS: usize = 2;
+            let f16_rows: Vec<Vec<u8>> = (0..8)
+                .map(|j| {
+                    (0..LOOP_BLOCKS / GROUP_BLOCKS)
+                        .flat_map(|g| {
+                            let bits = if (g as u64 + seed) % 7 == 3 && j as u64 == seed % 8 {
+                                [0x7C00, 0xFE00][seed as usize % 2]
+                            } else {
+                                (next() % 2) << 15 | (next() % 31) << 10 | (next() % 1024)
+                            };
+                            (bits as u16).to_le_bytes()
+                        })
+                        .collect()
+                })
+                .collect();
+            let f16_at = |j: usize, kb: usize| {
+                let at = 2 * (kb / GROUP_BLOCKS);
+                half::f16::from_le_bytes([f16_rows[j][at], f16_rows[j][at + 1]])
+            };
+            let q4 = |n: u8| f32::from(n) - 8.0;
+            let leaves = |kb: usize| (0..8).any(|j| !f16_at(j, kb).is_finite());
+            let step = |kb: usize, acc: &mut [f32; 8]| {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let s = f64::from(f16_at(j, kb).to_f32());
+                    *a += (block_sum(j, kb, &q4) * s) as f32;
+                }
+            };
+            let scales = Scales::F16 {
+                rows: std::array::from_fn(|j| &f16_rows[j][..]),
+                blocks_per_group: GROUP_BLOCKS,
+            };
+            // SAFETY: as above.
+            let run = |acc: &mut [f32; 8], blocks| unsafe {
+                nibble_c1_run8(Codes::Q4, acc, x, codes, scales, blocks)
+            };
+            loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
+        }
+        if counts[1..].contains(&0) {
+            return Err(format!("blocks by digit count {counts:?}: one count never ran").into());
         }
         Ok(())
     }

@@ -224,7 +224,7 @@ impl Linear {
                 x_blocks: None,
                 x_by_block: None,
                 x_ints: None,
-                x_lanes: None,
+                x_avx2: None,
             }
             .run(n_out, y, n_out, 0)
         });
@@ -274,7 +274,7 @@ impl Linear {
                 x_blocks: None,
                 x_by_block: None,
                 x_ints: None,
-                x_lanes: None,
+                x_avx2: None,
             };
             (0..groups).try_for_each(|g| {
                 kernel.w_first = g * per_group;

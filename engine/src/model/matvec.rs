@@ -45,6 +45,7 @@ mod vq_rows;
 use super::parallel::{for_each_chunk, try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
 use super::simd::amx::ActTiles;
+use super::simd::avx2_digits::DigitBlock;
 use super::simd::vnni::{act_blocks, ActBlock, InputBlocks, IntegerInputs};
 use super::simd::vnni_prefill::ActDigits;
 use super::simd::vnni_words::ActWords;
@@ -129,11 +130,20 @@ pub(crate) struct MatVec<'a> {
     /// act-quantised).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_ints: Option<ActInts<'a>>,
-    /// A single input row in the lane order of the AVX2 C1 kernels for its weight's codes
-    /// (`simd::avx2`; set by [`MatVec::run`] at [`Level::Avx2`], none where a block is not
-    /// act-quantised).
+    /// A single input row in the form of the AVX2 C1 kernel for its weight's codes (set by
+    /// [`MatVec::run`] at [`Level::Avx2`], none where a block is not act-quantised).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    pub x_lanes: Option<&'a [f64]>,
+    pub x_avx2: Option<Avx2Input<'a>>,
+}
+
+/// A single act-quantised input row as an AVX2 C1 kernel reads it.
+#[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub enum Avx2Input<'a> {
+    /// FP8 codes: the input in the lane order of `simd::avx2::c1_run8`.
+    Lanes(&'a [f64]),
+    /// FP4 / Q4G codes: the blocks as integer digits (`simd::avx2_digits`).
+    Digits(&'a [DigitBlock]),
 }
 
 /// A prefill's act-quantised inputs in the integer form of the kernel that takes them.
@@ -178,13 +188,18 @@ impl MatVec<'_> {
         if let Some(codes) = self.lane_codes() {
             // Once per call, for every task; none (the block-by-block path) if the input is
             // not act-quantised after all.
+            let x = &self.x[self.x_off..][..self.n_in];
             let mut lanes = INPUT_LANE_SCRATCH.with(Cell::take);
-            let r = MatVec {
-                x_lanes: lanes.fill(&self.x[self.x_off..][..self.n_in], codes),
-                ..*self
-            }
-            .run_tasks(n_out, y, y_stride, y_off);
+            let mut digits = INPUT_DIGIT_SCRATCH.with(Cell::take);
+            let x_avx2 = match codes {
+                simd::avx2::Codes::Fp8 => lanes.fill(x, codes).map(Avx2Input::Lanes),
+                simd::avx2::Codes::Fp4 | simd::avx2::Codes::Q4 => {
+                    digits.fill(x).map(Avx2Input::Digits)
+                }
+            };
+            let r = MatVec { x_avx2, ..*self }.run_tasks(n_out, y, y_stride, y_off);
             INPUT_LANE_SCRATCH.with(|c| c.set(lanes));
+            INPUT_DIGIT_SCRATCH.with(|c| c.set(digits));
             return r;
         }
         if self.rows > 1 && largest_group(simd::level()) == WIDE_GROUP {
@@ -367,10 +382,10 @@ impl MatVec<'_> {
                 }
             }
             #[cfg(target_arch = "x86_64")]
-            if let (Level::Avx2, Some(lanes)) = (level, self.x_lanes) {
+            if let (Level::Avx2, Some(input)) = (level, self.x_avx2) {
                 for (t, o) in out.chunks_mut(TILE).enumerate() {
                     if o.len() == TILE {
-                        o.copy_from_slice(&self.c1_lanes8(self.w_first + first + t * TILE, lanes));
+                        o.copy_from_slice(&self.c1_avx2_8(self.w_first + first + t * TILE, input));
                     } else {
                         self.task_tile(first + t * TILE, o, level)?;
                     }
@@ -696,26 +711,40 @@ impl MatVec<'_> {
         }
     }
 
-    /// Rule C1 for one input row over weight rows `r0 .. r0 + 8` with the AVX2 kernel on the
-    /// input's lanes (`simd::avx2`), every full block of the eight rows at a time; a block it
-    /// leaves (a NaN code, a scale it does not take) and a partial block take the generic
-    /// block decode, in place.
+    /// Rule C1 for one input row over weight rows `r0 .. r0 + 8` with the AVX2 kernel for
+    /// the input's form (`simd::avx2` on FP8 lanes, `simd::avx2_digits` on nibble digits),
+    /// every full block of the eight rows at a time; a block it leaves (a NaN code, a scale it
+    /// does not take) and a partial block take the generic block decode, in place.
     ///
     /// Only called at [`Level::Avx2`], i.e. inside `task_avx2`, where [`Self::avx2_rows`]
     /// serves the weight.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
-    fn c1_lanes8(&self, r0: usize, lanes: &[f64]) -> [f32; TILE] {
+    fn c1_avx2_8(&self, r0: usize, input: Avx2Input) -> [f32; TILE] {
         let Some((codes, rows, scales)) = self.avx2_rows::<TILE>(r0) else {
-            unreachable!("x_lanes is set only for weights the AVX2 kernels read");
+            unreachable!("x_avx2 is set only for weights the AVX2 kernels read");
         };
         let full = self.n_in / BLOCK;
         let mut acc = [0f32; TILE];
         let mut kb = 0;
         while kb < full {
-            // SAFETY: only reached from `task_avx2`; the lanes, rows and scales hold `full`
-            // blocks.
-            kb = unsafe { simd::avx2::c1_run8(codes, &mut acc, lanes, rows, scales, kb..full) };
+            // SAFETY: only reached from `task_avx2`; the input, rows and scales hold `full`
+            // blocks, and `MatVec::run` made the input's form for these codes.
+            kb = unsafe {
+                match input {
+                    Avx2Input::Lanes(x) => {
+                        simd::avx2::c1_run8(codes, &mut acc, x, rows, scales, kb..full)
+                    }
+                    Avx2Input::Digits(x) => simd::avx2_digits::nibble_c1_run8(
+                        codes,
+                        &mut acc,
+                        x,
+                        rows,
+                        scales,
+                        kb..full,
+                    ),
+                }
+            };
             if kb < full {
                 self.c1_block8(r0, kb * BLOCK, &mut acc);
                 kb += 1;
@@ -1786,6 +1815,9 @@ thread_local! {
     #[cfg(target_arch = "x86_64")]
     static INPUT_LANE_SCRATCH: Cell<simd::avx2::InputLanes> =
         Cell::new(simd::avx2::InputLanes::default());
+    #[cfg(target_arch = "x86_64")]
+    static INPUT_DIGIT_SCRATCH: Cell<simd::avx2_digits::NibbleInputs> =
+        Cell::new(simd::avx2_digits::NibbleInputs::default());
     static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }
 

@@ -80,7 +80,7 @@ impl<const N: usize> Scales<'_, N> {
     /// Column block `kb`'s scales as f64 (exactly), lane l of vector v from row
     /// `row_of(4v + l)`; `None` where the kernels leave the block.
     #[inline(always)]
-    unsafe fn vectors<const V: usize>(
+    pub(super) unsafe fn vectors<const V: usize>(
         &self,
         kb: usize,
         row_of: fn(usize) -> usize,
@@ -151,7 +151,7 @@ static FP4_ORDER: [usize; BLOCK] = lane_order(Codes::Fp4);
 /// Asks for the rows' cache lines [`PREFETCH_AHEAD`] bytes past `at` (the loops outrun the
 /// hardware prefetcher on weights streamed from memory).
 #[inline(always)]
-unsafe fn prefetch<const N: usize>(rows: &[&[u8]; N], at: usize) {
+pub(super) unsafe fn prefetch<const N: usize>(rows: &[&[u8]; N], at: usize) {
     // Rows of equal length: ahead in one, ahead in all.
     if at + PREFETCH_AHEAD < rows[0].len() {
         for row in rows {

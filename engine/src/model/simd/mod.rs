@@ -13,6 +13,7 @@ use std::sync::OnceLock;
 pub mod amx;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2;
+pub mod avx2_digits;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod vnni;

@@ -123,6 +123,24 @@ pub fn reduced_block_integers(x: &[f64; BLOCK]) -> Option<([i32; BLOCK], f64)> {
     Some((x.map(|v| v >> shift), unit * f64::from(1u32 << shift)))
 }
 
+/// Base-256 digits of an |X| < 2^19, at most.
+pub const DIGITS: usize = 3;
+
+/// `X = D₀ + 2^8 D₁ + 2^16 D₂` in balanced digits (−128 ≤ Dᵢ ≤ 127, so that they are signed
+/// bytes), and how many of them X needs (at least one; the rest are zero).
+pub fn balanced_digits(v: i32) -> ([i8; DIGITS], u8) {
+    let (mut digits, mut used, mut rest) = ([0i8; DIGITS], 1, v);
+    for (i, d) in digits.iter_mut().enumerate() {
+        *d = rest as i8;
+        rest = (rest - i32::from(*d)) >> 8;
+        if *d != 0 || rest != 0 {
+            used = used.max(i as u8 + 1);
+        }
+    }
+    debug_assert_eq!(rest, 0, "|X| < 2^19 has three digits");
+    (digits, used)
+}
+
 /// A prefill's input rows as its kernels read them, a 32-column block at a time.
 #[derive(Clone, Copy)]
 pub struct InputBlocks<'a> {

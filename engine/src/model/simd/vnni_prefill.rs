@@ -15,13 +15,10 @@
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
-use super::vnni::{reduced_block_integers, InputBlocks, IntegerInputs};
+use super::vnni::{balanced_digits, reduced_block_integers, InputBlocks, IntegerInputs, DIGITS};
 
 /// Weight rows per kernel call: one per 32-bit lane.
 pub const W_ROWS: usize = 16;
-
-/// Digits per input value at most: |X| < 2^19 needs three.
-const MAX_DIGITS: usize = 3;
 
 /// `W + 12` is unsigned; its excess over `W` is taken back once per block.
 const W_OFFSET: i32 = 12;
@@ -31,7 +28,7 @@ const W_OFFSET: i32 = 12;
 #[repr(C, align(32))]
 struct RowBlock {
     /// `digits[i][k]`: digit i of X at column k (zero above the block's digit count).
-    digits: [[i8; BLOCK]; MAX_DIGITS],
+    digits: [[i8; BLOCK]; DIGITS],
     /// u: input k is `X[k] · 2u`.
     unit: f64,
     /// `−12 · Σ X` (below 2^28 in magnitude).
@@ -43,7 +40,7 @@ struct RowBlock {
 }
 
 const EMPTY: RowBlock = RowBlock {
-    digits: [[0; BLOCK]; MAX_DIGITS],
+    digits: [[0; BLOCK]; DIGITS],
     unit: 0.0,
     offset: 0,
     unit_f32: 0.0,
@@ -141,16 +138,11 @@ impl RowBlock {
         let mut used = 1;
         for (k, &v) in x.iter().enumerate() {
             sum += v;
-            let mut rest = v;
-            for (i, digits) in self.digits.iter_mut().enumerate() {
-                let d = rest as i8;
+            let (d, needed) = balanced_digits(v);
+            for (digits, d) in self.digits.iter_mut().zip(d) {
                 digits[k] = d;
-                rest = (rest - i32::from(d)) >> 8;
-                if d != 0 || rest != 0 {
-                    used = used.max(i as u8 + 1);
-                }
             }
-            debug_assert_eq!(rest, 0, "|X| < 2^19 has three digits");
+            used = used.max(needed);
         }
         // |Σ X| < 32 · 2^19: the product stays below 2^28.
         self.offset = -W_OFFSET * sum;

@@ -25,7 +25,7 @@
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
-use super::vnni::{reduced_block_integers, InputBlocks, IntegerInputs};
+use super::vnni::{balanced_digits, reduced_block_integers, InputBlocks, IntegerInputs, DIGITS};
 
 /// Weight rows per kernel call (one per 32-bit lane; `matvec`'s prefill task where this
 /// kernel runs).
@@ -33,9 +33,6 @@ pub const W_ROWS: usize = 16;
 
 /// Column pairs per block.
 const PAIRS: usize = BLOCK / 2;
-
-/// Base-256 digits of |X| < 2^19, at most.
-const DIGITS: usize = 3;
 
 /// What one pass over words reads of an input row's block: X as words, column pairs in the
 /// dwords, and the bounds that decide whether one pass is exact.
@@ -163,16 +160,11 @@ fn row_digits(x: &[i32; BLOCK]) -> (RowDigits, u8) {
     let mut digits = [[0i32; BLOCK]; DIGITS];
     let mut used = 1;
     for (k, &v) in x.iter().enumerate() {
-        let mut rest = v;
-        for (d, digit) in digits.iter_mut().enumerate() {
-            let low = rest as i8;
-            digit[k] = i32::from(low);
-            rest = (rest - i32::from(low)) >> 8;
-            if low != 0 {
-                used = used.max(d as u8 + 1);
-            }
+        let (d, needed) = balanced_digits(v);
+        for (digit, d) in digits.iter_mut().zip(d) {
+            digit[k] = i32::from(d);
         }
-        debug_assert_eq!(rest, 0, "|X| < 2^19 has three digits");
+        used = used.max(needed);
     }
     (digits.map(|d| pairs(&d)), used)
 }

@@ -1,0 +1,222 @@
+//! Rule C1 for one input row over packed nibbles (release FP4, container Q4G), eight weight
+//! rows at a time, summed in integers with AVX2 (MODEL.md §5.4).
+//!
+//! As for the VNNI kernels (`vnni_prefill`), an act-quantised input block is `x = X · 2u` with
+//! integers |X| < 2^19 ([`reduced_block_integers`]), written in balanced base-256 digits
+//! `X = D₀ + 2^8 D₁ + 2^16 D₂` (signed bytes; most blocks need two). A nibble stands for `W / 2`
+//! with `W = 2 · e2m1` (FP4, |W| ≤ 12) or for `W = nibble − 8` (Q4G), so the block sum is
+//! `u · Σ X·W` or `2u · Σ X·W`. The kernel multiplies the unsigned bytes `W + c` (c = 12 for
+//! FP4; for Q4G, c = 8 and `W + c` is the nibble itself) by the digits with `vpmaddubsw`, which
+//! sums pairs of products into 16 bits (at most 2 · 24 · 128, far from saturating), widens the
+//! pairs into 32-bit lanes with `vpmaddwd` (by 1 or 2^8, the third digit shifted by 8 more), and
+//! takes `c · Σ X` back once per block. |Σ X·W| < 32 · 12 · 2^19 < 2^28, so the wrapping 32-bit
+//! sums are exact in any order. The product with the steps (scale · u, exact: powers of two, or
+//! an f16 times one) and the rounding to f32 are the f64 kernel's (`avx2::c1_run8`) operations
+//! on the same exact block sum, so the bits are the same.
+
+use super::super::quant::BLOCK;
+use super::vnni::{balanced_digits, reduced_block_integers, DIGITS};
+
+/// One input block in the kernel's integer form.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub struct DigitBlock {
+    /// `digits[i]`: digit i of X, the even columns (0, 2, …, 30) in bytes 0..16 and the odd
+    /// ones in bytes 16..32, the order in which the kernel unpacks a row's nibbles (low
+    /// nibbles into the low 128-bit lane).
+    digits: [[i8; BLOCK]; DIGITS],
+    /// u: input k is `X[k] · 2u`.
+    unit: f64,
+    /// Σ X (|Σ X| < 2^24).
+    sum: i32,
+    /// The digits X needs (1 to 3; the others are zero).
+    count: u8,
+}
+
+impl DigitBlock {
+    /// The block of `x`, or `None` where it is not act-quantised.
+    fn of(x: &[f64; BLOCK]) -> Option<DigitBlock> {
+        let (x, unit) = reduced_block_integers(x)?;
+        let mut block = DigitBlock {
+            digits: [[0; BLOCK]; DIGITS],
+            unit,
+            sum: 0,
+            count: 1,
+        };
+        for (k, &v) in x.iter().enumerate() {
+            let (digits, needed) = balanced_digits(v);
+            let at = k / 2 + BLOCK / 2 * (k % 2);
+            for (plane, d) in block.digits.iter_mut().zip(digits) {
+                plane[at] = d;
+            }
+            block.sum += v;
+            block.count = block.count.max(needed);
+        }
+        Some(block)
+    }
+
+    /// The digits X needs (1 to 3).
+    pub fn digit_count(&self) -> u8 {
+        self.count
+    }
+}
+
+/// An input row's full blocks in the kernel's integer form (a per-thread buffer, reused).
+#[derive(Default)]
+pub struct NibbleInputs(Vec<DigitBlock>);
+
+impl NibbleInputs {
+    /// The full blocks of `x`; `None` if a block is not act-quantised.
+    pub fn fill(&mut self, x: &[f64]) -> Option<&[DigitBlock]> {
+        self.0.clear();
+        for xb in x.chunks_exact(BLOCK) {
+            self.0
+                .push(DigitBlock::of(xb.try_into().expect("a block"))?);
+        }
+        Some(&self.0)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use kernel::nibble_c1_run8;
+
+#[cfg(target_arch = "x86_64")]
+mod kernel {
+    use super::super::avx2::{prefetch, Codes, Scales};
+    use super::super::vnni::TWICE_E2M1;
+    use super::{DigitBlock, BLOCK};
+    use std::arch::x86_64::*;
+    use std::ops::Range;
+
+    /// C1 over the column blocks `blocks` of eight rows of nibble codes (`codes` FP4 or Q4G), in
+    /// order: `acc[i] += f32(P_i · scale_i)` per block with `P_i` the exact block sum. `x[kb]` is
+    /// block kb of the input, `rows[i]` and `scales` row i's codes and scales from block 0.
+    /// Returns the first block it leaves (a scale [`Scales`] does not take), else `blocks.end`;
+    /// `acc` then has every block before it.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; `x`, `rows` and `scales` must hold `blocks.end`
+    /// blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn nibble_c1_run8(
+        codes: Codes,
+        acc: &mut [f32; 8],
+        x: &[DigitBlock],
+        rows: [&[u8]; 8],
+        scales: Scales<8>,
+        blocks: Range<usize>,
+    ) -> usize {
+        match codes {
+            Codes::Fp4 => run8::<true>(acc, x, rows, scales, blocks),
+            Codes::Q4 => run8::<false>(acc, x, rows, scales, blocks),
+            Codes::Fp8 => panic!("the digit kernel reads nibble codes only"),
+        }
+    }
+
+    /// [`nibble_c1_run8`] for FP4 (`FP4`: nibbles looked up as `2 · e2m1 + 12`) or Q4G (the
+    /// nibbles as they are).
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn run8<const FP4: bool>(
+        acc: &mut [f32; 8],
+        x: &[DigitBlock],
+        rows: [&[u8]; 8],
+        scales: Scales<8>,
+        blocks: Range<usize>,
+    ) -> usize {
+        const BYTES: usize = BLOCK / 2;
+        let (offset, unit_factor) = if FP4 { (12, 1.0) } else { (8, 2.0) };
+        let x = &x[..blocks.end];
+        let rows = rows.map(|r| &r[..blocks.end * BYTES]);
+        let table = _mm256_add_epi8(
+            _mm256_loadu_si256(TWICE_E2M1.as_ptr().cast()),
+            _mm256_set1_epi8(offset as i8),
+        );
+        let base = rows.map(<[u8]>::as_ptr);
+        let mut total = _mm256_loadu_ps(acc.as_ptr());
+        let mut stop = blocks.end;
+        for kb in blocks {
+            let at = kb * BYTES;
+            prefetch(&rows, at);
+            let Some(scale) = scales.vectors::<2>(kb, |l| l) else {
+                stop = kb;
+                break;
+            };
+            let xb = &x[kb];
+            let codes = base.map(|row| row.add(at));
+            let sums = match xb.count {
+                1 => block_sums8::<FP4, 1>(xb, &codes, table),
+                2 => block_sums8::<FP4, 2>(xb, &codes, table),
+                _ => block_sums8::<FP4, 3>(xb, &codes, table),
+            };
+            let sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(offset * xb.sum));
+            let unit = _mm256_set1_pd(unit_factor * xb.unit);
+            let low = _mm256_cvtepi32_pd(_mm256_castsi256_si128(sums));
+            let high = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(sums));
+            let low = _mm256_cvtpd_ps(_mm256_mul_pd(low, _mm256_mul_pd(scale[0], unit)));
+            let high = _mm256_cvtpd_ps(_mm256_mul_pd(high, _mm256_mul_pd(scale[1], unit)));
+            total = _mm256_add_ps(total, _mm256_set_m128(high, low));
+        }
+        _mm256_storeu_ps(acc.as_mut_ptr(), total);
+        stop
+    }
+
+    /// A row's 32 nibble codes (16 bytes at `codes`) as the unsigned bytes `W + c`: lane 0 the
+    /// low nibbles (even columns), lane 1 the high ones (odd columns); FP4 nibbles looked up in
+    /// `table`, Q4G nibbles as they are.
+    #[inline(always)]
+    unsafe fn weight_bytes<const FP4: bool>(codes: *const u8, table: __m256i) -> __m256i {
+        let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(codes.cast()));
+        let shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
+        let nibbles = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
+        if FP4 {
+            _mm256_shuffle_epi8(table, nibbles)
+        } else {
+            nibbles
+        }
+    }
+
+    /// The eight rows' `Σ X·(W + c)` over one block (wrapping 32-bit lanes, row i in lane i),
+    /// from the block's first `N` digits and the rows' codes ([`weight_bytes`]).
+    #[inline(always)]
+    unsafe fn block_sums8<const FP4: bool, const N: usize>(
+        xb: &DigitBlock,
+        codes: &[*const u8; 8],
+        table: __m256i,
+    ) -> __m256i {
+        let (ones, step) = (_mm256_set1_epi16(1), _mm256_set1_epi16(1 << 8));
+        let d = [
+            _mm256_load_si256(xb.digits[0].as_ptr().cast()),
+            _mm256_load_si256(xb.digits[1].as_ptr().cast()),
+            _mm256_load_si256(xb.digits[2].as_ptr().cast()),
+        ];
+        let mut lanes = [_mm256_setzero_si256(); 8];
+        for (lane, &row) in lanes.iter_mut().zip(codes) {
+            let w = weight_bytes::<FP4>(row, table);
+            let mut s = _mm256_madd_epi16(_mm256_maddubs_epi16(w, d[0]), ones);
+            if N > 1 {
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(_mm256_maddubs_epi16(w, d[1]), step));
+            }
+            if N > 2 {
+                let top = _mm256_madd_epi16(_mm256_maddubs_epi16(w, d[2]), step);
+                s = _mm256_add_epi32(s, _mm256_slli_epi32::<8>(top));
+            }
+            *lane = s;
+        }
+        // Pairwise sums: lane l of `quads[q]` holds part of row 4q + l (both 128-bit halves).
+        let pairs = [
+            _mm256_hadd_epi32(lanes[0], lanes[1]),
+            _mm256_hadd_epi32(lanes[2], lanes[3]),
+            _mm256_hadd_epi32(lanes[4], lanes[5]),
+            _mm256_hadd_epi32(lanes[6], lanes[7]),
+        ];
+        let quads = [
+            _mm256_hadd_epi32(pairs[0], pairs[1]),
+            _mm256_hadd_epi32(pairs[2], pairs[3]),
+        ];
+        _mm256_add_epi32(
+            _mm256_permute2x128_si256::<0x20>(quads[0], quads[1]),
+            _mm256_permute2x128_si256::<0x31>(quads[0], quads[1]),
+        )
+    }
+}
