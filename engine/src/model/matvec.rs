@@ -140,7 +140,7 @@ pub(crate) struct MatVec<'a> {
 #[derive(Clone, Copy)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub enum Avx2Input<'a> {
-    /// FP8 codes: the input in the lane order of `simd::avx2::c1_run8`.
+    /// FP8 codes: the input in the lane order of `simd::avx2::fp8_c1_run8`.
     Lanes(&'a [f64]),
     /// FP4 / Q4G codes: the blocks as integer digits (`simd::avx2_digits`).
     Digits(&'a [DigitBlock]),
@@ -192,7 +192,7 @@ impl MatVec<'_> {
             let mut lanes = INPUT_LANE_SCRATCH.with(Cell::take);
             let mut digits = INPUT_DIGIT_SCRATCH.with(Cell::take);
             let x_avx2 = match codes {
-                simd::avx2::Codes::Fp8 => lanes.fill(x, codes).map(Avx2Input::Lanes),
+                simd::avx2::Codes::Fp8 => lanes.fill(x).map(Avx2Input::Lanes),
                 simd::avx2::Codes::Fp4 | simd::avx2::Codes::Q4 => {
                     digits.fill(x).map(Avx2Input::Digits)
                 }
@@ -731,11 +731,11 @@ impl MatVec<'_> {
             // SAFETY: only reached from `task_avx2`; the input, rows and scales hold `full`
             // blocks, and `MatVec::run` made the input's form for these codes.
             kb = unsafe {
-                match input {
-                    Avx2Input::Lanes(x) => {
-                        simd::avx2::c1_run8(codes, &mut acc, x, rows, scales, kb..full)
+                match (input, codes) {
+                    (Avx2Input::Lanes(x), simd::avx2::Codes::Fp8) => {
+                        simd::avx2::fp8_c1_run8(&mut acc, x, rows, scales, kb..full)
                     }
-                    Avx2Input::Digits(x) => simd::avx2_digits::nibble_c1_run8(
+                    (Avx2Input::Digits(x), _) => simd::avx2_digits::nibble_c1_run8(
                         codes,
                         &mut acc,
                         x,
@@ -743,6 +743,7 @@ impl MatVec<'_> {
                         scales,
                         kb..full,
                     ),
+                    (Avx2Input::Lanes(_), _) => unreachable!("lanes are made for FP8 codes only"),
                 }
             };
             if kb < full {

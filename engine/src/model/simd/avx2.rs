@@ -1,7 +1,8 @@
 //! A decode (one input row) over release FP8/FP4 or container Q4G weight rows with AVX2 alone
-//! (MODEL.md §5.4): rule C1's block sums eight rows at a time ([`c1_run8`]) and rule C2's
-//! chains sixteen rows at a time ([`c2_run16`]); over stored bf16 rows, rule C2's chains 32
-//! rows at a time ([`dense_c2_run32`]).
+//! (MODEL.md §5.4): rule C1's block sums on FP8 eight rows at a time ([`fp8_c1_run8`]; on
+//! nibbles they are taken in integers, `avx2_digits`) and rule C2's chains sixteen rows at a
+//! time ([`c2_run16`]); over stored bf16 rows, rule C2's chains 32 rows at a time
+//! ([`dense_c2_run32`]).
 //!
 //! As in `avx512`, a weight's f64 is built, not converted: every e4m3 value times 2^−504, every
 //! e2m1 value and every `nibble − 8` is an f64 whose low 48 bits are zero, so two bytes per
@@ -50,14 +51,6 @@ impl Codes {
         match self {
             Codes::Fp8 => LOWERING_BACK,
             Codes::Fp4 | Codes::Q4 => 1.0,
-        }
-    }
-
-    /// The input lane order of the C1 kernel (nibble codes share one).
-    fn order(self) -> &'static [usize; BLOCK] {
-        match self {
-            Codes::Fp8 => &FP8_ORDER,
-            Codes::Fp4 | Codes::Q4 => &FP4_ORDER,
         }
     }
 }
@@ -124,29 +117,20 @@ impl<const N: usize> Scales<'_, N> {
     }
 }
 
-/// `ORDER[p]`: the block column whose weight the kernels put at position p of a block (four
-/// positions per vector, eight vectors).
-///
-/// FP8: the two bytes of every weight are interleaved by `vpunpck{l,h}bw`, which take columns
-/// 0..8 and 16..24 (low) or 8..16 and 24..32 (high) into the two 128-bit lanes; placement j
-/// takes words 2j, 2j + 1 of each lane. FP4: a row's 16 bytes sit in both lanes, the low
-/// nibbles (even columns) in lane 0 and the high ones (odd columns) in lane 1.
-const fn lane_order(codes: Codes) -> [usize; BLOCK] {
+/// `FP8_ORDER[p]`: the block column whose weight the FP8 C1 kernel puts at position p of a
+/// block (four positions per vector, eight vectors). The two bytes of every weight are
+/// interleaved by `vpunpck{l,h}bw`, which take columns 0..8 and 16..24 (low) or 8..16 and
+/// 24..32 (high) into the two 128-bit lanes; placement j takes words 2j, 2j + 1 of each lane.
+static FP8_ORDER: [usize; BLOCK] = {
     let mut order = [0; BLOCK];
     let mut p = 0;
     while p < BLOCK {
         let (half, j, e) = (p / 16, (p / 4) % 4, p % 4);
-        order[p] = match codes {
-            Codes::Fp8 => 8 * half + 16 * (e / 2) + 2 * j + e % 2,
-            Codes::Fp4 | Codes::Q4 => 16 * half + 4 * j + [0, 2, 1, 3][e],
-        };
+        order[p] = 8 * half + 16 * (e / 2) + 2 * j + e % 2;
         p += 1;
     }
     order
-}
-
-static FP8_ORDER: [usize; BLOCK] = lane_order(Codes::Fp8);
-static FP4_ORDER: [usize; BLOCK] = lane_order(Codes::Fp4);
+};
 
 /// Asks for the rows' cache lines [`PREFETCH_AHEAD`] bytes past `at` (the loops outrun the
 /// hardware prefetcher on weights streamed from memory).
@@ -178,21 +162,20 @@ const fn q4_top_bytes(shift: u32) -> [u8; 64] {
     t
 }
 
-/// An input row's full blocks in the C1 kernel's lane order for one code kind (a per-thread
-/// buffer, reused).
+/// An input row's full blocks in the FP8 C1 kernel's lane order (a per-thread buffer,
+/// reused).
 #[derive(Default)]
 pub struct InputLanes(Vec<f64>);
 
 impl InputLanes {
-    /// The full blocks of `x` in the lane order of `codes`; `None` if a block is not
-    /// act-quantised (`vnni::block_integers`), whose sums the lanes could not reorder exactly.
-    pub fn fill(&mut self, x: &[f64], codes: Codes) -> Option<&[f64]> {
-        let order = codes.order();
+    /// The full blocks of `x` in [`FP8_ORDER`]; `None` if a block is not act-quantised
+    /// (`vnni::block_integers`), whose sums the lanes could not reorder exactly.
+    pub fn fill(&mut self, x: &[f64]) -> Option<&[f64]> {
         self.0.clear();
         for xb in x.chunks_exact(BLOCK) {
             let xb: &[f64; BLOCK] = xb.try_into().expect("a block");
             block_integers(xb)?;
-            self.0.extend(order.iter().map(|&k| xb[k]));
+            self.0.extend(FP8_ORDER.iter().map(|&k| xb[k]));
         }
         Some(&self.0)
     }
@@ -218,7 +201,7 @@ static PLACE: [[u8; 32]; 4] = {
     t
 };
 
-/// C1 over the column blocks `blocks` of eight release weight rows, in order: `acc[i] +=
+/// C1 over the column blocks `blocks` of eight release FP8 weight rows, in order: `acc[i] +=
 /// f32(P_i · 2^(scale_i − 127))` per block with `P_i` the exact block sum. `lanes` is the
 /// input in [`InputLanes`] order, `rows[i]` and `scales[i]` row i's codes and E8M0 bytes from
 /// block 0. Returns the first block it leaves (a scale [`Scales`] does not take, a NaN
@@ -228,25 +211,23 @@ static PLACE: [[u8; 32]; 4] = {
 /// The CPU must have AVX2, FMA and F16C; `lanes`, `rows` and `scales` must hold
 /// `blocks.end` blocks.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn c1_run8(
-    codes: Codes,
+pub unsafe fn fp8_c1_run8(
     acc: &mut [f32; 8],
     lanes: &[f64],
     rows: [&[u8]; 8],
     scales: Scales<8>,
     blocks: Range<usize>,
 ) -> usize {
-    let block_bytes = codes.block_bytes();
     let lanes = &lanes[..blocks.end * BLOCK];
-    let rows = rows.map(|r| &r[..blocks.end * block_bytes]);
-    let back = _mm256_set1_pd(codes.back());
+    let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
+    let back = _mm256_set1_pd(LOWERING_BACK);
     let mut total = _mm256_loadu_ps(acc.as_ptr());
     // A block's lane sums are reduced, scaled and added one block later, while the next
     // block's chains run: in program order its reduction would wait on the chains just made.
     let mut pending: Option<([[__m256d; 4]; 2], [__m256d; 2])> = None;
     let mut stop = blocks.end;
     for kb in blocks {
-        let at = kb * block_bytes;
+        let at = kb * BLOCK;
         prefetch(&rows, at);
         let Some(scale) = scales.vectors::<2>(kb, |l| l) else {
             stop = kb;
@@ -259,16 +240,8 @@ pub unsafe fn c1_run8(
         for (q, quad) in sums.iter_mut().enumerate() {
             // Four rows' words, then their sums side by side: independent chains.
             for (r, w) in words.iter_mut().enumerate() {
-                let row = rows[4 * q + r][at..].as_ptr();
-                let (low, high) = match codes {
-                    Codes::Fp8 => {
-                        let (low, high, doubled) = fp8_top_bytes(row);
-                        doubled_max = _mm256_max_epu8(doubled_max, doubled);
-                        (low, high)
-                    }
-                    Codes::Fp4 => nibble_top_bytes(row, &E2M1_LOW, &E2M1_HIGH),
-                    Codes::Q4 => nibble_top_bytes(row, &Q4_LOW, &Q4_HIGH),
-                };
+                let (low, high, doubled) = fp8_top_bytes(rows[4 * q + r][at..].as_ptr());
+                doubled_max = _mm256_max_epu8(doubled_max, doubled);
                 *w = [
                     _mm256_unpacklo_epi8(low, high),
                     _mm256_unpackhi_epi8(low, high),
@@ -336,21 +309,6 @@ unsafe fn fp8_top_bytes_of(c: __m256i) -> (__m256i, __m256i, __m256i) {
     (low, high, doubled)
 }
 
-/// The top bytes of the f64s of a row's 32 nibble codes (16 bytes) from 16-entry tables of
-/// low and high bytes: lane 0 the low nibbles (even columns), lane 1 the high ones (odd
-/// columns).
-#[inline(always)]
-unsafe fn nibble_top_bytes(
-    codes: *const u8,
-    low: &[u8; 64],
-    high: &[u8; 64],
-) -> (__m256i, __m256i) {
-    let both = _mm256_broadcastsi128_si256(_mm_loadu_si128(codes.cast()));
-    let shifted = _mm256_srlv_epi32(both, _mm256_setr_epi32(0, 0, 0, 0, 4, 4, 4, 4));
-    let nibbles = _mm256_and_si256(shifted, _mm256_set1_epi8(0x0F));
-    (look_up(low, nibbles), look_up(high, nibbles))
-}
-
 /// Four rows' `Σ_p lanes[p] · w[p]` over one block (four lanes of partial sums each), from
 /// their weights' words (the top bytes interleaved by `vpunpck{l,h}bw`), placed into f64s in
 /// [`InputLanes`] order. The rows' chains advance side by side.
@@ -389,16 +347,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn lane_orders_are_permutations_of_a_block() {
-        for codes in [Codes::Fp8, Codes::Fp4] {
-            let mut seen = lane_order(codes);
-            seen.sort_unstable();
-            assert_eq!(
-                seen,
-                std::array::from_fn::<usize, BLOCK, _>(|k| k),
-                "{codes:?}"
-            );
-        }
+    fn the_fp8_lane_order_is_a_permutation_of_a_block() {
+        let mut seen = FP8_ORDER;
+        seen.sort_unstable();
+        assert_eq!(seen, std::array::from_fn::<usize, BLOCK, _>(|k| k));
     }
 }
 
@@ -407,7 +359,7 @@ mod tests {
 /// 127)` exactly the table decoder's value. The rows are the lanes: a block's codes are
 /// transposed by byte unpacks (rows 0..8 in the low 128-bit lanes, 8..16 in the high ones),
 /// and chain vector j holds rows 2j, 2j + 1, 8 + 2j, 9 + 2j ([`c2_row_of_lane`]). The weights
-/// are built lowered as in [`c1_run8`]; the power they are short of and the scales are taken
+/// are built lowered as in [`fp8_c1_run8`]; the power they are short of and the scales are taken
 /// out of the chains for the block instead (see the loop), other scales go onto each weight.
 /// Each product is exact, so the fused multiply-add rounds as the portable `acc + x · w`
 /// does. Returns the first block it leaves (a scale [`Scales`] does not take, a NaN code),
