@@ -65,7 +65,7 @@ fn main() {
             x86::missing_vnni(),
         ),
         gated(
-            "avx2_digit_loop_equals_the_exact_sums_and_stops_at_the_blocks_it_leaves",
+            "avx2_integer_loops_equal_the_exact_sums_and_stop_at_the_blocks_they_leave",
             x86::avx2_digit_loop,
             x86::missing(),
         ),
@@ -1163,15 +1163,17 @@ mod x86 {
         Ok(())
     }
 
-    /// The AVX2 digit loop (`avx2_digits`, release FP4 and container Q4G) against the exact
-    /// block sums, as the engine drives it: every e2m1 nibble at every column, E8M0 scales
-    /// from 2^−127 up with some above the loop's limit, f16 group scales of both signs and
-    /// every range with some infinite or NaN, and input blocks that need one, two and three
-    /// digits.
+    /// The AVX2 integer loops (`avx2_digits`: release FP4, container Q4G and Q8G) against
+    /// the exact block sums, as the engine drives them: every e2m1 nibble and every signed
+    /// byte at every column, E8M0 scales from 2^−127 up with some above the loop's limit, f16
+    /// group scales of both signs and every range with some infinite or NaN, and input blocks
+    /// that need one, two and three digits (one and two word passes).
     pub fn avx2_digit_loop() -> Result<(), Failed> {
         use ds41_engine::model::simd::avx2::{Codes, Scales};
-        use ds41_engine::model::simd::avx2_digits::{nibble_c1_run8, NibbleInputs};
-        let mut counts = [0usize; 4];
+        use ds41_engine::model::simd::avx2_digits::{
+            nibble_c1_run8, q8_c1_run8, ByteInputs, NibbleInputs,
+        };
+        let (mut counts, mut splits) = ([0usize; 4], [0usize; 2]);
         for seed in 0..48u64 {
             let mut rows = loop_rows(seed, false);
             // Blocks of inputs within 3 and within 9 octaves of their largest (one and two
@@ -1256,9 +1258,34 @@ mod x86 {
                 nibble_c1_run8(Codes::Q4, acc, x, codes, scales, blocks)
             };
             loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
+            // The FP8 rows' bytes as container Q8G codes (signed bytes, −128 included), with
+            // the same f16 scales: the word loop.
+            let mut byte_inputs = ByteInputs::default();
+            let Some(words) = byte_inputs.fill(&rows.x) else {
+                return Err(format!("seed {seed}: no word form").into());
+            };
+            words
+                .iter()
+                .for_each(|b| splits[usize::from(b.is_split())] += 1);
+            let q8_codes: [&[u8]; 8] = std::array::from_fn(|j| &rows.fp8[j][..]);
+            let step = |kb: usize, acc: &mut [f32; 8]| {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let xb = rows.x[kb * BLOCK..][..BLOCK].try_into().expect("block");
+                    let sum = exact(xb, |k| f32::from(rows.fp8[j][kb * BLOCK + k] as i8));
+                    *a += (sum * f64::from(f16_at(j, kb).to_f32())) as f32;
+                }
+            };
+            // SAFETY: as above.
+            let run = |acc: &mut [f32; 8], blocks| unsafe {
+                q8_c1_run8(acc, words, q8_codes, scales, blocks)
+            };
+            loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
         }
-        if counts[1..].contains(&0) {
-            return Err(format!("blocks by digit count {counts:?}: one count never ran").into());
+        if counts[1..].contains(&0) || splits.contains(&0) {
+            return Err(format!(
+                "blocks by digit count {counts:?}, by word passes {splits:?}: one never ran"
+            )
+            .into());
         }
         Ok(())
     }

@@ -45,7 +45,9 @@ mod vq_rows;
 use super::parallel::{for_each_chunk, try_for_each_chunk, worth_parallel};
 use super::quant::{bf16, BLOCK};
 use super::simd::amx::ActTiles;
-use super::simd::avx2_digits::DigitBlock;
+#[cfg(target_arch = "x86_64")]
+use super::simd::avx2::Codes;
+use super::simd::avx2_digits::{DigitBlock, WordBlock};
 use super::simd::vnni::{act_blocks, ActBlock, InputBlocks, IntegerInputs};
 use super::simd::vnni_prefill::ActDigits;
 use super::simd::vnni_words::ActWords;
@@ -144,6 +146,8 @@ pub enum Avx2Input<'a> {
     Lanes(&'a [f64]),
     /// FP4 / Q4G codes: the blocks as integer digits (`simd::avx2_digits`).
     Digits(&'a [DigitBlock]),
+    /// Q8G codes: the blocks as integer words (`simd::avx2_digits`).
+    Words(&'a [WordBlock]),
 }
 
 /// A prefill's act-quantised inputs in the integer form of the kernel that takes them.
@@ -191,15 +195,16 @@ impl MatVec<'_> {
             let x = &self.x[self.x_off..][..self.n_in];
             let mut lanes = INPUT_LANE_SCRATCH.with(Cell::take);
             let mut digits = INPUT_DIGIT_SCRATCH.with(Cell::take);
+            let mut words = INPUT_WORD_SCRATCH.with(Cell::take);
             let x_avx2 = match codes {
-                simd::avx2::Codes::Fp8 => lanes.fill(x).map(Avx2Input::Lanes),
-                simd::avx2::Codes::Fp4 | simd::avx2::Codes::Q4 => {
-                    digits.fill(x).map(Avx2Input::Digits)
-                }
+                Codes::Fp8 => lanes.fill(x).map(Avx2Input::Lanes),
+                Codes::Fp4 | Codes::Q4 => digits.fill(x).map(Avx2Input::Digits),
+                Codes::Q8 => words.fill(x).map(Avx2Input::Words),
             };
             let r = MatVec { x_avx2, ..*self }.run_tasks(n_out, y, y_stride, y_off);
             INPUT_LANE_SCRATCH.with(|c| c.set(lanes));
             INPUT_DIGIT_SCRATCH.with(|c| c.set(digits));
+            INPUT_WORD_SCRATCH.with(|c| c.set(words));
             return r;
         }
         if self.rows > 1 && largest_group(simd::level()) == WIDE_GROUP {
@@ -374,7 +379,10 @@ impl MatVec<'_> {
             }
             #[cfg(target_arch = "x86_64")]
             if let (Level::Avx2, Rule::C2 { init }) = (level, self.rule) {
-                if self.avx2_rows::<1>(self.w_first).is_some() {
+                if self
+                    .avx2_rows::<1>(self.w_first)
+                    .is_some_and(|(c, ..)| c != Codes::Q8)
+                {
                     return self.c2_rows16(init, first, out);
                 }
                 if self.dense_view() {
@@ -666,16 +674,17 @@ impl MatVec<'_> {
         acc
     }
 
-    /// The rows `r0 .. r0 + N` as the AVX2 kernels read them (`simd::avx2`): release FP8/FP4
-    /// codes with their E8M0 scales, or container Q4G codes with their f16 group scales where
-    /// groups are whole column blocks; `None` for other weights.
+    /// The rows `r0 .. r0 + N` as the AVX2 kernels read them (`simd::avx2`,
+    /// `simd::avx2_digits`): release FP8/FP4 codes with their E8M0 scales, or container Q4G /
+    /// Q8G codes with their f16 group scales where groups are whole column blocks; `None` for
+    /// other weights.
     #[cfg(target_arch = "x86_64")]
     #[inline(always)]
     fn avx2_rows<const N: usize>(
         &self,
         r0: usize,
     ) -> Option<(simd::avx2::Codes, [&[u8]; N], simd::avx2::Scales<'_, N>)> {
-        use simd::avx2::{Codes, Scales};
+        use simd::avx2::Scales;
         let full = self.n_in / BLOCK;
         match self.source {
             Source::View(WeightView::Quant(v)) => {
@@ -691,7 +700,7 @@ impl MatVec<'_> {
                 Some((codes, rows, scales))
             }
             Source::View(WeightView::Grouped {
-                bits: 4,
+                bits: bits @ (4 | 8),
                 cols,
                 group,
                 row_bytes,
@@ -705,14 +714,15 @@ impl MatVec<'_> {
                     rows: std::array::from_fn(|i| &scales[2 * (r0 + i) * groups..][..2 * groups]),
                     blocks_per_group: group / BLOCK,
                 };
-                Some((Codes::Q4, rows, scales))
+                Some((if bits == 4 { Codes::Q4 } else { Codes::Q8 }, rows, scales))
             }
             _ => None,
         }
     }
 
     /// Rule C1 for one input row over weight rows `r0 .. r0 + 8` with the AVX2 kernel for
-    /// the input's form (`simd::avx2` on FP8 lanes, `simd::avx2_digits` on nibble digits),
+    /// the input's form (`simd::avx2` on FP8 lanes, `simd::avx2_digits` on nibble digits and
+    /// Q8G words),
     /// every full block of the eight rows at a time; a block it leaves (a NaN code, a scale it
     /// does not take) and a partial block take the generic block decode, in place.
     ///
@@ -734,6 +744,9 @@ impl MatVec<'_> {
                 match (input, codes) {
                     (Avx2Input::Lanes(x), simd::avx2::Codes::Fp8) => {
                         simd::avx2::fp8_c1_run8(&mut acc, x, rows, scales, kb..full)
+                    }
+                    (Avx2Input::Words(x), _) => {
+                        simd::avx2_digits::q8_c1_run8(&mut acc, x, rows, scales, kb..full)
                     }
                     (Avx2Input::Digits(x), _) => simd::avx2_digits::nibble_c1_run8(
                         codes,
@@ -1819,6 +1832,9 @@ thread_local! {
     #[cfg(target_arch = "x86_64")]
     static INPUT_DIGIT_SCRATCH: Cell<simd::avx2_digits::NibbleInputs> =
         Cell::new(simd::avx2_digits::NibbleInputs::default());
+    #[cfg(target_arch = "x86_64")]
+    static INPUT_WORD_SCRATCH: Cell<simd::avx2_digits::ByteInputs> =
+        Cell::new(simd::avx2_digits::ByteInputs::default());
     static WIDE_SCRATCH_BLOCK: Cell<Option<Box<WideBlock>>> = const { Cell::new(None) };
 }
 

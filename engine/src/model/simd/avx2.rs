@@ -35,13 +35,15 @@ pub enum Codes {
     Fp4,
     /// Container Q4G: `nibble − 8`, two weights per byte (low nibble first).
     Q4,
+    /// Container Q8G: a signed byte per weight (rule C1 only, `avx2_digits`).
+    Q8,
 }
 
 impl Codes {
     /// Code bytes per 32-column block.
     fn block_bytes(self) -> usize {
         match self {
-            Codes::Fp8 => BLOCK,
+            Codes::Fp8 | Codes::Q8 => BLOCK,
             Codes::Fp4 | Codes::Q4 => BLOCK / 2,
         }
     }
@@ -50,7 +52,7 @@ impl Codes {
     fn back(self) -> f64 {
         match self {
             Codes::Fp8 => LOWERING_BACK,
-            Codes::Fp4 | Codes::Q4 => 1.0,
+            Codes::Fp4 | Codes::Q4 | Codes::Q8 => 1.0,
         }
     }
 }
@@ -417,6 +419,7 @@ pub unsafe fn c2_run16(
                     words[2 * n + 1] = _mm256_unpackhi_epi8(low, high);
                 }
             }
+            Codes::Q8 => panic!("the C2 loop reads FP8, FP4 and Q4G codes only"),
             Codes::Fp4 | Codes::Q4 => {
                 let (low_table, high_table) = match codes {
                     Codes::Q4 => (&Q4_LOW, &Q4_HIGH),

@@ -13,6 +13,11 @@
 //! sums are exact in any order. The product with the steps (scale · u, exact: powers of two, or
 //! an f16 times one) and the rounding to f32 are the f64 kernel's (`avx2::c1_run8`) operations
 //! on the same exact block sum, so the bits are the same.
+//!
+//! Container Q8G rows (a signed byte per weight) take words instead: `vpmaddwd` of the codes,
+//! sign-extended, with X where |X| < 2^15 (|Σ| < 32 · 2^7 · 2^15 = 2^27), else with its low
+//! digit and the rest `Y = (X − D₀) / 2^8` (|Y| < 2^11) in a second pass shifted by 8; the true
+//! sum stays below 32 · 2^7 · 2^19 = 2^31, so the wrapping sums are exact.
 
 use super::super::quant::BLOCK;
 use super::vnni::{balanced_digits, reduced_block_integers, DIGITS};
@@ -61,7 +66,8 @@ impl DigitBlock {
     }
 }
 
-/// An input row's full blocks in the kernel's integer form (a per-thread buffer, reused).
+/// An input row's full blocks in the nibble kernel's integer form (a per-thread buffer,
+/// reused).
 #[derive(Default)]
 pub struct NibbleInputs(Vec<DigitBlock>);
 
@@ -77,14 +83,72 @@ impl NibbleInputs {
     }
 }
 
+/// One input block in the Q8G kernel's integer form.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub struct WordBlock {
+    /// `words[0]`: X where every |X| < 2^15 (`split` false), else D₀, X's low balanced digit;
+    /// `words[1]`: then `Y = (X − D₀) / 2^8`, else zero. Columns in order.
+    words: [[i16; BLOCK]; 2],
+    /// u: input k is `X[k] · 2u`.
+    unit: f64,
+    split: bool,
+}
+
+/// |X| bound (exclusive) for X itself as a word.
+const WORD_LIMIT: i32 = 1 << 15;
+
+impl WordBlock {
+    /// The block of `x`, or `None` where it is not act-quantised.
+    fn of(x: &[f64; BLOCK]) -> Option<WordBlock> {
+        let (x, unit) = reduced_block_integers(x)?;
+        let split = x.iter().any(|v| v.abs() >= WORD_LIMIT);
+        let mut block = WordBlock {
+            words: [[0; BLOCK]; 2],
+            unit,
+            split,
+        };
+        for (k, &v) in x.iter().enumerate() {
+            if split {
+                let (d, _) = balanced_digits(v);
+                block.words[0][k] = i16::from(d[0]);
+                block.words[1][k] = i16::from(d[1]) + 256 * i16::from(d[2]);
+            } else {
+                block.words[0][k] = v as i16;
+            }
+        }
+        Some(block)
+    }
+
+    /// Whether X takes two passes (some |X| ≥ 2^15).
+    pub fn is_split(&self) -> bool {
+        self.split
+    }
+}
+
+/// An input row's full blocks in the Q8G kernel's integer form (a per-thread buffer, reused).
+#[derive(Default)]
+pub struct ByteInputs(Vec<WordBlock>);
+
+impl ByteInputs {
+    /// The full blocks of `x`; `None` if a block is not act-quantised.
+    pub fn fill(&mut self, x: &[f64]) -> Option<&[WordBlock]> {
+        self.0.clear();
+        for xb in x.chunks_exact(BLOCK) {
+            self.0.push(WordBlock::of(xb.try_into().expect("a block"))?);
+        }
+        Some(&self.0)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
-pub use kernel::nibble_c1_run8;
+pub use kernel::{nibble_c1_run8, q8_c1_run8};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::avx2::{prefetch, Codes, Scales};
     use super::super::vnni::TWICE_E2M1;
-    use super::{DigitBlock, BLOCK};
+    use super::{DigitBlock, WordBlock, BLOCK};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -109,7 +173,7 @@ mod kernel {
         match codes {
             Codes::Fp4 => run8::<true>(acc, x, rows, scales, blocks),
             Codes::Q4 => run8::<false>(acc, x, rows, scales, blocks),
-            Codes::Fp8 => panic!("the digit kernel reads nibble codes only"),
+            Codes::Fp8 | Codes::Q8 => panic!("the digit kernel reads nibble codes only"),
         }
     }
 
@@ -150,15 +214,98 @@ mod kernel {
                 _ => block_sums8::<FP4, 3>(xb, &codes, table),
             };
             let sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(offset * xb.sum));
-            let unit = _mm256_set1_pd(unit_factor * xb.unit);
-            let low = _mm256_cvtepi32_pd(_mm256_castsi256_si128(sums));
-            let high = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(sums));
-            let low = _mm256_cvtpd_ps(_mm256_mul_pd(low, _mm256_mul_pd(scale[0], unit)));
-            let high = _mm256_cvtpd_ps(_mm256_mul_pd(high, _mm256_mul_pd(scale[1], unit)));
-            total = _mm256_add_ps(total, _mm256_set_m128(high, low));
+            total = _mm256_add_ps(total, block_values(sums, scale, unit_factor * xb.unit));
         }
         _mm256_storeu_ps(acc.as_mut_ptr(), total);
         stop
+    }
+
+    /// C1 over the column blocks `blocks` of eight container Q8G rows, in order: `acc[i] +=
+    /// f32(P_i · scale_i)` per block with `P_i` the exact block sum. `x[kb]` is block kb of the
+    /// input, `rows[i]` and `scales` (f16 group scales) row i's codes and scales from block 0.
+    /// Returns the first block it leaves (a scale [`Scales`] does not take), else `blocks.end`;
+    /// `acc` then has every block before it.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2, FMA and F16C; `x`, `rows` and `scales` must hold `blocks.end`
+    /// blocks.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn q8_c1_run8(
+        acc: &mut [f32; 8],
+        x: &[WordBlock],
+        rows: [&[u8]; 8],
+        scales: Scales<8>,
+        blocks: Range<usize>,
+    ) -> usize {
+        let x = &x[..blocks.end];
+        let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
+        let base = rows.map(<[u8]>::as_ptr);
+        let mut total = _mm256_loadu_ps(acc.as_ptr());
+        let mut stop = blocks.end;
+        for kb in blocks {
+            let at = kb * BLOCK;
+            prefetch(&rows, at);
+            let Some(scale) = scales.vectors::<2>(kb, |l| l) else {
+                stop = kb;
+                break;
+            };
+            let xb = &x[kb];
+            let codes = base.map(|row| row.add(at));
+            let sums = if xb.split {
+                word_sums8::<true>(xb, &codes)
+            } else {
+                word_sums8::<false>(xb, &codes)
+            };
+            total = _mm256_add_ps(total, block_values(sums, scale, 2.0 * xb.unit));
+        }
+        _mm256_storeu_ps(acc.as_mut_ptr(), total);
+        stop
+    }
+
+    /// The eight rows' block values `f32(S_i · scale_i · unit)` from their integer sums S (row i
+    /// in lane i), scales of rows 0..4 and 4..8: the product is exact, so it rounds once.
+    #[inline(always)]
+    unsafe fn block_values(sums: __m256i, scale: [__m256d; 2], unit: f64) -> __m256 {
+        let unit = _mm256_set1_pd(unit);
+        let low = _mm256_cvtepi32_pd(_mm256_castsi256_si128(sums));
+        let high = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(sums));
+        let low = _mm256_cvtpd_ps(_mm256_mul_pd(low, _mm256_mul_pd(scale[0], unit)));
+        let high = _mm256_cvtpd_ps(_mm256_mul_pd(high, _mm256_mul_pd(scale[1], unit)));
+        _mm256_set_m128(high, low)
+    }
+
+    /// The eight rows' `Σ X·code` over one block (wrapping 32-bit lanes, row i in lane i), from
+    /// the block's words (two passes where `SPLIT`) and the rows' 32 signed codes each.
+    #[inline(always)]
+    unsafe fn word_sums8<const SPLIT: bool>(xb: &WordBlock, codes: &[*const u8; 8]) -> __m256i {
+        let w0 = [
+            _mm256_load_si256(xb.words[0].as_ptr().cast()),
+            _mm256_load_si256(xb.words[0][16..].as_ptr().cast()),
+        ];
+        let w1 = [
+            _mm256_load_si256(xb.words[1].as_ptr().cast()),
+            _mm256_load_si256(xb.words[1][16..].as_ptr().cast()),
+        ];
+        let mut lanes = [_mm256_setzero_si256(); 8];
+        for (lane, &row) in lanes.iter_mut().zip(codes) {
+            let c = [
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(row.cast())),
+                _mm256_cvtepi8_epi16(_mm_loadu_si128(row.add(16).cast())),
+            ];
+            let mut s = _mm256_add_epi32(
+                _mm256_madd_epi16(c[0], w0[0]),
+                _mm256_madd_epi16(c[1], w0[1]),
+            );
+            if SPLIT {
+                let rest = _mm256_add_epi32(
+                    _mm256_madd_epi16(c[0], w1[0]),
+                    _mm256_madd_epi16(c[1], w1[1]),
+                );
+                s = _mm256_add_epi32(s, _mm256_slli_epi32::<8>(rest));
+            }
+            *lane = s;
+        }
+        row_sums8(lanes)
     }
 
     /// A row's 32 nibble codes (16 bytes at `codes`) as the unsigned bytes `W + c`: lane 0 the
@@ -203,6 +350,12 @@ mod kernel {
             }
             *lane = s;
         }
+        row_sums8(lanes)
+    }
+
+    /// Each of eight rows' lane vectors summed, row i into lane i (wrapping).
+    #[inline(always)]
+    unsafe fn row_sums8(lanes: [__m256i; 8]) -> __m256i {
         // Pairwise sums: lane l of `quads[q]` holds part of row 4q + l (both 128-bit halves).
         let pairs = [
             _mm256_hadd_epi32(lanes[0], lanes[1]),
