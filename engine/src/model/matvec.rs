@@ -7,18 +7,19 @@
 //! is run over it. No f32 copy of the weight rows is made per call, and in a prefill each block is
 //! decoded once for all rows. A decode (one input row) under rule C2 on a weight that stays in
 //! cache takes [`DECODE_TILE`] rows per task instead, enough independent chains for the vector
-//! units; full FP8/FP4 blocks and full blocks of stored bf16 / f32 rows are decoded eight rows at
-//! a time by the AVX2 decoders of [`simd`]. With AVX2 alone, a decode on release FP8/FP4 codes or
-//! container Q4G codes runs the loops of `simd::avx2` (rule C1 eight rows at a time on the input
-//! copied into their lane order, rule C2 sixteen rows in the lanes), stored bf16 rows its 32-row
-//! C2 loop and container VQ rows those of `simd::vq`, in `DECODE_TILE`-row tasks. Where the CPU
-//! has AVX-512, a decode is served by the eight-row kernels of `simd::avx512` instead (rule C1
-//! on every stored form of `ByteRows`, rule C2 likewise), in `DECODE_TILE`-row tasks; with VNNI,
-//! rule C1 on release FP4 and container Q4G bytes sums in integers (`simd::vnni`, the input's
-//! blocks found once per call). The commonest of these run as loops over a row group's
-//! blocks rather than a call per block: C1 on FP8, FP4 and Q4G (eight rows, the next eight asked
-//! for on the way for nibble rows), C2 on FP8 rows sharing a scale row and on Q8G/Q4G (32 rows),
-//! and container VQ rows under either rule (`simd::vq`, 32 rows of an index band). A prefill with
+//! units; full FP8/FP4 blocks and full blocks of stored bf16 / f32 rows are decoded eight rows at a
+//! time by the AVX2 decoders of [`simd`]. With AVX2 alone, a decode on release FP8/FP4 codes or
+//! container Q4G / Q8G codes runs eight-row C1 loops (FP8 in f64 on the input copied into their
+//! lane order, `simd::avx2`; nibbles and Q8G bytes in integers on the input's digits or words,
+//! `simd::avx2_digits`), rule C2 sixteen rows in the lanes (`simd::avx2`, not Q8G), stored bf16
+//! rows a 32-row C2 loop and container VQ rows those of `simd::vq`, in `DECODE_TILE`-row tasks.
+//! Where the CPU has AVX-512, a decode is served by the eight-row kernels of `simd::avx512` instead
+//! (rule C1 on every stored form of `ByteRows`, rule C2 likewise), in `DECODE_TILE`-row tasks; with
+//! VNNI, rule C1 on release FP4 and container Q4G bytes sums in integers (`simd::vnni`, the input's
+//! blocks found once per call). The commonest of these run as loops over a row group's blocks
+//! rather than a call per block: C1 on FP8, FP4 and Q4G (eight rows, the next eight asked for on
+//! the way for nibble rows), C2 on FP8 rows sharing a scale row and on Q8G/Q4G (32 rows), and
+//! container VQ rows under either rule (`simd::vq`, 32 rows of an index band). A prefill with
 //! AVX-512 decodes every `ByteRows` form eight rows at a time (`ByteRows::columns8`) and runs up to
 //! eight input rows' chains per kernel call.
 //!
