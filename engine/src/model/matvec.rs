@@ -11,7 +11,7 @@
 //! time by the AVX2 decoders of [`simd`]. With AVX2 alone, a decode on release FP8/FP4 codes or
 //! container Q4G / Q8G codes runs eight-row C1 loops (FP8 in f64 on the input copied into their
 //! lane order, `simd::avx2`; nibbles and Q8G bytes in integers on the input's digits or words,
-//! `simd::avx2_digits`), rule C2 sixteen rows in the lanes (`simd::avx2`, not Q8G), stored bf16
+//! `simd::avx2_digits`), rule C2 sixteen rows in the lanes (`simd::avx2`), stored bf16
 //! rows a 32-row C2 loop and container VQ rows those of `simd::vq`, in `DECODE_TILE`-row tasks.
 //! Where the CPU has AVX-512, a decode is served by the eight-row kernels of `simd::avx512` instead
 //! (rule C1 on every stored form of `ByteRows`, rule C2 likewise), in `DECODE_TILE`-row tasks; with
@@ -380,10 +380,7 @@ impl MatVec<'_> {
             }
             #[cfg(target_arch = "x86_64")]
             if let (Level::Avx2, Rule::C2 { init }) = (level, self.rule) {
-                if self
-                    .avx2_rows::<1>(self.w_first)
-                    .is_some_and(|(c, ..)| c != Codes::Q8)
-                {
+                if self.avx2_rows::<1>(self.w_first).is_some() {
                     return self.c2_rows16(init, first, out);
                 }
                 if self.dense_view() {

@@ -1,4 +1,4 @@
-//! A decode (one input row) over release FP8/FP4 or container Q4G weight rows with AVX2 alone
+//! A decode (one input row) over release FP8/FP4 or container Q4G/Q8G weight rows with AVX2 alone
 //! (MODEL.md §5.4): rule C1's block sums on FP8 eight rows at a time ([`fp8_c1_run8`]; on
 //! nibbles they are taken in integers, `avx2_digits`) and rule C2's chains sixteen rows at a
 //! time ([`c2_run16`]); over stored bf16 rows, rule C2's chains 32 rows at a time
@@ -7,7 +7,8 @@
 //! As in `avx512`, a weight's f64 is built, not converted: every e4m3 value times 2^−504, every
 //! e2m1 value and every `nibble − 8` is an f64 whose low 48 bits are zero, so two bytes per
 //! weight (made by byte arithmetic and 16-entry `vpshufb` lookups) placed at bytes 6 and 7 of a
-//! 64-bit lane by one more `vpshufb` give four weights ready for a multiply-add. AVX2's byte
+//! 64-bit lane by one more `vpshufb` give four weights ready for a multiply-add (a Q8G code has
+//! too many significant bits for that: it is placed at the bottom of 2^52 instead). AVX2's byte
 //! shuffles stay inside 128-bit lanes, so in C1 the weights of one vector are not four
 //! neighbouring columns; the input row is instead copied once per call into that lane order
 //! ([`InputLanes`]), which is harmless because every product is exact and so is any sum of them
@@ -35,7 +36,7 @@ pub enum Codes {
     Fp4,
     /// Container Q4G: `nibble − 8`, two weights per byte (low nibble first).
     Q4,
-    /// Container Q8G: a signed byte per weight (rule C1 only, `avx2_digits`).
+    /// Container Q8G: a signed byte per weight.
     Q8,
 }
 
@@ -409,6 +410,7 @@ pub unsafe fn c2_run16(
         // Every column's weights first (a NaN code leaves the block untouched).
         let mut doubled_max = _mm256_setzero_si256();
         let mut words = [_mm256_setzero_si256(); BLOCK];
+        let mut placement = Placement::Top;
         match codes {
             Codes::Fp8 => {
                 for (n, pair) in columns.iter().flatten().enumerate() {
@@ -419,7 +421,17 @@ pub unsafe fn c2_run16(
                     words[2 * n + 1] = _mm256_unpackhi_epi8(low, high);
                 }
             }
-            Codes::Q8 => panic!("the C2 loop reads FP8, FP4 and Q4G codes only"),
+            Codes::Q8 => {
+                // Seven significant bits do not fit a top word: each code goes to the low word
+                // as `code + 128`, made an f64 below (`Placement::Low`).
+                let bias = _mm256_set1_epi8(i8::MIN);
+                for (n, pair) in columns.iter().flatten().enumerate() {
+                    let biased = _mm256_xor_si256(*pair, bias);
+                    words[2 * n] = _mm256_unpacklo_epi8(biased, _mm256_setzero_si256());
+                    words[2 * n + 1] = _mm256_unpackhi_epi8(biased, _mm256_setzero_si256());
+                }
+                placement = Placement::Low;
+            }
             Codes::Fp4 | Codes::Q4 => {
                 let (low_table, high_table) = match codes {
                     Codes::Q4 => (&Q4_LOW, &Q4_HIGH),
@@ -454,13 +466,13 @@ pub unsafe fn c2_run16(
             for (chain, f) in chains.iter_mut().zip(factor) {
                 *chain = _mm256_div_pd(*chain, f);
             }
-            chains = column_steps(chains, &words, xb, None);
+            chains = column_steps(chains, &words, placement, xb, None);
             for (chain, f) in chains.iter_mut().zip(factor) {
                 *chain = _mm256_mul_pd(*chain, f);
             }
         } else {
             // Other scales go onto each weight (a product of a few bits and an f16: exact).
-            chains = column_steps(chains, &words, xb, Some(factor));
+            chains = column_steps(chains, &words, placement, xb, Some(factor));
         }
     }
     for (j, chain) in chains.into_iter().enumerate() {
@@ -473,6 +485,36 @@ pub unsafe fn c2_run16(
     stop
 }
 
+/// How a column's words become its weights' f64s.
+#[derive(Clone, Copy, PartialEq)]
+enum Placement {
+    /// The word is the top of the f64 ([`PLACE`]).
+    Top,
+    /// The word is `code + 128` for a Q8G code: put at the bottom of `2^52` (exact below
+    /// 2^52) and `2^52 + 128` taken back, exactly.
+    Low,
+}
+
+/// `PLACE_LOW[j]`: puts the words 2j and 2j + 1 of each 128-bit lane into bytes 0, 1 and 8, 9
+/// (the bottom of the lane's two f64s), zeroing the rest.
+static PLACE_LOW: [[u8; 32]; 4] = {
+    let mut t = [[0x80u8; 32]; 4];
+    let mut j = 0;
+    while j < 4 {
+        let mut lane = 0;
+        while lane < 2 {
+            let at = 16 * lane;
+            t[j][at] = (4 * j) as u8;
+            t[j][at + 1] = (4 * j + 1) as u8;
+            t[j][at + 8] = (4 * j + 2) as u8;
+            t[j][at + 9] = (4 * j + 3) as u8;
+            lane += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
 /// [`c2_run16`]'s chains advanced over one block: column k's sixteen weights (`words[k]`,
 /// rows 0..8 in the low 128-bit lane, 8..16 in the high one) placed into the four chain
 /// vectors (times the chain vectors' `factors`, if given), each one multiply-add by `x[k]`.
@@ -480,14 +522,24 @@ pub unsafe fn c2_run16(
 unsafe fn column_steps(
     mut chains: [__m256d; 4],
     words: &[__m256i; BLOCK],
+    placement: Placement,
     x: &[f64; BLOCK],
     factors: Option<[__m256d; 4]>,
 ) -> [__m256d; 4] {
+    let two_52 = _mm256_set1_pd(4_503_599_627_370_496.0);
+    let biased_zero = _mm256_set1_pd(4_503_599_627_370_496.0 + 128.0);
     for (w, &xk) in words.iter().zip(x) {
         let xk = _mm256_set1_pd(xk);
-        for (j, (chain, place)) in chains.iter_mut().zip(&PLACE).enumerate() {
-            let place = _mm256_loadu_si256(place.as_ptr().cast());
-            let mut weights = _mm256_castsi256_pd(_mm256_shuffle_epi8(*w, place));
+        for (j, chain) in chains.iter_mut().enumerate() {
+            let mut weights = if placement == Placement::Top {
+                let place = _mm256_loadu_si256(PLACE[j].as_ptr().cast());
+                _mm256_castsi256_pd(_mm256_shuffle_epi8(*w, place))
+            } else {
+                let place = _mm256_loadu_si256(PLACE_LOW[j].as_ptr().cast());
+                let low = _mm256_shuffle_epi8(*w, place);
+                let biased = _mm256_or_pd(_mm256_castsi256_pd(low), two_52);
+                _mm256_sub_pd(biased, biased_zero)
+            };
             if let Some(f) = factors {
                 weights = _mm256_mul_pd(weights, f[j]);
             }
