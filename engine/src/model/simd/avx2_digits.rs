@@ -1,5 +1,5 @@
-//! Rule C1 for one input row over packed nibbles (release FP4, container Q4G), eight weight
-//! rows at a time, summed in integers with AVX2 (MODEL.md §5.4).
+//! Rule C1 for one input row over packed nibbles (release FP4, container Q4G) and container Q8G
+//! bytes, eight weight rows at a time, summed in integers with AVX2 (MODEL.md §5.4).
 //!
 //! As for the VNNI kernels (`vnni_prefill`), an act-quantised input block is `x = X · 2u` with
 //! integers |X| < 2^19 ([`reduced_block_integers`]), written in balanced base-256 digits
@@ -11,7 +11,7 @@
 //! pairs into 32-bit lanes with `vpmaddwd` (by 1 or 2^8, the third digit shifted by 8 more), and
 //! takes `c · Σ X` back once per block. |Σ X·W| < 32 · 12 · 2^19 < 2^28, so the wrapping 32-bit
 //! sums are exact in any order. The product with the steps (scale · u, exact: powers of two, or
-//! an f16 times one) and the rounding to f32 are the f64 kernel's (`avx2::c1_run8`) operations
+//! an f16 times one) and the rounding to f32 are the f64 kernel's (`avx2::fp8_c1_run8`) operations
 //! on the same exact block sum, so the bits are the same.
 //!
 //! Container Q8G rows (a signed byte per weight) take words instead: `vpmaddwd` of the codes,
