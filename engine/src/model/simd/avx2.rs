@@ -186,23 +186,31 @@ impl InputLanes {
 
 /// `PLACE[j]`: puts the words 2j and 2j + 1 of each 128-bit lane into bytes 6, 7 and 14, 15
 /// (the top of the lane's two f64s), zeroing the rest.
-static PLACE: [[u8; 32]; 4] = {
+static PLACE: [[u8; 32]; 4] = word_placement(6);
+
+/// `PLACE_LOW[j]`: puts the same words into bytes 0, 1 and 8, 9 (the bottom of the lane's two
+/// f64s), zeroing the rest.
+static PLACE_LOW: [[u8; 32]; 4] = word_placement(0);
+
+/// `vpshufb` indices putting the words 2j and 2j + 1 of each 128-bit lane at bytes `at`,
+/// `at + 1` and `at + 8`, `at + 9` (table j), zeroing the rest.
+const fn word_placement(at: usize) -> [[u8; 32]; 4] {
     let mut t = [[0x80u8; 32]; 4];
     let mut j = 0;
     while j < 4 {
         let mut lane = 0;
         while lane < 2 {
-            let at = 16 * lane;
-            t[j][at + 6] = (4 * j) as u8;
-            t[j][at + 7] = (4 * j + 1) as u8;
-            t[j][at + 14] = (4 * j + 2) as u8;
-            t[j][at + 15] = (4 * j + 3) as u8;
+            let base = 16 * lane + at;
+            t[j][base] = (4 * j) as u8;
+            t[j][base + 1] = (4 * j + 1) as u8;
+            t[j][base + 8] = (4 * j + 2) as u8;
+            t[j][base + 9] = (4 * j + 3) as u8;
             lane += 1;
         }
         j += 1;
     }
     t
-};
+}
 
 /// C1 over the column blocks `blocks` of eight release FP8 weight rows, in order: `acc[i] +=
 /// f32(P_i · 2^(scale_i − 127))` per block with `P_i` the exact block sum. `lanes` is the
@@ -494,26 +502,6 @@ enum Placement {
     /// 2^52) and `2^52 + 128` taken back, exactly.
     Low,
 }
-
-/// `PLACE_LOW[j]`: puts the words 2j and 2j + 1 of each 128-bit lane into bytes 0, 1 and 8, 9
-/// (the bottom of the lane's two f64s), zeroing the rest.
-static PLACE_LOW: [[u8; 32]; 4] = {
-    let mut t = [[0x80u8; 32]; 4];
-    let mut j = 0;
-    while j < 4 {
-        let mut lane = 0;
-        while lane < 2 {
-            let at = 16 * lane;
-            t[j][at] = (4 * j) as u8;
-            t[j][at + 1] = (4 * j + 1) as u8;
-            t[j][at + 8] = (4 * j + 2) as u8;
-            t[j][at + 9] = (4 * j + 3) as u8;
-            lane += 1;
-        }
-        j += 1;
-    }
-    t
-};
 
 /// [`c2_run16`]'s chains advanced over one block: column k's sixteen weights (`words[k]`,
 /// rows 0..8 in the low 128-bit lane, 8..16 in the high one) placed into the four chain
