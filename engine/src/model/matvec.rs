@@ -122,10 +122,10 @@ pub(crate) struct MatVec<'a> {
     /// none where the input has no integer form). Only the x86 kernels read it.
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_blocks: Option<&'a [ActBlock]>,
-    /// The inputs' full 32-blocks block-major, for the AVX-512 prefill kernels: block kb of
-    /// row m at `[kb · rows + m]`, so that a group of rows' blocks is one run read at constant
-    /// offsets (set by [`MatVec::run`] for at most [`BLOCKED_ROWS`] rows at a time; none for a
-    /// single row, without AVX-512, or where [`Self::x_ints`] is set).
+    /// The inputs' full 32-blocks block-major, for the AVX2 and AVX-512 prefill kernels: block
+    /// kb of row m at `[kb · rows + m]`, so that a group of rows' blocks is one run read at
+    /// constant offsets (set by [`MatVec::run`] for at most [`BLOCKED_ROWS`] rows at a time;
+    /// none for a single row, without AVX2, or where [`Self::x_ints`] is set).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_by_block: Option<&'a [[f64; BLOCK]]>,
     /// The inputs as integers, for a prefill's release FP4 or FP8 product (set by
@@ -208,7 +208,7 @@ impl MatVec<'_> {
             INPUT_WORD_SCRATCH.with(|c| c.set(words));
             return r;
         }
-        if self.rows > 1 && largest_group(simd::level()) == WIDE_GROUP {
+        if self.rows > 1 && simd::level() >= Level::Avx2 {
             // A long prefill runs as slabs of input rows, each with its own copy, so that the
             // copy stays small whatever the chunk's length (outputs are per input row).
             let mut blocked = BLOCKED_INPUT_SCRATCH.with(Cell::take);
@@ -517,6 +517,12 @@ impl MatVec<'_> {
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
                     self.decode(&row_buf, r0, nw, k0, len, &mut w, level);
+                    #[cfg(target_arch = "x86_64")]
+                    if let (Level::Avx2, BLOCK) = (level, len) {
+                        // SAFETY: `level` is Avx2 only inside `task_avx2`.
+                        unsafe { simd::avx2_prefill::c1_block(sum_rows, self.input_rows(k0), &w) };
+                        continue;
+                    }
                     for (m, n) in row_groups(rows, largest) {
                         let sums = &mut sum_rows[m..m + n];
                         #[cfg(target_arch = "x86_64")]
@@ -550,6 +556,12 @@ impl MatVec<'_> {
                 for k0 in (0..self.n_in).step_by(BLOCK) {
                     let len = BLOCK.min(self.n_in - k0);
                     self.decode(&row_buf, r0, nw, k0, len, &mut w, level);
+                    #[cfg(target_arch = "x86_64")]
+                    if let (Level::Avx2, BLOCK) = (level, len) {
+                        // SAFETY: `level` is Avx2 only inside `task_avx2`.
+                        unsafe { simd::avx2_prefill::c2_block(chains, self.input_rows(k0), &w) };
+                        continue;
+                    }
                     for (m, n) in row_groups(rows, largest) {
                         let group = &mut chains[m..m + n];
                         self.dot_group(group, m, k0, len, &w, level, largest);
@@ -1341,6 +1353,26 @@ impl MatVec<'_> {
     fn group_blocks(&self, m: usize, n: usize, k0: usize) -> Option<&[[f64; BLOCK]]> {
         let at = k0 / BLOCK * self.rows + m;
         self.x_by_block?.get(at..at + n)
+    }
+
+    /// Every input row's values of the full block at `k0`, for the AVX2 prefill kernels: from
+    /// the block-major copy if there is one (the rows' blocks one run, read in order, where
+    /// row-major rows a width apart measured a quarter slower out of the caches).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    fn input_rows(&self, k0: usize) -> simd::avx2_prefill::InputRows<'_> {
+        match self.x_by_block {
+            Some(blocks) => simd::avx2_prefill::InputRows {
+                x: blocks.as_flattened(),
+                first: k0 * self.rows,
+                stride: BLOCK,
+            },
+            None => simd::avx2_prefill::InputRows {
+                x: self.x,
+                first: self.x_off + k0,
+                stride: self.x_stride,
+            },
+        }
     }
 
     #[inline(always)]

@@ -15,6 +15,8 @@ pub mod amx;
 pub mod avx2;
 pub mod avx2_digits;
 #[cfg(target_arch = "x86_64")]
+pub mod avx2_prefill;
+#[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod vnni;
 pub mod vnni_prefill;
