@@ -51,6 +51,7 @@ use super::simd::avx2::Codes;
 use super::simd::avx2_digits::{DigitBlock, WordBlock};
 use super::simd::vnni::{act_blocks, ActBlock, InputBlocks, IntegerInputs};
 use super::simd::vnni_prefill::ActDigits;
+use super::simd::avx2_fp4_prefill::ActWordBlocks;
 use super::simd::vnni_words::ActWords;
 use super::simd::{self, madd, Level};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView, VQ_WIDTH};
@@ -158,6 +159,8 @@ pub enum ActInts<'a> {
     Tiles(&'a ActTiles),
     /// Base-256 digits for the VNNI FP4 kernel ([`Level::Avx512Vnni`]).
     Digits(&'a ActDigits),
+    /// Words for the AVX2 FP4 kernel ([`Level::Avx2`]).
+    Pairs(&'a ActWordBlocks),
     /// Words for the VNNI FP8 kernel (from [`Level::Avx512Vnni`] up).
     Words(&'a ActWords),
 }
@@ -168,6 +171,7 @@ impl ActInts<'_> {
         match self {
             ActInts::Tiles(_) => simd::amx::W_ROWS,
             ActInts::Digits(_) => simd::vnni_prefill::W_ROWS,
+            ActInts::Pairs(_) => simd::avx2_fp4_prefill::W_ROWS,
             ActInts::Words(_) => simd::vnni_words::W_ROWS,
         }
     }
@@ -215,6 +219,7 @@ impl MatVec<'_> {
             let mut tiles = ACT_TILE_SCRATCH.with(Cell::take);
             let mut digits = ACT_DIGIT_SCRATCH.with(Cell::take);
             let mut words = ACT_WORD_SCRATCH.with(Cell::take);
+            let mut pairs = ACT_PAIR_SCRATCH.with(Cell::take);
             let r = (0..self.rows).step_by(BLOCKED_ROWS).try_for_each(|m0| {
                 let slab = MatVec {
                     x_off: self.x_off + m0 * self.x_stride,
@@ -230,7 +235,10 @@ impl MatVec<'_> {
                     Some(QuantKind::Fp4) if simd::level() >= Level::Amx => {
                         tiles.fill(input).then_some(ActInts::Tiles(&tiles))
                     }
-                    Some(QuantKind::Fp4) => digits.fill(input).then_some(ActInts::Digits(&digits)),
+                    Some(QuantKind::Fp4) if simd::level() >= Level::Avx512Vnni => {
+                        digits.fill(input).then_some(ActInts::Digits(&digits))
+                    }
+                    Some(QuantKind::Fp4) => pairs.fill(input).then_some(ActInts::Pairs(&pairs)),
                 };
                 // The integer kernels read their own form; a task they decline (a scale
                 // above the limit) reads the inputs row-major, the same bits, so no copy
@@ -252,6 +260,7 @@ impl MatVec<'_> {
             ACT_TILE_SCRATCH.with(|c| c.set(tiles));
             ACT_DIGIT_SCRATCH.with(|c| c.set(digits));
             ACT_WORD_SCRATCH.with(|c| c.set(words));
+            ACT_PAIR_SCRATCH.with(|c| c.set(pairs));
             return r;
         }
         self.run_tasks(n_out, y, y_stride, y_off)
@@ -1109,8 +1118,9 @@ impl MatVec<'_> {
             return false;
         }
         // SAFETY: tiles are made only at `Level::Amx`, digits and words only from
-        // `Level::Avx512Vnni` up (`MatVec::run`), which imply the kernels' features (AMX:
-        // `amx::usable`); each form only for its codes' kind (`act_ints_kind`); the rows and
+        // `Level::Avx512Vnni` up, pairs only from `Level::Avx2` up (`MatVec::run`), which imply
+        // the kernels' features (AMX: `amx::usable`); each form only for its codes' kind
+        // (`act_ints_kind`); the rows and
         // scales hold every block; scales checked.
         let done = match ints {
             ActInts::Tiles(tiles) => unsafe {
@@ -1119,6 +1129,10 @@ impl MatVec<'_> {
             },
             ActInts::Digits(digits) => unsafe {
                 simd::vnni_prefill::fp4_c1_rows(out, digits, codes, scales);
+                true
+            },
+            ActInts::Pairs(pairs) => unsafe {
+                simd::avx2_fp4_prefill::fp4_c1_rows(out, pairs, codes, scales);
                 true
             },
             ActInts::Words(words) => unsafe {
@@ -1152,17 +1166,22 @@ impl MatVec<'_> {
         self.avx2_rows::<1>(self.w_first).map(|(codes, ..)| codes)
     }
 
-    /// A prefill's rule C1 product on release FP4 or FP8 codes from [`Level::Avx512Vnni`] up:
-    /// the integer kernels', which read the inputs as limb tiles (AMX, FP4), digits (VNNI,
-    /// FP4) or words (VNNI, FP8). The codes' kind, where they apply.
+    /// A prefill's rule C1 product on release FP4 codes from [`Level::Avx2`] up or FP8 codes
+    /// from [`Level::Avx512Vnni`] up: the integer kernels', which read the inputs as limb
+    /// tiles (AMX, FP4), digits (VNNI, FP4) or words (VNNI, FP8; AVX2, FP4). The codes' kind,
+    /// where they apply.
     fn act_ints_kind(&self) -> Option<QuantKind> {
         let Source::View(WeightView::Quant(v)) = self.source else {
             return None;
         };
+        let least = match v.kind {
+            QuantKind::Fp4 => Level::Avx2,
+            QuantKind::Fp8Block | QuantKind::Fp8Rows => Level::Avx512Vnni,
+        };
         (self.rows > 1
             && self.rule == Rule::C1
             && self.n_in.is_multiple_of(BLOCK)
-            && simd::level() >= Level::Avx512Vnni)
+            && simd::level() >= least)
             .then_some(v.kind)
     }
 
@@ -1856,6 +1875,7 @@ thread_local! {
     static ACT_TILE_SCRATCH: Cell<ActTiles> = Cell::new(ActTiles::default());
     static ACT_DIGIT_SCRATCH: Cell<ActDigits> = Cell::new(ActDigits::default());
     static ACT_WORD_SCRATCH: Cell<ActWords> = Cell::new(ActWords::default());
+    static ACT_PAIR_SCRATCH: Cell<ActWordBlocks> = Cell::new(ActWordBlocks::default());
     #[cfg(target_arch = "x86_64")]
     static INPUT_LANE_SCRATCH: Cell<simd::avx2::InputLanes> =
         Cell::new(simd::avx2::InputLanes::default());

@@ -89,18 +89,25 @@ impl NibbleInputs {
 pub struct WordBlock {
     /// `words[0]`: X where every |X| < 2^15 (`split` false), else D₀, X's low balanced digit;
     /// `words[1]`: then `Y = (X − D₀) / 2^8`, else zero. Columns in order.
-    words: [[i16; BLOCK]; 2],
+    pub(super) words: [[i16; BLOCK]; 2],
     /// u: input k is `X[k] · 2u`.
-    unit: f64,
-    split: bool,
+    pub(super) unit: f64,
+    pub(super) split: bool,
 }
 
 /// |X| bound (exclusive) for X itself as a word.
 const WORD_LIMIT: i32 = 1 << 15;
 
 impl WordBlock {
+    /// A block of zeros (a placeholder until filled).
+    pub(super) const ZERO: WordBlock = WordBlock {
+        words: [[0; BLOCK]; 2],
+        unit: 0.0,
+        split: false,
+    };
+
     /// The block of `x`, or `None` where it is not act-quantised.
-    fn of(x: &[f64; BLOCK]) -> Option<WordBlock> {
+    pub(super) fn of(x: &[f64; BLOCK]) -> Option<WordBlock> {
         let (x, unit) = reduced_block_integers(x)?;
         let split = x.iter().any(|v| v.abs() >= WORD_LIMIT);
         let mut block = WordBlock {
@@ -141,6 +148,8 @@ impl ByteInputs {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+pub(super) use kernel::block_values;
 #[cfg(target_arch = "x86_64")]
 pub use kernel::{nibble_c1_run8, q8_c1_run8};
 
@@ -265,7 +274,7 @@ mod kernel {
     /// The eight rows' block values `f32(S_i · scale_i · unit)` from their integer sums S (row i
     /// in lane i), scales of rows 0..4 and 4..8: the product is exact, so it rounds once.
     #[inline(always)]
-    unsafe fn block_values(sums: __m256i, scale: [__m256d; 2], unit: f64) -> __m256 {
+    pub(in crate::model::simd) unsafe fn block_values(sums: __m256i, scale: [__m256d; 2], unit: f64) -> __m256 {
         let unit = _mm256_set1_pd(unit);
         let low = _mm256_cvtepi32_pd(_mm256_castsi256_si128(sums));
         let high = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(sums));
