@@ -125,28 +125,26 @@ mod kernel {
     }
 
     /// Block `kb` of the rows as `[pair p][row i] = (W[2p], W[2p + 1])` (rows past `codes`
-    /// zero).
+    /// zero). Loops, not closures: a closure's body is compiled without the caller's target
+    /// features, and its intrinsics become calls.
     #[inline(always)]
     unsafe fn weight_pairs(codes: &[&[u8]], kb: usize) -> [__m256i; PAIRS] {
         let table = _mm_loadu_si128(TWICE_E2M1.as_ptr().cast());
         let low_nibble = _mm_set1_epi8(0x0F);
-        // Row i's columns 0..16 and 16..32 as words: eight pairs each.
-        let halves: [[__m256; 2]; W_ROWS] = std::array::from_fn(|i| {
-            let bytes = match codes.get(i) {
-                Some(row) => _mm_loadu_si128(row[kb * BLOCK / 2..][..BLOCK / 2].as_ptr().cast()),
-                None => _mm_setzero_si128(),
-            };
+        // Row i's columns 0..16 (`halves[0][i]`) and 16..32 (`halves[1][i]`) as words.
+        let mut halves = [[_mm256_setzero_ps(); W_ROWS]; 2];
+        for (i, row) in codes.iter().enumerate() {
+            let bytes = _mm_loadu_si128(row[kb * BLOCK / 2..][..BLOCK / 2].as_ptr().cast());
             let low = _mm_and_si128(bytes, low_nibble);
             let high = _mm_and_si128(_mm_srli_epi16::<4>(bytes), low_nibble);
-            let columns = [_mm_unpacklo_epi8(low, high), _mm_unpackhi_epi8(low, high)];
-            columns.map(|c| {
-                _mm256_castsi256_ps(_mm256_cvtepi8_epi16(_mm_shuffle_epi8(table, c)))
-            })
-        });
+            let first = _mm_shuffle_epi8(table, _mm_unpacklo_epi8(low, high));
+            let second = _mm_shuffle_epi8(table, _mm_unpackhi_epi8(low, high));
+            halves[0][i] = _mm256_castsi256_ps(_mm256_cvtepi8_epi16(first));
+            halves[1][i] = _mm256_castsi256_ps(_mm256_cvtepi8_epi16(second));
+        }
         let mut pairs = [_mm256_setzero_si256(); PAIRS];
-        for h in 0..2 {
-            let transposed = columns8(std::array::from_fn(|i| halves[i][h]));
-            for (c, t) in transposed.into_iter().enumerate() {
+        for (h, half) in halves.into_iter().enumerate() {
+            for (c, t) in columns8(half).into_iter().enumerate() {
                 pairs[8 * h + c] = _mm256_castps_si256(t);
             }
         }
