@@ -49,9 +49,9 @@ use super::simd::amx::ActTiles;
 #[cfg(target_arch = "x86_64")]
 use super::simd::avx2::Codes;
 use super::simd::avx2_digits::{DigitBlock, WordBlock};
+use super::simd::avx2_fp4_prefill::ActWordBlocks;
 use super::simd::vnni::{act_blocks, ActBlock, InputBlocks, IntegerInputs};
 use super::simd::vnni_prefill::ActDigits;
-use super::simd::avx2_fp4_prefill::ActWordBlocks;
 use super::simd::vnni_words::ActWords;
 use super::simd::{self, madd, Level};
 use crate::checkpoint::{Checkpoint, DenseDtype, QuantKind, QuantView, WeightView, VQ_WIDTH};

@@ -274,7 +274,11 @@ mod kernel {
     /// The eight rows' block values `f32(S_i · scale_i · unit)` from their integer sums S (row i
     /// in lane i), scales of rows 0..4 and 4..8: the product is exact, so it rounds once.
     #[inline(always)]
-    pub(in crate::model::simd) unsafe fn block_values(sums: __m256i, scale: [__m256d; 2], unit: f64) -> __m256 {
+    pub(in crate::model::simd) unsafe fn block_values(
+        sums: __m256i,
+        scale: [__m256d; 2],
+        unit: f64,
+    ) -> __m256 {
         let unit = _mm256_set1_pd(unit);
         let low = _mm256_cvtepi32_pd(_mm256_castsi256_si128(sums));
         let high = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(sums));

@@ -134,7 +134,10 @@ unsafe fn advance<const N: usize>(
 ) {
     let xs: [&[f64; BLOCK]; N] = std::array::from_fn(|j| x.block(j0 + j));
     for (k, wk) in w.iter().enumerate() {
-        let (w0, w1) = (_mm256_loadu_pd(wk.as_ptr()), _mm256_loadu_pd(wk.as_ptr().add(4)));
+        let (w0, w1) = (
+            _mm256_loadu_pd(wk.as_ptr()),
+            _mm256_loadu_pd(wk.as_ptr().add(4)),
+        );
         for (a, xj) in acc.iter_mut().zip(&xs) {
             let xb = _mm256_set1_pd(xj[k]);
             a[0] = _mm256_fmadd_pd(xb, w0, a[0]);
