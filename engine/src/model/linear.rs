@@ -1355,11 +1355,11 @@ pub(crate) mod tests {
         every_level_gives_the_portable_bits(&lin, &x, rows);
     }
 
-    /// A prefill's FP8 product in words (`vnni_words`, sixteen weight rows a task): weight
-    /// blocks whose exponents span at most 7, or 11 with sums too large for one pass, or more
-    /// (split words), all-zero blocks, a NaN code (its task declined), scales at the edges;
-    /// input blocks in one word or more, rows at the edges of the f32 range; three tasks
-    /// and three groups of input rows, the last ones short.
+    /// A prefill's FP8 product in words (`vnni_words`, sixteen weight rows a task;
+    /// `avx2_fp8_prefill`, eight): weight blocks whose exponents span at most 7, or 11 with
+    /// sums too large for one pass, or more (split words), all-zero blocks, a NaN code (its
+    /// task declined), scales at the edges; input blocks in one word or more, rows at the
+    /// edges of the f32 range; several tasks and groups of input rows, the last ones short.
     #[test]
     fn prefill_fp8_products_keep_their_bits_for_any_word_count() {
         let mut rng = Rng::new(47);

@@ -130,7 +130,7 @@ pub(crate) struct MatVec<'a> {
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_by_block: Option<&'a [[f64; BLOCK]]>,
     /// The inputs as integers, for a prefill's release FP4 or FP8 product (set by
-    /// [`MatVec::run`] from [`Level::Avx512Vnni`] up; none where an input block is not
+    /// [`MatVec::run`] from [`Level::Avx2`] up; none where an input block is not
     /// act-quantised).
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     pub x_ints: Option<ActInts<'a>>,
@@ -161,7 +161,7 @@ pub enum ActInts<'a> {
     Digits(&'a ActDigits),
     /// Words for the AVX2 FP4 kernel ([`Level::Avx2`]).
     Pairs(&'a ActWordBlocks),
-    /// Words for the VNNI FP8 kernel (from [`Level::Avx512Vnni`] up).
+    /// Words for the FP8 kernels: VNNI's from [`Level::Avx512Vnni`] up, else AVX2's.
     Words(&'a ActWords),
 }
 
@@ -172,7 +172,8 @@ impl ActInts<'_> {
             ActInts::Tiles(_) => simd::amx::W_ROWS,
             ActInts::Digits(_) => simd::vnni_prefill::W_ROWS,
             ActInts::Pairs(_) => simd::avx2_fp4_prefill::W_ROWS,
-            ActInts::Words(_) => simd::vnni_words::W_ROWS,
+            ActInts::Words(_) if simd::level() >= Level::Avx512Vnni => simd::vnni_words::W_ROWS,
+            ActInts::Words(_) => simd::avx2_fp8_prefill::W_ROWS,
         }
     }
 }
@@ -1117,10 +1118,10 @@ impl MatVec<'_> {
         {
             return false;
         }
-        // SAFETY: tiles are made only at `Level::Amx`, digits and words only from
-        // `Level::Avx512Vnni` up, pairs only from `Level::Avx2` up (`MatVec::run`), which imply
-        // the kernels' features (AMX: `amx::usable`); each form only for its codes' kind
-        // (`act_ints_kind`); the rows and
+        // SAFETY: tiles are made only at `Level::Amx`, digits only from `Level::Avx512Vnni` up,
+        // pairs and words only from `Level::Avx2` up (`MatVec::run`), and the VNNI words kernel
+        // runs from `Level::Avx512Vnni` up: levels that imply the kernels' features (AMX:
+        // `amx::usable`); each form only for its codes' kind (`act_ints_kind`); the rows and
         // scales hold every block; scales checked.
         let done = match ints {
             ActInts::Tiles(tiles) => unsafe {
@@ -1135,8 +1136,11 @@ impl MatVec<'_> {
                 simd::avx2_fp4_prefill::fp4_c1_rows(out, pairs, codes, scales);
                 true
             },
-            ActInts::Words(words) => unsafe {
+            ActInts::Words(words) if simd::level() >= Level::Avx512Vnni => unsafe {
                 simd::vnni_words::fp8_c1_rows(out, words, codes, scales)
+            },
+            ActInts::Words(words) => unsafe {
+                simd::avx2_fp8_prefill::fp8_c1_rows(out, words, codes, scales)
             },
         };
         if done && self.round_out {
@@ -1166,17 +1170,15 @@ impl MatVec<'_> {
         self.avx2_rows::<1>(self.w_first).map(|(codes, ..)| codes)
     }
 
-    /// A prefill's rule C1 product on release FP4 codes from [`Level::Avx2`] up or FP8 codes
-    /// from [`Level::Avx512Vnni`] up: the integer kernels', which read the inputs as limb
-    /// tiles (AMX, FP4), digits (VNNI, FP4) or words (VNNI, FP8; AVX2, FP4). The codes' kind,
-    /// where they apply.
+    /// A prefill's rule C1 product on release FP4 or FP8 codes from [`Level::Avx2`] up: the
+    /// integer kernels', which read the inputs as limb tiles (AMX, FP4), digits (VNNI, FP4) or
+    /// words (FP8; AVX2, FP4). The codes' kind, where they apply.
     fn act_ints_kind(&self) -> Option<QuantKind> {
         let Source::View(WeightView::Quant(v)) = self.source else {
             return None;
         };
         let least = match v.kind {
-            QuantKind::Fp4 => Level::Avx2,
-            QuantKind::Fp8Block | QuantKind::Fp8Rows => Level::Avx512Vnni,
+            QuantKind::Fp4 | QuantKind::Fp8Block | QuantKind::Fp8Rows => Level::Avx2,
         };
         (self.rows > 1
             && self.rule == Rule::C1

@@ -149,7 +149,7 @@ impl ByteInputs {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use kernel::block_values;
+pub(super) use kernel::{block_values, f64_block_values};
 #[cfg(target_arch = "x86_64")]
 pub use kernel::{nibble_c1_run8, q8_c1_run8};
 
@@ -279,11 +279,21 @@ mod kernel {
         scale: [__m256d; 2],
         unit: f64,
     ) -> __m256 {
-        let unit = _mm256_set1_pd(unit);
         let low = _mm256_cvtepi32_pd(_mm256_castsi256_si128(sums));
         let high = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(sums));
-        let low = _mm256_cvtpd_ps(_mm256_mul_pd(low, _mm256_mul_pd(scale[0], unit)));
-        let high = _mm256_cvtpd_ps(_mm256_mul_pd(high, _mm256_mul_pd(scale[1], unit)));
+        f64_block_values([low, high], scale, unit)
+    }
+
+    /// [`block_values`] of exact sums held in f64 (rows 0..4 and 4..8).
+    #[inline(always)]
+    pub(in crate::model::simd) unsafe fn f64_block_values(
+        sums: [__m256d; 2],
+        scale: [__m256d; 2],
+        unit: f64,
+    ) -> __m256 {
+        let unit = _mm256_set1_pd(unit);
+        let low = _mm256_cvtpd_ps(_mm256_mul_pd(sums[0], _mm256_mul_pd(scale[0], unit)));
+        let high = _mm256_cvtpd_ps(_mm256_mul_pd(sums[1], _mm256_mul_pd(scale[1], unit)));
         _mm256_set_m128(high, low)
     }
 

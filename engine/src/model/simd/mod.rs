@@ -16,6 +16,8 @@ pub mod avx2;
 pub mod avx2_digits;
 pub mod avx2_fp4_prefill;
 #[cfg(target_arch = "x86_64")]
+pub mod avx2_fp8_prefill;
+#[cfg(target_arch = "x86_64")]
 pub mod avx2_prefill;
 #[cfg(target_arch = "x86_64")]
 pub mod avx512;

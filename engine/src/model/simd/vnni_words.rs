@@ -32,26 +32,26 @@ use super::vnni::{balanced_digits, reduced_block_integers, InputBlocks, IntegerI
 pub const W_ROWS: usize = 16;
 
 /// Column pairs per block.
-const PAIRS: usize = BLOCK / 2;
+pub(super) const PAIRS: usize = BLOCK / 2;
 
 /// What one pass over words reads of an input row's block: X as words, column pairs in the
 /// dwords, and the bounds that decide whether one pass is exact.
 #[derive(Clone, Copy)]
 // Read by the x86-64 kernel alone; elsewhere the form is built but never used.
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-struct RowWords {
+pub(super) struct RowWords {
     /// `words[c]`: X at columns 2c (low half) and 2c + 1 (high half), where max|X| fits a
     /// word (else unset).
-    words: [i32; PAIRS],
+    pub(super) words: [i32; PAIRS],
     /// u: input k is `X[k] · 2u`.
-    unit: f64,
+    pub(super) unit: f64,
     /// u as f32 (exact where the block's unit range is inside the f32 steps' range).
     unit_f32: f32,
     /// max|X| and Σ|X| (below 2^24).
     largest: u32,
-    sum: u32,
+    pub(super) sum: u32,
     /// The base-256 digits X needs (at least one).
-    digit_count: u8,
+    pub(super) digit_count: u8,
 }
 
 const EMPTY: RowWords = RowWords {
@@ -65,18 +65,18 @@ const EMPTY: RowWords = RowWords {
 
 /// An input row's block as balanced base-256 digits: `digits[d][c]`, digit d of X at columns
 /// 2c and 2c + 1, as words.
-type RowDigits = [[i32; PAIRS]; DIGITS];
+pub(super) type RowDigits = [[i32; PAIRS]; DIGITS];
 
 /// Every full block of a prefill's input rows as words, block-major: `[kb · rows + m]` is
 /// block kb of row m.
 #[derive(Default)]
 pub struct ActWords {
-    rows: usize,
-    blocks: usize,
+    pub(super) rows: usize,
+    pub(super) blocks: usize,
     /// What every block's one pass reads.
-    entries: Vec<RowWords>,
+    pub(super) entries: Vec<RowWords>,
     /// The digits, apart: read only where one pass is not exact.
-    digits: Vec<RowDigits>,
+    pub(super) digits: Vec<RowDigits>,
     /// Per block, the least and the largest unit of its rows.
     unit_ranges: Vec<(f64, f64)>,
 }
@@ -124,7 +124,7 @@ impl IntegerInputs for ActWords {
 
 impl RowWords {
     /// Whether X fits words (`words` is set).
-    fn in_words(&self) -> bool {
+    pub(super) fn in_words(&self) -> bool {
         self.largest <= i16::MAX as u32
     }
 

@@ -1,0 +1,372 @@
+//! Rule C1's FP8 block sums for a prefill with AVX2 alone, in integers (MODEL.md §5.4).
+//!
+//! The forms are `vnni_words`': an act-quantised input block is `x = X · 2u` with integers X,
+//! as words where |X| < 2^15 and as balanced base-256 digits ([`ActWords`]); a weight row's
+//! block of e4m3 codes is `W · 2^(e_min − 9)` with `W = ±M · 2^(e − e_min)`, M the 4-bit
+//! mantissa with its implicit bit, e the exponent field less one (0 for subnormals) and e_min
+//! the least e of the row's nonzero codes in the block. The block sum is
+//! `u · 2^(e_min − 8) · Σ X·W`, the integer sum exact.
+//!
+//! Eight weight rows are the 32-bit lanes of a vector, each lane one row's pair of columns
+//! `(W[2p], W[2p + 1])` as two words, and an input row's pair is broadcast to every lane:
+//! `vpmaddwd` makes sixteen products summed in pairs, sixteen of them a block for eight rows.
+//! A block's weights are decoded once for every input row of the call, the reuse a prefill
+//! has over a decode. One pass is exact where every row's exponents span at most 11 (W fits a
+//! word) and `max|W| · Σ|X|` is below 2^31 (the wrapping sums then equal the true one); most
+//! trained blocks are. The others take `vnni_words`' passes: X's digits against W's words
+//! (each pass below 32 · 128 · 2^15 = 2^27), or, where W spans more, W's low byte and the
+//! rest `|W| >> 8` (below 2^10) against X's words (below 2^30) or digits; the passes are
+//! recombined exactly in f64 (the total is below 2^42). The product with the steps and the
+//! rounding to f32 are those of every other C1 kernel on the same exact block sum
+//! (`avx2_digits::block_values`), and the f32 sums run over the blocks in increasing order
+//! from +0.0, so the bits are the same.
+
+use super::super::quant::BLOCK;
+use super::avx2_digits::{block_values, f64_block_values};
+use super::vnni_words::{ActWords, RowDigits, RowWords, PAIRS};
+use super::x86::columns8;
+use crate::dtype::e8m0_to_f64;
+use std::arch::x86_64::*;
+
+/// Weight rows per kernel call: one per 32-bit lane.
+pub const W_ROWS: usize = 8;
+
+/// Input rows whose sums advance together: eight registers of sums, one of weights and one
+/// broadcast input.
+const GROUP: usize = 8;
+
+/// The widest exponent span for which `|W| ≤ 15 · 2^span` fits a signed word.
+const WORD_SPAN: i8 = 11;
+
+/// `vpshufb` tables of a shift s ≤ 14: the low byte of 2^s (`POW_LOW`) and the high one.
+static POW_LOW: [u8; 16] = [1, 2, 4, 8, 16, 32, 64, 128, 0, 0, 0, 0, 0, 0, 0, 0];
+static POW_HIGH: [u8; 16] = [0, 0, 0, 0, 0, 0, 0, 0, 1, 2, 4, 8, 16, 32, 64, 128];
+
+/// One weight row's block as bytes: M with its implicit bit, the shift `e − e_min`, and the
+/// code itself (its sign).
+#[derive(Clone, Copy)]
+struct RowBytes {
+    mantissa: __m256i,
+    shift: __m256i,
+    code: __m256i,
+}
+
+/// Block kb of eight weight rows (lanes), two columns a dword, pair p at `[p]`.
+struct WeightBlock {
+    /// Whether every row's exponents span at most [`WORD_SPAN`], so that W fits a word.
+    whole: bool,
+    /// W (where `whole`).
+    words: [__m256i; PAIRS],
+    /// W's low byte (`[0]`) and the rest (`[1]`), signed (where not `whole`).
+    split: [[__m256i; PAIRS]; 2],
+    /// A bound on max|W| (where `whole`).
+    largest: u64,
+    /// Each row's step `scale · 2^(e_min − 8)`: rows 0..4 and 4..8.
+    steps: [__m256d; 2],
+}
+
+/// Rule C1 of up to [`W_ROWS`] release FP8 weight rows against every input row of `acts`:
+/// `out[i · rows + m] = Σ_kb f32(scale[i][kb] · Σ_k x[m][k] · e4m3(code[i][k]))`, added in f32
+/// in increasing kb from +0.0. `codes[i]` is row i's e4m3 bytes and `scales[i]` its E8M0
+/// bytes, one per block. `false` where a code is NaN (`out` is then unspecified; the generic
+/// path rewrites it).
+///
+/// # Safety
+/// The CPU must have AVX2 and FMA. Every scale byte must keep f32 finite with every code
+/// (`SAFE_SCALE_BYTE` in `matvec`).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub unsafe fn fp8_c1_rows(
+    out: &mut [f32],
+    acts: &ActWords,
+    codes: &[&[u8]],
+    scales: &[&[u8]],
+) -> bool {
+    let (rows, blocks) = (acts.rows, acts.blocks);
+    let nw = codes.len();
+    assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
+    if nw == 0 {
+        return true;
+    }
+    assert!(codes.iter().all(|c| c.len() >= blocks * BLOCK));
+    assert!(scales.iter().all(|s| s.len() >= blocks));
+    // Lanes past the last row repeat the first (their sums are not read), so that the
+    // block's span is that of the rows present.
+    let (codes, scales): ([&[u8]; W_ROWS], [&[u8]; W_ROWS]) = (
+        std::array::from_fn(|i| codes[if i < nw { i } else { 0 }]),
+        std::array::from_fn(|i| scales[if i < nw { i } else { 0 }]),
+    );
+    // Row m's eight sums, in f32 from +0.0.
+    let mut sums = vec![_mm256_setzero_ps(); rows];
+    let zero = _mm256_setzero_si256();
+    let mut w = WeightBlock {
+        whole: true,
+        words: [zero; PAIRS],
+        split: [[zero; PAIRS]; 2],
+        largest: 0,
+        steps: [_mm256_setzero_pd(); 2],
+    };
+    // Entries one pass takes, gathered into groups.
+    let mut group = [0usize; GROUP];
+    for kb in 0..blocks {
+        if !weight_block(&mut w, &codes, &scales, kb) {
+            return false;
+        }
+        let at = kb * rows;
+        let (entries, digits) = (&acts.entries[at..][..rows], &acts.digits[at..][..rows]);
+        let mut n = 0;
+        for (m, e) in entries.iter().enumerate() {
+            if w.whole && e.in_words() && w.largest * u64::from(e.sum) < 1 << 31 {
+                group[n] = m;
+                n += 1;
+                if n == GROUP {
+                    one_pass::<GROUP>(&mut sums, &group, entries, &w);
+                    n = 0;
+                }
+            } else {
+                sums[m] = _mm256_add_ps(sums[m], by_passes(&w, e, &digits[m]));
+            }
+        }
+        match n {
+            0 => {}
+            1 => one_pass::<1>(&mut sums, &group, entries, &w),
+            2 => one_pass::<2>(&mut sums, &group, entries, &w),
+            3 => one_pass::<3>(&mut sums, &group, entries, &w),
+            4 => one_pass::<4>(&mut sums, &group, entries, &w),
+            5 => one_pass::<5>(&mut sums, &group, entries, &w),
+            6 => one_pass::<6>(&mut sums, &group, entries, &w),
+            _ => one_pass::<7>(&mut sums, &group, entries, &w),
+        }
+    }
+    for (m, s) in sums.iter().enumerate() {
+        let mut lanes = [0f32; W_ROWS];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), *s);
+        for (i, &v) in lanes[..nw].iter().enumerate() {
+            out[i * rows + m] = v;
+        }
+    }
+    true
+}
+
+/// The first `N` entries of `group` (indices into `entries`, each summed exactly by one
+/// pass) into their f32 `sums`.
+#[inline(always)]
+unsafe fn one_pass<const N: usize>(
+    sums: &mut [__m256],
+    group: &[usize; GROUP],
+    entries: &[RowWords],
+    w: &WeightBlock,
+) {
+    let xs: [&[i32; PAIRS]; N] = std::array::from_fn(|j| &entries[group[j]].words);
+    let totals = pair_sums::<N>(&w.words, xs);
+    for (&m, t) in group.iter().zip(totals) {
+        sums[m] = _mm256_add_ps(sums[m], block_values(t, w.steps, entries[m].unit));
+    }
+}
+
+/// A block sum in several passes (module note), each pass's sums times its power of two,
+/// added exactly in f64, then scaled and rounded once: X's digits against whole words; X as
+/// words, where it fits, against split ones, else its digits.
+#[inline(always)]
+unsafe fn by_passes(w: &WeightBlock, e: &RowWords, digits: &RowDigits) -> __m256 {
+    let (xs, weights): (&[[i32; PAIRS]], &[[__m256i; PAIRS]]) = if w.whole {
+        (
+            &digits[..usize::from(e.digit_count)],
+            std::slice::from_ref(&w.words),
+        )
+    } else if e.in_words() {
+        (std::slice::from_ref(&e.words), &w.split)
+    } else {
+        (&digits[..usize::from(e.digit_count)], &w.split)
+    };
+    let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+    // Digits are base 256; X as words counts as one digit, and so does W's low byte.
+    for (dx, x) in xs.iter().enumerate() {
+        for (dw, wd) in weights.iter().enumerate() {
+            let [s] = pair_sums::<1>(wd, [x]);
+            let power = _mm256_set1_pd(f64::from_bits((1023 + 8 * (dx + dw) as u64) << 52));
+            lo = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(s)), power, lo);
+            hi = _mm256_fmadd_pd(
+                _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(s)),
+                power,
+                hi,
+            );
+        }
+    }
+    f64_block_values([lo, hi], w.steps, e.unit)
+}
+
+/// `Σ_p vpmaddwd(weights[p], x_j[p])` for each input row j (`x_j[p]` its pair p, broadcast):
+/// the rows' sums over these words (row i in lane i), wrapping.
+#[inline(always)]
+unsafe fn pair_sums<const N: usize>(
+    weights: &[__m256i; PAIRS],
+    xs: [&[i32; PAIRS]; N],
+) -> [__m256i; N] {
+    let mut acc = [_mm256_setzero_si256(); N];
+    for (p, &w) in weights.iter().enumerate() {
+        for (a, x) in acc.iter_mut().zip(&xs) {
+            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(w, _mm256_set1_epi32(x[p])));
+        }
+    }
+    acc
+}
+
+/// Block kb of the eight rows into `w`: the codes as bytes, each row's e_min, the span, then
+/// the words (or split words) and the steps; `false` for a NaN code. Loops, not closures: a
+/// closure's body is compiled without the caller's target features.
+#[inline(always)]
+unsafe fn weight_block(
+    w: &mut WeightBlock,
+    codes: &[&[u8]; W_ROWS],
+    scales: &[&[u8]; W_ROWS],
+    kb: usize,
+) -> bool {
+    let zero = _mm256_setzero_si256();
+    let (one, seven, fifteen) = (
+        _mm256_set1_epi8(1),
+        _mm256_set1_epi8(7),
+        _mm256_set1_epi8(15),
+    );
+    let mut rows = [RowBytes {
+        mantissa: zero,
+        shift: zero,
+        code: zero,
+    }; W_ROWS];
+    let (mut nan, mut span) = (zero, zero);
+    let mut steps = [0f64; W_ROWS];
+    for (i, row) in rows.iter_mut().enumerate() {
+        let code = _mm256_loadu_si256(codes[i][kb * BLOCK..][..BLOCK].as_ptr().cast());
+        let magnitude = _mm256_and_si256(code, _mm256_set1_epi8(0x7F));
+        nan = _mm256_or_si256(nan, _mm256_cmpeq_epi8(magnitude, _mm256_set1_epi8(0x7F)));
+        // A word's shift carries the next byte's low bits into bits 5.., masked off.
+        let field = _mm256_and_si256(_mm256_srli_epi16::<3>(magnitude), fifteen);
+        // Normal codes (field ≥ 1): the implicit bit 8 and e = field − 1; subnormals e = 0.
+        let implicit = _mm256_slli_epi16::<3>(_mm256_min_epu8(field, one));
+        let mantissa = _mm256_or_si256(_mm256_and_si256(code, seven), implicit);
+        let e = _mm256_subs_epu8(field, one);
+        // Zero codes take no part in the least exponent: 15 is above every e.
+        let unused = _mm256_and_si256(_mm256_cmpeq_epi8(mantissa, zero), fifteen);
+        let e_min = least_byte(_mm256_or_si256(e, unused));
+        // Zero codes' shifts saturate at 0 (their W is 0 whatever the shift).
+        let shift = _mm256_subs_epu8(e, _mm256_set1_epi8(e_min as i8));
+        span = _mm256_max_epu8(span, shift);
+        *row = RowBytes {
+            mantissa,
+            shift,
+            code,
+        };
+        // 2^(e_min − 8) (e_min ≤ 15 for a row of zeros), exact times the E8M0 scale.
+        let power = f64::from_bits((1023 + u64::from(e_min) - 8) << 52);
+        steps[i] = e8m0_to_f64(scales[i][kb]) * power;
+    }
+    if _mm256_movemask_epi8(nan) != 0 {
+        return false;
+    }
+    w.steps = [
+        _mm256_loadu_pd(steps.as_ptr()),
+        _mm256_loadu_pd(steps[4..].as_ptr()),
+    ];
+    // Spans are at most 14: signed comparisons hold.
+    let wide = _mm256_cmpgt_epi8(span, _mm256_set1_epi8(WORD_SPAN));
+    w.whole = _mm256_movemask_epi8(wide) == 0;
+    let pow_low = _mm256_broadcastsi128_si256(_mm_loadu_si128(POW_LOW.as_ptr().cast()));
+    let pow_high = _mm256_broadcastsi128_si256(_mm_loadu_si128(POW_HIGH.as_ptr().cast()));
+    if w.whole {
+        let most = 255 - least_byte(_mm256_xor_si256(span, _mm256_set1_epi8(-1)));
+        w.largest = 15 << most;
+        // `[h][i]`: row i's words from the unpacks `h` (0 low, 1 high).
+        let mut halves = [[_mm256_setzero_ps(); W_ROWS]; 2];
+        for (i, r) in rows.iter().enumerate() {
+            let (low, high) = (
+                _mm256_shuffle_epi8(pow_low, r.shift),
+                _mm256_shuffle_epi8(pow_high, r.shift),
+            );
+            let signs = _mm256_or_si256(r.code, one);
+            let words = [
+                signed_product(
+                    _mm256_unpacklo_epi8(r.mantissa, zero),
+                    _mm256_unpacklo_epi8(low, high),
+                    _mm256_unpacklo_epi8(signs, signs),
+                ),
+                signed_product(
+                    _mm256_unpackhi_epi8(r.mantissa, zero),
+                    _mm256_unpackhi_epi8(low, high),
+                    _mm256_unpackhi_epi8(signs, signs),
+                ),
+            ];
+            for (half, v) in halves.iter_mut().zip(words) {
+                half[i] = _mm256_castsi256_ps(v);
+            }
+        }
+        place_pairs(&mut w.words, halves);
+    } else {
+        // `[d][h][i]`: row i's low byte (d = 0) or rest (d = 1) from the unpacks `h`.
+        let mut halves = [[[_mm256_setzero_ps(); W_ROWS]; 2]; 2];
+        for (i, r) in rows.iter().enumerate() {
+            let (low, high) = (
+                _mm256_shuffle_epi8(pow_low, r.shift),
+                _mm256_shuffle_epi8(pow_high, r.shift),
+            );
+            let signs = _mm256_or_si256(r.code, one);
+            for h in 0..2 {
+                let (mantissa, low, high, signs) = if h == 0 {
+                    (
+                        _mm256_unpacklo_epi8(r.mantissa, zero),
+                        _mm256_unpacklo_epi8(low, zero),
+                        _mm256_unpacklo_epi8(high, zero),
+                        _mm256_unpacklo_epi8(signs, signs),
+                    )
+                } else {
+                    (
+                        _mm256_unpackhi_epi8(r.mantissa, zero),
+                        _mm256_unpackhi_epi8(low, zero),
+                        _mm256_unpackhi_epi8(high, zero),
+                        _mm256_unpackhi_epi8(signs, signs),
+                    )
+                };
+                // `M · 2^s` where s < 8 (below 2^11), else 0; its low byte, and the rest
+                // with `M · 2^(s − 8)` where s ≥ 8.
+                let below = _mm256_mullo_epi16(mantissa, low);
+                let low_byte = _mm256_and_si256(below, _mm256_set1_epi16(0xFF));
+                let rest = _mm256_add_epi16(
+                    _mm256_srli_epi16::<8>(below),
+                    _mm256_mullo_epi16(mantissa, high),
+                );
+                halves[0][h][i] = _mm256_castsi256_ps(_mm256_sign_epi16(low_byte, signs));
+                halves[1][h][i] = _mm256_castsi256_ps(_mm256_sign_epi16(rest, signs));
+            }
+        }
+        for (split, halves) in w.split.iter_mut().zip(halves) {
+            place_pairs(split, halves);
+        }
+    }
+    true
+}
+
+/// `±M · 2^s` as words from M, 2^s (both below 2^15 with their product) and words whose sign
+/// is the code's (never zero).
+#[inline(always)]
+unsafe fn signed_product(mantissa: __m256i, power: __m256i, signs: __m256i) -> __m256i {
+    _mm256_sign_epi16(_mm256_mullo_epi16(mantissa, power), signs)
+}
+
+/// Eight rows' words from the low (`halves[0]`) and high (`halves[1]`) byte unpacks, whose
+/// dword t holds the pair `t + 4h + 4 ⌊t / 4⌋` (unpacks work within 128-bit lanes), as the
+/// vectors of pairs, one row per lane.
+#[inline(always)]
+unsafe fn place_pairs(pairs: &mut [__m256i; PAIRS], halves: [[__m256; W_ROWS]; 2]) {
+    for (h, half) in halves.into_iter().enumerate() {
+        for (t, column) in columns8(half).into_iter().enumerate() {
+            pairs[t + 4 * h + 4 * (t / 4)] = _mm256_castps_si256(column);
+        }
+    }
+}
+
+/// The least of 32 unsigned bytes.
+#[inline(always)]
+unsafe fn least_byte(v: __m256i) -> u8 {
+    let v = _mm_min_epu8(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    // Each word's low byte meets its high one (the shift's zeros leave the high byte 0).
+    let v = _mm_min_epu8(v, _mm_srli_epi16::<8>(v));
+    (_mm_cvtsi128_si32(_mm_minpos_epu16(v)) & 0xFF) as u8
+}
