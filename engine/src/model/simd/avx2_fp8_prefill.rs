@@ -12,12 +12,14 @@
 //! `vpmaddwd` makes sixteen products summed in pairs, sixteen of them a block for eight rows.
 //! A block's weights are decoded once for every input row of the call, the reuse a prefill
 //! has over a decode. One pass is exact where every row's exponents span at most 11 (W fits a
-//! word) and `max|W| · Σ|X|` is below 2^31 (the wrapping sums then equal the true one); most
-//! trained blocks are. The others take `vnni_words`' passes: X's digits against W's words
-//! (each pass below 32 · 128 · 2^15 = 2^27), or, where W spans more, W's low byte and the
-//! rest `|W| >> 8` (below 2^10) against X's words (below 2^30) or digits; the passes are
-//! recombined exactly in f64 (the total is below 2^42). The product with the steps and the
-//! rounding to f32 are those of every other C1 kernel on the same exact block sum
+//! word) and `max|W| · Σ|X|` is below 2^31 (the wrapping sums then equal the true one). The
+//! others take `vnni_words`' passes: X's digits against W's words (each pass below 32 · 128 ·
+//! 2^15 = 2^27), or, where W spans more (one block of eight rows in seven of `ds41 bench
+//! --kernels`' random weights), W's low byte and the rest `|W| >> 8` (below 2^10) against X's
+//! words (below 2^30) or digits; the passes are recombined exactly in f64 (the total is below
+//! 2^42). Input rows whose X fits words, the common case, run eight at a time against a
+//! block's words or split words; digits, one input row at a time. The product with the steps
+//! and the rounding to f32 are those of every other C1 kernel on the same exact block sum
 //! (`avx2_digits::block_values`), and the f32 sums run over the blocks in increasing order
 //! from +0.0, so the bits are the same.
 
@@ -113,29 +115,22 @@ pub unsafe fn fp8_c1_rows(
         }
         let at = kb * rows;
         let (entries, digits) = (&acts.entries[at..][..rows], &acts.digits[at..][..rows]);
+        // Where W is split, X as words takes two grouped passes, each exact (module note).
         let mut n = 0;
         for (m, e) in entries.iter().enumerate() {
-            if w.whole && e.in_words() && w.largest * u64::from(e.sum) < 1 << 31 {
-                group[n] = m;
-                n += 1;
-                if n == GROUP {
-                    one_pass::<GROUP>(&mut sums, &group, entries, &w);
-                    n = 0;
-                }
-            } else {
+            let grouped = e.in_words() && (!w.whole || w.largest * u64::from(e.sum) < 1 << 31);
+            if !grouped {
                 sums[m] = _mm256_add_ps(sums[m], by_passes(&w, e, &digits[m]));
+                continue;
+            }
+            group[n] = m;
+            n += 1;
+            if n == GROUP {
+                grouped_block(n, &mut sums, &group, entries, &w);
+                n = 0;
             }
         }
-        match n {
-            0 => {}
-            1 => one_pass::<1>(&mut sums, &group, entries, &w),
-            2 => one_pass::<2>(&mut sums, &group, entries, &w),
-            3 => one_pass::<3>(&mut sums, &group, entries, &w),
-            4 => one_pass::<4>(&mut sums, &group, entries, &w),
-            5 => one_pass::<5>(&mut sums, &group, entries, &w),
-            6 => one_pass::<6>(&mut sums, &group, entries, &w),
-            _ => one_pass::<7>(&mut sums, &group, entries, &w),
-        }
+        grouped_block(n, &mut sums, &group, entries, &w);
     }
     for (m, s) in sums.iter().enumerate() {
         let mut lanes = [0f32; W_ROWS];
@@ -147,10 +142,40 @@ pub unsafe fn fp8_c1_rows(
     true
 }
 
-/// The first `N` entries of `group` (indices into `entries`, each summed exactly by one
-/// pass) into their f32 `sums`.
+/// The first `n` entries of `group` (indices into `entries`, X as words, each summed exactly
+/// by W's words in one pass or by its split words in two) into their f32 `sums`.
 #[inline(always)]
-unsafe fn one_pass<const N: usize>(
+unsafe fn grouped_block(
+    n: usize,
+    sums: &mut [__m256],
+    group: &[usize; GROUP],
+    entries: &[RowWords],
+    w: &WeightBlock,
+) {
+    match (n, w.whole) {
+        (0, _) => {}
+        (1, true) => words_block::<1>(sums, group, entries, w),
+        (2, true) => words_block::<2>(sums, group, entries, w),
+        (3, true) => words_block::<3>(sums, group, entries, w),
+        (4, true) => words_block::<4>(sums, group, entries, w),
+        (5, true) => words_block::<5>(sums, group, entries, w),
+        (6, true) => words_block::<6>(sums, group, entries, w),
+        (7, true) => words_block::<7>(sums, group, entries, w),
+        (_, true) => words_block::<GROUP>(sums, group, entries, w),
+        (1, false) => split_block::<1>(sums, group, entries, w),
+        (2, false) => split_block::<2>(sums, group, entries, w),
+        (3, false) => split_block::<3>(sums, group, entries, w),
+        (4, false) => split_block::<4>(sums, group, entries, w),
+        (5, false) => split_block::<5>(sums, group, entries, w),
+        (6, false) => split_block::<6>(sums, group, entries, w),
+        (7, false) => split_block::<7>(sums, group, entries, w),
+        (_, false) => split_block::<GROUP>(sums, group, entries, w),
+    }
+}
+
+/// [`grouped_block`] of `N` entries against W's words: one pass.
+#[inline(always)]
+unsafe fn words_block<const N: usize>(
     sums: &mut [__m256],
     group: &[usize; GROUP],
     entries: &[RowWords],
@@ -163,33 +188,55 @@ unsafe fn one_pass<const N: usize>(
     }
 }
 
+/// [`grouped_block`] of `N` entries against W's split words: the low bytes' pass plus 2^8
+/// times the rest's, added in f64.
+#[inline(always)]
+unsafe fn split_block<const N: usize>(
+    sums: &mut [__m256],
+    group: &[usize; GROUP],
+    entries: &[RowWords],
+    w: &WeightBlock,
+) {
+    let xs: [&[i32; PAIRS]; N] = std::array::from_fn(|j| &entries[group[j]].words);
+    let low = pair_sums::<N>(&w.split[0], xs);
+    let rest = pair_sums::<N>(&w.split[1], xs);
+    for ((&m, l), r) in group.iter().zip(low).zip(rest) {
+        let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
+        add_pass(&mut lo, &mut hi, l, 0);
+        add_pass(&mut lo, &mut hi, r, 1);
+        let v = f64_block_values([lo, hi], w.steps, entries[m].unit);
+        sums[m] = _mm256_add_ps(sums[m], v);
+    }
+}
+
+/// `(lo, hi) += 2^(8 · digit) · s`, the eight sums of a pass, exactly in f64.
+#[inline(always)]
+unsafe fn add_pass(lo: &mut __m256d, hi: &mut __m256d, s: __m256i, digit: usize) {
+    let power = _mm256_set1_pd(f64::from_bits((1023 + 8 * digit as u64) << 52));
+    *lo = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(s)), power, *lo);
+    *hi = _mm256_fmadd_pd(
+        _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(s)),
+        power,
+        *hi,
+    );
+}
+
 /// A block sum in several passes (module note), each pass's sums times its power of two,
-/// added exactly in f64, then scaled and rounded once: X's digits against whole words; X as
-/// words, where it fits, against split ones, else its digits.
+/// added exactly in f64, then scaled and rounded once: X's digits against whole words or
+/// split ones (X as words against split ones is [`split_block`]).
 #[inline(always)]
 unsafe fn by_passes(w: &WeightBlock, e: &RowWords, digits: &RowDigits) -> __m256 {
-    let (xs, weights): (&[[i32; PAIRS]], &[[__m256i; PAIRS]]) = if w.whole {
-        (
-            &digits[..usize::from(e.digit_count)],
-            std::slice::from_ref(&w.words),
-        )
-    } else if e.in_words() {
-        (std::slice::from_ref(&e.words), &w.split)
+    let weights: &[[__m256i; PAIRS]] = if w.whole {
+        std::slice::from_ref(&w.words)
     } else {
-        (&digits[..usize::from(e.digit_count)], &w.split)
+        &w.split
     };
     let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-    // Digits are base 256; X as words counts as one digit, and so does W's low byte.
-    for (dx, x) in xs.iter().enumerate() {
+    // Digits are base 256, and W's low byte counts as one.
+    for (dx, x) in digits[..usize::from(e.digit_count)].iter().enumerate() {
         for (dw, wd) in weights.iter().enumerate() {
             let [s] = pair_sums::<1>(wd, [x]);
-            let power = _mm256_set1_pd(f64::from_bits((1023 + 8 * (dx + dw) as u64) << 52));
-            lo = _mm256_fmadd_pd(_mm256_cvtepi32_pd(_mm256_castsi256_si128(s)), power, lo);
-            hi = _mm256_fmadd_pd(
-                _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(s)),
-                power,
-                hi,
-            );
+            add_pass(&mut lo, &mut hi, s, dx + dw);
         }
     }
     f64_block_values([lo, hi], w.steps, e.unit)
