@@ -149,7 +149,7 @@ impl ByteInputs {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use kernel::{block_values, f64_block_values};
+pub(super) use kernel::{block_values, f64_block_values, pair_sums, store_row_sums};
 #[cfg(target_arch = "x86_64")]
 pub use kernel::{nibble_c1_run8, q8_c1_run8};
 
@@ -282,6 +282,61 @@ mod kernel {
         let low = _mm256_cvtepi32_pd(_mm256_castsi256_si128(sums));
         let high = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(sums));
         f64_block_values([low, high], scale, unit)
+    }
+
+    /// An input block's X as words, column pairs `(X[2p], X[2p + 1])` in the dwords: what the
+    /// prefill kernels broadcast (`avx2_fp4_prefill`, `avx2_fp8_prefill`).
+    pub(in crate::model::simd) trait WordPairs {
+        fn pair(&self, p: usize) -> i32;
+    }
+
+    impl WordPairs for [i16; BLOCK] {
+        #[inline(always)]
+        fn pair(&self, p: usize) -> i32 {
+            (u32::from(self[2 * p] as u16) | u32::from(self[2 * p + 1] as u16) << 16) as i32
+        }
+    }
+
+    impl WordPairs for [i32; BLOCK / 2] {
+        #[inline(always)]
+        fn pair(&self, p: usize) -> i32 {
+            self[p]
+        }
+    }
+
+    /// `Σ_p vpmaddwd(weights[p], x_j's pair p broadcast)` for each input row j: eight weight
+    /// rows' sums over these words (row i in lane i), wrapping. The input rows advance together
+    /// so that each weight vector is loaded once for all of them.
+    #[inline(always)]
+    pub(in crate::model::simd) unsafe fn pair_sums<const N: usize, X: WordPairs>(
+        weights: &[__m256i; BLOCK / 2],
+        xs: [&X; N],
+    ) -> [__m256i; N] {
+        let mut acc = [_mm256_setzero_si256(); N];
+        for (p, &w) in weights.iter().enumerate() {
+            for (a, x) in acc.iter_mut().zip(&xs) {
+                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(w, _mm256_set1_epi32(x.pair(p))));
+            }
+        }
+        acc
+    }
+
+    /// Input row m's eight f32 sums (`sums[m]`, weight row i in lane i) into `out[i · rows +
+    /// m]` for the first `nw` weight rows.
+    #[inline(always)]
+    pub(in crate::model::simd) unsafe fn store_row_sums(
+        out: &mut [f32],
+        sums: &[__m256],
+        nw: usize,
+    ) {
+        let rows = sums.len();
+        for (m, s) in sums.iter().enumerate() {
+            let mut lanes = [0f32; 8];
+            _mm256_storeu_ps(lanes.as_mut_ptr(), *s);
+            for (i, &v) in lanes[..nw].iter().enumerate() {
+                out[i * rows + m] = v;
+            }
+        }
     }
 
     /// [`block_values`] of exact sums held in f64 (rows 0..4 and 4..8).

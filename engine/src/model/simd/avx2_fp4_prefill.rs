@@ -57,7 +57,7 @@ pub use kernel::fp4_c1_rows;
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::super::avx2_digits::block_values;
+    use super::super::avx2_digits::{block_values, pair_sums, store_row_sums};
     use super::super::vnni::TWICE_E2M1;
     use super::super::x86::columns8;
     use super::{ActWordBlocks, WordBlock, BLOCK, W_ROWS};
@@ -115,13 +115,7 @@ mod kernel {
                 }
             }
         }
-        for (m, s) in sums.iter().enumerate() {
-            let mut lanes = [0f32; W_ROWS];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), *s);
-            for (i, &v) in lanes[..nw].iter().enumerate() {
-                out[i * rows + m] = v;
-            }
-        }
+        store_row_sums(out, &sums, nw);
     }
 
     /// Block `kb` of the rows as `[pair p][row i] = (W[2p], W[2p + 1])` (rows past `codes`
@@ -159,10 +153,10 @@ mod kernel {
         weights: &[__m256i; PAIRS],
         scale: [__m256d; 2],
     ) {
-        let mut total = pair_sums::<N>(weights, std::array::from_fn(|j| &entries[j].words[0]));
+        let mut total = pair_sums::<N, _>(weights, std::array::from_fn(|j| &entries[j].words[0]));
         if entries.iter().any(|e| e.split) {
             // Unsplit rows' second words are zero.
-            let high = pair_sums::<N>(weights, std::array::from_fn(|j| &entries[j].words[1]));
+            let high = pair_sums::<N, _>(weights, std::array::from_fn(|j| &entries[j].words[1]));
             for (t, h) in total.iter_mut().zip(high) {
                 *t = _mm256_add_epi32(*t, _mm256_slli_epi32::<8>(h));
             }
@@ -170,22 +164,5 @@ mod kernel {
         for ((s, t), e) in sums.iter_mut().zip(total).zip(entries) {
             *s = _mm256_add_ps(*s, block_values(t, scale, e.unit));
         }
-    }
-
-    /// `Σ_p vpmaddwd(weights[p], (x_j[2p], x_j[2p + 1]))` for each input row j: the rows'
-    /// block sums over these words (row i in lane i).
-    #[inline(always)]
-    unsafe fn pair_sums<const N: usize>(
-        weights: &[__m256i; PAIRS],
-        xs: [&[i16; BLOCK]; N],
-    ) -> [__m256i; N] {
-        let mut acc = [_mm256_setzero_si256(); N];
-        for (p, &w) in weights.iter().enumerate() {
-            for (a, x) in acc.iter_mut().zip(&xs) {
-                let pair = x.as_ptr().add(2 * p).cast::<i32>().read_unaligned();
-                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(w, _mm256_set1_epi32(pair)));
-            }
-        }
-        acc
     }
 }

@@ -24,7 +24,7 @@
 //! from +0.0, so the bits are the same.
 
 use super::super::quant::BLOCK;
-use super::avx2_digits::{block_values, f64_block_values};
+use super::avx2_digits::{block_values, f64_block_values, pair_sums, store_row_sums};
 use super::vnni_words::{ActWords, RowDigits, RowWords, PAIRS};
 use super::x86::columns8;
 use crate::dtype::e8m0_to_f64;
@@ -132,13 +132,7 @@ pub unsafe fn fp8_c1_rows(
         }
         grouped_block(n, &mut sums, &group, entries, &w);
     }
-    for (m, s) in sums.iter().enumerate() {
-        let mut lanes = [0f32; W_ROWS];
-        _mm256_storeu_ps(lanes.as_mut_ptr(), *s);
-        for (i, &v) in lanes[..nw].iter().enumerate() {
-            out[i * rows + m] = v;
-        }
-    }
+    store_row_sums(out, &sums, nw);
     true
 }
 
@@ -182,7 +176,7 @@ unsafe fn words_block<const N: usize>(
     w: &WeightBlock,
 ) {
     let xs: [&[i32; PAIRS]; N] = std::array::from_fn(|j| &entries[group[j]].words);
-    let totals = pair_sums::<N>(&w.words, xs);
+    let totals = pair_sums::<N, _>(&w.words, xs);
     for (&m, t) in group.iter().zip(totals) {
         sums[m] = _mm256_add_ps(sums[m], block_values(t, w.steps, entries[m].unit));
     }
@@ -198,8 +192,8 @@ unsafe fn split_block<const N: usize>(
     w: &WeightBlock,
 ) {
     let xs: [&[i32; PAIRS]; N] = std::array::from_fn(|j| &entries[group[j]].words);
-    let low = pair_sums::<N>(&w.split[0], xs);
-    let rest = pair_sums::<N>(&w.split[1], xs);
+    let low = pair_sums::<N, _>(&w.split[0], xs);
+    let rest = pair_sums::<N, _>(&w.split[1], xs);
     for ((&m, l), r) in group.iter().zip(low).zip(rest) {
         let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
         add_pass(&mut lo, &mut hi, l, 0);
@@ -235,27 +229,11 @@ unsafe fn by_passes(w: &WeightBlock, e: &RowWords, digits: &RowDigits) -> __m256
     // Digits are base 256, and W's low byte counts as one.
     for (dx, x) in digits[..usize::from(e.digit_count)].iter().enumerate() {
         for (dw, wd) in weights.iter().enumerate() {
-            let [s] = pair_sums::<1>(wd, [x]);
+            let [s] = pair_sums::<1, _>(wd, [x]);
             add_pass(&mut lo, &mut hi, s, dx + dw);
         }
     }
     f64_block_values([lo, hi], w.steps, e.unit)
-}
-
-/// `Σ_p vpmaddwd(weights[p], x_j[p])` for each input row j (`x_j[p]` its pair p, broadcast):
-/// the rows' sums over these words (row i in lane i), wrapping.
-#[inline(always)]
-unsafe fn pair_sums<const N: usize>(
-    weights: &[__m256i; PAIRS],
-    xs: [&[i32; PAIRS]; N],
-) -> [__m256i; N] {
-    let mut acc = [_mm256_setzero_si256(); N];
-    for (p, &w) in weights.iter().enumerate() {
-        for (a, x) in acc.iter_mut().zip(&xs) {
-            *a = _mm256_add_epi32(*a, _mm256_madd_epi16(w, _mm256_set1_epi32(x[p])));
-        }
-    }
-    acc
 }
 
 /// Block kb of the eight rows into `w`: the codes as bytes, each row's e_min, the span, then
