@@ -161,8 +161,11 @@ pub enum ActInts<'a> {
     Digits(&'a ActDigits),
     /// Words for the AVX2 FP4 kernel ([`Level::Avx2`]).
     Pairs(&'a ActWordBlocks),
-    /// Words for the FP8 kernels: VNNI's from [`Level::Avx512Vnni`] up, else AVX2's.
+    /// Words for the VNNI FP8 kernel (from [`Level::Avx512Vnni`] up).
     Words(&'a ActWords),
+    /// The same words for the AVX2 FP8 kernel ([`Level::Avx2`]). The kernel is chosen with
+    /// the form, from one reading of the level: a test may cap the level meanwhile.
+    Avx2Words(&'a ActWords),
 }
 
 impl ActInts<'_> {
@@ -172,8 +175,8 @@ impl ActInts<'_> {
             ActInts::Tiles(_) => simd::amx::W_ROWS,
             ActInts::Digits(_) => simd::vnni_prefill::W_ROWS,
             ActInts::Pairs(_) => simd::avx2_fp4_prefill::W_ROWS,
-            ActInts::Words(_) if simd::level() >= Level::Avx512Vnni => simd::vnni_words::W_ROWS,
-            ActInts::Words(_) => simd::avx2_fp8_prefill::W_ROWS,
+            ActInts::Words(_) => simd::vnni_words::W_ROWS,
+            ActInts::Avx2Words(_) => simd::avx2_fp8_prefill::W_ROWS,
         }
     }
 }
@@ -230,8 +233,13 @@ impl MatVec<'_> {
                 let input = slab.input_blocks();
                 let ints = match slab.act_ints_kind() {
                     None => None,
-                    Some(QuantKind::Fp8Block | QuantKind::Fp8Rows) => {
+                    Some(QuantKind::Fp8Block | QuantKind::Fp8Rows)
+                        if simd::level() >= Level::Avx512Vnni =>
+                    {
                         words.fill(input).then_some(ActInts::Words(&words))
+                    }
+                    Some(QuantKind::Fp8Block | QuantKind::Fp8Rows) => {
+                        words.fill(input).then_some(ActInts::Avx2Words(&words))
                     }
                     Some(QuantKind::Fp4) if simd::level() >= Level::Amx => {
                         tiles.fill(input).then_some(ActInts::Tiles(&tiles))
@@ -1118,11 +1126,11 @@ impl MatVec<'_> {
         {
             return false;
         }
-        // SAFETY: tiles are made only at `Level::Amx`, digits only from `Level::Avx512Vnni` up,
-        // pairs and words only from `Level::Avx2` up (`MatVec::run`), and the VNNI words kernel
-        // runs from `Level::Avx512Vnni` up: levels that imply the kernels' features (AMX:
-        // `amx::usable`); each form only for its codes' kind (`act_ints_kind`); the rows and
-        // scales hold every block; scales checked.
+        // SAFETY: tiles are made only at `Level::Amx`, digits and VNNI words only from
+        // `Level::Avx512Vnni` up, pairs and AVX2 words only from `Level::Avx2` up
+        // (`MatVec::run`), which imply the kernels' features (AMX: `amx::usable`); each form
+        // only for its codes' kind (`act_ints_kind`); the rows and scales hold every block;
+        // scales checked.
         let done = match ints {
             ActInts::Tiles(tiles) => unsafe {
                 simd::amx::fp4_c1_rows(out, tiles, codes, scales);
@@ -1136,10 +1144,10 @@ impl MatVec<'_> {
                 simd::avx2_fp4_prefill::fp4_c1_rows(out, pairs, codes, scales);
                 true
             },
-            ActInts::Words(words) if simd::level() >= Level::Avx512Vnni => unsafe {
+            ActInts::Words(words) => unsafe {
                 simd::vnni_words::fp8_c1_rows(out, words, codes, scales)
             },
-            ActInts::Words(words) => unsafe {
+            ActInts::Avx2Words(words) => unsafe {
                 simd::avx2_fp8_prefill::fp8_c1_rows(out, words, codes, scales)
             },
         };
