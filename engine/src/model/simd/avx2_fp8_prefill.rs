@@ -107,7 +107,7 @@ pub unsafe fn fp8_c1_rows(
         largest: 0,
         steps: [_mm256_setzero_pd(); 2],
     };
-    // Entries one pass takes, gathered into groups.
+    // Input rows whose X fits words, gathered eight at a time (indices into the entries).
     let mut group = [0usize; GROUP];
     for kb in 0..blocks {
         if !weight_block(&mut w, &codes, &scales, kb) {
