@@ -1185,13 +1185,10 @@ impl MatVec<'_> {
         let Source::View(WeightView::Quant(v)) = self.source else {
             return None;
         };
-        let least = match v.kind {
-            QuantKind::Fp4 | QuantKind::Fp8Block | QuantKind::Fp8Rows => Level::Avx2,
-        };
         (self.rows > 1
             && self.rule == Rule::C1
             && self.n_in.is_multiple_of(BLOCK)
-            && simd::level() >= least)
+            && simd::level() >= Level::Avx2)
             .then_some(v.kind)
     }
 

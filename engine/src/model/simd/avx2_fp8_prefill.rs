@@ -299,85 +299,62 @@ unsafe fn weight_block(
     if w.whole {
         let most = 255 - least_byte(_mm256_xor_si256(span, _mm256_set1_epi8(-1)));
         w.largest = 15 << most;
-        // `[h][i]`: row i's words from the unpacks `h` (0 low, 1 high).
-        let mut halves = [[_mm256_setzero_ps(); W_ROWS]; 2];
-        for (i, r) in rows.iter().enumerate() {
-            let (low, high) = (
-                _mm256_shuffle_epi8(pow_low, r.shift),
-                _mm256_shuffle_epi8(pow_high, r.shift),
-            );
-            let signs = _mm256_or_si256(r.code, one);
-            let words = [
-                signed_product(
-                    _mm256_unpacklo_epi8(r.mantissa, zero),
-                    _mm256_unpacklo_epi8(low, high),
-                    _mm256_unpacklo_epi8(signs, signs),
-                ),
-                signed_product(
-                    _mm256_unpackhi_epi8(r.mantissa, zero),
-                    _mm256_unpackhi_epi8(low, high),
-                    _mm256_unpackhi_epi8(signs, signs),
-                ),
-            ];
-            for (half, v) in halves.iter_mut().zip(words) {
-                half[i] = _mm256_castsi256_ps(v);
+    }
+    // `[d][h][i]`: row i's words from the byte unpacks `h` (`byte_words`): W itself (d = 0)
+    // where whole, else its low byte (d = 0) and the rest (d = 1).
+    let mut halves = [[[_mm256_setzero_ps(); W_ROWS]; 2]; 2];
+    for (i, r) in rows.iter().enumerate() {
+        let (low, high) = (
+            _mm256_shuffle_epi8(pow_low, r.shift),
+            _mm256_shuffle_epi8(pow_high, r.shift),
+        );
+        // Words whose sign is the code's, never zero (`vpsignw` would zero the product).
+        let signs = _mm256_or_si256(r.code, one);
+        for h in 0..2 {
+            let mantissa = byte_words(h, r.mantissa, zero);
+            let signs = byte_words(h, signs, signs);
+            if w.whole {
+                // M · 2^s, below 15 · 2^11.
+                let v = _mm256_mullo_epi16(mantissa, byte_words(h, low, high));
+                halves[0][h][i] = _mm256_castsi256_ps(_mm256_sign_epi16(v, signs));
+                continue;
             }
+            // `M · 2^s` where s < 8 (below 2^11), else 0; its low byte, and the rest with
+            // `M · 2^(s − 8)` where s ≥ 8.
+            let below = _mm256_mullo_epi16(mantissa, byte_words(h, low, zero));
+            let low_byte = _mm256_and_si256(below, _mm256_set1_epi16(0xFF));
+            let rest = _mm256_add_epi16(
+                _mm256_srli_epi16::<8>(below),
+                _mm256_mullo_epi16(mantissa, byte_words(h, high, zero)),
+            );
+            halves[0][h][i] = _mm256_castsi256_ps(_mm256_sign_epi16(low_byte, signs));
+            halves[1][h][i] = _mm256_castsi256_ps(_mm256_sign_epi16(rest, signs));
         }
-        place_pairs(&mut w.words, halves);
+    }
+    let [first, second] = halves;
+    if w.whole {
+        place_pairs(&mut w.words, first);
     } else {
-        // `[d][h][i]`: row i's low byte (d = 0) or rest (d = 1) from the unpacks `h`.
-        let mut halves = [[[_mm256_setzero_ps(); W_ROWS]; 2]; 2];
-        for (i, r) in rows.iter().enumerate() {
-            let (low, high) = (
-                _mm256_shuffle_epi8(pow_low, r.shift),
-                _mm256_shuffle_epi8(pow_high, r.shift),
-            );
-            let signs = _mm256_or_si256(r.code, one);
-            for h in 0..2 {
-                let (mantissa, low, high, signs) = if h == 0 {
-                    (
-                        _mm256_unpacklo_epi8(r.mantissa, zero),
-                        _mm256_unpacklo_epi8(low, zero),
-                        _mm256_unpacklo_epi8(high, zero),
-                        _mm256_unpacklo_epi8(signs, signs),
-                    )
-                } else {
-                    (
-                        _mm256_unpackhi_epi8(r.mantissa, zero),
-                        _mm256_unpackhi_epi8(low, zero),
-                        _mm256_unpackhi_epi8(high, zero),
-                        _mm256_unpackhi_epi8(signs, signs),
-                    )
-                };
-                // `M · 2^s` where s < 8 (below 2^11), else 0; its low byte, and the rest
-                // with `M · 2^(s − 8)` where s ≥ 8.
-                let below = _mm256_mullo_epi16(mantissa, low);
-                let low_byte = _mm256_and_si256(below, _mm256_set1_epi16(0xFF));
-                let rest = _mm256_add_epi16(
-                    _mm256_srli_epi16::<8>(below),
-                    _mm256_mullo_epi16(mantissa, high),
-                );
-                halves[0][h][i] = _mm256_castsi256_ps(_mm256_sign_epi16(low_byte, signs));
-                halves[1][h][i] = _mm256_castsi256_ps(_mm256_sign_epi16(rest, signs));
-            }
-        }
-        for (split, halves) in w.split.iter_mut().zip(halves) {
-            place_pairs(split, halves);
-        }
+        place_pairs(&mut w.split[0], first);
+        place_pairs(&mut w.split[1], second);
     }
     true
 }
 
-/// `±M · 2^s` as words from M, 2^s (both below 2^15 with their product) and words whose sign
-/// is the code's (never zero).
+/// Bytes `a` (low) and `b` (high) interleaved into words: columns 0..8 and 16..24 for
+/// `h = 0`, 8..16 and 24..32 for `h = 1` (unpacks work within 128-bit lanes).
 #[inline(always)]
-unsafe fn signed_product(mantissa: __m256i, power: __m256i, signs: __m256i) -> __m256i {
-    _mm256_sign_epi16(_mm256_mullo_epi16(mantissa, power), signs)
+unsafe fn byte_words(h: usize, a: __m256i, b: __m256i) -> __m256i {
+    if h == 0 {
+        _mm256_unpacklo_epi8(a, b)
+    } else {
+        _mm256_unpackhi_epi8(a, b)
+    }
 }
 
-/// Eight rows' words from the low (`halves[0]`) and high (`halves[1]`) byte unpacks, whose
-/// dword t holds the pair `t + 4h + 4 ⌊t / 4⌋` (unpacks work within 128-bit lanes), as the
-/// vectors of pairs, one row per lane.
+/// Eight rows' words from the low (`halves[0]`) and high (`halves[1]`) byte unpacks
+/// ([`byte_words`]), whose dword t holds the pair `t + 4h + 4 ⌊t / 4⌋`, as the vectors of
+/// pairs, one row per lane.
 #[inline(always)]
 unsafe fn place_pairs(pairs: &mut [__m256i; PAIRS], halves: [[__m256; W_ROWS]; 2]) {
     for (h, half) in halves.into_iter().enumerate() {
