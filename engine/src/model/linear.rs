@@ -1384,9 +1384,14 @@ pub(crate) mod tests {
                         1 if r.is_multiple_of(7) => sign | ((2 + (r >> 8) % 12) as u8) << 3,
                         1 => 13 << 3 | mantissa,
                         // Subnormals beside the largest codes (a span of 14), or beside
-                        // field 13 (12, one past a word): split words.
-                        2 if kb < 4 => sign | [0x01, 0x07, 0x7E, 0x78, 0x40][(r >> 8) as usize % 5],
-                        2 => sign | [0x01, 0x07, 0x6F, 0x68, 0x40][(r >> 8) as usize % 5],
+                        // field 13 (12, one past a word): split words. 0x0F and 0x2F (W 15
+                        // and 240 over e_min 0) set every bit of a split word's low byte.
+                        2 if kb < 4 => {
+                            sign | [0x01, 0x07, 0x7E, 0x78, 0x40, 0x0F, 0x2F][(r >> 8) as usize % 7]
+                        }
+                        2 => {
+                            sign | [0x01, 0x07, 0x6F, 0x68, 0x40, 0x0F, 0x2F][(r >> 8) as usize % 7]
+                        }
                         // All zero (both signs).
                         _ => sign,
                     };
