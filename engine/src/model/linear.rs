@@ -1079,13 +1079,15 @@ pub(crate) mod tests {
                         .collect(),
                 ),
             );
-            // A block scale near the f32 limit (2^119), and a NaN code (row 3, column 70), take
-            // the generic block decode: the vector loops stop there and resume after.
+            // A block scale past the f32 limit (2^120: the weights from 256 up are infinite
+            // in f32, so the block's value is not the scaled block sum), and a NaN code (row 3,
+            // column 70), take the generic block decode: the vector loops stop there and
+            // resume after.
             let mut big = random_fp8(out, inp, &mut rng);
-            big.scale_exp[1] = 119;
+            big.scale_exp[1] = 120;
             for n in 0..32 {
                 for k in 32..64 {
-                    big.values[n * inp + k] = e4m3_value(big.codes[n * inp + k]) * 2f32.powi(119);
+                    big.values[n * inp + k] = e4m3_value(big.codes[n * inp + k]) * 2f32.powi(120);
                 }
             }
             big.codes[3 * inp + 70] = 0x7F;
