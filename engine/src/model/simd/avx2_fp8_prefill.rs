@@ -20,11 +20,11 @@
 //! 2^42). Input rows whose X fits words, the common case, run eight at a time against a
 //! block's words or split words; digits, one input row at a time. The product with the steps
 //! and the rounding to f32 are those of every other C1 kernel on the same exact block sum
-//! (`avx2_digits::block_values`), and the f32 sums run over the blocks in increasing order
+//! (`avx2_digits::f64_block_values`), and the f32 sums run over the blocks in increasing order
 //! from +0.0, so the bits are the same.
 
 use super::super::quant::BLOCK;
-use super::avx2_digits::{block_values, f64_block_values, pair_sums, store_row_sums};
+use super::avx2_digits::{f64_block_values, pair_sums, store_row_sums};
 use super::vnni_words::{ActWords, RowDigits, RowWords, PAIRS};
 use super::x86::columns8;
 use crate::dtype::e8m0_to_f64;
@@ -65,6 +65,18 @@ struct WeightBlock {
     largest: u64,
     /// Each row's step `scale · 2^(e_min − 8)`: rows 0..4 and 4..8.
     steps: [__m256d; 2],
+}
+
+impl WeightBlock {
+    /// W's parts, each a pass against X, part d weighing 2^(8d): its words where `whole`, else
+    /// its low bytes and the rest.
+    fn parts(&self) -> &[[__m256i; PAIRS]] {
+        if self.whole {
+            std::slice::from_ref(&self.words)
+        } else {
+            &self.split
+        }
+    }
 }
 
 /// Rule C1 of up to [`W_ROWS`] release FP8 weight rows against every input row of `acts`:
@@ -146,60 +158,38 @@ unsafe fn grouped_block(
     entries: &[RowWords],
     w: &WeightBlock,
 ) {
-    match (n, w.whole) {
-        (0, _) => {}
-        (1, true) => words_block::<1>(sums, group, entries, w),
-        (2, true) => words_block::<2>(sums, group, entries, w),
-        (3, true) => words_block::<3>(sums, group, entries, w),
-        (4, true) => words_block::<4>(sums, group, entries, w),
-        (5, true) => words_block::<5>(sums, group, entries, w),
-        (6, true) => words_block::<6>(sums, group, entries, w),
-        (7, true) => words_block::<7>(sums, group, entries, w),
-        (_, true) => words_block::<GROUP>(sums, group, entries, w),
-        (1, false) => split_block::<1>(sums, group, entries, w),
-        (2, false) => split_block::<2>(sums, group, entries, w),
-        (3, false) => split_block::<3>(sums, group, entries, w),
-        (4, false) => split_block::<4>(sums, group, entries, w),
-        (5, false) => split_block::<5>(sums, group, entries, w),
-        (6, false) => split_block::<6>(sums, group, entries, w),
-        (7, false) => split_block::<7>(sums, group, entries, w),
-        (_, false) => split_block::<GROUP>(sums, group, entries, w),
+    match n {
+        0 => {}
+        1 => passes_block::<1>(sums, group, entries, w),
+        2 => passes_block::<2>(sums, group, entries, w),
+        3 => passes_block::<3>(sums, group, entries, w),
+        4 => passes_block::<4>(sums, group, entries, w),
+        5 => passes_block::<5>(sums, group, entries, w),
+        6 => passes_block::<6>(sums, group, entries, w),
+        7 => passes_block::<7>(sums, group, entries, w),
+        _ => passes_block::<GROUP>(sums, group, entries, w),
     }
 }
 
-/// [`grouped_block`] of `N` entries against W's words: one pass.
+/// [`grouped_block`] of `N` entries: a grouped pass per part of W ([`WeightBlock::parts`]),
+/// the passes added exactly in f64.
 #[inline(always)]
-unsafe fn words_block<const N: usize>(
+unsafe fn passes_block<const N: usize>(
     sums: &mut [__m256],
     group: &[usize; GROUP],
     entries: &[RowWords],
     w: &WeightBlock,
 ) {
     let xs: [&[i32; PAIRS]; N] = std::array::from_fn(|j| &entries[group[j]].words);
-    let totals = pair_sums::<N, _>(&w.words, xs);
+    let mut totals = [[_mm256_setzero_pd(); 2]; N];
+    for (dw, part) in w.parts().iter().enumerate() {
+        for (t, s) in totals.iter_mut().zip(pair_sums::<N, _>(part, xs)) {
+            let [lo, hi] = t;
+            add_pass(lo, hi, s, dw);
+        }
+    }
     for (&m, t) in group.iter().zip(totals) {
-        sums[m] = _mm256_add_ps(sums[m], block_values(t, w.steps, entries[m].unit));
-    }
-}
-
-/// [`grouped_block`] of `N` entries against W's split words: the low bytes' pass plus 2^8
-/// times the rest's, added in f64.
-#[inline(always)]
-unsafe fn split_block<const N: usize>(
-    sums: &mut [__m256],
-    group: &[usize; GROUP],
-    entries: &[RowWords],
-    w: &WeightBlock,
-) {
-    let xs: [&[i32; PAIRS]; N] = std::array::from_fn(|j| &entries[group[j]].words);
-    let low = pair_sums::<N, _>(&w.split[0], xs);
-    let rest = pair_sums::<N, _>(&w.split[1], xs);
-    for ((&m, l), r) in group.iter().zip(low).zip(rest) {
-        let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
-        add_pass(&mut lo, &mut hi, l, 0);
-        add_pass(&mut lo, &mut hi, r, 1);
-        let v = f64_block_values([lo, hi], w.steps, entries[m].unit);
-        sums[m] = _mm256_add_ps(sums[m], v);
+        sums[m] = _mm256_add_ps(sums[m], f64_block_values(t, w.steps, entries[m].unit));
     }
 }
 
@@ -217,18 +207,13 @@ unsafe fn add_pass(lo: &mut __m256d, hi: &mut __m256d, s: __m256i, digit: usize)
 
 /// A block sum in several passes (module note), each pass's sums times its power of two,
 /// added exactly in f64, then scaled and rounded once: X's digits against whole words or
-/// split ones (X as words against split ones is [`split_block`]).
+/// split ones (X as words is [`passes_block`]).
 #[inline(always)]
 unsafe fn by_passes(w: &WeightBlock, e: &RowWords, digits: &RowDigits) -> __m256 {
-    let weights: &[[__m256i; PAIRS]] = if w.whole {
-        std::slice::from_ref(&w.words)
-    } else {
-        &w.split
-    };
     let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
     // Digits are base 256, and W's low byte counts as one.
     for (dx, x) in digits[..usize::from(e.digit_count)].iter().enumerate() {
-        for (dw, wd) in weights.iter().enumerate() {
+        for (dw, wd) in w.parts().iter().enumerate() {
             let [s] = pair_sums::<1, _>(wd, [x]);
             add_pass(&mut lo, &mut hi, s, dx + dw);
         }
