@@ -87,6 +87,7 @@ pub use kernel::{fp4_c1_rows, usable};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
+    use super::super::check_prefill_rows;
     use super::super::vnni::TWICE_E2M1;
     use super::super::vnni_prefill::{f32_steps_exact, scale_range, scaled_block_sums};
     use super::{ActTiles, LimbTile, LIMBS, LIMB_BITS, TILE_ROWS, W_ROWS};
@@ -182,10 +183,8 @@ mod kernel {
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vbmi,avx2")]
     pub unsafe fn fp4_c1_rows(out: &mut [f32], acts: &ActTiles, codes: &[&[u8]], scales: &[&[u8]]) {
         let (rows, groups, blocks) = (acts.rows, acts.groups, acts.blocks);
+        check_prefill_rows(out, rows, blocks, (codes, BLOCK / 2), scales, W_ROWS);
         let nw = codes.len();
-        assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
-        assert!(codes.iter().all(|c| c.len() >= blocks * BLOCK / 2));
-        assert!(scales.iter().all(|s| s.len() >= blocks));
         out.fill(0.0);
         let mut weights = WeightTile([0; W_ROWS * BLOCK]);
         let mut sums = Sums([[[0; TILE_ROWS]; W_ROWS]; LIMBS]);

@@ -58,6 +58,7 @@ pub use kernel::fp4_c1_rows;
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::avx2_digits::{block_values, pair_sums, store_row_sums};
+    use super::super::check_prefill_rows;
     use super::super::vnni::TWICE_E2M1;
     use super::super::x86::columns8;
     use super::{ActWordBlocks, WordBlock, BLOCK, W_ROWS};
@@ -87,10 +88,8 @@ mod kernel {
         scales: &[&[u8]],
     ) {
         let (rows, blocks) = (acts.rows, acts.blocks);
+        check_prefill_rows(out, rows, blocks, (codes, BLOCK / 2), scales, W_ROWS);
         let nw = codes.len();
-        assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
-        assert!(codes.iter().all(|c| c.len() >= blocks * BLOCK / 2));
-        assert!(scales.iter().all(|s| s.len() >= blocks));
         // Row m's eight sums, in f32 from +0.0.
         let mut sums = vec![_mm256_setzero_ps(); rows];
         for kb in 0..blocks {

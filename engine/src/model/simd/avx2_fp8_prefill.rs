@@ -27,6 +27,7 @@ use super::super::quant::BLOCK;
 use super::avx2_digits::{f64_block_values, pair_sums, store_row_sums};
 use super::vnni_words::{ActWords, RowDigits, RowWords, PAIRS};
 use super::x86::columns8;
+use super::{check_prefill_rows, lanes_of_rows};
 use crate::dtype::e8m0_to_f64;
 use std::arch::x86_64::*;
 
@@ -96,19 +97,12 @@ pub unsafe fn fp8_c1_rows(
     scales: &[&[u8]],
 ) -> bool {
     let (rows, blocks) = (acts.rows, acts.blocks);
+    check_prefill_rows(out, rows, blocks, (codes, BLOCK), scales, W_ROWS);
     let nw = codes.len();
-    assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
     if nw == 0 {
         return true;
     }
-    assert!(codes.iter().all(|c| c.len() >= blocks * BLOCK));
-    assert!(scales.iter().all(|s| s.len() >= blocks));
-    // Lanes past the last row repeat the first (their sums are not read), so that the
-    // block's span is that of the rows present.
-    let (codes, scales): ([&[u8]; W_ROWS], [&[u8]; W_ROWS]) = (
-        std::array::from_fn(|i| codes[if i < nw { i } else { 0 }]),
-        std::array::from_fn(|i| scales[if i < nw { i } else { 0 }]),
-    );
+    let (codes, scales) = (lanes_of_rows(codes), lanes_of_rows(scales));
     // Row m's eight sums, in f32 from +0.0.
     let mut sums = vec![_mm256_setzero_ps(); rows];
     let zero = _mm256_setzero_si256();

@@ -77,6 +77,31 @@ pub(crate) fn madd(level: Level, acc: f64, x: f64, w: f64) -> f64 {
     }
 }
 
+/// The argument checks of every C1 prefill kernel (a slab of weight rows against every input
+/// row of a call): at most `max_rows` weight rows with a scale row each, `out` holding `rows`
+/// sums per weight row, and every weight row holding `blocks` blocks of `block_bytes` code
+/// bytes and one scale byte each.
+pub(crate) fn check_prefill_rows(
+    out: &[f32],
+    rows: usize,
+    blocks: usize,
+    (codes, block_bytes): (&[&[u8]], usize),
+    scales: &[&[u8]],
+    max_rows: usize,
+) {
+    let nw = codes.len();
+    assert!(nw <= max_rows && scales.len() == nw && out.len() == nw * rows);
+    assert!(codes.iter().all(|c| c.len() >= blocks * block_bytes));
+    assert!(scales.iter().all(|s| s.len() >= blocks));
+}
+
+/// `rows` (at least one) as `N` kernel lanes, the lanes past the last row repeating the first:
+/// every lane reads a row, its sums are not read, and the rows' exponent and step ranges stay
+/// those of the rows present.
+pub(crate) fn lanes_of_rows<'a, const N: usize>(rows: &[&'a [u8]]) -> [&'a [u8]; N] {
+    std::array::from_fn(|i| rows.get(i).copied().unwrap_or(rows[0]))
+}
+
 /// No cap: [`cap_level`]'s "none".
 const UNCAPPED: u8 = u8::MAX;
 
@@ -529,5 +554,38 @@ pub mod x86 {
         let v = _mm256_add_pd(_mm256_add_pd(acc[0], acc[1]), _mm256_add_pd(acc[2], acc[3]));
         let pair = _mm_add_pd(_mm256_castpd256_pd128(v), _mm256_extractf128_pd::<1>(v));
         _mm_cvtsd_f64(_mm_add_sd(pair, _mm_unpackhi_pd(pair, pair)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{check_prefill_rows, lanes_of_rows};
+
+    /// Two weight rows of two 16-byte blocks, their scales, and an output for three input rows.
+    fn call(
+        codes: &[&[u8]],
+        scales: &[&[u8]],
+        out_len: usize,
+        max_rows: usize,
+    ) -> std::thread::Result<()> {
+        let out = vec![0f32; out_len];
+        std::panic::catch_unwind(|| check_prefill_rows(&out, 3, 2, (codes, 16), scales, max_rows))
+    }
+
+    #[test]
+    fn prefill_arguments_are_refused_unless_every_row_holds_the_blocks() {
+        let (code, short, scale) = ([0u8; 32], [0u8; 31], [0u8; 2]);
+        assert!(call(&[&code, &code], &[&scale, &scale], 6, 8).is_ok());
+        assert!(call(&[&code, &short], &[&scale, &scale], 6, 8).is_err());
+        assert!(call(&[&code, &code], &[&scale, &scale[..1]], 6, 8).is_err());
+        assert!(call(&[&code, &code], &[&scale], 6, 8).is_err());
+        assert!(call(&[&code, &code], &[&scale, &scale], 5, 8).is_err());
+        assert!(call(&[&code, &code], &[&scale, &scale], 6, 1).is_err());
+    }
+
+    #[test]
+    fn lanes_past_the_rows_repeat_the_first() {
+        let rows: [&[u8]; 2] = [&[1], &[2]];
+        assert_eq!(lanes_of_rows::<4>(&rows), [&[1u8][..], &[2], &[1], &[1]]);
     }
 }

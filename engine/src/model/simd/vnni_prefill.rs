@@ -159,6 +159,7 @@ pub(in crate::model::simd) use kernel::{
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
+    use super::super::check_prefill_rows;
     use super::super::vnni::TWICE_E2M1;
     use super::{ActDigits, LaneUnits, RowBlock, BLOCK, W_OFFSET, W_ROWS};
     use crate::dtype::e8m0_to_f64;
@@ -343,10 +344,8 @@ mod kernel {
         scales: &[&[u8]],
     ) {
         let (rows, blocks) = (acts.rows, acts.blocks);
+        check_prefill_rows(out, rows, blocks, (codes, BLOCK / 2), scales, W_ROWS);
         let nw = codes.len();
-        assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
-        assert!(codes.iter().all(|c| c.len() >= blocks * BLOCK / 2));
-        assert!(scales.iter().all(|s| s.len() >= blocks));
         // Row m's sixteen sums, in f32 from +0.0.
         let mut sums = vec![_mm512_setzero_ps(); rows];
         for kb in 0..blocks {

@@ -178,6 +178,7 @@ mod kernel {
     use super::super::vnni_prefill::{
         f32_steps_exact, scaled_block_sums, scaled_f64_sums, LaneSteps,
     };
+    use super::super::{check_prefill_rows, lanes_of_rows};
     use super::{ActWords, RowDigits, RowWords, BLOCK, PAIRS, W_ROWS};
     use std::arch::x86_64::*;
 
@@ -215,18 +216,13 @@ mod kernel {
         scales: &[&[u8]],
     ) -> bool {
         let (rows, blocks) = (acts.rows, acts.blocks);
+        check_prefill_rows(out, rows, blocks, (codes, BLOCK), scales, W_ROWS);
         let nw = codes.len();
-        assert!(nw <= W_ROWS && scales.len() == nw && out.len() == nw * rows);
         if nw == 0 {
             return true;
         }
-        // Lanes past the last row repeat the first (their sums are not read): every lane
-        // reads a row, and the rows' exponent and step ranges stay those of the rows present.
-        let (code_rows, scale_rows): ([&[u8]; W_ROWS], [&[u8]; W_ROWS]) = (
-            std::array::from_fn(|i| if i < nw { codes[i] } else { codes[0] }),
-            std::array::from_fn(|i| if i < nw { scales[i] } else { scales[0] }),
-        );
-        // Every row must hold the blocks of `acts` (checked here).
+        let (code_rows, scale_rows): ([&[u8]; W_ROWS], [&[u8]; W_ROWS]) =
+            (lanes_of_rows(codes), lanes_of_rows(scales));
         let codes = RowStarts::new(&code_rows, blocks * BLOCK);
         let scales = RowStarts::new(&scale_rows, blocks);
         // Row m's sixteen sums, in f32 from +0.0.
