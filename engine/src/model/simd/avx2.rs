@@ -18,6 +18,8 @@
 //! lanes and each column one multiply-add per four rows, in increasing k.
 
 use super::super::quant::BLOCK;
+pub use super::avx2_scales::Scales;
+use super::avx2_scales::{with_block_scales, BlockScales};
 use super::avx512::{
     dense_tile, RowStarts, E2M1_HIGH, E2M1_LOW, LOWERED_FIX_HIGH, LOWERED_FIX_LOW, LOWERING_BACK,
     PREFETCH_AHEAD,
@@ -55,75 +57,6 @@ impl Codes {
             Codes::Fp8 => LOWERING_BACK,
             Codes::Fp4 | Codes::Q4 | Codes::Q8 => 1.0,
         }
-    }
-}
-
-/// A block's scales for the kernels' rows.
-#[derive(Clone, Copy)]
-pub enum Scales<'a, const N: usize> {
-    /// Release E8M0 bytes, one per row and column block (from block 0), and the largest byte
-    /// taken (one whose products with every code stay finite in f32).
-    E8m0 { rows: [&'a [u8]; N], limit: u8 },
-    /// Container f16 group scales, two bytes per row and group (from group 0), groups of
-    /// whole column blocks; only finite ones are taken.
-    F16 {
-        rows: [&'a [u8]; N],
-        blocks_per_group: usize,
-    },
-}
-
-impl<const N: usize> Scales<'_, N> {
-    /// Column block `kb`'s scales as f64 (exactly), lane l of vector v from row
-    /// `row_of(4v + l)`; `None` where the kernels leave the block.
-    ///
-    /// Plain loops rather than `array::from_fn`: its closures are compiled apart from the
-    /// kernels, without their target features, and were called once per lane and block (a
-    /// quarter of the FP8 decode kernel's time).
-    #[inline(always)]
-    pub(super) unsafe fn vectors<const V: usize>(
-        &self,
-        kb: usize,
-        row_of: impl Fn(usize) -> usize,
-    ) -> Option<[__m256d; V]> {
-        const { assert!(N == 4 * V, "a vector holds four rows' scales") };
-        let mut out = [_mm256_setzero_pd(); V];
-        for (v, o) in out.iter_mut().enumerate() {
-            *o = match *self {
-                Scales::E8m0 { rows, limit } => {
-                    let mut four = 0i64;
-                    for l in 0..4 {
-                        let b = rows[row_of(4 * v + l)][kb];
-                        if b > limit {
-                            return None;
-                        }
-                        four |= i64::from(b) << (8 * l);
-                    }
-                    e8m0_f64x4(four)
-                }
-                Scales::F16 {
-                    rows,
-                    blocks_per_group,
-                } => {
-                    let at = 2 * (kb / blocks_per_group);
-                    let mut four = 0i64;
-                    for l in 0..4 {
-                        let row = rows[row_of(4 * v + l)];
-                        let half = u16::from_le_bytes([row[at], row[at + 1]]);
-                        if half & 0x7C00 == 0x7C00 {
-                            return None;
-                        }
-                        four |= i64::from(half) << (16 * l);
-                    }
-                    _mm256_cvtps_pd(_mm_cvtph_ps(_mm_cvtsi64_si128(four)))
-                }
-            };
-        }
-        Some(out)
-    }
-
-    /// Whether every scale is a power of two (E8M0).
-    fn powers_of_two(&self) -> bool {
-        matches!(self, Scales::E8m0 { .. })
     }
 }
 
@@ -236,6 +169,21 @@ pub unsafe fn fp8_c1_run8(
     scales: Scales<8>,
     blocks: Range<usize>,
 ) -> usize {
+    with_block_scales!(scales, blocks.end, |s| fp8_run8(
+        acc, lanes, rows, s, blocks
+    ))
+}
+
+/// [`fp8_c1_run8`] with its scales' reader.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fp8_run8(
+    acc: &mut [f32; 8],
+    lanes: &[f64],
+    rows: [&[u8]; 8],
+    scales: impl BlockScales<8>,
+    blocks: Range<usize>,
+) -> usize {
     let lanes = &lanes[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
     let back = _mm256_set1_pd(LOWERING_BACK);
@@ -291,15 +239,6 @@ unsafe fn block_values(sums: [[__m256d; 4]; 2], scale: [__m256d; 2], back: __m25
     let low = _mm256_mul_pd(row_totals(sums[0]), _mm256_mul_pd(scale[0], back));
     let high = _mm256_mul_pd(row_totals(sums[1]), _mm256_mul_pd(scale[1], back));
     _mm256_set_m128(_mm256_cvtpd_ps(high), _mm256_cvtpd_ps(low))
-}
-
-/// The low four bytes of `bytes` as E8M0 scales, 2^(b − 127) from the exponent field as
-/// `e8m0_to_f64` (bytes 1..=254).
-#[inline(always)]
-unsafe fn e8m0_f64x4(bytes: i64) -> __m256d {
-    let b = _mm256_cvtepu8_epi64(_mm_cvtsi64_si128(bytes));
-    let biased = _mm256_add_epi64(b, _mm256_set1_epi64x(1023 - 127));
-    _mm256_castsi256_pd(_mm256_slli_epi64::<52>(biased))
 }
 
 /// A 16-entry byte lookup (the table repeated in each 128-bit lane) of every byte of `index`.
@@ -395,6 +334,22 @@ pub unsafe fn c2_run16(
     scales: Scales<16>,
     blocks: Range<usize>,
 ) -> usize {
+    with_block_scales!(scales, blocks.end, |s| c2_run16_with(
+        codes, acc, x, rows, s, blocks
+    ))
+}
+
+/// [`c2_run16`] with its scales' reader.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn c2_run16_with<S: BlockScales<16>>(
+    codes: Codes,
+    acc: &mut [f64; 16],
+    x: &[f64],
+    rows: [&[u8]; 16],
+    scales: S,
+    blocks: Range<usize>,
+) -> usize {
     let block_bytes = codes.block_bytes();
     let back = _mm256_set1_pd(codes.back());
     let x = &x[..blocks.end * BLOCK];
@@ -472,7 +427,7 @@ pub unsafe fn c2_run16(
             break;
         }
         let xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
-        if scales.powers_of_two() {
+        if S::POWERS_OF_TWO {
             // The chains run divided by their rows' factors for the block, so that the
             // lowered weights multiply x unscaled; powers of two, far from the f64 limits
             // (every chain value is a sum of products of f32 values with scales above

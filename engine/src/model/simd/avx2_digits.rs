@@ -156,6 +156,7 @@ pub use kernel::{nibble_c1_run8, q8_c1_run8};
 #[cfg(target_arch = "x86_64")]
 mod kernel {
     use super::super::avx2::{prefetch, Codes, Scales};
+    use super::super::avx2_scales::{with_block_scales, BlockScales};
     use super::super::vnni::TWICE_E2M1;
     use super::{DigitBlock, WordBlock, BLOCK};
     use std::arch::x86_64::*;
@@ -179,11 +180,11 @@ mod kernel {
         scales: Scales<8>,
         blocks: Range<usize>,
     ) -> usize {
-        match codes {
-            Codes::Fp4 => run8::<true>(acc, x, rows, scales, blocks),
-            Codes::Q4 => run8::<false>(acc, x, rows, scales, blocks),
+        with_block_scales!(scales, blocks.end, |s| match codes {
+            Codes::Fp4 => run8::<true>(acc, x, rows, s, blocks),
+            Codes::Q4 => run8::<false>(acc, x, rows, s, blocks),
             Codes::Fp8 | Codes::Q8 => panic!("the digit kernel reads nibble codes only"),
-        }
+        })
     }
 
     /// [`nibble_c1_run8`] for FP4 (`FP4`: nibbles looked up as `2 · e2m1 + 12`) or Q4G (the
@@ -194,7 +195,7 @@ mod kernel {
         acc: &mut [f32; 8],
         x: &[DigitBlock],
         rows: [&[u8]; 8],
-        scales: Scales<8>,
+        scales: impl BlockScales<8>,
         blocks: Range<usize>,
     ) -> usize {
         const BYTES: usize = BLOCK / 2;
@@ -244,6 +245,19 @@ mod kernel {
         x: &[WordBlock],
         rows: [&[u8]; 8],
         scales: Scales<8>,
+        blocks: Range<usize>,
+    ) -> usize {
+        with_block_scales!(scales, blocks.end, |s| q8_run8(acc, x, rows, s, blocks))
+    }
+
+    /// [`q8_c1_run8`] with its scales' reader.
+    #[inline]
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn q8_run8(
+        acc: &mut [f32; 8],
+        x: &[WordBlock],
+        rows: [&[u8]; 8],
+        scales: impl BlockScales<8>,
         blocks: Range<usize>,
     ) -> usize {
         let x = &x[..blocks.end];

@@ -20,6 +20,8 @@ pub mod avx2_fp8_prefill;
 #[cfg(target_arch = "x86_64")]
 pub mod avx2_prefill;
 #[cfg(target_arch = "x86_64")]
+pub mod avx2_scales;
+#[cfg(target_arch = "x86_64")]
 pub mod avx512;
 pub mod vnni;
 pub mod vnni_prefill;

@@ -1,0 +1,292 @@
+//! The block scales the AVX2 decode kernels read (`avx2`, `avx2_digits`): release E8M0 bytes
+//! or container f16 group scales, a vector of four rows' scales per block.
+//!
+//! A kernel takes [`Scales`] and picks the reader once per call ([`with_block_scales`]): the
+//! kind is then known inside the block loop, and every row is checked once to hold the call's
+//! blocks, so a block's scales are plain loads and one branch on the limits rather than a
+//! bounds check, a compare and a branch per row (a tenth of the FP8 decode kernel's time
+//! when they were).
+//!
+//! The readers fill their vectors with plain loops rather than `array::from_fn`: its closures
+//! are compiled apart from the kernels, without their target features, and were called once
+//! per lane and block.
+
+use std::arch::x86_64::*;
+
+/// A block's scales for the kernels' rows.
+#[derive(Clone, Copy)]
+pub enum Scales<'a, const N: usize> {
+    /// Release E8M0 bytes, one per row and column block (from block 0), and the largest byte
+    /// taken (one whose products with every code stay finite in f32).
+    E8m0 { rows: [&'a [u8]; N], limit: u8 },
+    /// Container f16 group scales, two bytes per row and group (from group 0), groups of
+    /// whole column blocks; only finite ones are taken.
+    F16 {
+        rows: [&'a [u8]; N],
+        blocks_per_group: usize,
+    },
+}
+
+/// Runs `$body` with `$s` bound to the reader of `$scales` (a [`BlockScales`]) checked for
+/// `$blocks` column blocks: one copy of the body per scale kind.
+macro_rules! with_block_scales {
+    ($scales:expr, $blocks:expr, |$s:ident| $body:expr) => {
+        match $scales {
+            $crate::model::simd::avx2_scales::Scales::E8m0 { rows, limit } => {
+                let $s = $crate::model::simd::avx2_scales::E8m0Rows::new(rows, limit, $blocks);
+                $body
+            }
+            $crate::model::simd::avx2_scales::Scales::F16 {
+                rows,
+                blocks_per_group,
+            } => {
+                let $s =
+                    $crate::model::simd::avx2_scales::F16Rows::new(rows, blocks_per_group, $blocks);
+                $body
+            }
+        }
+    };
+}
+pub(super) use with_block_scales;
+
+/// A kernel's reader of its rows' block scales.
+pub(super) trait BlockScales<const N: usize>: Copy {
+    /// Whether every scale is a power of two (E8M0).
+    const POWERS_OF_TWO: bool;
+
+    /// Column block `kb`'s scales as f64 (exactly), lane l of vector v from row
+    /// `row_of(4v + l)`; `None` where the kernels leave the block.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C; `kb` must be below the blocks the reader was made
+    /// for.
+    unsafe fn vectors<const V: usize>(
+        &self,
+        kb: usize,
+        row_of: impl Fn(usize) -> usize,
+    ) -> Option<[__m256d; V]>;
+}
+
+/// E8M0 scale rows, each checked to hold a kernel call's blocks.
+#[derive(Clone, Copy)]
+pub(super) struct E8m0Rows<const N: usize> {
+    rows: [*const u8; N],
+    limit: u8,
+}
+
+impl<const N: usize> E8m0Rows<N> {
+    /// # Panics
+    /// If a row holds fewer than `blocks` scales.
+    pub(super) fn new(rows: [&[u8]; N], limit: u8, blocks: usize) -> Self {
+        for (i, row) in rows.iter().enumerate() {
+            assert!(
+                row.len() >= blocks,
+                "E8M0 scale row {i} holds {} blocks of {blocks}",
+                row.len()
+            );
+        }
+        Self {
+            rows: rows.map(<[u8]>::as_ptr),
+            limit,
+        }
+    }
+}
+
+impl<const N: usize> BlockScales<N> for E8m0Rows<N> {
+    const POWERS_OF_TWO: bool = true;
+
+    #[inline(always)]
+    unsafe fn vectors<const V: usize>(
+        &self,
+        kb: usize,
+        row_of: impl Fn(usize) -> usize,
+    ) -> Option<[__m256d; V]> {
+        const { assert!(N == 4 * V, "a vector holds four rows' scales") };
+        let mut out = [_mm256_setzero_pd(); V];
+        let mut over = false;
+        for (v, o) in out.iter_mut().enumerate() {
+            let mut four = 0i64;
+            for l in 0..4 {
+                let b = *self.rows[row_of(4 * v + l)].add(kb);
+                over |= b > self.limit;
+                four |= i64::from(b) << (8 * l);
+            }
+            *o = e8m0_f64x4(four);
+        }
+        (!over).then_some(out)
+    }
+}
+
+/// f16 group scale rows, each checked to hold a kernel call's blocks.
+#[derive(Clone, Copy)]
+pub(super) struct F16Rows<const N: usize> {
+    rows: [*const u8; N],
+    blocks_per_group: usize,
+}
+
+impl<const N: usize> F16Rows<N> {
+    /// # Panics
+    /// If a row holds fewer than the groups of `blocks` blocks, or a group no block.
+    pub(super) fn new(rows: [&[u8]; N], blocks_per_group: usize, blocks: usize) -> Self {
+        assert!(blocks_per_group > 0, "f16 scale groups of no block");
+        let groups = blocks.div_ceil(blocks_per_group);
+        for (i, row) in rows.iter().enumerate() {
+            assert!(
+                row.len() >= 2 * groups,
+                "f16 scale row {i} holds {} bytes for {groups} groups",
+                row.len()
+            );
+        }
+        Self {
+            rows: rows.map(<[u8]>::as_ptr),
+            blocks_per_group,
+        }
+    }
+}
+
+impl<const N: usize> BlockScales<N> for F16Rows<N> {
+    const POWERS_OF_TWO: bool = false;
+
+    #[inline(always)]
+    unsafe fn vectors<const V: usize>(
+        &self,
+        kb: usize,
+        row_of: impl Fn(usize) -> usize,
+    ) -> Option<[__m256d; V]> {
+        const { assert!(N == 4 * V, "a vector holds four rows' scales") };
+        let at = 2 * (kb / self.blocks_per_group);
+        let mut out = [_mm256_setzero_pd(); V];
+        let mut infinite = false;
+        for (v, o) in out.iter_mut().enumerate() {
+            let mut four = 0i64;
+            for l in 0..4 {
+                let row = self.rows[row_of(4 * v + l)];
+                let half = u16::from_le_bytes([*row.add(at), *row.add(at + 1)]);
+                infinite |= half & 0x7C00 == 0x7C00;
+                four |= i64::from(half) << (16 * l);
+            }
+            *o = _mm256_cvtps_pd(_mm_cvtph_ps(_mm_cvtsi64_si128(four)));
+        }
+        (!infinite).then_some(out)
+    }
+}
+
+/// The low four bytes of `bytes` as E8M0 scales, 2^(b − 127) from the exponent field as
+/// `e8m0_to_f64` (bytes 1..=254).
+#[inline(always)]
+unsafe fn e8m0_f64x4(bytes: i64) -> __m256d {
+    let b = _mm256_cvtepu8_epi64(_mm_cvtsi64_si128(bytes));
+    let biased = _mm256_add_epi64(b, _mm256_set1_epi64x(1023 - 127));
+    _mm256_castsi256_pd(_mm256_slli_epi64::<52>(biased))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dtype::e8m0_to_f64;
+
+    fn avx2() -> bool {
+        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
+    }
+
+    fn lanes<const V: usize>(vectors: [__m256d; V]) -> Vec<f64> {
+        vectors
+            .iter()
+            .flat_map(|v| {
+                let mut four = [0f64; 4];
+                // SAFETY: plain store of a vector the caller made.
+                unsafe { _mm256_storeu_pd(four.as_mut_ptr(), *v) };
+                four
+            })
+            .collect()
+    }
+
+    /// Sixteen rows read in a permuted lane order (as `c2_run16` reads them).
+    fn row_of(field: usize) -> usize {
+        (5 * field + 3) % 16
+    }
+
+    #[test]
+    fn e8m0_scales_are_read_row_by_lane_and_a_block_past_the_limit_is_left() {
+        if !avx2() {
+            return;
+        }
+        // Bytes 1..=199, and one of 201 (row 11, block 4).
+        let mut rows: Vec<Vec<u8>> = (0..16)
+            .map(|r| {
+                (0..9)
+                    .map(|kb| ((29 * r + 17 * kb) % 199 + 1) as u8)
+                    .collect()
+            })
+            .collect();
+        rows[11][4] = 201;
+        let scales = E8m0Rows::<16>::new(std::array::from_fn(|r| &rows[r][..]), 200, 9);
+        for kb in 0..9 {
+            // SAFETY: AVX2 and F16C found; kb within the 9 blocks checked.
+            let got = unsafe { scales.vectors::<4>(kb, row_of) };
+            if kb == 4 {
+                assert!(got.is_none(), "byte 201 is past the limit 200");
+                continue;
+            }
+            let want: Vec<f64> = (0..16).map(|f| e8m0_to_f64(rows[row_of(f)][kb])).collect();
+            assert_eq!(
+                lanes(got.expect("every byte within the limit")),
+                want,
+                "block {kb}"
+            );
+        }
+    }
+
+    #[test]
+    fn f16_scales_are_read_by_group_and_a_block_with_an_infinite_one_is_left() {
+        if !avx2() {
+            return;
+        }
+        // Groups of three blocks; row 6's group 2 infinite, row 9's group 3 NaN.
+        let halves = |r: usize, g: usize| match (r, g) {
+            (6, 2) => 0xFC00u16,
+            (9, 3) => 0x7E01,
+            _ => ((r * 977 + g * 131) % 0x7C00) as u16 | ((r + g) as u16 & 1) << 15,
+        };
+        let rows: Vec<Vec<u8>> = (0..16)
+            .map(|r| (0..4).flat_map(|g| halves(r, g).to_le_bytes()).collect())
+            .collect();
+        let scales = F16Rows::<16>::new(std::array::from_fn(|r| &rows[r][..]), 3, 12);
+        for kb in 0..12 {
+            // SAFETY: AVX2 and F16C found; kb within the 12 blocks checked.
+            let got = unsafe { scales.vectors::<4>(kb, row_of) };
+            if kb / 3 >= 2 {
+                assert!(
+                    got.is_none(),
+                    "block {kb}: a scale of its group is not finite"
+                );
+                continue;
+            }
+            let want: Vec<f64> = (0..16)
+                .map(|f| f64::from(half::f16::from_bits(halves(row_of(f), kb / 3))))
+                .collect();
+            assert_eq!(lanes(got.expect("finite scales")), want, "block {kb}");
+        }
+    }
+
+    #[test]
+    fn rows_short_of_the_blocks_are_refused() {
+        let (full, short) = ([1u8; 8], [1u8; 7]);
+        let e8m0 = |last: &'static [u8]| {
+            std::panic::catch_unwind(move || {
+                E8m0Rows::<4>::new([&full, &full, &full, last], 254, 8)
+            })
+        };
+        assert!(e8m0(&[1; 8]).is_ok());
+        assert!(e8m0(&[1; 7]).is_err());
+        // f16: 8 blocks in groups of three are three groups, six bytes.
+        let f16 = |last: &'static [u8], per_group: usize| {
+            std::panic::catch_unwind(move || {
+                F16Rows::<4>::new([&short, &short, &short, last], per_group, 8)
+            })
+        };
+        assert!(f16(&[0; 6], 3).is_ok());
+        assert!(f16(&[0; 5], 3).is_err());
+        assert!(f16(&[0; 6], 0).is_err());
+    }
+}
