@@ -1080,9 +1080,10 @@ pub(crate) mod tests {
                 ),
             );
             // A block scale past the f32 limit (2^120: the weights from 256 up are infinite
-            // in f32, so the block's value is not the scaled block sum), and a NaN code (row 3,
-            // column 70), take the generic block decode: the vector loops stop there and
-            // resume after.
+            // in f32, so the block's value is not the scaled block sum), and NaN codes (row 3,
+            // column 70; row 37, column 70), take the generic block decode: the vector loops
+            // stop there and resume after. Rows 3 and 37 are in the first and the second four
+            // of their eight, which the FP8 loop runs one after the other.
             let mut big = random_fp8(out, inp, &mut rng);
             big.scale_exp[1] = 120;
             for n in 0..32 {
@@ -1090,8 +1091,10 @@ pub(crate) mod tests {
                     big.values[n * inp + k] = e4m3_value(big.codes[n * inp + k]) * 2f32.powi(120);
                 }
             }
-            big.codes[3 * inp + 70] = 0x7F;
-            big.values[3 * inp + 70] = f32::NAN;
+            for (row, col) in [(3, 70), (37, 70)] {
+                big.codes[row * inp + col] = 0x7F;
+                big.values[row * inp + col] = f32::NAN;
+            }
             add(
                 "fp8big",
                 vec![out, inp],
@@ -1214,9 +1217,15 @@ pub(crate) mod tests {
                         let levels = Level::ALL.into_iter().filter(|&l| l <= simd::available());
                         for (level, threads) in levels.flat_map(|l| [(l, 1), (l, 2)]) {
                             let got = forward_bits(&by_view, &x, rows, numerics, (level, threads));
+                            let first_diffs: Vec<_> = (0..got.len())
+                                .filter(|&i| got[i] != want[i])
+                                .map(|i| (i, got[i], want[i]))
+                                .take(4)
+                                .collect();
                             assert!(
                                 got == want,
-                                "{name} {kind:?} {numerics} rows {rows} {level:?} threads {threads}"
+                                "{name} {kind:?} {numerics} rows {rows} {level:?} threads \
+                                 {threads}: (output, bits, expected bits) {first_diffs:x?}"
                             );
                         }
                     }

@@ -1,8 +1,8 @@
 //! A decode (one input row) over release FP8/FP4 or container Q4G/Q8G weight rows with AVX2 alone
-//! (MODEL.md §5.4): rule C1's block sums on FP8 eight rows at a time ([`fp8_c1_run8`]; on
-//! nibbles they are taken in integers, `avx2_digits`) and rule C2's chains sixteen rows at a
-//! time ([`c2_run16`]); over stored bf16 rows, rule C2's chains 32 rows at a time
-//! ([`dense_c2_run32`]).
+//! (MODEL.md §5.4): rule C1's block sums on FP8 eight rows a call, four a pass
+//! ([`fp8_c1_run8`]; on nibbles they are taken in integers, `avx2_digits`) and rule C2's
+//! chains sixteen rows at a time ([`c2_run16`]); over stored bf16 rows, rule C2's chains 32
+//! rows at a time ([`dense_c2_run32`]).
 //!
 //! As in `avx512`, a weight's f64 is built, not converted: every e4m3 value times 2^−504, every
 //! e2m1 value and every `nibble − 8` is an f64 whose low 48 bits are zero, so two bytes per
@@ -174,7 +174,11 @@ pub unsafe fn fp8_c1_run8(
     ))
 }
 
-/// [`fp8_c1_run8`] with its scales' reader.
+/// [`fp8_c1_run8`] with its scales' reader: rows 0..4 over the blocks, then rows 4..8 as far
+/// as the first four went. A pass over four rows keeps its words and chains in registers
+/// (eight rows at a time spilled, and ran ~30% slower). The eight rows leave at one block: if
+/// the second four leave earlier, the first four are redone from `acc` up to there (a NaN
+/// code or a large scale: rare).
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fp8_run8(
@@ -184,37 +188,66 @@ unsafe fn fp8_run8(
     scales: impl BlockScales<8>,
     blocks: Range<usize>,
 ) -> usize {
+    let start = *acc;
+    let quad = |q: usize| {
+        [
+            rows[4 * q],
+            rows[4 * q + 1],
+            rows[4 * q + 2],
+            rows[4 * q + 3],
+        ]
+    };
+    let (low, high) = acc.split_at_mut(4);
+    let low: &mut [f32; 4] = low.try_into().expect("four rows");
+    let high: &mut [f32; 4] = high.try_into().expect("four rows");
+    let stop = fp8_run4(low, lanes, quad(0), scales, 0, blocks.clone());
+    let stop_high = fp8_run4(high, lanes, quad(1), scales, 1, blocks.start..stop);
+    if stop_high < stop {
+        low.copy_from_slice(&start[..4]);
+        fp8_run4(low, lanes, quad(0), scales, 0, blocks.start..stop_high);
+    }
+    stop_high
+}
+
+/// [`fp8_c1_run8`] over the four rows `rows` (rows `4·quad ..` of the scales), returning the
+/// first block they leave.
+#[inline(always)]
+unsafe fn fp8_run4(
+    acc: &mut [f32; 4],
+    lanes: &[f64],
+    rows: [&[u8]; 4],
+    scales: impl BlockScales<8>,
+    quad: usize,
+    blocks: Range<usize>,
+) -> usize {
     let lanes = &lanes[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
     let back = _mm256_set1_pd(LOWERING_BACK);
-    let mut total = _mm256_loadu_ps(acc.as_ptr());
+    let mut total = _mm_loadu_ps(acc.as_ptr());
     // A block's lane sums are reduced, scaled and added one block later, while the next
     // block's chains run: in program order its reduction would wait on the chains just made.
-    let mut pending: Option<([[__m256d; 4]; 2], [__m256d; 2])> = None;
+    let mut pending: Option<([__m256d; 4], __m256d)> = None;
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * BLOCK;
         prefetch(&rows, at);
-        let Some(scale) = scales.vectors::<2>(kb, |l| l) else {
+        let Some([scale]) = scales.vectors::<1>(kb, |l| 4 * quad + l) else {
             stop = kb;
             break;
         };
         let xb: &[f64; BLOCK] = lanes[kb * BLOCK..][..BLOCK].try_into().expect("block");
         let mut doubled_max = _mm256_setzero_si256();
         let mut words = [[_mm256_setzero_si256(); 2]; 4];
-        let mut sums = [[_mm256_setzero_pd(); 4]; 2];
-        for (q, quad) in sums.iter_mut().enumerate() {
-            // Four rows' words, then their sums side by side: independent chains.
-            for (r, w) in words.iter_mut().enumerate() {
-                let (low, high, doubled) = fp8_top_bytes(rows[4 * q + r][at..].as_ptr());
-                doubled_max = _mm256_max_epu8(doubled_max, doubled);
-                *w = [
-                    _mm256_unpacklo_epi8(low, high),
-                    _mm256_unpackhi_epi8(low, high),
-                ];
-            }
-            *quad = block_sums4(xb, &words);
+        // Four rows' words, then their sums side by side: independent chains.
+        for (row, w) in rows.iter().zip(words.iter_mut()) {
+            let (low, high, doubled) = fp8_top_bytes(row[at..].as_ptr());
+            doubled_max = _mm256_max_epu8(doubled_max, doubled);
+            *w = [
+                _mm256_unpacklo_epi8(low, high),
+                _mm256_unpackhi_epi8(low, high),
+            ];
         }
+        let sums = block_sums4(xb, &words);
         // 2·code is 0xFE exactly for the NaN codes 0x7F and 0xFF, and no byte is larger.
         let nan = _mm256_cmpeq_epi8(doubled_max, _mm256_set1_epi8(-2));
         if _mm256_movemask_epi8(nan) != 0 {
@@ -222,23 +255,21 @@ unsafe fn fp8_run8(
             break;
         }
         if let Some((sums, scale)) = pending.replace((sums, scale)) {
-            total = _mm256_add_ps(total, block_values(sums, scale, back));
+            total = _mm_add_ps(total, block_values(sums, scale, back));
         }
     }
     if let Some((sums, scale)) = pending {
-        total = _mm256_add_ps(total, block_values(sums, scale, back));
+        total = _mm_add_ps(total, block_values(sums, scale, back));
     }
-    _mm256_storeu_ps(acc.as_mut_ptr(), total);
+    _mm_storeu_ps(acc.as_mut_ptr(), total);
     stop
 }
 
-/// The eight rows' block values `f32(P_i · scale_i)` from their lane sums (rows 0..4, 4..8),
-/// `back` the power of two the weights were lowered by.
+/// The four rows' block values `f32(P_i · scale_i)` from their lane sums, `back` the power of
+/// two the weights were lowered by.
 #[inline(always)]
-unsafe fn block_values(sums: [[__m256d; 4]; 2], scale: [__m256d; 2], back: __m256d) -> __m256 {
-    let low = _mm256_mul_pd(row_totals(sums[0]), _mm256_mul_pd(scale[0], back));
-    let high = _mm256_mul_pd(row_totals(sums[1]), _mm256_mul_pd(scale[1], back));
-    _mm256_set_m128(_mm256_cvtpd_ps(high), _mm256_cvtpd_ps(low))
+unsafe fn block_values(sums: [__m256d; 4], scale: __m256d, back: __m256d) -> __m128 {
+    _mm256_cvtpd_ps(_mm256_mul_pd(row_totals(sums), _mm256_mul_pd(scale, back)))
 }
 
 /// A 16-entry byte lookup (the table repeated in each 128-bit lane) of every byte of `index`.

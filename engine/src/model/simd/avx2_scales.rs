@@ -55,7 +55,8 @@ pub(super) trait BlockScales<const N: usize>: Copy {
     const POWERS_OF_TWO: bool;
 
     /// Column block `kb`'s scales as f64 (exactly), lane l of vector v from row
-    /// `row_of(4v + l)`; `None` where the kernels leave the block.
+    /// `row_of(4v + l)` (all N rows, or some of them); `None` where the kernels leave the
+    /// block.
     ///
     /// # Safety
     /// The CPU must have AVX2 and F16C; `kb` must be below the blocks the reader was made
@@ -101,7 +102,7 @@ impl<const N: usize> BlockScales<N> for E8m0Rows<N> {
         kb: usize,
         row_of: impl Fn(usize) -> usize,
     ) -> Option<[__m256d; V]> {
-        const { assert!(N == 4 * V, "a vector holds four rows' scales") };
+        const { assert!(4 * V <= N, "a vector holds four of the rows' scales") };
         let mut out = [_mm256_setzero_pd(); V];
         let mut over = false;
         for (v, o) in out.iter_mut().enumerate() {
@@ -153,7 +154,7 @@ impl<const N: usize> BlockScales<N> for F16Rows<N> {
         kb: usize,
         row_of: impl Fn(usize) -> usize,
     ) -> Option<[__m256d; V]> {
-        const { assert!(N == 4 * V, "a vector holds four rows' scales") };
+        const { assert!(4 * V <= N, "a vector holds four of the rows' scales") };
         let at = 2 * (kb / self.blocks_per_group);
         let mut out = [_mm256_setzero_pd(); V];
         let mut infinite = false;
