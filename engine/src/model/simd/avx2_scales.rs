@@ -102,19 +102,14 @@ impl<const N: usize> BlockScales<N> for E8m0Rows<N> {
         kb: usize,
         row_of: impl Fn(usize) -> usize,
     ) -> Option<[__m256d; V]> {
-        const { assert!(4 * V <= N, "a vector holds four of the rows' scales") };
+        // SAFETY: every row holds the reader's blocks, and kb is one of them.
+        let byte = |r: usize| u16::from(unsafe { *self.rows[r].add(kb) });
+        let fours = fours::<N, V>(8, row_of, byte, |b| b > u16::from(self.limit))?;
         let mut out = [_mm256_setzero_pd(); V];
-        let mut over = false;
-        for (v, o) in out.iter_mut().enumerate() {
-            let mut four = 0i64;
-            for l in 0..4 {
-                let b = *self.rows[row_of(4 * v + l)].add(kb);
-                over |= b > self.limit;
-                four |= i64::from(b) << (8 * l);
-            }
+        for (o, four) in out.iter_mut().zip(fours) {
             *o = e8m0_f64x4(four);
         }
-        (!over).then_some(out)
+        Some(out)
     }
 }
 
@@ -154,22 +149,42 @@ impl<const N: usize> BlockScales<N> for F16Rows<N> {
         kb: usize,
         row_of: impl Fn(usize) -> usize,
     ) -> Option<[__m256d; V]> {
-        const { assert!(4 * V <= N, "a vector holds four of the rows' scales") };
         let at = 2 * (kb / self.blocks_per_group);
+        // SAFETY: every row holds the groups of the reader's blocks, and kb is one of them.
+        let half = |r: usize| unsafe {
+            u16::from_le_bytes([*self.rows[r].add(at), *self.rows[r].add(at + 1)])
+        };
+        // Only finite scales: no exponent field all ones.
+        let fours = fours::<N, V>(16, row_of, half, |h| h & 0x7C00 == 0x7C00)?;
         let mut out = [_mm256_setzero_pd(); V];
-        let mut infinite = false;
-        for (v, o) in out.iter_mut().enumerate() {
-            let mut four = 0i64;
-            for l in 0..4 {
-                let row = self.rows[row_of(4 * v + l)];
-                let half = u16::from_le_bytes([*row.add(at), *row.add(at + 1)]);
-                infinite |= half & 0x7C00 == 0x7C00;
-                four |= i64::from(half) << (16 * l);
-            }
+        for (o, four) in out.iter_mut().zip(fours) {
             *o = _mm256_cvtps_pd(_mm_cvtph_ps(_mm_cvtsi64_si128(four)));
         }
-        (!infinite).then_some(out)
+        Some(out)
     }
+}
+
+/// Block scale fields (`bits` wide) of four rows per word: row `row_of(4v + l)`'s `field` at
+/// bit `bits · l` of word v; `None` if one is `refused`. Scalar, so that its closures need no
+/// target features: the readers widen the words in their own loops.
+#[inline(always)]
+fn fours<const N: usize, const V: usize>(
+    bits: usize,
+    row_of: impl Fn(usize) -> usize,
+    field: impl Fn(usize) -> u16,
+    refused: impl Fn(u16) -> bool,
+) -> Option<[i64; V]> {
+    const { assert!(4 * V <= N, "a vector holds four of the rows' scales") };
+    let mut words = [0i64; V];
+    let mut refuse = false;
+    for (v, word) in words.iter_mut().enumerate() {
+        for l in 0..4 {
+            let f = field(row_of(4 * v + l));
+            refuse |= refused(f);
+            *word |= i64::from(f) << (bits * l);
+        }
+    }
+    (!refuse).then_some(words)
 }
 
 /// The low four bytes of `bytes` as E8M0 scales, 2^(b − 127) from the exponent field as
