@@ -207,7 +207,7 @@ mod kernel {
             _mm256_set1_epi8(offset as i8),
         );
         let base = rows.map(<[u8]>::as_ptr);
-        let mut total = _mm256_loadu_ps(acc.as_ptr());
+        let mut total = LateTotal::new(acc);
         let mut stop = blocks.end;
         for kb in blocks {
             let at = kb * BYTES;
@@ -224,9 +224,9 @@ mod kernel {
                 _ => block_sums8::<FP4, 3>(xb, &codes, table),
             };
             let sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(offset * xb.sum));
-            total = _mm256_add_ps(total, block_values(sums, scale, unit_factor * xb.unit));
+            total.add(sums, scale, unit_factor * xb.unit);
         }
-        _mm256_storeu_ps(acc.as_mut_ptr(), total);
+        total.store(acc);
         stop
     }
 
@@ -263,7 +263,7 @@ mod kernel {
         let x = &x[..blocks.end];
         let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
         let base = rows.map(<[u8]>::as_ptr);
-        let mut total = _mm256_loadu_ps(acc.as_ptr());
+        let mut total = LateTotal::new(acc);
         let mut stop = blocks.end;
         for kb in blocks {
             let at = kb * BLOCK;
@@ -279,10 +279,45 @@ mod kernel {
             } else {
                 word_sums8::<false>(xb, &codes)
             };
-            total = _mm256_add_ps(total, block_values(sums, scale, 2.0 * xb.unit));
+            total.add(sums, scale, 2.0 * xb.unit);
         }
-        _mm256_storeu_ps(acc.as_mut_ptr(), total);
+        total.store(acc);
         stop
+    }
+
+    /// Eight rows' f32 totals, each block's value ([`block_values`]) added one block late: its
+    /// conversion then runs beside the next block's sums instead of waiting on them (as in
+    /// `avx2::fp8_c1_run8`). The same additions in the same order.
+    struct LateTotal {
+        total: __m256,
+        pending: Option<(__m256i, [__m256d; 2], f64)>,
+    }
+
+    impl LateTotal {
+        #[inline(always)]
+        unsafe fn new(acc: &[f32; 8]) -> Self {
+            Self {
+                total: _mm256_loadu_ps(acc.as_ptr()),
+                pending: None,
+            }
+        }
+
+        /// Adds the previous block's value and holds this one's.
+        #[inline(always)]
+        unsafe fn add(&mut self, sums: __m256i, scale: [__m256d; 2], unit: f64) {
+            if let Some((sums, scale, unit)) = self.pending.replace((sums, scale, unit)) {
+                self.total = _mm256_add_ps(self.total, block_values(sums, scale, unit));
+            }
+        }
+
+        /// Adds the held block's value and stores the totals.
+        #[inline(always)]
+        unsafe fn store(mut self, acc: &mut [f32; 8]) {
+            if let Some((sums, scale, unit)) = self.pending.take() {
+                self.total = _mm256_add_ps(self.total, block_values(sums, scale, unit));
+            }
+            _mm256_storeu_ps(acc.as_mut_ptr(), self.total);
+        }
     }
 
     /// The eight rows' block values `f32(S_i · scale_i · unit)` from their integer sums S (row i
