@@ -87,6 +87,67 @@ pub(super) unsafe fn prefetch<const N: usize>(rows: &[&[u8]; N], at: usize) {
     }
 }
 
+/// A block's value, held until the next block's sums are made ([`LateTotal`]).
+pub(super) trait LateBlock: Copy {
+    /// The rows' f32 totals.
+    type Totals: Copy;
+    /// `totals` plus this block's values.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and FMA.
+    unsafe fn add_to(self, totals: Self::Totals) -> Self::Totals;
+}
+
+/// The decode loops' f32 totals, each block's value added one block late: in program order
+/// its reduction and rounding would wait on the sums just made, and this way they run beside
+/// the next block's. The same additions in the same order.
+pub(super) struct LateTotal<B: LateBlock> {
+    totals: B::Totals,
+    held: Option<B>,
+}
+
+impl<B: LateBlock> LateTotal<B> {
+    pub(super) fn new(totals: B::Totals) -> Self {
+        Self { totals, held: None }
+    }
+
+    /// Adds the held block's value and holds `block`.
+    #[inline(always)]
+    pub(super) unsafe fn add(&mut self, block: B) {
+        if let Some(held) = self.held.replace(block) {
+            self.totals = held.add_to(self.totals);
+        }
+    }
+
+    /// The totals with the held block's value added.
+    #[inline(always)]
+    pub(super) unsafe fn finish(self) -> B::Totals {
+        match self.held {
+            Some(held) => held.add_to(self.totals),
+            None => self.totals,
+        }
+    }
+}
+
+/// Four FP8 rows' lane sums of a block, their scales and the power of two the weights were
+/// lowered by: the values `f32(P_i · scale_i)`.
+#[derive(Clone, Copy)]
+struct Fp8Block {
+    sums: [__m256d; 4],
+    scale: __m256d,
+    back: __m256d,
+}
+
+impl LateBlock for Fp8Block {
+    type Totals = __m128;
+
+    #[inline(always)]
+    unsafe fn add_to(self, totals: __m128) -> __m128 {
+        let values = _mm256_mul_pd(row_totals(self.sums), _mm256_mul_pd(self.scale, self.back));
+        _mm_add_ps(totals, _mm256_cvtpd_ps(values))
+    }
+}
+
 /// Low and high top bytes of the f64 of `nibble − 8` (container Q4G values), repeated in each
 /// 128-bit lane for `vpshufb`.
 static Q4_LOW: [u8; 64] = q4_top_bytes(0);
@@ -223,10 +284,7 @@ unsafe fn fp8_run4(
     let lanes = &lanes[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
     let back = _mm256_set1_pd(LOWERING_BACK);
-    let mut total = _mm_loadu_ps(acc.as_ptr());
-    // A block's lane sums are reduced, scaled and added one block later, while the next
-    // block's chains run: in program order its reduction would wait on the chains just made.
-    let mut pending: Option<([__m256d; 4], __m256d)> = None;
+    let mut total = LateTotal::new(_mm_loadu_ps(acc.as_ptr()));
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * BLOCK;
@@ -254,22 +312,10 @@ unsafe fn fp8_run4(
             stop = kb;
             break;
         }
-        if let Some((sums, scale)) = pending.replace((sums, scale)) {
-            total = _mm_add_ps(total, block_values(sums, scale, back));
-        }
+        total.add(Fp8Block { sums, scale, back });
     }
-    if let Some((sums, scale)) = pending {
-        total = _mm_add_ps(total, block_values(sums, scale, back));
-    }
-    _mm_storeu_ps(acc.as_mut_ptr(), total);
+    _mm_storeu_ps(acc.as_mut_ptr(), total.finish());
     stop
-}
-
-/// The four rows' block values `f32(P_i · scale_i)` from their lane sums, `back` the power of
-/// two the weights were lowered by.
-#[inline(always)]
-unsafe fn block_values(sums: [__m256d; 4], scale: __m256d, back: __m256d) -> __m128 {
-    _mm256_cvtpd_ps(_mm256_mul_pd(row_totals(sums), _mm256_mul_pd(scale, back)))
 }
 
 /// A 16-entry byte lookup (the table repeated in each 128-bit lane) of every byte of `index`.

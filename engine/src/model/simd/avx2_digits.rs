@@ -155,7 +155,7 @@ pub use kernel::{nibble_c1_run8, q8_c1_run8};
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::super::avx2::{prefetch, Codes, Scales};
+    use super::super::avx2::{prefetch, Codes, LateBlock, LateTotal, Scales};
     use super::super::avx2_scales::{with_block_scales, BlockScales};
     use super::super::vnni::TWICE_E2M1;
     use super::{DigitBlock, WordBlock, BLOCK};
@@ -207,7 +207,7 @@ mod kernel {
             _mm256_set1_epi8(offset as i8),
         );
         let base = rows.map(<[u8]>::as_ptr);
-        let mut total = LateTotal::new(acc);
+        let mut total = LateTotal::new(_mm256_loadu_ps(acc.as_ptr()));
         let mut stop = blocks.end;
         for kb in blocks {
             let at = kb * BYTES;
@@ -224,9 +224,13 @@ mod kernel {
                 _ => block_sums8::<FP4, 3>(xb, &codes, table),
             };
             let sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(offset * xb.sum));
-            total.add(sums, scale, unit_factor * xb.unit);
+            total.add(IntBlock {
+                sums,
+                scale,
+                unit: unit_factor * xb.unit,
+            });
         }
-        total.store(acc);
+        _mm256_storeu_ps(acc.as_mut_ptr(), total.finish());
         stop
     }
 
@@ -263,7 +267,7 @@ mod kernel {
         let x = &x[..blocks.end];
         let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
         let base = rows.map(<[u8]>::as_ptr);
-        let mut total = LateTotal::new(acc);
+        let mut total = LateTotal::new(_mm256_loadu_ps(acc.as_ptr()));
         let mut stop = blocks.end;
         for kb in blocks {
             let at = kb * BLOCK;
@@ -279,44 +283,30 @@ mod kernel {
             } else {
                 word_sums8::<false>(xb, &codes)
             };
-            total.add(sums, scale, 2.0 * xb.unit);
+            total.add(IntBlock {
+                sums,
+                scale,
+                unit: 2.0 * xb.unit,
+            });
         }
-        total.store(acc);
+        _mm256_storeu_ps(acc.as_mut_ptr(), total.finish());
         stop
     }
 
-    /// Eight rows' f32 totals, each block's value ([`block_values`]) added one block late: its
-    /// conversion then runs beside the next block's sums instead of waiting on them (as in
-    /// `avx2::fp8_c1_run8`). The same additions in the same order.
-    struct LateTotal {
-        total: __m256,
-        pending: Option<(__m256i, [__m256d; 2], f64)>,
+    /// Eight rows' integer block sums, their scales and unit: the values [`block_values`].
+    #[derive(Clone, Copy)]
+    struct IntBlock {
+        sums: __m256i,
+        scale: [__m256d; 2],
+        unit: f64,
     }
 
-    impl LateTotal {
-        #[inline(always)]
-        unsafe fn new(acc: &[f32; 8]) -> Self {
-            Self {
-                total: _mm256_loadu_ps(acc.as_ptr()),
-                pending: None,
-            }
-        }
+    impl LateBlock for IntBlock {
+        type Totals = __m256;
 
-        /// Adds the previous block's value and holds this one's.
         #[inline(always)]
-        unsafe fn add(&mut self, sums: __m256i, scale: [__m256d; 2], unit: f64) {
-            if let Some((sums, scale, unit)) = self.pending.replace((sums, scale, unit)) {
-                self.total = _mm256_add_ps(self.total, block_values(sums, scale, unit));
-            }
-        }
-
-        /// Adds the held block's value and stores the totals.
-        #[inline(always)]
-        unsafe fn store(mut self, acc: &mut [f32; 8]) {
-            if let Some((sums, scale, unit)) = self.pending.take() {
-                self.total = _mm256_add_ps(self.total, block_values(sums, scale, unit));
-            }
-            _mm256_storeu_ps(acc.as_mut_ptr(), self.total);
+        unsafe fn add_to(self, totals: __m256) -> __m256 {
+            _mm256_add_ps(totals, block_values(self.sums, self.scale, self.unit))
         }
     }
 
