@@ -70,6 +70,11 @@ fn main() {
             x86::missing(),
         ),
         gated(
+            "avx2_scale_readers_give_each_rows_scale_by_lane_and_leave_blocks_they_refuse",
+            x86::avx2_scale_readers,
+            x86::missing(),
+        ),
+        gated(
             "avx512_eight_row_chains_equal_the_portable_chains_on_every_code",
             x86::eight_row_chains,
             x86::missing_avx512(),
@@ -138,6 +143,9 @@ mod x86 {
         Ok(())
     }
     pub fn avx2_digit_loop() -> Result<(), Failed> {
+        Ok(())
+    }
+    pub fn avx2_scale_readers() -> Result<(), Failed> {
         Ok(())
     }
     pub fn missing_vnni() -> Option<&'static str> {
@@ -1159,6 +1167,80 @@ mod x86 {
                 vnni::nibble_c1_run8_vnni(acc, &x, codes, q4, avx512::NextRows::NONE, blocks)
             };
             loop_equals_steps(seed, leaves, step, run, (0.5, f32_bits))?;
+        }
+        Ok(())
+    }
+
+    /// The AVX2 decode kernels' scale readers (`avx2_scales`) on sixteen rows read in a
+    /// permuted lane order (as `c2_run16` reads them): E8M0 bytes against `e8m0_to_f32`, a
+    /// block with one byte past the limit left; f16 group scales against `half`, the blocks
+    /// of a group with an infinite or NaN scale left.
+    pub fn avx2_scale_readers() -> Result<(), Failed> {
+        use ds41_engine::model::simd::avx2_scales::{BlockScales, E8m0Rows, F16Rows};
+        use std::arch::x86_64::{__m256d, _mm256_storeu_pd};
+        let row_of = |field: usize| (5 * field + 3) % 16;
+        let lanes = |vectors: [__m256d; 4]| -> Vec<f64> {
+            vectors
+                .iter()
+                .flat_map(|v| {
+                    let mut four = [0f64; 4];
+                    // SAFETY: `missing` found AVX2, or this trial is not run.
+                    unsafe { _mm256_storeu_pd(four.as_mut_ptr(), *v) };
+                    four
+                })
+                .collect()
+        };
+        // Bytes 1..=199, and one of 201 (row 11, block 4) past the limit 200.
+        let mut bytes: Vec<Vec<u8>> = (0..16)
+            .map(|r| {
+                (0..9)
+                    .map(|kb| ((29 * r + 17 * kb) % 199 + 1) as u8)
+                    .collect()
+            })
+            .collect();
+        bytes[11][4] = 201;
+        let e8m0 = E8m0Rows::<16>::new(std::array::from_fn(|r| &bytes[r][..]), 200, 9);
+        for kb in 0..9 {
+            // SAFETY: as above; kb is within the 9 blocks checked.
+            let got = unsafe { e8m0.vectors::<4>(kb, row_of) };
+            match got {
+                None if kb == 4 => {}
+                Some(v) if kb != 4 => {
+                    let want: Vec<f64> = (0..16)
+                        .map(|f| f64::from(e8m0_to_f32(bytes[row_of(f)][kb])))
+                        .collect();
+                    if lanes(v) != want {
+                        return Err(format!("E8M0 block {kb}: wrong scales").into());
+                    }
+                }
+                _ => return Err(format!("E8M0 block {kb}: left or taken wrongly").into()),
+            }
+        }
+        // f16 scales in groups of three blocks; row 6's group 2 infinite, row 9's group 3 NaN.
+        let half_bits = |r: usize, g: usize| match (r, g) {
+            (6, 2) => 0xFC00u16,
+            (9, 3) => 0x7E01,
+            _ => ((r * 977 + g * 131) % 0x7C00) as u16 | ((r + g) as u16 & 1) << 15,
+        };
+        let halves: Vec<Vec<u8>> = (0..16)
+            .map(|r| (0..4).flat_map(|g| half_bits(r, g).to_le_bytes()).collect())
+            .collect();
+        let f16 = F16Rows::<16>::new(std::array::from_fn(|r| &halves[r][..]), 3, 12);
+        for kb in 0..12 {
+            // SAFETY: as above; kb is within the 12 blocks checked.
+            let got = unsafe { f16.vectors::<4>(kb, row_of) };
+            match got {
+                None if kb >= 6 => {}
+                Some(v) if kb < 6 => {
+                    let want: Vec<f64> = (0..16)
+                        .map(|f| f64::from(half::f16::from_bits(half_bits(row_of(f), kb / 3))))
+                        .collect();
+                    if lanes(v) != want {
+                        return Err(format!("f16 block {kb}: wrong scales").into());
+                    }
+                }
+                _ => return Err(format!("f16 block {kb}: left or taken wrongly").into()),
+            }
         }
         Ok(())
     }

@@ -50,7 +50,7 @@ macro_rules! with_block_scales {
 pub(super) use with_block_scales;
 
 /// A kernel's reader of its rows' block scales.
-pub(super) trait BlockScales<const N: usize>: Copy {
+pub trait BlockScales<const N: usize>: Copy {
     /// Whether every scale is a power of two (E8M0).
     const POWERS_OF_TWO: bool;
 
@@ -70,7 +70,7 @@ pub(super) trait BlockScales<const N: usize>: Copy {
 
 /// E8M0 scale rows, each checked to hold a kernel call's blocks.
 #[derive(Clone, Copy)]
-pub(super) struct E8m0Rows<const N: usize> {
+pub struct E8m0Rows<const N: usize> {
     rows: [*const u8; N],
     limit: u8,
 }
@@ -78,7 +78,7 @@ pub(super) struct E8m0Rows<const N: usize> {
 impl<const N: usize> E8m0Rows<N> {
     /// # Panics
     /// If a row holds fewer than `blocks` scales.
-    pub(super) fn new(rows: [&[u8]; N], limit: u8, blocks: usize) -> Self {
+    pub fn new(rows: [&[u8]; N], limit: u8, blocks: usize) -> Self {
         for (i, row) in rows.iter().enumerate() {
             assert!(
                 row.len() >= blocks,
@@ -115,7 +115,7 @@ impl<const N: usize> BlockScales<N> for E8m0Rows<N> {
 
 /// f16 group scale rows, each checked to hold a kernel call's blocks.
 #[derive(Clone, Copy)]
-pub(super) struct F16Rows<const N: usize> {
+pub struct F16Rows<const N: usize> {
     rows: [*const u8; N],
     blocks_per_group: usize,
 }
@@ -123,7 +123,7 @@ pub(super) struct F16Rows<const N: usize> {
 impl<const N: usize> F16Rows<N> {
     /// # Panics
     /// If a row holds fewer than the groups of `blocks` blocks, or a group no block.
-    pub(super) fn new(rows: [&[u8]; N], blocks_per_group: usize, blocks: usize) -> Self {
+    pub fn new(rows: [&[u8]; N], blocks_per_group: usize, blocks: usize) -> Self {
         assert!(blocks_per_group > 0, "f16 scale groups of no block");
         let groups = blocks.div_ceil(blocks_per_group);
         for (i, row) in rows.iter().enumerate() {
@@ -199,92 +199,9 @@ unsafe fn e8m0_f64x4(bytes: i64) -> __m256d {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::dtype::e8m0_to_f64;
 
-    fn avx2() -> bool {
-        is_x86_feature_detected!("avx2") && is_x86_feature_detected!("f16c")
-    }
-
-    fn lanes<const V: usize>(vectors: [__m256d; V]) -> Vec<f64> {
-        vectors
-            .iter()
-            .flat_map(|v| {
-                let mut four = [0f64; 4];
-                // SAFETY: plain store of a vector the caller made.
-                unsafe { _mm256_storeu_pd(four.as_mut_ptr(), *v) };
-                four
-            })
-            .collect()
-    }
-
-    /// Sixteen rows read in a permuted lane order (as `c2_run16` reads them).
-    fn row_of(field: usize) -> usize {
-        (5 * field + 3) % 16
-    }
-
-    #[test]
-    fn e8m0_scales_are_read_row_by_lane_and_a_block_past_the_limit_is_left() {
-        if !avx2() {
-            return;
-        }
-        // Bytes 1..=199, and one of 201 (row 11, block 4).
-        let mut rows: Vec<Vec<u8>> = (0..16)
-            .map(|r| {
-                (0..9)
-                    .map(|kb| ((29 * r + 17 * kb) % 199 + 1) as u8)
-                    .collect()
-            })
-            .collect();
-        rows[11][4] = 201;
-        let scales = E8m0Rows::<16>::new(std::array::from_fn(|r| &rows[r][..]), 200, 9);
-        for kb in 0..9 {
-            // SAFETY: AVX2 and F16C found; kb within the 9 blocks checked.
-            let got = unsafe { scales.vectors::<4>(kb, row_of) };
-            if kb == 4 {
-                assert!(got.is_none(), "byte 201 is past the limit 200");
-                continue;
-            }
-            let want: Vec<f64> = (0..16).map(|f| e8m0_to_f64(rows[row_of(f)][kb])).collect();
-            assert_eq!(
-                lanes(got.expect("every byte within the limit")),
-                want,
-                "block {kb}"
-            );
-        }
-    }
-
-    #[test]
-    fn f16_scales_are_read_by_group_and_a_block_with_an_infinite_one_is_left() {
-        if !avx2() {
-            return;
-        }
-        // Groups of three blocks; row 6's group 2 infinite, row 9's group 3 NaN.
-        let halves = |r: usize, g: usize| match (r, g) {
-            (6, 2) => 0xFC00u16,
-            (9, 3) => 0x7E01,
-            _ => ((r * 977 + g * 131) % 0x7C00) as u16 | ((r + g) as u16 & 1) << 15,
-        };
-        let rows: Vec<Vec<u8>> = (0..16)
-            .map(|r| (0..4).flat_map(|g| halves(r, g).to_le_bytes()).collect())
-            .collect();
-        let scales = F16Rows::<16>::new(std::array::from_fn(|r| &rows[r][..]), 3, 12);
-        for kb in 0..12 {
-            // SAFETY: AVX2 and F16C found; kb within the 12 blocks checked.
-            let got = unsafe { scales.vectors::<4>(kb, row_of) };
-            if kb / 3 >= 2 {
-                assert!(
-                    got.is_none(),
-                    "block {kb}: a scale of its group is not finite"
-                );
-                continue;
-            }
-            let want: Vec<f64> = (0..16)
-                .map(|f| f64::from(half::f16::from_bits(halves(row_of(f), kb / 3))))
-                .collect();
-            assert_eq!(lanes(got.expect("finite scales")), want, "block {kb}");
-        }
-    }
-
+    /// The readers' values and refusals need AVX2 and are trials of `tests/simd_kernels.rs`;
+    /// their length checks are plain code.
     #[test]
     fn rows_short_of_the_blocks_are_refused() {
         let (full, short) = ([1u8; 8], [1u8; 7]);
