@@ -79,15 +79,8 @@ impl<const N: usize> E8m0Rows<N> {
     /// # Panics
     /// If a row holds fewer than `blocks` scales.
     pub fn new(rows: [&[u8]; N], limit: u8, blocks: usize) -> Self {
-        for (i, row) in rows.iter().enumerate() {
-            assert!(
-                row.len() >= blocks,
-                "E8M0 scale row {i} holds {} blocks of {blocks}",
-                row.len()
-            );
-        }
         Self {
-            rows: rows.map(<[u8]>::as_ptr),
+            rows: checked_starts(rows, blocks, "E8M0"),
             limit,
         }
     }
@@ -126,15 +119,8 @@ impl<const N: usize> F16Rows<N> {
     pub fn new(rows: [&[u8]; N], blocks_per_group: usize, blocks: usize) -> Self {
         assert!(blocks_per_group > 0, "f16 scale groups of no block");
         let groups = blocks.div_ceil(blocks_per_group);
-        for (i, row) in rows.iter().enumerate() {
-            assert!(
-                row.len() >= 2 * groups,
-                "f16 scale row {i} holds {} bytes for {groups} groups",
-                row.len()
-            );
-        }
         Self {
-            rows: rows.map(<[u8]>::as_ptr),
+            rows: checked_starts(rows, 2 * groups, "f16"),
             blocks_per_group,
         }
     }
@@ -162,6 +148,19 @@ impl<const N: usize> BlockScales<N> for F16Rows<N> {
         }
         Some(out)
     }
+}
+
+/// Where the scale rows start, once each is checked to hold `bytes` bytes (`kind` names them in
+/// the panic).
+fn checked_starts<const N: usize>(rows: [&[u8]; N], bytes: usize, kind: &str) -> [*const u8; N] {
+    for (i, row) in rows.iter().enumerate() {
+        assert!(
+            row.len() >= bytes,
+            "{kind} scale row {i} holds {} bytes of {bytes}",
+            row.len()
+        );
+    }
+    rows.map(<[u8]>::as_ptr)
 }
 
 /// Block scale fields (`bits` wide) of four rows per word: row `row_of(4v + l)`'s `field` at
