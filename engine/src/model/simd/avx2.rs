@@ -4,11 +4,12 @@
 //! chains sixteen rows at a time ([`c2_run16`]); over stored bf16 rows, rule C2's chains 32
 //! rows at a time ([`dense_c2_run32`]).
 //!
-//! As in `avx512`, a weight's f64 is built, not converted: every e4m3 value times 2^−504, every
-//! e2m1 value and every `nibble − 8` is an f64 whose low 48 bits are zero, so two bytes per
-//! weight (made by byte arithmetic and 16-entry `vpshufb` lookups) placed at bytes 6 and 7 of a
-//! 64-bit lane by one more `vpshufb` give four weights ready for a multiply-add (a Q8G code has
-//! too many significant bits for that: it is placed at the bottom of 2^52 instead). AVX2's byte
+//! As in `avx512`, a weight's f64 is built, not converted: every e4m3 value times 2^−1016
+//! ([`fp8_raw_bytes_of`]), every e2m1 value and every `nibble − 8` is an f64 whose low 48 bits
+//! are zero, so two bytes per weight (made by byte arithmetic and 16-entry `vpshufb` lookups)
+//! placed at bytes 6 and 7 of a 64-bit lane by one more `vpshufb` give four weights ready for a
+//! multiply-add (a Q8G code has too many significant bits for that: it is placed at the bottom
+//! of 2^52 instead). AVX2's byte
 //! shuffles stay inside 128-bit lanes, so in C1 the weights of one vector are not four
 //! neighbouring columns; the input row is instead copied once per call into that lane order
 //! ([`InputLanes`]), which is harmless because every product is exact and so is any sum of them
@@ -20,10 +21,7 @@
 use super::super::quant::BLOCK;
 pub use super::avx2_scales::Scales;
 use super::avx2_scales::{with_block_scales, BlockScales};
-use super::avx512::{
-    dense_tile, RowStarts, E2M1_HIGH, E2M1_LOW, LOWERED_FIX_HIGH, LOWERED_FIX_LOW, LOWERING_BACK,
-    PREFETCH_AHEAD,
-};
+use super::avx512::{dense_tile, RowStarts, E2M1_HIGH, E2M1_LOW, LOWERING_BACK, PREFETCH_AHEAD};
 use super::vnni::block_integers;
 use super::x86::columns8;
 use std::arch::x86_64::*;
@@ -51,10 +49,18 @@ impl Codes {
         }
     }
 
-    /// The power of two the kernels' weights are short of (`avx512`'s lowering for e4m3).
+    /// The power of two the kernels' products are short of (`avx512`'s lowering for e4m3).
     fn back(self) -> f64 {
         match self {
             Codes::Fp8 => LOWERING_BACK,
+            Codes::Fp4 | Codes::Q4 | Codes::Q8 => 1.0,
+        }
+    }
+
+    /// What the input is multiplied by to meet the kernels' weights ([`FP8_RAISE`] for e4m3).
+    fn raise(self) -> f64 {
+        match self {
+            Codes::Fp8 => FP8_RAISE,
             Codes::Fp4 | Codes::Q4 | Codes::Q8 => 1.0,
         }
     }
@@ -172,14 +178,14 @@ const fn q4_top_bytes(shift: u32) -> [u8; 64] {
 pub struct InputLanes(Vec<f64>);
 
 impl InputLanes {
-    /// The full blocks of `x` in [`FP8_ORDER`]; `None` if a block is not act-quantised
-    /// (`vnni::block_integers`), whose sums the lanes could not reorder exactly.
+    /// The full blocks of `x` in [`FP8_ORDER`], times [`FP8_RAISE`]; `None` if a block is not
+    /// act-quantised (`vnni::block_integers`), whose sums the lanes could not reorder exactly.
     pub fn fill(&mut self, x: &[f64]) -> Option<&[f64]> {
         self.0.clear();
         for xb in x.chunks_exact(BLOCK) {
             let xb: &[f64; BLOCK] = xb.try_into().expect("a block");
             block_integers(xb)?;
-            self.0.extend(FP8_ORDER.iter().map(|&k| xb[k]));
+            self.0.extend(FP8_ORDER.iter().map(|&k| xb[k] * FP8_RAISE));
         }
         Some(&self.0)
     }
@@ -215,9 +221,9 @@ const fn word_placement(at: usize) -> [[u8; 32]; 4] {
 
 /// C1 over the column blocks `blocks` of eight release FP8 weight rows, in order: `acc[i] +=
 /// f32(P_i · 2^(scale_i − 127))` per block with `P_i` the exact block sum. `lanes` is the
-/// input in [`InputLanes`] order, `rows[i]` and `scales[i]` row i's codes and E8M0 bytes from
-/// block 0. Returns the first block it leaves (a scale [`Scales`] does not take, a NaN
-/// code), else `blocks.end`; `acc` then has every block before it.
+/// input in [`InputLanes`] order (raised by [`FP8_RAISE`]), `rows[i]` and `scales[i]` row i's
+/// codes and E8M0 bytes from block 0. Returns the first block it leaves (a scale [`Scales`]
+/// does not take, a NaN code), else `blocks.end`; `acc` then has every block before it.
 ///
 /// # Safety
 /// The CPU must have AVX2, FMA and F16C; `lanes`, `rows` and `scales` must hold
@@ -298,7 +304,7 @@ unsafe fn fp8_run4(
         let mut words = [[_mm256_setzero_si256(); 2]; 4];
         // Four rows' words, then their sums side by side: independent chains.
         for (row, w) in rows.iter().zip(words.iter_mut()) {
-            let (low, high, doubled) = fp8_top_bytes(row[at..].as_ptr());
+            let (low, high, doubled) = fp8_raw_bytes(row[at..].as_ptr());
             doubled_max = _mm256_max_epu8(doubled_max, doubled);
             *w = [
                 _mm256_unpacklo_epi8(low, high),
@@ -324,23 +330,30 @@ unsafe fn look_up(table: &[u8; 64], index: __m256i) -> __m256i {
     _mm256_shuffle_epi8(_mm256_loadu_si256(table.as_ptr().cast()), index)
 }
 
-/// The top bytes of the f64s of a row's 32 e4m3 codes times 2^−504 (`avx512`'s
-/// `lowered_top_bytes`: `2·code` and `code & 0x80 | 0x20`, the subnormal codes from a
-/// 16-entry fix-up), and `2·code` for the NaN test.
+/// What an input is multiplied by before it meets the raw FP8 weights of [`fp8_raw_bytes_of`]
+/// (e4m3 · 2^−1016): 2^512, so that each product is the input times the weight times 2^−504,
+/// exactly `avx512`'s lowered product (what [`LOWERING_BACK`] takes back). An f32 input times
+/// 2^512 stays below 2^640, and a product stays above 2^−670: far from the f64 limits.
+pub const FP8_RAISE: f64 = f64::from_bits((1023 + 512) << 52);
+
+/// The top bytes of the f64s of a row's 32 e4m3 codes times 2^−1016 and `2·code` for the NaN
+/// test ([`fp8_raw_bytes_of`]).
 #[inline(always)]
-unsafe fn fp8_top_bytes(codes: *const u8) -> (__m256i, __m256i, __m256i) {
-    fp8_top_bytes_of(_mm256_loadu_si256(codes.cast()))
+unsafe fn fp8_raw_bytes(codes: *const u8) -> (__m256i, __m256i, __m256i) {
+    fp8_raw_bytes_of(_mm256_loadu_si256(codes.cast()))
 }
 
-/// [`fp8_top_bytes`] of 32 codes in a register.
+/// The top bytes of the f64s of 32 e4m3 codes times 2^−1016: `2·code` (the exponent's low
+/// four bits and the mantissa) and `code & 0x80` (the sign), and `2·code` again for the NaN
+/// test. An e4m3 code is an f64 with the exponent bias left out: exponent field e gives
+/// (1 + m/8)·2^(e − 1023), e4m3's (1 + m/8)·2^(e − 7) times 2^−1016, and e = 0 gives the f64
+/// subnormal (m/8)·2^−1022, e4m3's (m/8)·2^−6 times the same, so no code needs a fix-up.
+/// (Subnormal inputs cost the multiply-adds nothing extra on the AMD cores measured.)
 #[inline(always)]
-unsafe fn fp8_top_bytes_of(c: __m256i) -> (__m256i, __m256i, __m256i) {
+unsafe fn fp8_raw_bytes_of(c: __m256i) -> (__m256i, __m256i, __m256i) {
     let doubled = _mm256_add_epi8(c, c);
-    let index = _mm256_min_epu8(doubled, _mm256_set1_epi8(15));
-    let low = _mm256_xor_si256(doubled, look_up(&LOWERED_FIX_LOW, index));
     let sign = _mm256_and_si256(c, _mm256_set1_epi8(i8::MIN));
-    let high = _mm256_xor_si256(sign, look_up(&LOWERED_FIX_HIGH, index));
-    (low, high, doubled)
+    (doubled, sign, doubled)
 }
 
 /// Four rows' `Σ_p lanes[p] · w[p]` over one block (four lanes of partial sums each), from
@@ -392,9 +405,10 @@ mod tests {
 /// row's f64 chain `acc = fma(x[k], w[k], acc)`, k increasing, with `w = code · 2^(scale −
 /// 127)` exactly the table decoder's value. The rows are the lanes: a block's codes are
 /// transposed by byte unpacks (rows 0..8 in the low 128-bit lanes, 8..16 in the high ones),
-/// and chain vector j holds rows 2j, 2j + 1, 8 + 2j, 9 + 2j ([`c2_row_of_lane`]). The weights
-/// are built lowered as in [`fp8_c1_run8`]; the power they are short of and the scales are taken
-/// out of the chains for the block instead (see the loop), other scales go onto each weight.
+/// and chain vector j holds rows 2j, 2j + 1, 8 + 2j, 9 + 2j ([`c2_row_of_lane`]). FP8 weights
+/// are built raw and the input raised as in [`fp8_c1_run8`]; the power the products are short
+/// of and the scales are taken out of the chains for the block instead (see the loop), other
+/// scales go onto each weight.
 /// Each product is exact, so the fused multiply-add rounds as the portable `acc + x · w`
 /// does. Returns the first block it leaves (a scale [`Scales`] does not take, a NaN code),
 /// else `blocks.end`; `acc` then holds every block before it.
@@ -428,13 +442,17 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
     blocks: Range<usize>,
 ) -> usize {
     let block_bytes = codes.block_bytes();
-    let back = _mm256_set1_pd(codes.back());
+    let (back, raise) = (_mm256_set1_pd(codes.back()), codes.raise());
     let x = &x[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * block_bytes]);
     let mut chains: [__m256d; 4] = std::array::from_fn(|j| {
         let r = c2_row_of_lane(4 * j);
         _mm256_setr_pd(acc[r], acc[r + 1], acc[r + 8], acc[r + 9])
     });
+    // Every block overwrites all of `columns` it reads and all of `words`: made once per call
+    // (zero-filling 1 KiB per block was ~6% of a decode).
+    let mut columns = [[_mm256_setzero_si256(); 8]; 2];
+    let mut words = [_mm256_setzero_si256(); BLOCK];
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * block_bytes;
@@ -445,7 +463,6 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
         };
         let factor = factor.map(|f| _mm256_mul_pd(f, back));
         // Sixteen bytes of each row per half block (FP8: columns 16h ..; FP4: 32 columns).
-        let mut columns = [[_mm256_setzero_si256(); 8]; 2];
         for (h, half) in columns.iter_mut().enumerate().take(block_bytes / 16) {
             let loaded: [__m256i; 8] = std::array::from_fn(|i| {
                 let lo = rows[i][at + 16 * h..].as_ptr();
@@ -456,13 +473,12 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
         }
         // Every column's weights first (a NaN code leaves the block untouched).
         let mut doubled_max = _mm256_setzero_si256();
-        let mut words = [_mm256_setzero_si256(); BLOCK];
         let mut placement = Placement::Top;
         match codes {
             Codes::Fp8 => {
                 for (n, pair) in columns.iter().flatten().enumerate() {
                     // `pair`: columns 16h + 2q and 16h + 2q + 1 (n = 8h + q).
-                    let (low, high, doubled) = fp8_top_bytes_of(*pair);
+                    let (low, high, doubled) = fp8_raw_bytes_of(*pair);
                     doubled_max = _mm256_max_epu8(doubled_max, doubled);
                     words[2 * n] = _mm256_unpacklo_epi8(low, high);
                     words[2 * n + 1] = _mm256_unpackhi_epi8(low, high);
@@ -504,9 +520,10 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
             break;
         }
         let xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
+        let xb = &xb.map(|v| v * raise);
         if S::POWERS_OF_TWO {
             // The chains run divided by their rows' factors for the block, so that the
-            // lowered weights multiply x unscaled; powers of two, far from the f64 limits
+            // weights multiply the input as built; powers of two, far from the f64 limits
             // (every chain value is a sum of products of f32 values with scales above
             // 2^−128), so the division, the multiply-adds' roundings and the multiplication
             // back are exact images of the unscaled ones.

@@ -322,8 +322,8 @@ unsafe fn lowered_exponents(scale: __m512d) -> __m512d {
 /// what to flip in `2·code` and in `code & 0x80`. Entry `2m` is the subnormal magnitude m,
 /// entry 15 any normal code. `HALVES`: the low table in lanes 0 and 1, the high one in 2 and
 /// 3, for a row's codes in both halves of a vector.
-pub(super) static LOWERED_FIX_LOW: [u8; 64] = lowered_fixes(false);
-pub(super) static LOWERED_FIX_HIGH: [u8; 64] = lowered_fixes(true);
+static LOWERED_FIX_LOW: [u8; 64] = lowered_fixes(false);
+static LOWERED_FIX_HIGH: [u8; 64] = lowered_fixes(true);
 static LOWERED_FIX_HALVES: [u8; 64] = {
     let mut t = LOWERED_FIX_LOW;
     let mut i = 32;
