@@ -442,7 +442,7 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
     blocks: Range<usize>,
 ) -> usize {
     let block_bytes = codes.block_bytes();
-    let (back, raise) = (_mm256_set1_pd(codes.back()), codes.raise());
+    let (back, raise) = (_mm256_set1_pd(codes.back()), _mm256_set1_pd(codes.raise()));
     let x = &x[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * block_bytes]);
     let mut chains: [__m256d; 4] = std::array::from_fn(|j| {
@@ -520,7 +520,13 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
             break;
         }
         let xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
-        let xb = &xb.map(|v| v * raise);
+        // (A loop of intrinsics: a closure here, as in `map`, was not inlined.)
+        let mut raised = [0f64; BLOCK];
+        for (to, from) in raised.chunks_exact_mut(4).zip(xb.chunks_exact(4)) {
+            let v = _mm256_mul_pd(_mm256_loadu_pd(from.as_ptr()), raise);
+            _mm256_storeu_pd(to.as_mut_ptr(), v);
+        }
+        let xb = &raised;
         if S::POWERS_OF_TWO {
             // The chains run divided by their rows' factors for the block, so that the
             // weights multiply the input as built; powers of two, far from the f64 limits
