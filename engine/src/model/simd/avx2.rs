@@ -9,14 +9,14 @@
 //! are zero, so two bytes per weight (made by byte arithmetic and 16-entry `vpshufb` lookups)
 //! placed at bytes 6 and 7 of a 64-bit lane by one more `vpshufb` give four weights ready for a
 //! multiply-add (a Q8G code has too many significant bits for that: it is placed at the bottom
-//! of 2^52 instead). AVX2's byte
-//! shuffles stay inside 128-bit lanes, so in C1 the weights of one vector are not four
-//! neighbouring columns; the input row is instead copied once per call into that lane order
-//! ([`InputLanes`]), which is harmless because every product is exact and so is any sum of them
-//! (the C1 argument in `linear`): the block sum is the portable kernel's to the bit. The scale,
-//! the rounding to f32 and the f32 accumulation over blocks follow for the eight rows as one
-//! vector, in the portable order. C2 cannot reorder a row's sum, so there the rows are the
-//! lanes and each column one multiply-add per four rows, in increasing k.
+//! of 2^52 instead). AVX2's byte shuffles stay inside 128-bit lanes, so in C1 the weights of
+//! one vector are not four neighbouring columns; the input row is instead copied once per call
+//! into that lane order ([`InputLanes`]), which is harmless because every product is exact and
+//! so is any sum of them (the C1 argument in `linear`): the block sum is the portable kernel's
+//! to the bit. The scale, the rounding to f32 and the f32 accumulation over blocks follow for
+//! the eight rows as one vector, in the portable order. C2 cannot reorder a row's sum, so
+//! there the rows are the lanes and each column one multiply-add per four rows, in increasing
+//! k.
 
 use super::super::quant::BLOCK;
 pub use super::avx2_scales::Scales;
@@ -348,7 +348,8 @@ unsafe fn fp8_raw_bytes(codes: *const u8) -> (__m256i, __m256i, __m256i) {
 /// test. An e4m3 code is an f64 with the exponent bias left out: exponent field e gives
 /// (1 + m/8)·2^(e − 1023), e4m3's (1 + m/8)·2^(e − 7) times 2^−1016, and e = 0 gives the f64
 /// subnormal (m/8)·2^−1022, e4m3's (m/8)·2^−6 times the same, so no code needs a fix-up.
-/// (Subnormal inputs cost the multiply-adds nothing extra on the AMD cores measured.)
+/// (Subnormal inputs cost the multiply-adds nothing extra on the Zen 3 cores measured; the
+/// bits never depend on it.)
 #[inline(always)]
 unsafe fn fp8_raw_bytes_of(c: __m256i) -> (__m256i, __m256i, __m256i) {
     let doubled = _mm256_add_epi8(c, c);
@@ -449,10 +450,11 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
         let r = c2_row_of_lane(4 * j);
         _mm256_setr_pd(acc[r], acc[r + 1], acc[r + 8], acc[r + 9])
     });
-    // Every block overwrites all of `columns` it reads and all of `words`: made once per call
-    // (zero-filling 1 KiB per block was ~6% of a decode).
+    // Every block overwrites all of `columns` it reads, all of `words` and of `raised`: made
+    // once per call (zero-filling 1 KiB per block was ~6% of a decode).
     let mut columns = [[_mm256_setzero_si256(); 8]; 2];
     let mut words = [_mm256_setzero_si256(); BLOCK];
+    let mut raised = [0f64; BLOCK];
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * block_bytes;
@@ -521,7 +523,6 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
         }
         let xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
         // (A loop of intrinsics: a closure here, as in `map`, was not inlined.)
-        let mut raised = [0f64; BLOCK];
         for (to, from) in raised.chunks_exact_mut(4).zip(xb.chunks_exact(4)) {
             let v = _mm256_mul_pd(_mm256_loadu_pd(from.as_ptr()), raise);
             _mm256_storeu_pd(to.as_mut_ptr(), v);
