@@ -56,14 +56,6 @@ impl Codes {
             Codes::Fp4 | Codes::Q4 | Codes::Q8 => 1.0,
         }
     }
-
-    /// What the input is multiplied by to meet the kernels' weights ([`FP8_RAISE`] for e4m3).
-    fn raise(self) -> f64 {
-        match self {
-            Codes::Fp8 => FP8_RAISE,
-            Codes::Fp4 | Codes::Q4 | Codes::Q8 => 1.0,
-        }
-    }
 }
 
 /// `FP8_ORDER[p]`: the block column whose weight the FP8 C1 kernel puts at position p of a
@@ -443,7 +435,7 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
     blocks: Range<usize>,
 ) -> usize {
     let block_bytes = codes.block_bytes();
-    let (back, raise) = (_mm256_set1_pd(codes.back()), _mm256_set1_pd(codes.raise()));
+    let back = _mm256_set1_pd(codes.back());
     let x = &x[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * block_bytes]);
     let mut chains: [__m256d; 4] = std::array::from_fn(|j| {
@@ -521,13 +513,19 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
             stop = kb;
             break;
         }
-        let xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
-        // (A loop of intrinsics: a closure here, as in `map`, was not inlined.)
-        for (to, from) in raised.chunks_exact_mut(4).zip(xb.chunks_exact(4)) {
-            let v = _mm256_mul_pd(_mm256_loadu_pd(from.as_ptr()), raise);
-            _mm256_storeu_pd(to.as_mut_ptr(), v);
+        let mut xb: &[f64; BLOCK] = x[kb * BLOCK..][..BLOCK].try_into().expect("block");
+        if codes == Codes::Fp8 {
+            // Raw FP8 weights meet a raised input. The factor is a constant here: a vector
+            // of it held through the loop took a register the chains then lost to the stack
+            // (the f16-scale path ran ~1.8x slower). A loop of intrinsics: `map`'s closure
+            // was not inlined.
+            let raise = _mm256_set1_pd(FP8_RAISE);
+            for (to, from) in raised.chunks_exact_mut(4).zip(xb.chunks_exact(4)) {
+                let v = _mm256_mul_pd(_mm256_loadu_pd(from.as_ptr()), raise);
+                _mm256_storeu_pd(to.as_mut_ptr(), v);
+            }
+            xb = &raised;
         }
-        let xb = &raised;
         if S::POWERS_OF_TWO {
             // The chains run divided by their rows' factors for the block, so that the
             // weights multiply the input as built; powers of two, far from the f64 limits
@@ -571,6 +569,23 @@ enum Placement {
 /// vectors (times the chain vectors' `factors`, if given), each one multiply-add by `x[k]`.
 #[inline(always)]
 unsafe fn column_steps(
+    chains: [__m256d; 4],
+    words: &[__m256i; BLOCK],
+    placement: Placement,
+    x: &[f64; BLOCK],
+    factors: Option<[__m256d; 4]>,
+) -> [__m256d; 4] {
+    // A loop per placement: with the choice inside the loop, both forms' constants stayed
+    // live and the f16-scale path's chains went to the stack (~1.8x slower).
+    match placement {
+        Placement::Top => placed_steps(chains, words, Placement::Top, x, factors),
+        Placement::Low => placed_steps(chains, words, Placement::Low, x, factors),
+    }
+}
+
+/// [`column_steps`] with `placement` a constant once inlined.
+#[inline(always)]
+unsafe fn placed_steps(
     mut chains: [__m256d; 4],
     words: &[__m256i; BLOCK],
     placement: Placement,
