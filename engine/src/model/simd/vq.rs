@@ -158,8 +158,9 @@ unsafe fn c2_run<C: RowChains, const S: usize, const E: usize, const PACKED: boo
     vectors: Range<usize>,
 ) {
     let mut chains = C::load(acc);
+    let mut columns: GroupColumns = [[_mm256_setzero_ps(); VQ_WIDTH]; VQ_RUN_ROWS / 8];
     for v in vectors {
-        advance(&mut chains, x, rows, v);
+        advance(&mut chains, x, rows, v, &mut columns);
     }
     chains.store(acc);
 }
@@ -205,10 +206,11 @@ unsafe fn c1_run<C: RowChains, const S: usize, const E: usize, const PACKED: boo
     for (g, total) in totals.iter_mut().enumerate() {
         *total = _mm256_loadu_ps(acc[8 * g..].as_ptr());
     }
+    let mut columns: GroupColumns = [[_mm256_setzero_ps(); VQ_WIDTH]; VQ_RUN_ROWS / 8];
     for kb in blocks {
         let mut chains = C::zero();
         for v in kb * VECTORS..(kb + 1) * VECTORS {
-            advance(&mut chains, x, rows, v);
+            advance(&mut chains, x, rows, v, &mut columns);
         }
         for (g, total) in totals.iter_mut().enumerate() {
             *total = _mm256_add_ps(*total, chains.rounded(g));
@@ -219,14 +221,19 @@ unsafe fn c1_run<C: RowChains, const S: usize, const E: usize, const PACKED: boo
     }
 }
 
-/// The four groups' chains advanced over vector `v`'s eight columns. Inlined into the loops,
-/// which have the target features.
+/// Every group's eight columns of a vector (`advance`'s scratch, made once per loop: zero-filled
+/// per vector it was a 1 KiB memset each).
+type GroupColumns = [[__m256; VQ_WIDTH]; VQ_RUN_ROWS / 8];
+
+/// The four groups' chains advanced over vector `v`'s eight columns, the groups' columns made
+/// into `columns` first. Inlined into the loops, which have the target features.
 #[inline(always)]
 unsafe fn advance<C: RowChains, const S: usize, const E: usize, const PACKED: bool>(
     chains: &mut C,
     x: &[f64],
     rows: VqRun<S, E, PACKED>,
     v: usize,
+    columns: &mut GroupColumns,
 ) {
     let bytes = VqRun::<S, E, PACKED>::BYTES;
     let stride = VqRun::<S, E, PACKED>::STRIDE;
@@ -243,14 +250,14 @@ unsafe fn advance<C: RowChains, const S: usize, const E: usize, const PACKED: bo
     }
     let run = &rows.indices[at..at + VQ_RUN_ROWS * bytes];
     let xs: &[f64; VQ_WIDTH] = x[VQ_WIDTH * v..][..VQ_WIDTH].try_into().expect("vector");
-    // Two groups' chains advanced column by column in turn, written out so that the chains
-    // stay in registers: one chain would wait on each multiply-add.
-    for pair in 0..2 {
-        let a = group_columns(rows, run, 2 * pair);
-        let b = group_columns(rows, run, 2 * pair + 1);
-        for (c, &xc) in xs.iter().enumerate() {
-            chains.step(2 * pair, xc, a[c]);
-            chains.step(2 * pair + 1, xc, b[c]);
+    // Every group's columns first, then all chains column by column: each column's four
+    // groups are independent multiply-adds, and the columns wait in memory, not the chains.
+    for (g, group) in columns.iter_mut().enumerate() {
+        *group = group_columns(rows, run, g);
+    }
+    for (c, &xc) in xs.iter().enumerate() {
+        for (g, group) in columns.iter().enumerate() {
+            chains.step(g, xc, group[c]);
         }
     }
 }
