@@ -127,13 +127,12 @@ impl<B: LateBlock> LateTotal<B> {
     }
 }
 
-/// Four FP8 rows' lane sums of a block, their scales and the power of two the weights were
-/// lowered by: the values `f32(P_i · scale_i)`.
+/// Four FP8 rows' lane sums of a block (short of [`LOWERING_BACK`]) and their scales: the
+/// values `f32(P_i · scale_i)`.
 #[derive(Clone, Copy)]
 struct Fp8Block {
     sums: [__m256d; 4],
     scale: __m256d,
-    back: __m256d,
 }
 
 impl LateBlock for Fp8Block {
@@ -141,7 +140,8 @@ impl LateBlock for Fp8Block {
 
     #[inline(always)]
     unsafe fn add_to(self, totals: __m128) -> __m128 {
-        let values = _mm256_mul_pd(row_totals(self.sums), _mm256_mul_pd(self.scale, self.back));
+        let back = _mm256_set1_pd(LOWERING_BACK);
+        let values = _mm256_mul_pd(row_totals(self.sums), _mm256_mul_pd(self.scale, back));
         _mm_add_ps(totals, _mm256_cvtpd_ps(values))
     }
 }
@@ -281,7 +281,6 @@ unsafe fn fp8_run4(
 ) -> usize {
     let lanes = &lanes[..blocks.end * BLOCK];
     let rows = rows.map(|r| &r[..blocks.end * BLOCK]);
-    let back = _mm256_set1_pd(LOWERING_BACK);
     let mut total = LateTotal::new(_mm_loadu_ps(acc.as_ptr()));
     let mut stop = blocks.end;
     for kb in blocks {
@@ -296,8 +295,8 @@ unsafe fn fp8_run4(
         let mut words = [[_mm256_setzero_si256(); 2]; 4];
         // Four rows' words, then their sums side by side: independent chains.
         for (row, w) in rows.iter().zip(words.iter_mut()) {
-            let (low, high, doubled) = fp8_raw_bytes(row[at..].as_ptr());
-            doubled_max = _mm256_max_epu8(doubled_max, doubled);
+            let (low, high) = fp8_raw_bytes(row[at..].as_ptr());
+            doubled_max = _mm256_max_epu8(doubled_max, low);
             *w = [
                 _mm256_unpacklo_epi8(low, high),
                 _mm256_unpackhi_epi8(low, high),
@@ -310,7 +309,7 @@ unsafe fn fp8_run4(
             stop = kb;
             break;
         }
-        total.add(Fp8Block { sums, scale, back });
+        total.add(Fp8Block { sums, scale });
     }
     _mm_storeu_ps(acc.as_mut_ptr(), total.finish());
     stop
@@ -328,25 +327,24 @@ unsafe fn look_up(table: &[u8; 64], index: __m256i) -> __m256i {
 /// 2^512 stays below 2^640, and a product stays above 2^−670: far from the f64 limits.
 pub const FP8_RAISE: f64 = f64::from_bits((1023 + 512) << 52);
 
-/// The top bytes of the f64s of a row's 32 e4m3 codes times 2^−1016 and `2·code` for the NaN
-/// test ([`fp8_raw_bytes_of`]).
+/// The top bytes of the f64s of a row's 32 e4m3 codes times 2^−1016 ([`fp8_raw_bytes_of`]).
 #[inline(always)]
-unsafe fn fp8_raw_bytes(codes: *const u8) -> (__m256i, __m256i, __m256i) {
+unsafe fn fp8_raw_bytes(codes: *const u8) -> (__m256i, __m256i) {
     fp8_raw_bytes_of(_mm256_loadu_si256(codes.cast()))
 }
 
 /// The top bytes of the f64s of 32 e4m3 codes times 2^−1016: `2·code` (the exponent's low
-/// four bits and the mantissa) and `code & 0x80` (the sign), and `2·code` again for the NaN
-/// test. An e4m3 code is an f64 with the exponent bias left out: exponent field e gives
+/// four bits and the mantissa; also what the NaN test reads) and `code & 0x80` (the sign). An
+/// e4m3 code is an f64 with the exponent bias left out: exponent field e gives
 /// (1 + m/8)·2^(e − 1023), e4m3's (1 + m/8)·2^(e − 7) times 2^−1016, and e = 0 gives the f64
 /// subnormal (m/8)·2^−1022, e4m3's (m/8)·2^−6 times the same, so no code needs a fix-up.
 /// (Subnormal inputs cost the multiply-adds nothing extra on the Zen 3 cores measured; the
 /// bits never depend on it.)
 #[inline(always)]
-unsafe fn fp8_raw_bytes_of(c: __m256i) -> (__m256i, __m256i, __m256i) {
+unsafe fn fp8_raw_bytes_of(c: __m256i) -> (__m256i, __m256i) {
     let doubled = _mm256_add_epi8(c, c);
     let sign = _mm256_and_si256(c, _mm256_set1_epi8(i8::MIN));
-    (doubled, sign, doubled)
+    (doubled, sign)
 }
 
 /// Four rows' `Σ_p lanes[p] · w[p]` over one block (four lanes of partial sums each), from
@@ -447,6 +445,10 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
     let mut columns = [[_mm256_setzero_si256(); 8]; 2];
     let mut words = [_mm256_setzero_si256(); BLOCK];
     let mut raised = [0f64; BLOCK];
+    let placement = match codes {
+        Codes::Q8 => Placement::Low,
+        Codes::Fp8 | Codes::Fp4 | Codes::Q4 => Placement::Top,
+    };
     let mut stop = blocks.end;
     for kb in blocks {
         let at = kb * block_bytes;
@@ -467,13 +469,12 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
         }
         // Every column's weights first (a NaN code leaves the block untouched).
         let mut doubled_max = _mm256_setzero_si256();
-        let mut placement = Placement::Top;
         match codes {
             Codes::Fp8 => {
                 for (n, pair) in columns.iter().flatten().enumerate() {
                     // `pair`: columns 16h + 2q and 16h + 2q + 1 (n = 8h + q).
-                    let (low, high, doubled) = fp8_raw_bytes_of(*pair);
-                    doubled_max = _mm256_max_epu8(doubled_max, doubled);
+                    let (low, high) = fp8_raw_bytes_of(*pair);
+                    doubled_max = _mm256_max_epu8(doubled_max, low);
                     words[2 * n] = _mm256_unpacklo_epi8(low, high);
                     words[2 * n + 1] = _mm256_unpackhi_epi8(low, high);
                 }
@@ -487,7 +488,6 @@ unsafe fn c2_run16_with<S: BlockScales<16>>(
                     words[2 * n] = _mm256_unpacklo_epi8(biased, _mm256_setzero_si256());
                     words[2 * n + 1] = _mm256_unpackhi_epi8(biased, _mm256_setzero_si256());
                 }
-                placement = Placement::Low;
             }
             Codes::Fp4 | Codes::Q4 => {
                 let (low_table, high_table) = match codes {

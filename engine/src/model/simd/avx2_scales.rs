@@ -7,9 +7,9 @@
 //! bounds check, a compare and a branch per row (a tenth of the FP8 decode kernel's time
 //! when they were).
 //!
-//! The readers fill their vectors with plain loops rather than `array::from_fn`: its closures
-//! are compiled apart from the kernels, without their target features, and were called once
-//! per lane and block.
+//! The readers fill their vectors with plain loops and methods rather than `array::from_fn`:
+//! its closures are compiled apart from the kernels, without their target features, and were
+//! called once per lane and block.
 
 use std::arch::x86_64::*;
 
@@ -49,10 +49,32 @@ macro_rules! with_block_scales {
 }
 pub(super) use with_block_scales;
 
-/// A kernel's reader of its rows' block scales.
+/// A kernel's reader of its rows' block scales: a scale field per row and block, packed four
+/// rows to a word and widened four at a time ([`BlockScales::vectors`]).
 pub trait BlockScales<const N: usize>: Copy {
     /// Whether every scale is a power of two (E8M0).
     const POWERS_OF_TWO: bool;
+    /// The width of a scale field in a packed word.
+    const FIELD_BITS: usize;
+
+    /// Where column block `kb`'s field starts in a row (once per block, not per row).
+    fn position(&self, kb: usize) -> usize;
+
+    /// Row `row`'s scale field at `at`.
+    ///
+    /// # Safety
+    /// `row < N`, and `at` must be the position of a block below the blocks the reader was
+    /// made for.
+    unsafe fn field(&self, row: usize, at: usize) -> u16;
+
+    /// Whether the kernels leave a block with this field.
+    fn refuses(&self, field: u16) -> bool;
+
+    /// Four rows' fields (row l at bit `FIELD_BITS · l`) as f64, exactly.
+    ///
+    /// # Safety
+    /// The CPU must have AVX2 and F16C.
+    unsafe fn widen(four: i64) -> __m256d;
 
     /// Column block `kb`'s scales as f64 (exactly), lane l of vector v from row
     /// `row_of(4v + l)` (all N rows, or some of them); `None` where the kernels leave the
@@ -61,11 +83,22 @@ pub trait BlockScales<const N: usize>: Copy {
     /// # Safety
     /// The CPU must have AVX2 and F16C; `kb` must be below the blocks the reader was made
     /// for.
+    #[inline(always)]
     unsafe fn vectors<const V: usize>(
         &self,
         kb: usize,
         row_of: impl Fn(usize) -> usize,
-    ) -> Option<[__m256d; V]>;
+    ) -> Option<[__m256d; V]> {
+        let at = self.position(kb);
+        // SAFETY: the caller's conditions, and row_of gives rows below N.
+        let field = |r: usize| unsafe { self.field(r, at) };
+        let words = fours::<N, V>(Self::FIELD_BITS, row_of, field, |f| self.refuses(f))?;
+        let mut out = [_mm256_setzero_pd(); V];
+        for (o, four) in out.iter_mut().zip(words) {
+            *o = Self::widen(four);
+        }
+        Some(out)
+    }
 }
 
 /// E8M0 scale rows, each checked to hold a kernel call's blocks.
@@ -88,21 +121,31 @@ impl<const N: usize> E8m0Rows<N> {
 
 impl<const N: usize> BlockScales<N> for E8m0Rows<N> {
     const POWERS_OF_TWO: bool = true;
+    const FIELD_BITS: usize = 8;
 
     #[inline(always)]
-    unsafe fn vectors<const V: usize>(
-        &self,
-        kb: usize,
-        row_of: impl Fn(usize) -> usize,
-    ) -> Option<[__m256d; V]> {
-        // SAFETY: every row holds the reader's blocks, and kb is one of them.
-        let byte = |r: usize| u16::from(unsafe { *self.rows[r].add(kb) });
-        let fours = fours::<N, V>(8, row_of, byte, |b| b > u16::from(self.limit))?;
-        let mut out = [_mm256_setzero_pd(); V];
-        for (o, four) in out.iter_mut().zip(fours) {
-            *o = e8m0_f64x4(four);
-        }
-        Some(out)
+    fn position(&self, kb: usize) -> usize {
+        kb
+    }
+
+    #[inline(always)]
+    unsafe fn field(&self, row: usize, at: usize) -> u16 {
+        // SAFETY: every row holds the reader's blocks, and `at` is one of them.
+        u16::from(unsafe { *self.rows[row].add(at) })
+    }
+
+    #[inline(always)]
+    fn refuses(&self, byte: u16) -> bool {
+        byte > u16::from(self.limit)
+    }
+
+    /// The low four bytes as E8M0 scales, 2^(b − 127) from the exponent field as
+    /// `e8m0_to_f64` (bytes 1..=254).
+    #[inline(always)]
+    unsafe fn widen(bytes: i64) -> __m256d {
+        let b = _mm256_cvtepu8_epi64(_mm_cvtsi64_si128(bytes));
+        let biased = _mm256_add_epi64(b, _mm256_set1_epi64x(1023 - 127));
+        _mm256_castsi256_pd(_mm256_slli_epi64::<52>(biased))
     }
 }
 
@@ -128,25 +171,28 @@ impl<const N: usize> F16Rows<N> {
 
 impl<const N: usize> BlockScales<N> for F16Rows<N> {
     const POWERS_OF_TWO: bool = false;
+    const FIELD_BITS: usize = 16;
 
     #[inline(always)]
-    unsafe fn vectors<const V: usize>(
-        &self,
-        kb: usize,
-        row_of: impl Fn(usize) -> usize,
-    ) -> Option<[__m256d; V]> {
-        let at = 2 * (kb / self.blocks_per_group);
-        // SAFETY: every row holds the groups of the reader's blocks, and kb is one of them.
-        let half = |r: usize| unsafe {
-            u16::from_le_bytes([*self.rows[r].add(at), *self.rows[r].add(at + 1)])
-        };
-        // Only finite scales: no exponent field all ones.
-        let fours = fours::<N, V>(16, row_of, half, |h| h & 0x7C00 == 0x7C00)?;
-        let mut out = [_mm256_setzero_pd(); V];
-        for (o, four) in out.iter_mut().zip(fours) {
-            *o = _mm256_cvtps_pd(_mm_cvtph_ps(_mm_cvtsi64_si128(four)));
-        }
-        Some(out)
+    fn position(&self, kb: usize) -> usize {
+        2 * (kb / self.blocks_per_group)
+    }
+
+    #[inline(always)]
+    unsafe fn field(&self, row: usize, at: usize) -> u16 {
+        // SAFETY: every row holds the groups of the reader's blocks, and `at` starts one.
+        unsafe { u16::from_le_bytes([*self.rows[row].add(at), *self.rows[row].add(at + 1)]) }
+    }
+
+    /// Only finite scales: no exponent field all ones.
+    #[inline(always)]
+    fn refuses(&self, half: u16) -> bool {
+        half & 0x7C00 == 0x7C00
+    }
+
+    #[inline(always)]
+    unsafe fn widen(halves: i64) -> __m256d {
+        _mm256_cvtps_pd(_mm_cvtph_ps(_mm_cvtsi64_si128(halves)))
     }
 }
 
@@ -165,7 +211,7 @@ fn checked_starts<const N: usize>(rows: [&[u8]; N], bytes: usize, kind: &str) ->
 
 /// Block scale fields (`bits` wide) of four rows per word: row `row_of(4v + l)`'s `field` at
 /// bit `bits · l` of word v; `None` if one is `refused`. Scalar, so that its closures need no
-/// target features: the readers widen the words in their own loops.
+/// target features: [`BlockScales::vectors`] widens the words in its own loop.
 #[inline(always)]
 fn fours<const N: usize, const V: usize>(
     bits: usize,
@@ -184,15 +230,6 @@ fn fours<const N: usize, const V: usize>(
         }
     }
     (!refuse).then_some(words)
-}
-
-/// The low four bytes of `bytes` as E8M0 scales, 2^(b − 127) from the exponent field as
-/// `e8m0_to_f64` (bytes 1..=254).
-#[inline(always)]
-unsafe fn e8m0_f64x4(bytes: i64) -> __m256d {
-    let b = _mm256_cvtepu8_epi64(_mm_cvtsi64_si128(bytes));
-    let biased = _mm256_add_epi64(b, _mm256_set1_epi64x(1023 - 127));
-    _mm256_castsi256_pd(_mm256_slli_epi64::<52>(biased))
 }
 
 #[cfg(test)]
