@@ -1367,11 +1367,12 @@ pub(crate) mod tests {
         every_level_gives_the_portable_bits(&lin, &x, rows);
     }
 
-    /// A prefill's FP8 product in words (`vnni_words`, sixteen weight rows a task;
-    /// `avx2_fp8_prefill`, eight): weight blocks whose exponents span at most 7, or 11 with
-    /// sums too large for one pass, or more (split words), all-zero blocks, a NaN code (its
-    /// task declined), scales at the edges; input blocks in one word or more, rows at the
-    /// edges of the f32 range; several tasks and groups of input rows, the last ones short.
+    /// A prefill's FP8 product in words (`vnni_words` and `avx2_fp8_prefill`, sixteen weight
+    /// rows a task, the latter in two halves of eight): weight blocks whose exponents span at
+    /// most 7, or 11 with sums too large for one pass, or more (split words), all-zero blocks,
+    /// a NaN code (its task declined), scales at the edges; input blocks in one word or more,
+    /// rows at the edges of the f32 range; several tasks and groups of input rows, the last
+    /// ones short.
     #[test]
     fn prefill_fp8_products_keep_their_bits_for_any_word_count() {
         let mut rng = Rng::new(47);
@@ -1384,8 +1385,10 @@ pub(crate) mod tests {
                     let r = rng.next_u32();
                     let sign = (r as u8) & 0x80;
                     let mantissa = (r >> 16) as u8 & 7;
-                    // One kind per task's block (the kernel's rows share their words).
-                    let task = n / crate::model::simd::vnni_words::W_ROWS;
+                    // One kind per task's block in even blocks (the VNNI kernel's rows
+                    // share their words), one per half in odd ones (an AVX2 task's halves
+                    // then differ: whole beside split, either beside zeros).
+                    let task = n / if kb % 2 == 0 { 16 } else { 8 };
                     w.codes[n * inp + k] = match (task + kb) % 4 {
                         // Exponent fields 6 ..= 13 (a span of 7) and zeros.
                         0 if r.is_multiple_of(9) => sign,

@@ -343,37 +343,43 @@ mod kernel {
         }
     }
 
-    /// `Σ_p vpmaddwd(weights[p], x_j's pair p broadcast)` for each input row j: eight weight
-    /// rows' sums over these words (row i in lane i), wrapping. The input rows advance together
-    /// so that each weight vector is loaded once for all of them.
+    /// `Σ_p vpmaddwd(weights[h][p], x_j's pair p broadcast)` for each input row j and each
+    /// of `H` weight vectors h: eight weight rows' sums over these words per vector (row i in
+    /// lane i), wrapping. The input rows advance together so that each weight vector is
+    /// loaded once for all of them, and each broadcast serves the `H` vectors.
     #[inline(always)]
-    pub(in crate::model::simd) unsafe fn pair_sums<const N: usize, X: WordPairs>(
-        weights: &[__m256i; BLOCK / 2],
+    pub(in crate::model::simd) unsafe fn pair_sums<const N: usize, const H: usize, X: WordPairs>(
+        weights: [&[__m256i; BLOCK / 2]; H],
         xs: [&X; N],
-    ) -> [__m256i; N] {
-        let mut acc = [_mm256_setzero_si256(); N];
-        for (p, &w) in weights.iter().enumerate() {
+    ) -> [[__m256i; H]; N] {
+        let mut acc = [[_mm256_setzero_si256(); H]; N];
+        for p in 0..BLOCK / 2 {
             for (a, x) in acc.iter_mut().zip(&xs) {
-                *a = _mm256_add_epi32(*a, _mm256_madd_epi16(w, _mm256_set1_epi32(x.pair(p))));
+                let x = _mm256_set1_epi32(x.pair(p));
+                for (a, w) in a.iter_mut().zip(&weights) {
+                    *a = _mm256_add_epi32(*a, _mm256_madd_epi16(w[p], x));
+                }
             }
         }
         acc
     }
 
-    /// Input row m's eight f32 sums (`sums[m]`, weight row i in lane i) into `out[i · rows +
-    /// m]` for the first `nw` weight rows.
+    /// Input row m's f32 sums (`sums[m][h]`, weight row 8h + i in lane i) into `out[r · rows
+    /// + m]` for the first `nw` weight rows r.
     #[inline(always)]
-    pub(in crate::model::simd) unsafe fn store_row_sums(
+    pub(in crate::model::simd) unsafe fn store_row_sums<const H: usize>(
         out: &mut [f32],
-        sums: &[__m256],
+        sums: &[[__m256; H]],
         nw: usize,
     ) {
         let rows = sums.len();
         for (m, s) in sums.iter().enumerate() {
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), *s);
-            for (i, &v) in lanes[..nw].iter().enumerate() {
-                out[i * rows + m] = v;
+            let mut lanes = [0f32; 16];
+            for (h, v) in s.iter().enumerate() {
+                _mm256_storeu_ps(lanes[8 * h..].as_mut_ptr(), *v);
+            }
+            for (r, &v) in lanes[..nw].iter().enumerate() {
+                out[r * rows + m] = v;
             }
         }
     }

@@ -5,24 +5,26 @@
 //! digit D₀ and `Y = (X − D₀) / 2^8` for a second pass. An e2m1 value is `W / 2` with |W| ≤ 12,
 //! so a block sum is `u · scale · Σ X·W`.
 //!
-//! The eight weight rows of a task are the 32-bit lanes of a vector, each lane one row's pair
-//! of columns `(W[2p], W[2p + 1])` as two 16-bit words, and an input row's pair `(X[2p],
-//! X[2p + 1])` is broadcast to every lane: one `vpmaddwd` makes sixteen products, summed in
-//! pairs, and sixteen of them a block for eight rows, with no horizontal sums. A block's
-//! weights are decoded once for every input row of the call (the reuse a prefill has over a
-//! decode). One pass sums below 32 · 12 · 2^15 < 2^24; two combine as `S₀ + 2^8 · S₁` in
-//! wrapping 32-bit arithmetic, exact because the true sum is below 32 · 12 · 2^19 < 2^28. The
-//! product with the steps and the rounding to f32 are those of every other C1 kernel on the
-//! same exact block sum (`avx2_digits::block_values`), and the f32 sums run over the blocks in
-//! increasing order from +0.0, so the bits are the same.
+//! A task's sixteen weight rows are two halves of eight, each half the 32-bit lanes of a
+//! vector, each lane one row's pair of columns `(W[2p], W[2p + 1])` as two 16-bit words; an
+//! input row's pair `(X[2p], X[2p + 1])` is broadcast once for both halves: one `vpmaddwd`
+//! makes sixteen products, summed in pairs, and sixteen of them a block for a half, with no
+//! horizontal sums. A block's weights are decoded once for every input row of the call (the
+//! reuse a prefill has over a decode). One pass sums below 32 · 12 · 2^15 < 2^24; two combine
+//! as `S₀ + 2^8 · S₁` in wrapping 32-bit arithmetic, exact because the true sum is below 32 ·
+//! 12 · 2^19 < 2^28. The product with the steps and the rounding to f32 are those of every
+//! other C1 kernel on the same exact block sum (`avx2_digits::block_values`), or, where every
+//! step lies where rounding commutes with it (`vnni_prefill::f32_steps_exact`), `f32(S)` times
+//! the step in f32, which rounds the same; the f32 sums run over the blocks in increasing
+//! order from +0.0, so the bits are the same.
 
 use super::super::parallel::{try_for_each_chunk, worth_parallel};
 use super::super::quant::BLOCK;
 use super::avx2_digits::WordBlock;
 use super::vnni::{InputBlocks, IntegerInputs};
 
-/// Weight rows per kernel call: one per 32-bit lane.
-pub const W_ROWS: usize = 8;
+/// Weight rows per kernel call: one per 32-bit lane of two vectors.
+pub const W_ROWS: usize = 16;
 
 /// Every full block of a prefill's input rows as words, block-major.
 #[derive(Default)]
@@ -60,14 +62,14 @@ mod kernel {
     use super::super::avx2_digits::{block_values, pair_sums, store_row_sums};
     use super::super::check_prefill_rows;
     use super::super::vnni::TWICE_E2M1;
+    use super::super::vnni_prefill::{f32_steps_exact, scale_range};
     use super::super::x86::columns8;
     use super::{ActWordBlocks, WordBlock, BLOCK, W_ROWS};
     use crate::dtype::e8m0_to_f64;
     use std::arch::x86_64::*;
 
-    /// Input rows whose sums advance together: eight registers of sums, one of weights and
-    /// one broadcast input.
-    const GROUP: usize = 8;
+    /// Weight rows of one vector: a task is one half or two.
+    const HALF: usize = 8;
 
     /// Column pairs of a block: one weight vector each.
     const PAIRS: usize = BLOCK / 2;
@@ -87,45 +89,94 @@ mod kernel {
         codes: &[&[u8]],
         scales: &[&[u8]],
     ) {
-        let (rows, blocks) = (acts.rows, acts.blocks);
-        check_prefill_rows(out, rows, blocks, (codes, BLOCK / 2), scales, W_ROWS);
-        let nw = codes.len();
-        // Row m's eight sums, in f32 from +0.0.
-        let mut sums = vec![_mm256_setzero_ps(); rows];
+        check_prefill_rows(out, acts.rows, acts.blocks, (codes, BLOCK / 2), scales, W_ROWS);
+        // A task of at most eight rows would multiply a second half of zeros.
+        if codes.len() <= HALF {
+            halves_c1::<1>(out, acts, codes, scales);
+        } else {
+            halves_c1::<2>(out, acts, codes, scales);
+        }
+    }
+
+    /// [`fp4_c1_rows`] with the rows in `H` halves, each input row's pair broadcast once for
+    /// both (two weight vectors per broadcast: fewer operations per multiply-add).
+    #[inline(always)]
+    unsafe fn halves_c1<const H: usize>(
+        out: &mut [f32],
+        acts: &ActWordBlocks,
+        codes: &[&[u8]],
+        scales: &[&[u8]],
+    ) {
+        let (rows, blocks, nw) = (acts.rows, acts.blocks, codes.len());
+        // Input rows whose sums advance together: 2H registers of sums each, H of weights
+        // and one broadcast input of the sixteen.
+        let group = if H == 1 { 8 } else { 6 };
+        // Row m's sums of each half, in f32 from +0.0.
+        let mut sums = vec![[_mm256_setzero_ps(); H]; rows];
+        let mut weights = [[_mm256_setzero_si256(); PAIRS]; H];
         for kb in 0..blocks {
-            let weights = weight_pairs(codes, kb);
-            let scale: [f64; W_ROWS] =
-                std::array::from_fn(|i| scales.get(i).map_or(0.0, |s| e8m0_to_f64(s[kb])));
-            let scale = [
-                _mm256_loadu_pd(scale.as_ptr()),
-                _mm256_loadu_pd(scale[4..].as_ptr()),
-            ];
+            for (h, w) in weights.iter_mut().enumerate() {
+                *w = weight_pairs(&codes[(HALF * h).min(nw)..(HALF * (h + 1)).min(nw)], kb);
+            }
+            let steps = BlockSteps::<H>::of(scales, kb);
             let entries = &acts.entries[kb * rows..][..rows];
-            for (group, entries) in sums.chunks_mut(GROUP).zip(entries.chunks(GROUP)) {
-                match entries.len() {
-                    GROUP => group_block::<GROUP>(group, entries, &weights, scale),
-                    7 => group_block::<7>(group, entries, &weights, scale),
-                    6 => group_block::<6>(group, entries, &weights, scale),
-                    5 => group_block::<5>(group, entries, &weights, scale),
-                    4 => group_block::<4>(group, entries, &weights, scale),
-                    3 => group_block::<3>(group, entries, &weights, scale),
-                    2 => group_block::<2>(group, entries, &weights, scale),
-                    _ => group_block::<1>(group, entries, &weights, scale),
+            for (s, e) in sums.chunks_mut(group).zip(entries.chunks(group)) {
+                match e.len() {
+                    8 => group_block::<8, H>(s, e, &weights, &steps),
+                    7 => group_block::<7, H>(s, e, &weights, &steps),
+                    6 => group_block::<6, H>(s, e, &weights, &steps),
+                    5 => group_block::<5, H>(s, e, &weights, &steps),
+                    4 => group_block::<4, H>(s, e, &weights, &steps),
+                    3 => group_block::<3, H>(s, e, &weights, &steps),
+                    2 => group_block::<2, H>(s, e, &weights, &steps),
+                    _ => group_block::<1, H>(s, e, &weights, &steps),
                 }
             }
         }
         store_row_sums(out, &sums, nw);
     }
 
-    /// Block `kb` of the rows as `[pair p][row i] = (W[2p], W[2p + 1])` (rows past `codes`
-    /// zero). Loops, not closures: a closure's body is compiled without the caller's target
-    /// features, and its intrinsics become calls.
+    /// One block's scales of the rows of `H` halves: as f64 (rows 0..4 and 4..8 of a half)
+    /// and as f32 (powers of two, 2^−127 included, all exact), and the range of the rows
+    /// present.
+    struct BlockSteps<const H: usize> {
+        f64: [[__m256d; 2]; H],
+        f32: [__m256; H],
+        range: (f64, f64),
+    }
+
+    impl<const H: usize> BlockSteps<H> {
+        /// Block kb's scales (rows past `scales` zero).
+        #[inline(always)]
+        unsafe fn of(scales: &[&[u8]], kb: usize) -> BlockSteps<H> {
+            let mut scale = [0f64; W_ROWS];
+            for (s, row) in scale.iter_mut().zip(scales) {
+                *s = e8m0_to_f64(row[kb]);
+            }
+            let mut steps = BlockSteps {
+                f64: [[_mm256_setzero_pd(); 2]; H],
+                f32: [_mm256_setzero_ps(); H],
+                range: scale_range(&scale[..scales.len()]),
+            };
+            for h in 0..H {
+                let half = &scale[HALF * h..];
+                let (low, high) = (_mm256_loadu_pd(half.as_ptr()), _mm256_loadu_pd(half[4..].as_ptr()));
+                steps.f64[h] = [low, high];
+                steps.f32[h] = _mm256_set_m128(_mm256_cvtpd_ps(high), _mm256_cvtpd_ps(low));
+            }
+            steps
+        }
+    }
+
+    /// Block `kb` of up to eight rows as `[pair p][row i] = (W[2p], W[2p + 1])` (rows past
+    /// `codes` zero). Loops, not closures: a closure's body is compiled without the caller's
+    /// target features, and its intrinsics become calls.
     #[inline(always)]
     unsafe fn weight_pairs(codes: &[&[u8]], kb: usize) -> [__m256i; PAIRS] {
         let table = _mm_loadu_si128(TWICE_E2M1.as_ptr().cast());
         let low_nibble = _mm_set1_epi8(0x0F);
         // Row i's columns 0..16 (`halves[0][i]`) and 16..32 (`halves[1][i]`) as words.
-        let mut halves = [[_mm256_setzero_ps(); W_ROWS]; 2];
+        let mut halves = [[_mm256_setzero_ps(); HALF]; 2];
         for (i, row) in codes.iter().enumerate() {
             let bytes = _mm_loadu_si128(row[kb * BLOCK / 2..][..BLOCK / 2].as_ptr().cast());
             let low = _mm_and_si128(bytes, low_nibble);
@@ -144,24 +195,39 @@ mod kernel {
         pairs
     }
 
-    /// One block of `N` input rows (`entries`) into their f32 `sums`.
+    /// One block of `N` input rows (`entries`) into their f32 `sums`, each half's values
+    /// `f32(S · scale · u)`: where every such step lies in the f32 range where rounding
+    /// commutes with it ([`f32_steps_exact`]), `f32(S)` times the f32 step, else in f64.
     #[inline(always)]
-    unsafe fn group_block<const N: usize>(
-        sums: &mut [__m256],
+    unsafe fn group_block<const N: usize, const H: usize>(
+        sums: &mut [[__m256; H]],
         entries: &[WordBlock],
-        weights: &[__m256i; PAIRS],
-        scale: [__m256d; 2],
+        weights: &[[__m256i; PAIRS]; H],
+        steps: &BlockSteps<H>,
     ) {
-        let mut total = pair_sums::<N, _>(weights, std::array::from_fn(|j| &entries[j].words[0]));
+        let weights = std::array::from_fn(|h| &weights[h]);
+        let mut total = pair_sums::<N, H, _>(weights, std::array::from_fn(|j| &entries[j].words[0]));
         if entries.iter().any(|e| e.split) {
             // Unsplit rows' second words are zero.
-            let high = pair_sums::<N, _>(weights, std::array::from_fn(|j| &entries[j].words[1]));
-            for (t, h) in total.iter_mut().zip(high) {
-                *t = _mm256_add_epi32(*t, _mm256_slli_epi32::<8>(h));
+            let high = pair_sums::<N, H, _>(weights, std::array::from_fn(|j| &entries[j].words[1]));
+            for (t, hi) in total.iter_mut().zip(high) {
+                for h in 0..H {
+                    t[h] = _mm256_add_epi32(t[h], _mm256_slli_epi32::<8>(hi[h]));
+                }
             }
         }
         for ((s, t), e) in sums.iter_mut().zip(total).zip(entries) {
-            *s = _mm256_add_ps(*s, block_values(t, scale, e.unit));
+            if f32_steps_exact((e.unit, e.unit), steps.range) {
+                let unit = _mm256_set1_ps(e.unit as f32);
+                for h in 0..H {
+                    let step = _mm256_mul_ps(steps.f32[h], unit);
+                    s[h] = _mm256_add_ps(s[h], _mm256_mul_ps(_mm256_cvtepi32_ps(t[h]), step));
+                }
+            } else {
+                for h in 0..H {
+                    s[h] = _mm256_add_ps(s[h], block_values(t[h], steps.f64[h], e.unit));
+                }
+            }
         }
     }
 }

@@ -7,36 +7,39 @@
 //! the least e of the row's nonzero codes in the block. The block sum is
 //! `u · 2^(e_min − 8) · Σ X·W`, the integer sum exact.
 //!
-//! Eight weight rows are the 32-bit lanes of a vector, each lane one row's pair of columns
-//! `(W[2p], W[2p + 1])` as two words, and an input row's pair is broadcast to every lane:
-//! `vpmaddwd` makes sixteen products summed in pairs, sixteen of them a block for eight rows.
-//! A block's weights are decoded once for every input row of the call, the reuse a prefill
-//! has over a decode. One pass is exact where every row's exponents span at most 11 (W fits a
-//! word) and `max|W| · Σ|X|` is below 2^31 (the wrapping sums then equal the true one). The
-//! others take `vnni_words`' passes: X's digits against W's words (each pass below 32 · 128 ·
-//! 2^15 = 2^27), or, where W spans more (one block of eight rows in seven of `ds41 bench
-//! --kernels`' random weights), W's low byte and the rest `|W| >> 8` (below 2^10) against X's
-//! words (below 2^30) or digits; the passes are recombined exactly in f64 (the total is below
-//! 2^42). Input rows whose X fits words, the common case, run eight at a time against a
-//! block's words or split words; digits, one input row at a time. The product with the steps
-//! and the rounding to f32 are those of every other C1 kernel on the same exact block sum
-//! (`avx2_digits::f64_block_values`), and the f32 sums run over the blocks in increasing order
-//! from +0.0, so the bits are the same.
+//! A task's sixteen weight rows are two halves of eight, each half the 32-bit lanes of a
+//! vector, each lane one row's pair of columns `(W[2p], W[2p + 1])` as two words; an input
+//! row's pair is broadcast once for both halves, and `vpmaddwd` makes sixteen products summed
+//! in pairs per half, sixteen of them a block. A block's weights are decoded once for every
+//! input row of the call, the reuse a prefill has over a decode. One pass is exact where every
+//! row's exponents span at most 11 (W fits a word) and `max|W| · Σ|X|` is below 2^31 (the
+//! wrapping sums then equal the true one). The others take `vnni_words`' passes: X's digits
+//! against W's words (each pass below 32 · 128 · 2^15 = 2^27), or, where W spans more (one
+//! block of eight rows in seven of `ds41 bench --kernels`' random weights), W's low byte and
+//! the rest `|W| >> 8` (below 2^10) against X's words (below 2^30) or digits; the passes are
+//! recombined exactly in f64 (the total is below 2^42). Each half takes its own form; input
+//! rows whose X fits words, the common case, run six at a time (eight with one half) against
+//! both; digits, one input row and one half at a time. The product with the steps and the
+//! rounding to f32 are those of every other C1 kernel on the same exact block sum
+//! (`avx2_digits::f64_block_values`), or, where one pass gives the sum and every step lies
+//! where rounding commutes with it (`vnni_prefill::f32_steps_exact`), `f32(S)` times the step
+//! in f32, which rounds the same; the f32 sums run over the blocks in increasing order from
+//! +0.0, so the bits are the same.
 
 use super::super::quant::BLOCK;
-use super::avx2_digits::{f64_block_values, pair_sums, store_row_sums};
+use super::avx2_digits::{block_values, f64_block_values, pair_sums, store_row_sums};
+use super::vnni_prefill::{f32_steps_exact, scale_range};
 use super::vnni_words::{ActWords, RowDigits, RowWords, PAIRS};
 use super::x86::columns8;
 use super::{check_prefill_rows, lanes_of_rows};
 use crate::dtype::e8m0_to_f64;
 use std::arch::x86_64::*;
 
-/// Weight rows per kernel call: one per 32-bit lane.
-pub const W_ROWS: usize = 8;
+/// Weight rows per kernel call: one per 32-bit lane of two vectors.
+pub const W_ROWS: usize = 16;
 
-/// Input rows whose sums advance together: eight registers of sums, one of weights and one
-/// broadcast input.
-const GROUP: usize = 8;
+/// Weight rows of one vector: a task is one half or two.
+const HALF: usize = 8;
 
 /// The widest exponent span for which `|W| ≤ 15 · 2^span` fits a signed word.
 const WORD_SPAN: i8 = 11;
@@ -64,11 +67,28 @@ struct WeightBlock {
     split: [[__m256i; PAIRS]; 2],
     /// A bound on max|W| (where `whole`).
     largest: u64,
-    /// Each row's step `scale · 2^(e_min − 8)`: rows 0..4 and 4..8.
+    /// Each row's step `scale · 2^(e_min − 8)`: rows 0..4 and 4..8 in f64, all eight in f32
+    /// (exact: powers of two from 2^−135, an f32 subnormal, to 2^124), and their range.
     steps: [__m256d; 2],
+    steps_f32: __m256,
+    step_range: (f64, f64),
 }
 
 impl WeightBlock {
+    /// Before the first block.
+    unsafe fn empty() -> WeightBlock {
+        let zero = _mm256_setzero_si256();
+        WeightBlock {
+            whole: true,
+            words: [zero; PAIRS],
+            split: [[zero; PAIRS]; 2],
+            largest: 0,
+            steps: [_mm256_setzero_pd(); 2],
+            steps_f32: _mm256_setzero_ps(),
+            step_range: (0.0, 0.0),
+        }
+    }
+
     /// W's parts, each a pass against X, part d weighing 2^(8d): its words where `whole`, else
     /// its low bytes and the rest.
     fn parts(&self) -> &[[__m256i; PAIRS]] {
@@ -96,42 +116,61 @@ pub unsafe fn fp8_c1_rows(
     codes: &[&[u8]],
     scales: &[&[u8]],
 ) -> bool {
-    let (rows, blocks) = (acts.rows, acts.blocks);
-    check_prefill_rows(out, rows, blocks, (codes, BLOCK), scales, W_ROWS);
-    let nw = codes.len();
-    if nw == 0 {
-        return true;
+    check_prefill_rows(out, acts.rows, acts.blocks, (codes, BLOCK), scales, W_ROWS);
+    match codes.len() {
+        0 => true,
+        // A task of at most eight rows would decode and multiply a second half of zeros.
+        1..=HALF => halves_c1::<1>(out, acts, codes, scales),
+        _ => halves_c1::<2>(out, acts, codes, scales),
     }
-    let (codes, scales) = (lanes_of_rows(codes), lanes_of_rows(scales));
-    // Row m's eight sums, in f32 from +0.0.
-    let mut sums = vec![_mm256_setzero_ps(); rows];
-    let zero = _mm256_setzero_si256();
-    let mut w = WeightBlock {
-        whole: true,
-        words: [zero; PAIRS],
-        split: [[zero; PAIRS]; 2],
-        largest: 0,
-        steps: [_mm256_setzero_pd(); 2],
-    };
-    // Input rows whose X fits words, gathered eight at a time (indices into the entries).
-    let mut group = [0usize; GROUP];
+}
+
+/// [`fp8_c1_rows`] with the rows in `H` halves of eight lanes (a short half repeating its
+/// first row), each input row's pair broadcast once for every half.
+#[inline(always)]
+unsafe fn halves_c1<const H: usize>(
+    out: &mut [f32],
+    acts: &ActWords,
+    codes: &[&[u8]],
+    scales: &[&[u8]],
+) -> bool {
+    let (rows, blocks, nw) = (acts.rows, acts.blocks, codes.len());
+    let half = |h: usize| HALF * h..nw.min(HALF * (h + 1));
+    let codes: [[&[u8]; HALF]; H] = std::array::from_fn(|h| lanes_of_rows(&codes[half(h)]));
+    let scales: [[&[u8]; HALF]; H] = std::array::from_fn(|h| lanes_of_rows(&scales[half(h)]));
+    // Input rows whose sums advance together: 2H registers of sums each, H of weights and
+    // one broadcast input of the sixteen.
+    let group_size = if H == 1 { 8 } else { 6 };
+    // Row m's sums of each half, in f32 from +0.0.
+    let mut sums = vec![[_mm256_setzero_ps(); H]; rows];
+    let mut w: [WeightBlock; H] = [(); H].map(|()| WeightBlock::empty());
+    // Input rows whose X fits words, gathered a group at a time (indices into the entries).
+    let mut group = [0usize; 8];
     for kb in 0..blocks {
-        if !weight_block(&mut w, &codes, &scales, kb) {
-            return false;
+        for (w, (codes, scales)) in w.iter_mut().zip(codes.iter().zip(&scales)) {
+            if !weight_block(w, codes, scales, kb) {
+                return false;
+            }
+        }
+        // One pass of X's words against whole halves' words is exact below 2^31; split
+        // halves' passes always are (module note).
+        let mut largest = 0;
+        for w in w.iter().filter(|w| w.whole) {
+            largest = largest.max(w.largest);
         }
         let at = kb * rows;
         let (entries, digits) = (&acts.entries[at..][..rows], &acts.digits[at..][..rows]);
-        // Where W is split, X as words takes two grouped passes, each exact (module note).
         let mut n = 0;
         for (m, e) in entries.iter().enumerate() {
-            let grouped = e.in_words() && (!w.whole || w.largest * u64::from(e.sum) < 1 << 31);
-            if !grouped {
-                sums[m] = _mm256_add_ps(sums[m], by_passes(&w, e, &digits[m]));
+            if !(e.in_words() && largest * u64::from(e.sum) < 1 << 31) {
+                for (s, w) in sums[m].iter_mut().zip(&w) {
+                    *s = _mm256_add_ps(*s, by_passes(w, e, &digits[m]));
+                }
                 continue;
             }
             group[n] = m;
             n += 1;
-            if n == GROUP {
+            if n == group_size {
                 grouped_block(n, &mut sums, &group, entries, &w);
                 n = 0;
             }
@@ -143,47 +182,78 @@ pub unsafe fn fp8_c1_rows(
 }
 
 /// The first `n` entries of `group` (indices into `entries`, X as words, each summed exactly
-/// by W's words in one pass or by its split words in two) into their f32 `sums`.
+/// by the halves' words in one pass or by split words in two) into their f32 `sums`.
 #[inline(always)]
-unsafe fn grouped_block(
+unsafe fn grouped_block<const H: usize>(
     n: usize,
-    sums: &mut [__m256],
-    group: &[usize; GROUP],
+    sums: &mut [[__m256; H]],
+    group: &[usize; 8],
     entries: &[RowWords],
-    w: &WeightBlock,
+    w: &[WeightBlock; H],
 ) {
     match n {
         0 => {}
-        1 => passes_block::<1>(sums, group, entries, w),
-        2 => passes_block::<2>(sums, group, entries, w),
-        3 => passes_block::<3>(sums, group, entries, w),
-        4 => passes_block::<4>(sums, group, entries, w),
-        5 => passes_block::<5>(sums, group, entries, w),
-        6 => passes_block::<6>(sums, group, entries, w),
-        7 => passes_block::<7>(sums, group, entries, w),
-        _ => passes_block::<GROUP>(sums, group, entries, w),
+        1 => passes_block::<1, H>(sums, group, entries, w),
+        2 => passes_block::<2, H>(sums, group, entries, w),
+        3 => passes_block::<3, H>(sums, group, entries, w),
+        4 => passes_block::<4, H>(sums, group, entries, w),
+        5 => passes_block::<5, H>(sums, group, entries, w),
+        6 => passes_block::<6, H>(sums, group, entries, w),
+        7 => passes_block::<7, H>(sums, group, entries, w),
+        _ => passes_block::<8, H>(sums, group, entries, w),
     }
 }
 
-/// [`grouped_block`] of `N` entries: a grouped pass per part of W ([`WeightBlock::parts`]),
-/// the passes added exactly in f64.
+/// [`grouped_block`] of `N` entries. Where every half is whole, one pass whose 32-bit sums
+/// are the block sums, scaled in f32 where that is exact ([`f32_steps_exact`]: f32(S) times
+/// the f32 step) and else in f64; otherwise a first pass over every half's first part and a
+/// second over the split halves' rest, added exactly in f64.
 #[inline(always)]
-unsafe fn passes_block<const N: usize>(
-    sums: &mut [__m256],
-    group: &[usize; GROUP],
+unsafe fn passes_block<const N: usize, const H: usize>(
+    sums: &mut [[__m256; H]],
+    group: &[usize; 8],
     entries: &[RowWords],
-    w: &WeightBlock,
+    w: &[WeightBlock; H],
 ) {
     let xs: [&[i32; PAIRS]; N] = std::array::from_fn(|j| &entries[group[j]].words);
-    let mut totals = [[_mm256_setzero_pd(); 2]; N];
-    for (dw, part) in w.parts().iter().enumerate() {
-        for (t, s) in totals.iter_mut().zip(pair_sums::<N, _>(part, xs)) {
-            let [lo, hi] = t;
-            add_pass(lo, hi, s, dw);
+    let first = pair_sums::<N, H, _>(std::array::from_fn(|h| &w[h].parts()[0]), xs);
+    if w.iter().all(|w| w.whole) {
+        let mut range = (f64::INFINITY, 0f64);
+        for w in w {
+            range = (range.0.min(w.step_range.0), range.1.max(w.step_range.1));
+        }
+        for (&m, s) in group.iter().zip(first) {
+            let e = &entries[m];
+            if f32_steps_exact((e.unit, e.unit), range) {
+                let unit = _mm256_set1_ps(e.unit_f32);
+                for ((sum, s), w) in sums[m].iter_mut().zip(s).zip(w) {
+                    let step = _mm256_mul_ps(w.steps_f32, unit);
+                    *sum = _mm256_add_ps(*sum, _mm256_mul_ps(_mm256_cvtepi32_ps(s), step));
+                }
+            } else {
+                for ((sum, s), w) in sums[m].iter_mut().zip(s).zip(w) {
+                    *sum = _mm256_add_ps(*sum, block_values(s, w.steps, e.unit));
+                }
+            }
+        }
+        return;
+    }
+    let mut totals = [[[_mm256_setzero_pd(); 2]; H]; N];
+    for (t, s) in totals.iter_mut().zip(first) {
+        for ([lo, hi], s) in t.iter_mut().zip(s) {
+            add_pass(lo, hi, s, 0);
+        }
+    }
+    for (h, w) in w.iter().enumerate().filter(|(_, w)| !w.whole) {
+        for (t, [s]) in totals.iter_mut().zip(pair_sums::<N, 1, _>([&w.split[1]], xs)) {
+            let [lo, hi] = &mut t[h];
+            add_pass(lo, hi, s, 1);
         }
     }
     for (&m, t) in group.iter().zip(totals) {
-        sums[m] = _mm256_add_ps(sums[m], f64_block_values(t, w.steps, entries[m].unit));
+        for ((sum, t), w) in sums[m].iter_mut().zip(t).zip(w) {
+            *sum = _mm256_add_ps(*sum, f64_block_values(t, w.steps, entries[m].unit));
+        }
     }
 }
 
@@ -199,16 +269,16 @@ unsafe fn add_pass(lo: &mut __m256d, hi: &mut __m256d, s: __m256i, digit: usize)
     );
 }
 
-/// A block sum in several passes (module note), each pass's sums times its power of two,
-/// added exactly in f64, then scaled and rounded once: X's digits against whole words or
-/// split ones (X as words is [`passes_block`]).
+/// A block sum of one half in several passes (module note), each pass's sums times its power
+/// of two, added exactly in f64, then scaled and rounded once: X's digits against whole words
+/// or split ones (X as words is [`passes_block`]).
 #[inline(always)]
 unsafe fn by_passes(w: &WeightBlock, e: &RowWords, digits: &RowDigits) -> __m256 {
     let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
     // Digits are base 256, and W's low byte counts as one.
     for (dx, x) in digits[..usize::from(e.digit_count)].iter().enumerate() {
         for (dw, wd) in w.parts().iter().enumerate() {
-            let [s] = pair_sums::<1, _>(wd, [x]);
+            let [[s]] = pair_sums::<1, 1, _>([wd], [x]);
             add_pass(&mut lo, &mut hi, s, dx + dw);
         }
     }
@@ -221,8 +291,8 @@ unsafe fn by_passes(w: &WeightBlock, e: &RowWords, digits: &RowDigits) -> __m256
 #[inline(always)]
 unsafe fn weight_block(
     w: &mut WeightBlock,
-    codes: &[&[u8]; W_ROWS],
-    scales: &[&[u8]; W_ROWS],
+    codes: &[&[u8]; HALF],
+    scales: &[&[u8]; HALF],
     kb: usize,
 ) -> bool {
     let zero = _mm256_setzero_si256();
@@ -235,9 +305,9 @@ unsafe fn weight_block(
         mantissa: zero,
         shift: zero,
         code: zero,
-    }; W_ROWS];
+    }; HALF];
     let (mut nan, mut span) = (zero, zero);
-    let mut steps = [0f64; W_ROWS];
+    let mut steps = [0f64; HALF];
     for (i, row) in rows.iter_mut().enumerate() {
         let code = _mm256_loadu_si256(codes[i][kb * BLOCK..][..BLOCK].as_ptr().cast());
         let magnitude = _mm256_and_si256(code, _mm256_set1_epi8(0x7F));
@@ -270,6 +340,8 @@ unsafe fn weight_block(
         _mm256_loadu_pd(steps.as_ptr()),
         _mm256_loadu_pd(steps[4..].as_ptr()),
     ];
+    w.steps_f32 = _mm256_set_m128(_mm256_cvtpd_ps(w.steps[1]), _mm256_cvtpd_ps(w.steps[0]));
+    w.step_range = scale_range(&steps);
     // Spans are at most 14: signed comparisons hold.
     let wide = _mm256_cmpgt_epi8(span, _mm256_set1_epi8(WORD_SPAN));
     w.whole = _mm256_movemask_epi8(wide) == 0;
@@ -281,7 +353,7 @@ unsafe fn weight_block(
     }
     // `[d][h][i]`: row i's words from the byte unpacks `h` (`byte_words`): W itself (d = 0)
     // where whole, else its low byte (d = 0) and the rest (d = 1).
-    let mut halves = [[[_mm256_setzero_ps(); W_ROWS]; 2]; 2];
+    let mut halves = [[[_mm256_setzero_ps(); HALF]; 2]; 2];
     for (i, r) in rows.iter().enumerate() {
         let (low, high) = (
             _mm256_shuffle_epi8(pow_low, r.shift),
@@ -335,7 +407,7 @@ unsafe fn byte_words(h: usize, a: __m256i, b: __m256i) -> __m256i {
 /// ([`byte_words`]), whose dword t holds the pair `t + 4h + 4 ⌊t / 4⌋`, as the vectors of
 /// pairs, one row per lane.
 #[inline(always)]
-unsafe fn place_pairs(pairs: &mut [__m256i; PAIRS], halves: [[__m256; W_ROWS]; 2]) {
+unsafe fn place_pairs(pairs: &mut [__m256i; PAIRS], halves: [[__m256; HALF]; 2]) {
     for (h, half) in halves.into_iter().enumerate() {
         for (t, column) in columns8(half).into_iter().enumerate() {
             pairs[t + 4 * h + 4 * (t / 4)] = _mm256_castps_si256(column);

@@ -46,7 +46,7 @@ pub(super) struct RowWords {
     /// u: input k is `X[k] · 2u`.
     pub(super) unit: f64,
     /// u as f32 (exact where the block's unit range is inside the f32 steps' range).
-    unit_f32: f32,
+    pub(super) unit_f32: f32,
     /// max|X| and Σ|X| (below 2^24).
     largest: u32,
     pub(super) sum: u32,
