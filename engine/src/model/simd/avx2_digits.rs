@@ -149,7 +149,7 @@ impl ByteInputs {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use kernel::{block_values, f64_block_values, pair_sums, store_row_sums};
+pub(super) use kernel::{f64_block_values, group_rows, pair_sums, store_row_sums, HalfSteps, HALF};
 #[cfg(target_arch = "x86_64")]
 pub use kernel::{nibble_c1_run8, q8_c1_run8};
 
@@ -158,6 +158,7 @@ mod kernel {
     use super::super::avx2::{prefetch, Codes, LateBlock, LateTotal, Scales};
     use super::super::avx2_scales::{with_block_scales, BlockScales};
     use super::super::vnni::TWICE_E2M1;
+    use super::super::vnni_prefill::{f32_steps_exact, scale_range};
     use super::{DigitBlock, WordBlock, BLOCK};
     use std::arch::x86_64::*;
     use std::ops::Range;
@@ -313,11 +314,7 @@ mod kernel {
     /// The eight rows' block values `f32(S_i · scale_i · unit)` from their integer sums S (row i
     /// in lane i), scales of rows 0..4 and 4..8: the product is exact, so it rounds once.
     #[inline(always)]
-    pub(in crate::model::simd) unsafe fn block_values(
-        sums: __m256i,
-        scale: [__m256d; 2],
-        unit: f64,
-    ) -> __m256 {
+    unsafe fn block_values(sums: __m256i, scale: [__m256d; 2], unit: f64) -> __m256 {
         let low = _mm256_cvtepi32_pd(_mm256_castsi256_si128(sums));
         let high = _mm256_cvtepi32_pd(_mm256_extracti128_si256::<1>(sums));
         f64_block_values([low, high], scale, unit)
@@ -362,6 +359,79 @@ mod kernel {
             }
         }
         acc
+    }
+
+    /// Weight rows of one vector in the prefill kernels (`avx2_fp4_prefill`,
+    /// `avx2_fp8_prefill`), whose tasks are one such half or two.
+    pub(in crate::model::simd) const HALF: usize = 8;
+
+    /// Input rows whose sums advance together in a prefill kernel over `halves` halves: of
+    /// the sixteen registers, `halves` sums per input row, `halves` weight vectors and one
+    /// broadcast input.
+    pub(in crate::model::simd) const fn group_rows(halves: usize) -> usize {
+        if halves == 1 {
+            8
+        } else {
+            6
+        }
+    }
+
+    /// One block's steps of `H` halves of weight rows (each a power of two: an E8M0 scale,
+    /// times a power of two for FP8): in f64, rows 0..4 and 4..8 of each half; in f32 (exact,
+    /// f32 subnormals included); and the range of the rows present, which decides where the
+    /// f32 form is exact.
+    pub(in crate::model::simd) struct HalfSteps<const H: usize> {
+        pub(in crate::model::simd) f64: [[__m256d; 2]; H],
+        f32: [__m256; H],
+        range: (f64, f64),
+    }
+
+    impl<const H: usize> HalfSteps<H> {
+        /// From each row's step (`steps[r]`, the first `present` rows present; the others
+        /// any value, their lanes never read).
+        #[inline(always)]
+        pub(in crate::model::simd) unsafe fn new(steps: &[f64; 2 * HALF], present: usize) -> Self {
+            let mut out = HalfSteps {
+                f64: [[_mm256_setzero_pd(); 2]; H],
+                f32: [_mm256_setzero_ps(); H],
+                range: scale_range(&steps[..present]),
+            };
+            for h in 0..H {
+                let half = &steps[HALF * h..];
+                let (low, high) = (
+                    _mm256_loadu_pd(half.as_ptr()),
+                    _mm256_loadu_pd(half[4..].as_ptr()),
+                );
+                out.f64[h] = [low, high];
+                out.f32[h] = _mm256_set_m128(_mm256_cvtpd_ps(high), _mm256_cvtpd_ps(low));
+            }
+            out
+        }
+
+        /// `sums[h] += f32(S_h · step · u)` for one input row's block sums `S_h` (every half,
+        /// wrapping 32-bit lanes holding the true sums) and unit u (`unit_f32` its f32): in f32
+        /// where every step times u lies where rounding commutes with it
+        /// ([`f32_steps_exact`]), as `f32(S) · f32(step · u)`, else in f64 ([`block_values`]).
+        #[inline(always)]
+        pub(in crate::model::simd) unsafe fn add_values(
+            &self,
+            sums: &mut [__m256; H],
+            s: [__m256i; H],
+            unit: f64,
+            unit_f32: f32,
+        ) {
+            if f32_steps_exact((unit, unit), self.range) {
+                let unit = _mm256_set1_ps(unit_f32);
+                for ((sum, s), steps) in sums.iter_mut().zip(s).zip(&self.f32) {
+                    let step = _mm256_mul_ps(*steps, unit);
+                    *sum = _mm256_add_ps(*sum, _mm256_mul_ps(_mm256_cvtepi32_ps(s), step));
+                }
+            } else {
+                for ((sum, s), steps) in sums.iter_mut().zip(s).zip(&self.f64) {
+                    *sum = _mm256_add_ps(*sum, block_values(s, *steps, unit));
+                }
+            }
+        }
     }
 
     /// Input row m's f32 sums (`sums[m][h]`, weight row 8h + i in lane i) into `out[r · rows

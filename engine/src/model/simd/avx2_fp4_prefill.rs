@@ -59,17 +59,13 @@ pub use kernel::fp4_c1_rows;
 
 #[cfg(target_arch = "x86_64")]
 mod kernel {
-    use super::super::avx2_digits::{block_values, pair_sums, store_row_sums};
+    use super::super::avx2_digits::{group_rows, pair_sums, store_row_sums, HalfSteps, HALF};
     use super::super::check_prefill_rows;
     use super::super::vnni::TWICE_E2M1;
-    use super::super::vnni_prefill::{f32_steps_exact, scale_range};
     use super::super::x86::columns8;
     use super::{ActWordBlocks, WordBlock, BLOCK, W_ROWS};
     use crate::dtype::e8m0_to_f64;
     use std::arch::x86_64::*;
-
-    /// Weight rows of one vector: a task is one half or two.
-    const HALF: usize = 8;
 
     /// Column pairs of a block: one weight vector each.
     const PAIRS: usize = BLOCK / 2;
@@ -89,7 +85,14 @@ mod kernel {
         codes: &[&[u8]],
         scales: &[&[u8]],
     ) {
-        check_prefill_rows(out, acts.rows, acts.blocks, (codes, BLOCK / 2), scales, W_ROWS);
+        check_prefill_rows(
+            out,
+            acts.rows,
+            acts.blocks,
+            (codes, BLOCK / 2),
+            scales,
+            W_ROWS,
+        );
         // A task of at most eight rows would multiply a second half of zeros.
         if codes.len() <= HALF {
             halves_c1::<1>(out, acts, codes, scales);
@@ -108,17 +111,19 @@ mod kernel {
         scales: &[&[u8]],
     ) {
         let (rows, blocks, nw) = (acts.rows, acts.blocks, codes.len());
-        // Input rows whose sums advance together: 2H registers of sums each, H of weights
-        // and one broadcast input of the sixteen.
-        let group = if H == 1 { 8 } else { 6 };
+        let group = group_rows(H);
         // Row m's sums of each half, in f32 from +0.0.
         let mut sums = vec![[_mm256_setzero_ps(); H]; rows];
         let mut weights = [[_mm256_setzero_si256(); PAIRS]; H];
         for kb in 0..blocks {
             for (h, w) in weights.iter_mut().enumerate() {
-                *w = weight_pairs(&codes[(HALF * h).min(nw)..(HALF * (h + 1)).min(nw)], kb);
+                *w = weight_pairs(&codes[HALF * h..nw.min(HALF * (h + 1))], kb);
             }
-            let steps = BlockSteps::<H>::of(scales, kb);
+            let mut scale = [0f64; W_ROWS];
+            for (s, row) in scale.iter_mut().zip(scales) {
+                *s = e8m0_to_f64(row[kb]);
+            }
+            let steps = HalfSteps::<H>::new(&scale, nw);
             let entries = &acts.entries[kb * rows..][..rows];
             for (s, e) in sums.chunks_mut(group).zip(entries.chunks(group)) {
                 match e.len() {
@@ -134,38 +139,6 @@ mod kernel {
             }
         }
         store_row_sums(out, &sums, nw);
-    }
-
-    /// One block's scales of the rows of `H` halves: as f64 (rows 0..4 and 4..8 of a half)
-    /// and as f32 (powers of two, 2^−127 included, all exact), and the range of the rows
-    /// present.
-    struct BlockSteps<const H: usize> {
-        f64: [[__m256d; 2]; H],
-        f32: [__m256; H],
-        range: (f64, f64),
-    }
-
-    impl<const H: usize> BlockSteps<H> {
-        /// Block kb's scales (rows past `scales` zero).
-        #[inline(always)]
-        unsafe fn of(scales: &[&[u8]], kb: usize) -> BlockSteps<H> {
-            let mut scale = [0f64; W_ROWS];
-            for (s, row) in scale.iter_mut().zip(scales) {
-                *s = e8m0_to_f64(row[kb]);
-            }
-            let mut steps = BlockSteps {
-                f64: [[_mm256_setzero_pd(); 2]; H],
-                f32: [_mm256_setzero_ps(); H],
-                range: scale_range(&scale[..scales.len()]),
-            };
-            for h in 0..H {
-                let half = &scale[HALF * h..];
-                let (low, high) = (_mm256_loadu_pd(half.as_ptr()), _mm256_loadu_pd(half[4..].as_ptr()));
-                steps.f64[h] = [low, high];
-                steps.f32[h] = _mm256_set_m128(_mm256_cvtpd_ps(high), _mm256_cvtpd_ps(low));
-            }
-            steps
-        }
     }
 
     /// Block `kb` of up to eight rows as `[pair p][row i] = (W[2p], W[2p + 1])` (rows past
@@ -195,18 +168,17 @@ mod kernel {
         pairs
     }
 
-    /// One block of `N` input rows (`entries`) into their f32 `sums`, each half's values
-    /// `f32(S · scale · u)`: where every such step lies in the f32 range where rounding
-    /// commutes with it ([`f32_steps_exact`]), `f32(S)` times the f32 step, else in f64.
+    /// One block of `N` input rows (`entries`) into their f32 `sums`.
     #[inline(always)]
     unsafe fn group_block<const N: usize, const H: usize>(
         sums: &mut [[__m256; H]],
         entries: &[WordBlock],
         weights: &[[__m256i; PAIRS]; H],
-        steps: &BlockSteps<H>,
+        steps: &HalfSteps<H>,
     ) {
         let weights = std::array::from_fn(|h| &weights[h]);
-        let mut total = pair_sums::<N, H, _>(weights, std::array::from_fn(|j| &entries[j].words[0]));
+        let mut total =
+            pair_sums::<N, H, _>(weights, std::array::from_fn(|j| &entries[j].words[0]));
         if entries.iter().any(|e| e.split) {
             // Unsplit rows' second words are zero.
             let high = pair_sums::<N, H, _>(weights, std::array::from_fn(|j| &entries[j].words[1]));
@@ -217,17 +189,7 @@ mod kernel {
             }
         }
         for ((s, t), e) in sums.iter_mut().zip(total).zip(entries) {
-            if f32_steps_exact((e.unit, e.unit), steps.range) {
-                let unit = _mm256_set1_ps(e.unit as f32);
-                for h in 0..H {
-                    let step = _mm256_mul_ps(steps.f32[h], unit);
-                    s[h] = _mm256_add_ps(s[h], _mm256_mul_ps(_mm256_cvtepi32_ps(t[h]), step));
-                }
-            } else {
-                for h in 0..H {
-                    s[h] = _mm256_add_ps(s[h], block_values(t[h], steps.f64[h], e.unit));
-                }
-            }
+            steps.add_values(s, t, e.unit, e.unit as f32);
         }
     }
 }

@@ -27,8 +27,9 @@
 //! +0.0, so the bits are the same.
 
 use super::super::quant::BLOCK;
-use super::avx2_digits::{block_values, f64_block_values, pair_sums, store_row_sums};
-use super::vnni_prefill::{f32_steps_exact, scale_range};
+use super::avx2_digits::{
+    f64_block_values, group_rows, pair_sums, store_row_sums, HalfSteps, HALF,
+};
 use super::vnni_words::{ActWords, RowDigits, RowWords, PAIRS};
 use super::x86::columns8;
 use super::{check_prefill_rows, lanes_of_rows};
@@ -37,9 +38,6 @@ use std::arch::x86_64::*;
 
 /// Weight rows per kernel call: one per 32-bit lane of two vectors.
 pub const W_ROWS: usize = 16;
-
-/// Weight rows of one vector: a task is one half or two.
-const HALF: usize = 8;
 
 /// The widest exponent span for which `|W| ≤ 15 · 2^span` fits a signed word.
 const WORD_SPAN: i8 = 11;
@@ -67,11 +65,9 @@ struct WeightBlock {
     split: [[__m256i; PAIRS]; 2],
     /// A bound on max|W| (where `whole`).
     largest: u64,
-    /// Each row's step `scale · 2^(e_min − 8)`: rows 0..4 and 4..8 in f64, all eight in f32
-    /// (exact: powers of two from 2^−135, an f32 subnormal, to 2^124), and their range.
-    steps: [__m256d; 2],
-    steps_f32: __m256,
-    step_range: (f64, f64),
+    /// Each row's step `scale · 2^(e_min − 8)`: powers of two from 2^−135 (an f32
+    /// subnormal) to 2^124.
+    steps: [f64; HALF],
 }
 
 impl WeightBlock {
@@ -83,9 +79,7 @@ impl WeightBlock {
             words: [zero; PAIRS],
             split: [[zero; PAIRS]; 2],
             largest: 0,
-            steps: [_mm256_setzero_pd(); 2],
-            steps_f32: _mm256_setzero_ps(),
-            step_range: (0.0, 0.0),
+            steps: [0.0; HALF],
         }
     }
 
@@ -138,9 +132,7 @@ unsafe fn halves_c1<const H: usize>(
     let half = |h: usize| HALF * h..nw.min(HALF * (h + 1));
     let codes: [[&[u8]; HALF]; H] = std::array::from_fn(|h| lanes_of_rows(&codes[half(h)]));
     let scales: [[&[u8]; HALF]; H] = std::array::from_fn(|h| lanes_of_rows(&scales[half(h)]));
-    // Input rows whose sums advance together: 2H registers of sums each, H of weights and
-    // one broadcast input of the sixteen.
-    let group_size = if H == 1 { 8 } else { 6 };
+    let group_size = group_rows(H);
     // Row m's sums of each half, in f32 from +0.0.
     let mut sums = vec![[_mm256_setzero_ps(); H]; rows];
     let mut w: [WeightBlock; H] = [(); H].map(|()| WeightBlock::empty());
@@ -152,6 +144,11 @@ unsafe fn halves_c1<const H: usize>(
                 return false;
             }
         }
+        let mut steps = [0f64; W_ROWS];
+        for (s, w) in steps.chunks_exact_mut(HALF).zip(&w) {
+            s.copy_from_slice(&w.steps);
+        }
+        let steps = HalfSteps::<H>::new(&steps, HALF * H);
         // One pass of X's words against whole halves' words is exact below 2^31; split
         // halves' passes always are (module note).
         let mut largest = 0;
@@ -163,19 +160,19 @@ unsafe fn halves_c1<const H: usize>(
         let mut n = 0;
         for (m, e) in entries.iter().enumerate() {
             if !(e.in_words() && largest * u64::from(e.sum) < 1 << 31) {
-                for (s, w) in sums[m].iter_mut().zip(&w) {
-                    *s = _mm256_add_ps(*s, by_passes(w, e, &digits[m]));
+                for ((s, w), steps) in sums[m].iter_mut().zip(&w).zip(steps.f64) {
+                    *s = _mm256_add_ps(*s, by_passes(w, steps, e, &digits[m]));
                 }
                 continue;
             }
             group[n] = m;
             n += 1;
             if n == group_size {
-                grouped_block(n, &mut sums, &group, entries, &w);
+                grouped_block(n, &mut sums, &group, entries, (&w, &steps));
                 n = 0;
             }
         }
-        grouped_block(n, &mut sums, &group, entries, &w);
+        grouped_block(n, &mut sums, &group, entries, (&w, &steps));
     }
     store_row_sums(out, &sums, nw);
     true
@@ -189,7 +186,7 @@ unsafe fn grouped_block<const H: usize>(
     sums: &mut [[__m256; H]],
     group: &[usize; 8],
     entries: &[RowWords],
-    w: &[WeightBlock; H],
+    w: (&[WeightBlock; H], &HalfSteps<H>),
 ) {
     match n {
         0 => {}
@@ -213,28 +210,14 @@ unsafe fn passes_block<const N: usize, const H: usize>(
     sums: &mut [[__m256; H]],
     group: &[usize; 8],
     entries: &[RowWords],
-    w: &[WeightBlock; H],
+    (w, steps): (&[WeightBlock; H], &HalfSteps<H>),
 ) {
     let xs: [&[i32; PAIRS]; N] = std::array::from_fn(|j| &entries[group[j]].words);
     let first = pair_sums::<N, H, _>(std::array::from_fn(|h| &w[h].parts()[0]), xs);
     if w.iter().all(|w| w.whole) {
-        let mut range = (f64::INFINITY, 0f64);
-        for w in w {
-            range = (range.0.min(w.step_range.0), range.1.max(w.step_range.1));
-        }
         for (&m, s) in group.iter().zip(first) {
             let e = &entries[m];
-            if f32_steps_exact((e.unit, e.unit), range) {
-                let unit = _mm256_set1_ps(e.unit_f32);
-                for ((sum, s), w) in sums[m].iter_mut().zip(s).zip(w) {
-                    let step = _mm256_mul_ps(w.steps_f32, unit);
-                    *sum = _mm256_add_ps(*sum, _mm256_mul_ps(_mm256_cvtepi32_ps(s), step));
-                }
-            } else {
-                for ((sum, s), w) in sums[m].iter_mut().zip(s).zip(w) {
-                    *sum = _mm256_add_ps(*sum, block_values(s, w.steps, e.unit));
-                }
-            }
+            steps.add_values(&mut sums[m], s, e.unit, e.unit_f32);
         }
         return;
     }
@@ -245,14 +228,17 @@ unsafe fn passes_block<const N: usize, const H: usize>(
         }
     }
     for (h, w) in w.iter().enumerate().filter(|(_, w)| !w.whole) {
-        for (t, [s]) in totals.iter_mut().zip(pair_sums::<N, 1, _>([&w.split[1]], xs)) {
+        for (t, [s]) in totals
+            .iter_mut()
+            .zip(pair_sums::<N, 1, _>([&w.split[1]], xs))
+        {
             let [lo, hi] = &mut t[h];
             add_pass(lo, hi, s, 1);
         }
     }
     for (&m, t) in group.iter().zip(totals) {
-        for ((sum, t), w) in sums[m].iter_mut().zip(t).zip(w) {
-            *sum = _mm256_add_ps(*sum, f64_block_values(t, w.steps, entries[m].unit));
+        for ((sum, t), steps) in sums[m].iter_mut().zip(t).zip(steps.f64) {
+            *sum = _mm256_add_ps(*sum, f64_block_values(t, steps, entries[m].unit));
         }
     }
 }
@@ -273,7 +259,12 @@ unsafe fn add_pass(lo: &mut __m256d, hi: &mut __m256d, s: __m256i, digit: usize)
 /// of two, added exactly in f64, then scaled and rounded once: X's digits against whole words
 /// or split ones (X as words is [`passes_block`]).
 #[inline(always)]
-unsafe fn by_passes(w: &WeightBlock, e: &RowWords, digits: &RowDigits) -> __m256 {
+unsafe fn by_passes(
+    w: &WeightBlock,
+    steps: [__m256d; 2],
+    e: &RowWords,
+    digits: &RowDigits,
+) -> __m256 {
     let (mut lo, mut hi) = (_mm256_setzero_pd(), _mm256_setzero_pd());
     // Digits are base 256, and W's low byte counts as one.
     for (dx, x) in digits[..usize::from(e.digit_count)].iter().enumerate() {
@@ -282,7 +273,7 @@ unsafe fn by_passes(w: &WeightBlock, e: &RowWords, digits: &RowDigits) -> __m256
             add_pass(&mut lo, &mut hi, s, dx + dw);
         }
     }
-    f64_block_values([lo, hi], w.steps, e.unit)
+    f64_block_values([lo, hi], steps, e.unit)
 }
 
 /// Block kb of the eight rows into `w`: the codes as bytes, each row's e_min, the span, then
@@ -336,12 +327,7 @@ unsafe fn weight_block(
     if _mm256_movemask_epi8(nan) != 0 {
         return false;
     }
-    w.steps = [
-        _mm256_loadu_pd(steps.as_ptr()),
-        _mm256_loadu_pd(steps[4..].as_ptr()),
-    ];
-    w.steps_f32 = _mm256_set_m128(_mm256_cvtpd_ps(w.steps[1]), _mm256_cvtpd_ps(w.steps[0]));
-    w.step_range = scale_range(&steps);
+    w.steps = steps;
     // Spans are at most 14: signed comparisons hold.
     let wide = _mm256_cmpgt_epi8(span, _mm256_set1_epi8(WORD_SPAN));
     w.whole = _mm256_movemask_epi8(wide) == 0;
