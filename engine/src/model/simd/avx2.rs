@@ -74,11 +74,12 @@ static FP8_ORDER: [usize; BLOCK] = {
 };
 
 /// Asks for the rows' cache lines [`PREFETCH_AHEAD`] bytes past `at` (the loops outrun the
-/// hardware prefetcher on weights streamed from memory).
+/// hardware prefetcher on weights streamed from memory), once per 64 bytes of a row: a block
+/// of FP4 codes is a quarter of a line.
 #[inline(always)]
 pub(super) unsafe fn prefetch<const N: usize>(rows: &[&[u8]; N], at: usize) {
     // Rows of equal length: ahead in one, ahead in all.
-    if at + PREFETCH_AHEAD < rows[0].len() {
+    if at.is_multiple_of(64) && at + PREFETCH_AHEAD < rows[0].len() {
         for row in rows {
             _mm_prefetch::<_MM_HINT_T0>(row.as_ptr().add(at + PREFETCH_AHEAD).cast());
         }
