@@ -1176,7 +1176,7 @@ mod x86 {
     /// block with one byte past the limit left; f16 group scales against `half`, the blocks
     /// of a group with an infinite or NaN scale left.
     pub fn avx2_scale_readers() -> Result<(), Failed> {
-        use ds41_engine::model::simd::avx2_scales::{BlockScales, E8m0Rows, F16Rows};
+        use ds41_engine::model::simd::avx2_scales::{BlockScales, E8m0Blocks, E8m0Rows, F16Rows};
         use std::arch::x86_64::{__m256d, _mm256_storeu_pd};
         let row_of = |field: usize| (5 * field + 3) % 16;
         let lanes = |vectors: [__m256d; 4]| -> Vec<f64> {
@@ -1214,6 +1214,57 @@ mod x86 {
                     }
                 }
                 _ => return Err(format!("E8M0 block {kb}: left or taken wrongly").into()),
+            }
+        }
+        // Eight rows transposed block-major (`E8m0Blocks`, made once per kernel call): 37
+        // blocks (two runs of sixteen and a tail) read in three row orders. A byte past the
+        // limit in a run (row 5, block 21) or in the tail (row 2, block 35) ends every row
+        // there; one before the call's first block (row 1, block 2 of a call from block 3)
+        // ends nothing, nor does no such byte.
+        for (range, refused) in [
+            (0..37, Some((5, 21))),
+            (0..37, Some((2, 35))),
+            (3..37, Some((1, 2))),
+            (0..37, None),
+        ] {
+            let mut bytes: Vec<Vec<u8>> = (0..8)
+                .map(|r| {
+                    (0..37)
+                        .map(|kb| ((31 * r + 7 * kb) % 200 + 1) as u8)
+                        .collect()
+                })
+                .collect();
+            if let Some((r, kb)) = refused {
+                bytes[r][kb] = 201;
+            }
+            let end = refused.map_or(37, |(_, kb)| if kb < range.start { 37 } else { kb });
+            let mut buffer = E8m0Blocks::<8>::buffer();
+            let rows = std::array::from_fn(|r| &bytes[r][..]);
+            // SAFETY: as above.
+            let reader = unsafe { E8m0Blocks::of(&mut buffer, rows, 200, range.clone()) }
+                .ok_or("E8M0 blocks: not made for 37 blocks of eight rows")?;
+            let orders: [&dyn Fn(usize) -> usize; 3] = [&|f| f, &|f| 4 + f, &|f| (3 * f + 1) % 8];
+            for (o, row_of) in orders.iter().enumerate() {
+                for kb in range.clone() {
+                    // SAFETY: as above; kb is within the blocks the reader was made for.
+                    let got = unsafe { reader.vectors::<1>(kb, row_of) };
+                    let at = format!("E8M0 blocks {range:?}, order {o}, block {kb}");
+                    match got {
+                        None if kb >= end => {}
+                        Some([v]) if kb < end => {
+                            let want: Vec<f64> = (0..4)
+                                .map(|f| f64::from(e8m0_to_f32(bytes[row_of(f)][kb])))
+                                .collect();
+                            let mut four = [0f64; 4];
+                            // SAFETY: as above.
+                            unsafe { _mm256_storeu_pd(four.as_mut_ptr(), v) };
+                            if four[..] != want[..] {
+                                return Err(format!("{at}: wrong scales").into());
+                            }
+                        }
+                        _ => return Err(format!("{at}: left or taken wrongly").into()),
+                    }
+                }
             }
         }
         // f16 scales in groups of three blocks; row 6's group 2 infinite, row 9's group 3 NaN.

@@ -229,7 +229,7 @@ pub unsafe fn fp8_c1_run8(
     scales: Scales<8>,
     blocks: Range<usize>,
 ) -> usize {
-    with_block_scales!(scales, blocks.end, |s| fp8_run8(
+    with_block_scales!(scales, blocks.clone(), |s| fp8_run8(
         acc, lanes, rows, s, blocks
     ))
 }
@@ -417,7 +417,7 @@ pub unsafe fn c2_run16(
     scales: Scales<16>,
     blocks: Range<usize>,
 ) -> usize {
-    with_block_scales!(scales, blocks.end, |s| c2_run16_with(
+    with_block_scales!(scales, blocks.clone(), |s| c2_run16_with(
         codes, acc, x, rows, s, blocks
     ))
 }

@@ -181,7 +181,7 @@ mod kernel {
         scales: Scales<8>,
         blocks: Range<usize>,
     ) -> usize {
-        with_block_scales!(scales, blocks.end, |s| match codes {
+        with_block_scales!(scales, blocks.clone(), |s| match codes {
             Codes::Fp4 => run8::<true>(acc, x, rows, s, blocks),
             Codes::Q4 => run8::<false>(acc, x, rows, s, blocks),
             Codes::Fp8 | Codes::Q8 => panic!("the digit kernel reads nibble codes only"),
@@ -252,7 +252,7 @@ mod kernel {
         scales: Scales<8>,
         blocks: Range<usize>,
     ) -> usize {
-        with_block_scales!(scales, blocks.end, |s| q8_run8(acc, x, rows, s, blocks))
+        with_block_scales!(scales, blocks.clone(), |s| q8_run8(acc, x, rows, s, blocks))
     }
 
     /// [`q8_c1_run8`] with its scales' reader.

@@ -12,6 +12,8 @@
 //! called once per lane and block.
 
 use std::arch::x86_64::*;
+use std::mem::MaybeUninit;
+use std::ops::Range;
 
 /// A block's scales for the kernels' rows.
 #[derive(Clone, Copy)]
@@ -28,24 +30,37 @@ pub enum Scales<'a, const N: usize> {
 }
 
 /// Runs `$body` with `$s` bound to the reader of `$scales` (a [`BlockScales`]) checked for
-/// `$blocks` column blocks: one copy of the body per scale kind.
+/// the column blocks `$blocks` (a range): one copy of the body per reader.
 macro_rules! with_block_scales {
-    ($scales:expr, $blocks:expr, |$s:ident| $body:expr) => {
+    ($scales:expr, $blocks:expr, |$s:ident| $body:expr) => {{
+        let blocks: std::ops::Range<usize> = $blocks;
         match $scales {
             $crate::model::simd::avx2_scales::Scales::E8m0 { rows, limit } => {
-                let $s = $crate::model::simd::avx2_scales::E8m0Rows::new(rows, limit, $blocks);
-                $body
+                use $crate::model::simd::avx2_scales::{E8m0Blocks, E8m0Rows};
+                let mut buffer = E8m0Blocks::buffer();
+                // SAFETY: the kernels expanding this run with AVX2.
+                if let Some($s) =
+                    unsafe { E8m0Blocks::of(&mut buffer, rows, limit, blocks.clone()) }
+                {
+                    $body
+                } else {
+                    let $s = E8m0Rows::new(rows, limit, blocks.end);
+                    $body
+                }
             }
             $crate::model::simd::avx2_scales::Scales::F16 {
                 rows,
                 blocks_per_group,
             } => {
-                let $s =
-                    $crate::model::simd::avx2_scales::F16Rows::new(rows, blocks_per_group, $blocks);
+                let $s = $crate::model::simd::avx2_scales::F16Rows::new(
+                    rows,
+                    blocks_per_group,
+                    blocks.end,
+                );
                 $body
             }
         }
-    };
+    }};
 }
 pub(super) use with_block_scales;
 
@@ -139,13 +154,232 @@ impl<const N: usize> BlockScales<N> for E8m0Rows<N> {
         byte > u16::from(self.limit)
     }
 
-    /// The low four bytes as E8M0 scales, 2^(b − 127) from the exponent field as
-    /// `e8m0_to_f64` (bytes 1..=254).
     #[inline(always)]
     unsafe fn widen(bytes: i64) -> __m256d {
-        let b = _mm256_cvtepu8_epi64(_mm_cvtsi64_si128(bytes));
-        let biased = _mm256_add_epi64(b, _mm256_set1_epi64x(1023 - 127));
-        _mm256_castsi256_pd(_mm256_slli_epi64::<52>(biased))
+        e8m0_widen(bytes)
+    }
+}
+
+/// The low four bytes as E8M0 scales, 2^(b − 127) from the exponent field as `e8m0_to_f64`
+/// (bytes 1..=254).
+#[inline(always)]
+unsafe fn e8m0_widen(bytes: i64) -> __m256d {
+    let b = _mm256_cvtepu8_epi64(_mm_cvtsi64_si128(bytes));
+    let biased = _mm256_add_epi64(b, _mm256_set1_epi64x(1023 - 127));
+    _mm256_castsi256_pd(_mm256_slli_epi64::<52>(biased))
+}
+
+/// The most column blocks [`E8m0Blocks`] holds (16384 columns); longer rows are read as
+/// [`E8m0Rows`].
+pub const TRANSPOSED_BLOCKS: usize = 512;
+
+/// E8M0 scale rows transposed once per kernel call into a buffer of the caller's, block-major
+/// (`[kb][row]`): a block's scales for four rows are then one 32-bit load, where reading them
+/// from the rows takes a load, a shift and an or per row (a quarter of the FP4 decode loop's
+/// time). The first block of the call with a byte past the limit in any row is found while
+/// transposing, and the reader leaves every row there: the kernels read all their rows in
+/// each block, or end at the earliest such block anyway.
+#[derive(Clone, Copy)]
+pub struct E8m0Blocks<'a, const N: usize> {
+    /// Blocks `first ..` of the call, up to the first refused one.
+    blocks: &'a [[u8; N]],
+    first: usize,
+}
+
+impl<'a, const N: usize> E8m0Blocks<'a, N> {
+    /// A buffer for [`Self::of`].
+    #[inline(always)]
+    pub fn buffer() -> [MaybeUninit<[u8; N]>; TRANSPOSED_BLOCKS] {
+        [MaybeUninit::uninit(); TRANSPOSED_BLOCKS]
+    }
+
+    /// `rows`' scales of the column blocks `blocks` transposed into `buffer`; `None` where
+    /// there are more than it holds, or N is not eight (the kernels of eight rows read them
+    /// four consecutive rows at a time; the sixteen-row C2 loop reads them in its chains'
+    /// order, which the rows reader serves without a transposition).
+    ///
+    /// # Safety
+    /// The CPU must have AVX2.
+    ///
+    /// # Panics
+    /// If a row holds fewer than `blocks.end` scales.
+    #[inline(always)]
+    pub unsafe fn of(
+        buffer: &'a mut [MaybeUninit<[u8; N]>; TRANSPOSED_BLOCKS],
+        rows: [&[u8]; N],
+        limit: u8,
+        blocks: Range<usize>,
+    ) -> Option<Self> {
+        if blocks.len() > TRANSPOSED_BLOCKS || N != 8 {
+            return None;
+        }
+        // SAFETY: every row holds `blocks.end` bytes, so `blocks.start` is inside it.
+        let starts =
+            checked_starts(rows, blocks.end, "E8M0").map(|p| unsafe { p.add(blocks.start) });
+        let buffer = &mut buffer[..blocks.len()];
+        // SAFETY: the caller's AVX2; every row holds the blocks from `starts`.
+        let refused = unsafe { transpose_scales(buffer, &starts, limit) };
+        // SAFETY: `transpose_scales` wrote every byte of the blocks before the first refused.
+        let written =
+            unsafe { &*(&buffer[..refused] as *const [MaybeUninit<[u8; N]>] as *const [[u8; N]]) };
+        Some(Self {
+            blocks: written,
+            first: blocks.start,
+        })
+    }
+}
+
+/// `buffer[kb][r] = *starts[r].add(kb)`, eight rows and sixteen blocks at a time by byte,
+/// word and dword unpacks (the rest one byte at a time), up to the first block with a byte
+/// above `limit`, which it returns (`buffer.len()` if none).
+///
+/// # Safety
+/// The CPU must have AVX2; every row must hold `buffer.len()` bytes; N a multiple of eight.
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_scales<const N: usize>(
+    buffer: &mut [MaybeUninit<[u8; N]>],
+    starts: &[*const u8; N],
+    limit: u8,
+) -> usize {
+    let blocks = buffer.len();
+    let out = buffer.as_mut_ptr().cast::<u8>();
+    let above = _mm_set1_epi8(limit as i8);
+    let mut refused = blocks;
+    let whole = blocks - blocks % 16;
+    for kb in (0..whole).step_by(16) {
+        let mut past = _mm_setzero_si128();
+        for g in (0..N).step_by(8) {
+            let mut r = [_mm_setzero_si128(); 8];
+            for (i, v) in r.iter_mut().enumerate() {
+                // SAFETY: the row holds blocks kb..kb + 16.
+                *v = unsafe { _mm_loadu_si128(starts[g + i].add(kb).cast()) };
+                past = _mm_or_si128(past, _mm_subs_epu8(*v, above));
+            }
+            // Pairs of rows by byte, then fours by word, then eights by dword: vector j of
+            // the last step holds blocks 2j and 2j + 1 (rows g..g + 8 each).
+            let a: [__m128i; 8] = [
+                _mm_unpacklo_epi8(r[0], r[1]),
+                _mm_unpackhi_epi8(r[0], r[1]),
+                _mm_unpacklo_epi8(r[2], r[3]),
+                _mm_unpackhi_epi8(r[2], r[3]),
+                _mm_unpacklo_epi8(r[4], r[5]),
+                _mm_unpackhi_epi8(r[4], r[5]),
+                _mm_unpacklo_epi8(r[6], r[7]),
+                _mm_unpackhi_epi8(r[6], r[7]),
+            ];
+            let b: [__m128i; 8] = [
+                _mm_unpacklo_epi16(a[0], a[2]),
+                _mm_unpackhi_epi16(a[0], a[2]),
+                _mm_unpacklo_epi16(a[1], a[3]),
+                _mm_unpackhi_epi16(a[1], a[3]),
+                _mm_unpacklo_epi16(a[4], a[6]),
+                _mm_unpackhi_epi16(a[4], a[6]),
+                _mm_unpacklo_epi16(a[5], a[7]),
+                _mm_unpackhi_epi16(a[5], a[7]),
+            ];
+            for q in 0..4 {
+                let pair = [
+                    _mm_unpacklo_epi32(b[q], b[q + 4]),
+                    _mm_unpackhi_epi32(b[q], b[q + 4]),
+                ];
+                for (h, two) in pair.into_iter().enumerate() {
+                    let first = kb + 4 * q + 2 * h;
+                    // SAFETY: blocks `first` and `first + 1` are in the buffer, rows g..g + 8
+                    // eight bytes each.
+                    unsafe {
+                        _mm_storel_epi64(out.add(first * N + g).cast(), two);
+                        _mm_storel_epi64(
+                            out.add((first + 1) * N + g).cast(),
+                            _mm_unpackhi_epi64(two, two),
+                        );
+                    }
+                }
+            }
+        }
+        if _mm_testz_si128(past, past) == 0 {
+            // The earliest refused block is among these sixteen.
+            return first_refused(starts, kb, limit);
+        }
+    }
+    for kb in whole..blocks {
+        for (r, start) in starts.iter().enumerate() {
+            // SAFETY: the row holds block kb, and the buffer does.
+            let byte = unsafe {
+                let byte = *start.add(kb);
+                out.add(kb * N + r).write(byte);
+                byte
+            };
+            if byte > limit && refused == blocks {
+                refused = kb;
+            }
+        }
+    }
+    refused
+}
+
+/// The first block from `kb` at which some row's byte is above `limit` (one exists).
+fn first_refused<const N: usize>(starts: &[*const u8; N], mut kb: usize, limit: u8) -> usize {
+    // SAFETY: the caller found such a byte among the rows' next sixteen blocks.
+    while starts.iter().all(|s| unsafe { *s.add(kb) } <= limit) {
+        kb += 1;
+    }
+    kb
+}
+
+impl<const N: usize> BlockScales<N> for E8m0Blocks<'_, N> {
+    const POWERS_OF_TWO: bool = true;
+    const FIELD_BITS: usize = 8;
+
+    #[inline(always)]
+    fn position(&self, kb: usize) -> usize {
+        kb
+    }
+
+    #[inline(always)]
+    unsafe fn field(&self, row: usize, at: usize) -> u16 {
+        // SAFETY: `at` is a block the reader was made for, before the first refused one.
+        u16::from(unsafe { self.blocks.get_unchecked(at - self.first)[row] })
+    }
+
+    #[inline(always)]
+    fn refuses(&self, _byte: u16) -> bool {
+        // Refusals are found while transposing (`vectors`).
+        false
+    }
+
+    #[inline(always)]
+    unsafe fn widen(bytes: i64) -> __m256d {
+        e8m0_widen(bytes)
+    }
+
+    /// Four consecutive rows' bytes as one load; other row orders as the rows reader does.
+    #[inline(always)]
+    unsafe fn vectors<const V: usize>(
+        &self,
+        kb: usize,
+        row_of: impl Fn(usize) -> usize,
+    ) -> Option<[__m256d; V]> {
+        let block = self.blocks.get(kb.wrapping_sub(self.first))?;
+        let mut out = [_mm256_setzero_pd(); V];
+        for (v, o) in out.iter_mut().enumerate() {
+            let first = row_of(4 * v);
+            let word = if (1..4).all(|l| row_of(4 * v + l) == first + l) {
+                u32::from_le_bytes([
+                    block[first],
+                    block[first + 1],
+                    block[first + 2],
+                    block[first + 3],
+                ])
+            } else {
+                let mut word = 0u32;
+                for l in 0..4 {
+                    word |= u32::from(block[row_of(4 * v + l)]) << (8 * l);
+                }
+                word
+            };
+            *o = e8m0_widen(i64::from(word));
+        }
+        Some(out)
     }
 }
 
