@@ -202,8 +202,8 @@ unsafe fn grouped_block<const H: usize>(
 }
 
 /// [`grouped_block`] of `N` entries. Where every half is whole, one pass whose 32-bit sums
-/// are the block sums, scaled in f32 where that is exact ([`f32_steps_exact`]: f32(S) times
-/// the f32 step) and else in f64; otherwise a first pass over every half's first part and a
+/// are the block sums, scaled in f32 where that is exact and else in f64
+/// ([`HalfSteps::add_values`]); otherwise a first pass over every half's first part and a
 /// second over the split halves' rest, added exactly in f64.
 #[inline(always)]
 unsafe fn passes_block<const N: usize, const H: usize>(
