@@ -1179,7 +1179,7 @@ mod x86 {
         use ds41_engine::model::simd::avx2_scales::{BlockScales, E8m0Blocks, E8m0Rows, F16Rows};
         use std::arch::x86_64::{__m256d, _mm256_storeu_pd};
         let row_of = |field: usize| (5 * field + 3) % 16;
-        let lanes = |vectors: [__m256d; 4]| -> Vec<f64> {
+        let lanes = |vectors: &[__m256d]| -> Vec<f64> {
             vectors
                 .iter()
                 .flat_map(|v| {
@@ -1190,14 +1190,18 @@ mod x86 {
                 })
                 .collect()
         };
-        // Bytes 1..=199, and one of 201 (row 11, block 4) past the limit 200.
-        let mut bytes: Vec<Vec<u8>> = (0..16)
-            .map(|r| {
-                (0..9)
-                    .map(|kb| ((29 * r + 17 * kb) % 199 + 1) as u8)
-                    .collect()
-            })
-            .collect();
+        // Scale bytes from 1 to `top` (at most the limit, 200), spread over rows and blocks.
+        let table = |rows: usize, blocks: usize, (a, b, top): (usize, usize, usize)| {
+            (0..rows)
+                .map(|r| {
+                    (0..blocks)
+                        .map(|kb| ((a * r + b * kb) % top + 1) as u8)
+                        .collect()
+                })
+                .collect::<Vec<Vec<u8>>>()
+        };
+        // And one of 201 (row 11, block 4) past the limit.
+        let mut bytes = table(16, 9, (29, 17, 199));
         bytes[11][4] = 201;
         let e8m0 = E8m0Rows::<16>::new(std::array::from_fn(|r| &bytes[r][..]), 200, 9);
         for kb in 0..9 {
@@ -1209,7 +1213,7 @@ mod x86 {
                     let want: Vec<f64> = (0..16)
                         .map(|f| f64::from(e8m0_to_f32(bytes[row_of(f)][kb])))
                         .collect();
-                    if lanes(v) != want {
+                    if lanes(&v) != want {
                         return Err(format!("E8M0 block {kb}: wrong scales").into());
                     }
                 }
@@ -1227,13 +1231,7 @@ mod x86 {
             (3..37, Some((1, 2))),
             (0..37, None),
         ] {
-            let mut bytes: Vec<Vec<u8>> = (0..8)
-                .map(|r| {
-                    (0..37)
-                        .map(|kb| ((31 * r + 7 * kb) % 200 + 1) as u8)
-                        .collect()
-                })
-                .collect();
+            let mut bytes = table(8, 37, (31, 7, 200));
             if let Some((r, kb)) = refused {
                 bytes[r][kb] = 201;
             }
@@ -1255,10 +1253,7 @@ mod x86 {
                             let want: Vec<f64> = (0..4)
                                 .map(|f| f64::from(e8m0_to_f32(bytes[row_of(f)][kb])))
                                 .collect();
-                            let mut four = [0f64; 4];
-                            // SAFETY: as above.
-                            unsafe { _mm256_storeu_pd(four.as_mut_ptr(), v) };
-                            if four[..] != want[..] {
+                            if lanes(&[v]) != want {
                                 return Err(format!("{at}: wrong scales").into());
                             }
                         }
@@ -1286,7 +1281,7 @@ mod x86 {
                     let want: Vec<f64> = (0..16)
                         .map(|f| f64::from(half::f16::from_bits(half_bits(row_of(f), kb / 3))))
                         .collect();
-                    if lanes(v) != want {
+                    if lanes(&v) != want {
                         return Err(format!("f16 block {kb}: wrong scales").into());
                     }
                 }

@@ -230,8 +230,9 @@ impl<'a, const N: usize> E8m0Blocks<'a, N> {
 }
 
 /// `buffer[kb][r] = *starts[r].add(kb)`, eight rows and sixteen blocks at a time by byte,
-/// word and dword unpacks (the rest one byte at a time), up to the first block with a byte
-/// above `limit`, which it returns (`buffer.len()` if none).
+/// word and dword unpacks, up to the first block with a byte above `limit`, which it returns
+/// (`buffer.len()` if none); the tail, and the sixteen blocks holding that byte, one byte at a
+/// time.
 ///
 /// # Safety
 /// The CPU must have AVX2; every row must hold `buffer.len()` bytes; N a multiple of eight.
@@ -244,9 +245,9 @@ unsafe fn transpose_scales<const N: usize>(
     let blocks = buffer.len();
     let out = buffer.as_mut_ptr().cast::<u8>();
     let above = _mm_set1_epi8(limit as i8);
-    let mut refused = blocks;
-    let whole = blocks - blocks % 16;
-    for kb in (0..whole).step_by(16) {
+    // Where the byte-at-a-time loop starts: the tail, or the run with a byte past the limit.
+    let mut bytewise = blocks - blocks % 16;
+    for kb in (0..bytewise).step_by(16) {
         let mut past = _mm_setzero_si128();
         for g in (0..N).step_by(8) {
             let mut r = [_mm_setzero_si128(); 8];
@@ -297,11 +298,12 @@ unsafe fn transpose_scales<const N: usize>(
             }
         }
         if _mm_testz_si128(past, past) == 0 {
-            // The earliest refused block is among these sixteen.
-            return first_refused(starts, kb, limit);
+            bytewise = kb;
+            break;
         }
     }
-    for kb in whole..blocks {
+    for kb in bytewise..blocks {
+        let mut refused = false;
         for (r, start) in starts.iter().enumerate() {
             // SAFETY: the row holds block kb, and the buffer does.
             let byte = unsafe {
@@ -309,21 +311,13 @@ unsafe fn transpose_scales<const N: usize>(
                 out.add(kb * N + r).write(byte);
                 byte
             };
-            if byte > limit && refused == blocks {
-                refused = kb;
-            }
+            refused |= byte > limit;
+        }
+        if refused {
+            return kb;
         }
     }
-    refused
-}
-
-/// The first block from `kb` at which some row's byte is above `limit` (one exists).
-fn first_refused<const N: usize>(starts: &[*const u8; N], mut kb: usize, limit: u8) -> usize {
-    // SAFETY: the caller found such a byte among the rows' next sixteen blocks.
-    while starts.iter().all(|s| unsafe { *s.add(kb) } <= limit) {
-        kb += 1;
-    }
-    kb
+    blocks
 }
 
 impl<const N: usize> BlockScales<N> for E8m0Blocks<'_, N> {
@@ -335,15 +329,15 @@ impl<const N: usize> BlockScales<N> for E8m0Blocks<'_, N> {
         kb
     }
 
+    /// (This reader's `vectors` reads whole blocks; a field is checked like any slice.)
     #[inline(always)]
     unsafe fn field(&self, row: usize, at: usize) -> u16 {
-        // SAFETY: `at` is a block the reader was made for, before the first refused one.
-        u16::from(unsafe { self.blocks.get_unchecked(at - self.first)[row] })
+        u16::from(self.blocks[at - self.first][row])
     }
 
     #[inline(always)]
     fn refuses(&self, _byte: u16) -> bool {
-        // Refusals are found while transposing (`vectors`).
+        // The blocks end before the first refused one (`transpose_scales`).
         false
     }
 
@@ -364,20 +358,19 @@ impl<const N: usize> BlockScales<N> for E8m0Blocks<'_, N> {
         for (v, o) in out.iter_mut().enumerate() {
             let first = row_of(4 * v);
             let word = if (1..4).all(|l| row_of(4 * v + l) == first + l) {
-                u32::from_le_bytes([
+                let four = [
                     block[first],
                     block[first + 1],
                     block[first + 2],
                     block[first + 3],
-                ])
+                ];
+                i64::from(u32::from_le_bytes(four))
             } else {
-                let mut word = 0u32;
-                for l in 0..4 {
-                    word |= u32::from(block[row_of(4 * v + l)]) << (8 * l);
-                }
+                let byte = |r: usize| u16::from(block[r]);
+                let [word] = fours::<N, 1>(8, |l| row_of(4 * v + l), byte, |_| false)?;
                 word
             };
-            *o = e8m0_widen(i64::from(word));
+            *o = e8m0_widen(word);
         }
         Some(out)
     }
