@@ -6,8 +6,7 @@
 //! none of that may hang, exhaust or outlive the harness. So:
 //! * every engine runs in its **own process group**, ended as a whole (SIGKILL) on timeout,
 //!   on garbage, when the command has finished and when the handle is dropped; a harness
-//!   ended by SIGINT/SIGTERM/SIGHUP/SIGPIPE ends the groups still running first (they no
-//!   longer receive the terminal's signals themselves);
+//!   ended by a signal ends the groups still running first ([`crate::interrupt`]);
 //! * every pipe is read by its own thread in bounded chunks into a bounded queue, and the
 //!   harness waits on that queue with the caller's **deadline**; writes go through a writer
 //!   thread, so an engine that stops reading cannot block the harness either;
@@ -17,7 +16,9 @@
 use std::io::{Read, Write};
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::interrupt::{kill_group, register_group, unregister_group};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, SyncSender};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -97,7 +98,7 @@ impl EngineProcess {
     /// Start `cmd` in a new process group with piped stdout and stderr; stdin is piped when
     /// `with_stdin` (then feed it with [`EngineProcess::send`]), else `/dev/null`.
     pub fn spawn(cmd: &mut Command, with_stdin: bool) -> std::io::Result<EngineProcess> {
-        install_signal_cleanup();
+        crate::interrupt::install();
         cmd.process_group(0)
             .stdin(if with_stdin {
                 Stdio::piped()
@@ -506,72 +507,6 @@ impl Tail {
             shown.join("\n")
         )
     }
-}
-
-// --------------------------------------------------------------- process-group registry
-
-/// Process groups of running engines, for the signal handler (a fixed table of atomics: a
-/// signal handler may not lock or allocate).
-static GROUPS: [AtomicI32; 64] = [const { AtomicI32::new(0) }; 64];
-
-fn register_group(g: i32) {
-    // A full table only loses the cleanup on a signal; Drop still ends the group.
-    for slot in &GROUPS {
-        if slot
-            .compare_exchange(0, g, Ordering::SeqCst, Ordering::SeqCst)
-            .is_ok()
-        {
-            return;
-        }
-    }
-}
-
-fn unregister_group(g: i32) {
-    for slot in &GROUPS {
-        let _ = slot.compare_exchange(g, 0, Ordering::SeqCst, Ordering::SeqCst);
-    }
-}
-
-fn kill_group(g: i32) {
-    // SAFETY: kill(2) with a negative pid signals the process group `g`, which this handle
-    // created (process_group(0) makes the engine the leader of a group with its own pid).
-    unsafe {
-        libc::kill(-g, libc::SIGKILL);
-    }
-}
-
-extern "C" fn end_groups_and_reraise(sig: libc::c_int) {
-    for slot in &GROUPS {
-        let g = slot.swap(0, Ordering::SeqCst);
-        if g > 0 {
-            kill_group(g);
-        }
-    }
-    // SAFETY: signal(2) and raise(3) are async-signal-safe; the default action then ends
-    // the harness as the signal would have without this handler.
-    unsafe {
-        libc::signal(sig, libc::SIG_DFL);
-        libc::raise(sig);
-    }
-}
-
-/// Engines in their own process groups no longer get the terminal's Ctrl-C; a harness
-/// ended by a signal ends them first. Signals the process ignores stay ignored.
-fn install_signal_cleanup() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        for sig in [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE] {
-            // SAFETY: installs an async-signal-safe handler; the previous disposition is
-            // restored when it was "ignore".
-            unsafe {
-                let handler = end_groups_and_reraise as extern "C" fn(libc::c_int);
-                let old = libc::signal(sig, handler as libc::sighandler_t);
-                if old == libc::SIG_IGN {
-                    libc::signal(sig, libc::SIG_IGN);
-                }
-            }
-        }
-    });
 }
 
 #[cfg(test)]

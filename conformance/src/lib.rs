@@ -25,6 +25,7 @@ pub mod families;
 pub mod footprint;
 pub mod gates;
 pub mod goldens;
+pub mod interrupt;
 pub mod locations;
 pub mod outcome;
 pub mod profile;

@@ -355,7 +355,7 @@ pub struct ProfileEngine {
     pub profile: Profile,
     pub path: PathBuf,
     caps: BTreeSet<Capability>,
-    scratch: tempfile::TempDir,
+    scratch: crate::interrupt::ScratchDir,
     calls: u64,
 }
 
@@ -372,7 +372,7 @@ impl ProfileEngine {
             );
         }
         let (caps, _) = declared_capabilities(profile.capabilities.iter().map(String::as_str));
-        let scratch = tempfile::tempdir()?;
+        let scratch = crate::interrupt::ScratchDir::new("ds41-profile-")?;
         Ok(ProfileEngine {
             profile,
             path: path.to_path_buf(),

@@ -360,7 +360,9 @@ fn main() {
             }));
         }
     }
-    libtest_mimic::run(&args, trials).exit();
+    let conclusion = libtest_mimic::run(&args, trials);
+    drop(work);
+    conclusion.exit();
 }
 
 fn quote(p: &Path) -> String {

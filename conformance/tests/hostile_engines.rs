@@ -6,6 +6,7 @@
 //! The fake engines are small shell scripts. Every process they start records its pid, so
 //! a test can check that none survives.
 
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -494,16 +495,18 @@ fn no_engine_process_survives_certify() {
 }
 
 /// Engines in their own process groups miss the terminal's Ctrl-C: a harness ended by
-/// SIGINT or SIGTERM ends them first.
+/// SIGINT or SIGTERM ends them first, and removes the scratch directory it wrote its data to.
 #[test]
 fn a_harness_ended_by_a_signal_takes_its_engines_along() {
     let fake = Fake::new();
     let cases = parse_cases(fake.dir.path());
     for (signal, mode) in [("INT", "hang"), ("TERM", "deaf")] {
+        let tmp = tempfile::tempdir().unwrap();
         let mut certify = Command::new(env!("CARGO_BIN_EXE_ds41"))
             .args(["certify", "--engine", &fake.command(mode), "--cases"])
             .arg(&cases)
             .env_remove("DS41_UPSTREAM")
+            .env("TMPDIR", tmp.path())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -522,7 +525,21 @@ fn a_harness_ended_by_a_signal_takes_its_engines_along() {
         assert!(status.success());
         let ended = certify.wait().unwrap();
         assert!(!ended.success(), "{signal}: {ended:?}");
+        assert_eq!(
+            ended.signal(),
+            Some(if signal == "INT" {
+                libc::SIGINT
+            } else {
+                libc::SIGTERM
+            }),
+            "ended by its signal: {ended:?}"
+        );
         assert_all_gone(&format!("SIG{signal}"), &fake.pids(mode));
+        let left: Vec<_> = std::fs::read_dir(tmp.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert!(left.is_empty(), "SIG{signal}: left behind {left:?}");
     }
 }
 

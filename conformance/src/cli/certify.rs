@@ -146,7 +146,7 @@ pub fn run(a: Args) -> anyhow::Result<i32> {
             ds41_conformance::locations::absolute(d)
         }
         None => {
-            _tmp = tempfile::Builder::new().prefix("ds41-certify-").tempdir()?;
+            _tmp = ds41_conformance::interrupt::ScratchDir::new("ds41-certify-")?;
             _tmp.path().to_path_buf()
         }
     };

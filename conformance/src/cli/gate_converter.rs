@@ -13,7 +13,7 @@ pub fn run(a: ConverterArgs) -> anyhow::Result<i32> {
     let dir = match &a.gates {
         Some(d) => d.clone(),
         None => {
-            _embedded = tempfile::Builder::new().prefix("ds41-gates-").tempdir()?;
+            _embedded = ds41_conformance::interrupt::ScratchDir::new("ds41-gates-")?;
             ds41_conformance::embedded::materialize(_embedded.path())?
                 .join(ds41_conformance::embedded::GATES_DIR)
         }

@@ -77,9 +77,7 @@ pub fn compare(
     judge_end_to_end: bool,
 ) -> anyhow::Result<ForwardReport> {
     let golden = run(release, tokens, prefill, None)?;
-    let dir = tempfile::Builder::new()
-        .prefix("ds41-converter-gate-")
-        .tempdir()?;
+    let dir = crate::interrupt::ScratchDir::new("ds41-converter-gate-")?;
     let golden_path = dir.path().join("release.safetensors");
     golden.write(&golden_path)?;
     let forced = run(container, &[], prefill, Some(&golden_path))?;

@@ -12,6 +12,7 @@ use super::diff::{diff, Change};
 use super::hashing::{sha256_bytes, sha256_path};
 use super::provenance::{GeneratorKind, Location, Provenance, SIDECAR_SUFFIX};
 use super::GoldenError;
+use crate::interrupt::ScratchDir;
 
 #[derive(Debug, Clone)]
 pub struct BlessOptions {
@@ -83,7 +84,7 @@ pub fn bless(opts: &BlessOptions) -> Result<Vec<Blessed>, GoldenError> {
 
 /// Generated inputs already built in this run, by command: records sharing a checkpoint
 /// (e.g. one `ds41 synth` for many traces) build it once.
-type Built = BTreeMap<String, (tempfile::TempDir, String)>;
+type Built = BTreeMap<String, (ScratchDir, String)>;
 
 fn bless_one(
     sidecar: &Path,
@@ -155,7 +156,8 @@ fn bless_one(
         paths.insert(input.name.clone(), path);
     }
 
-    let out_dir = tempfile::tempdir().map_err(|e| GoldenError::io(Path::new("tempdir"), e))?;
+    let out_dir =
+        ScratchDir::new("ds41-goldens-").map_err(|e| GoldenError::io(&std::env::temp_dir(), e))?;
     let cmd =
         command::expand(&record.command, out_dir.path(), &paths, &opts.ds41).map_err(|reason| {
             GoldenError::Field {

@@ -11,6 +11,7 @@ use super::errata::{Errata, GoldenRef};
 use super::hashing::{sha256_file, sha256_path};
 use super::provenance::{Location, Provenance, SIDECAR_SUFFIX};
 use super::GoldenError;
+use crate::interrupt::ScratchDir;
 
 /// Files under goldens/ that are documentation or tooling, not goldens.
 fn is_exempt(rel: &str) -> bool {
@@ -355,8 +356,9 @@ pub fn materialise(
     input: &super::provenance::Input,
     sidecar: &Path,
     opts: &CheckOptions,
-) -> Result<(tempfile::TempDir, String), GoldenError> {
-    let tmp = tempfile::tempdir().map_err(|e| GoldenError::io(Path::new("tempdir"), e))?;
+) -> Result<(ScratchDir, String), GoldenError> {
+    let tmp =
+        ScratchDir::new("ds41-goldens-").map_err(|e| GoldenError::io(&std::env::temp_dir(), e))?;
     let out = tmp.path().join(&input.name);
     std::fs::create_dir_all(&out).map_err(|e| GoldenError::io(&out, e))?;
     let template = input.command.as_deref().unwrap_or_default();
