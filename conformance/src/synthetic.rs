@@ -42,6 +42,7 @@ pub fn generate_mutant(
         out_dir: dir.to_path_buf(),
         mutant: Some(mutant.into()),
         force: false,
+        overrides: Vec::new(),
     })?;
     Ok(())
 }

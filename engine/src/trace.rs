@@ -222,13 +222,17 @@ impl Trace {
                 vec![t, l, self.topk_experts],
                 le_bytes(&self.expert_weights),
             ),
-            (
+        ];
+        // A model without Engram layers has no hash to record; the official driver leaves the
+        // tensor out then, and a comparer reading both must not meet an empty one on one side.
+        if self.engram_layers > 0 {
+            tensors.push((
                 "engram_hash".into(),
                 Dtype::I64,
                 vec![t, self.engram_layers, self.engram_cols],
                 le_bytes(&self.engram_hash),
-            ),
-        ];
+            ));
+        }
         for (li, v) in &self.topk {
             tensors.push((
                 format!("topk.L{li}"),
@@ -290,12 +294,14 @@ impl Trace {
                 vec![t, l, hc],
                 le_bytes(&self.pre_mix),
             ));
-            tensors.push((
-                "engram_gate".into(),
-                Dtype::F32,
-                vec![t, self.engram_layers, hc],
-                le_bytes(&self.engram_gate),
-            ));
+            if self.engram_layers > 0 {
+                tensors.push((
+                    "engram_gate".into(),
+                    Dtype::F32,
+                    vec![t, self.engram_layers, hc],
+                    le_bytes(&self.engram_gate),
+                ));
+            }
             tensors.push((
                 "final_pre".into(),
                 Dtype::F32,

@@ -342,8 +342,8 @@ fn every_invariant_refuses_with_field_and_rule() {
         "most recent KV source 1 has ratio 2",
         |c| c.compress_ratios = vec![0, 2, 1, 1],
     );
-    // item 3 for index sources is implied by the KV rule, item 4 and the group rule (an
-    // index source lies in the ratio run of its KV source), so it cannot fail alone.
+    // item 3 for index sources is implied by the KV rule and item 4 (an index source's own
+    // most recent KV source is the consumer's, so their ratios agree): it cannot fail alone.
     // item 4
     refuse("kv_source_layers", "must also be an index source", |c| {
         c.index_source_layers = vec![3]
@@ -380,17 +380,24 @@ fn every_invariant_refuses_with_field_and_rule() {
     });
     refuse("rope_head_dim", "even", |c| c.rope_head_dim = 7);
     refuse("hc_mult", "power of two", |c| c.hc_mult = 3);
-    // CONTAINER.md §9: each ratio group starts with its source
-    refuse(
-        "compress_ratios",
-        "starts a run of ratio 1 but is not a KV source",
-        |c| {
-            c.kv_source_layers = vec![1];
-            c.index_source_layers = vec![1];
-            c.candidate_source_layer = None;
-            c.compress_ratios = vec![0, 1, 0, 1];
-        },
-    );
+    // CONTAINER.md §9: a container's ratio groups each start with their source; the release
+    // layout allows a window-only layer between a source and its consumer (MODEL.md §6.4.5).
+    let mut split = tiny_config();
+    split.kv_source_layers = vec![1];
+    split.index_source_layers = vec![1];
+    split.candidate_source_layer = None;
+    split.compress_ratios = vec![0, 1, 0, 1];
+    split.validate().unwrap();
+    match split.validate_container() {
+        Err(Error::Config { field, rule }) => {
+            assert_eq!(field, "compress_ratios", "rule: {rule}");
+            assert!(
+                rule.contains("starts a run of ratio 1 but is not a KV source"),
+                "{rule}"
+            );
+        }
+        other => panic!("split ratio group: expected a refusal, got {other:?}"),
+    }
     // bounds
     refuse("score_func", "sqrtsoftplus", |c| {
         c.score_func = "softmax".into()

@@ -63,6 +63,9 @@ pub enum SynthError {
     NonEmptyDir(PathBuf),
     #[error("{path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
+    /// A geometry override (`ds41 synth --set KEY=VALUE`) that cannot be applied.
+    #[error("--set {key}: {reason}")]
+    Override { key: String, reason: String },
 }
 
 impl SynthError {
@@ -85,6 +88,8 @@ pub struct Options {
     /// Replace a previous synthetic checkpoint in `out_dir` (only files listed in its
     /// provenance record are removed; anything else in the directory is kept).
     pub force: bool,
+    /// `text_config` keys replaced in the preset's geometry ([`Preset::with_overrides`]).
+    pub overrides: Vec<(String, serde_json::Value)>,
 }
 
 /// What was written.
@@ -153,13 +158,15 @@ pub fn generate(
         out_dir: out_dir.to_path_buf(),
         mutant: None,
         force: false,
+        overrides: Vec::new(),
     })
 }
 
 /// [`generate`] with a mutant and the overwrite policy.
 pub fn generate_with(o: &Options) -> Result<Generated, SynthError> {
-    let p =
-        Preset::by_name(&o.preset).ok_or_else(|| SynthError::UnknownPreset(o.preset.clone()))?;
+    let p = Preset::by_name(&o.preset)
+        .ok_or_else(|| SynthError::UnknownPreset(o.preset.clone()))?
+        .with_overrides(&o.overrides, o.layout)?;
     let mutant = match &o.mutant {
         None => None,
         Some(m) => {
@@ -193,7 +200,7 @@ pub fn generate_with(o: &Options) -> Result<Generated, SynthError> {
     files.push(SIDECAR.to_string());
     files.sort();
     files.dedup();
-    let sidecar = serde_json::json!({
+    let mut sidecar = serde_json::json!({
         "generator": "ds41-synthetic",
         "generator_version": GENERATOR_VERSION,
         "preset": p.name,
@@ -203,6 +210,10 @@ pub fn generate_with(o: &Options) -> Result<Generated, SynthError> {
         "files": files,
         "reach": p.reach,
     });
+    if !o.overrides.is_empty() {
+        // Only then: the record of a plain preset stays byte-identical.
+        sidecar["overrides"] = o.overrides.iter().cloned().collect();
+    }
     release::write_json(&dir.join(SIDECAR), &sidecar)?;
     Ok(Generated {
         dir: dir.clone(),

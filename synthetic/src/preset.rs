@@ -8,7 +8,14 @@ use std::collections::BTreeSet;
 
 use ds41_engine::config::{release_primes, Config, DsparkConfig, VisionConfig};
 
+use ds41_engine::checkpoint::Layout;
+
 use crate::tokenizer::{TokenizerKind, Vocab};
+use crate::SynthError;
+
+/// `text_config` keys a writer computes from the others (MODEL.md §6.6.1: the Engram rows are
+/// the sums of each layer's primes; the compressed vocabulary comes from the tokenizer).
+const DERIVED_KEYS: [&str; 2] = ["engram_num_embeddings", "engram_compressed_vocab_size"];
 
 /// Everything the writers need to know about one synthetic model: the engine's own
 /// [`Config`] (the inference `ModelArgs` names, so the field list lives in one place) plus the
@@ -161,6 +168,79 @@ impl Preset {
             "wide-deep" => wide_deep(),
             _ => return None,
         })
+    }
+
+    /// This preset at another geometry: `text_config` keys of its release `config.json`
+    /// (MODEL.md §2.1 names) replaced by the given JSON values, for checks on shapes no preset
+    /// has. The keys derived from the others (`engram_num_embeddings`,
+    /// `engram_compressed_vocab_size`) are recomputed, not set; the result must pass the
+    /// engine's config checks for `layout` (the release layout's include the kernels'
+    /// divisibility rules, MODEL.md §2.2; a container's its ratio grouping, CONTAINER.md §9).
+    /// Every tensor is drawn for the new shapes from the same seed streams.
+    pub fn with_overrides(
+        mut self,
+        overrides: &[(String, serde_json::Value)],
+        layout: Layout,
+    ) -> Result<Preset, SynthError> {
+        if overrides.is_empty() {
+            return Ok(self);
+        }
+        let refuse = |key: &str, reason: String| SynthError::Override {
+            key: key.to_string(),
+            reason,
+        };
+        let g = &self.geometry;
+        let mut root = crate::release::root_config(g, g.engram_compressed_vocab_size);
+        let text = root["text_config"]
+            .as_object_mut()
+            .expect("the writer's text_config is an object");
+        for (key, value) in overrides {
+            if DERIVED_KEYS.contains(&key.as_str()) {
+                return Err(refuse(
+                    key,
+                    "is derived from the other keys, not set".into(),
+                ));
+            }
+            if !text.contains_key(key) || key == "model_type" {
+                return Err(refuse(
+                    key,
+                    format!(
+                        "is not a text_config key of the release config.json (keys: {})",
+                        text.keys()
+                            .filter(|k| *k != "model_type" && !DERIVED_KEYS.contains(&k.as_str()))
+                            .cloned()
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    ),
+                ));
+            }
+            text.insert(key.clone(), value.clone());
+        }
+        let keys: Vec<&str> = overrides.iter().map(|(k, _)| k.as_str()).collect();
+        let given = |e: ds41_engine::Error| refuse(&keys.join(", "), e.to_string());
+        let args = Config::read_release_value(&root).map_err(given)?;
+        let mut geometry = Geometry::new(args, g.pad_token_id, self.tokenizer);
+        geometry.router_ties = g.router_ties.clone();
+        match layout {
+            Layout::Release => geometry
+                .validate()
+                .and_then(|()| geometry.validate_upstream_kernels()),
+            Layout::Container => geometry.validate_container(),
+        }
+        .map_err(given)?;
+        for t in &geometry.router_ties {
+            if t.layer >= geometry.n_layers || t.expert.max(t.copy) >= geometry.n_routed_experts {
+                return Err(refuse(
+                    &keys.join(", "),
+                    format!(
+                        "the preset ties experts {} and {} on layer {}, which this geometry does not have",
+                        t.expert, t.copy, t.layer
+                    ),
+                ));
+            }
+        }
+        self.geometry = geometry;
+        Ok(self)
     }
 
     pub fn all() -> Vec<Preset> {

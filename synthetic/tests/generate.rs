@@ -303,6 +303,7 @@ fn a_non_empty_directory_is_refused_and_force_keeps_foreign_files() {
         out_dir: dir.clone(),
         mutant: None,
         force: true,
+        overrides: Vec::new(),
     };
     let g = generate_with(&opts("tiny-sharded", Layout::Release)).unwrap();
     assert_eq!(g.kept, vec!["notes.txt".to_string()]);
@@ -335,6 +336,7 @@ fn unknown_preset_and_inapplicable_mutant_are_typed_errors() {
         out_dir: tmp.path().join("x"),
         mutant: Some("index-missing-shard".into()),
         force: false,
+        overrides: Vec::new(),
     };
     assert!(matches!(
         generate_with(&o).unwrap_err(),
@@ -405,4 +407,146 @@ fn container_tokmap_is_the_tokenizer_map_and_pad_is_not_identity() {
         manifest["config"]["engram_compressed_vocab_size"],
         engram["compressed_vocab_size"]
     );
+}
+
+/// `--set`: the preset at another geometry. The written config reads back with the new values
+/// and recomputed Engram rows, the tensors have the new shapes, the record lists the
+/// overrides, and a plain preset's record does not mention them.
+#[test]
+fn overrides_change_the_geometry_and_are_recorded() {
+    use ds41_engine::config::Config;
+    let tmp = tempfile::tempdir().unwrap();
+    let with = |dir: &str, overrides: Vec<(&str, serde_json::Value)>| Options {
+        preset: "tiny".into(),
+        layout: Layout::Release,
+        seed: 0,
+        out_dir: tmp.path().join(dir),
+        mutant: None,
+        force: false,
+        overrides: overrides
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+    };
+    generate_with(&with(
+        "a",
+        vec![
+            ("hc_mult", serde_json::json!(2)),
+            ("engram_vocab_size", serde_json::json!(1000)),
+            ("compress_ratios", serde_json::json!([0, 2, 0, 2, 1, 1])),
+            ("kv_source_layer_ids", serde_json::json!([1, 4])),
+            ("index_source_layer_ids", serde_json::json!([1, 4, 5])),
+            ("candidate_source_layer_id", serde_json::json!(4)),
+        ],
+    ))
+    .unwrap();
+    let dir = tmp.path().join("a");
+    let cfg = Config::from_release_json(&dir.join("config.json")).unwrap();
+    assert_eq!(cfg.hc_mult, 2);
+    assert_eq!(cfg.compress_ratios, vec![0, 2, 0, 2, 1, 1]);
+    let plain = Config::from_release_json(
+        &gen("tiny", Layout::Release, 0)
+            .0
+            .path()
+            .join("ck/config.json"),
+    )
+    .unwrap();
+    assert!(
+        cfg.engram_num_embeddings
+            .iter()
+            .zip(&plain.engram_num_embeddings)
+            .all(|(a, b)| a > b),
+        "Engram rows recomputed for the larger vocabulary: {:?} vs {:?}",
+        cfg.engram_num_embeddings,
+        plain.engram_num_embeddings
+    );
+    let record: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("ds41-synthetic.json")).unwrap()).unwrap();
+    assert_eq!(record["overrides"]["hc_mult"], 2);
+    assert_eq!(
+        record["overrides"]["compress_ratios"],
+        serde_json::json!([0, 2, 0, 2, 1, 1])
+    );
+    let header = std::fs::read(dir.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(header[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&header[8..8 + n]).unwrap();
+    assert_eq!(
+        header["layers.0.hc_attn_base"]["shape"],
+        serde_json::json!([2 * (2 + 2)]),
+        "hc_mult 2: 2 + 2 + 2x2 mixes"
+    );
+    assert!(header.get("layers.2.attn.compressor.wkv.weight").is_none());
+    assert!(header.get("layers.4.attn.compressor.wkv.weight").is_some());
+
+    let plain_record: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(
+            gen("tiny", Layout::Release, 0)
+                .0
+                .path()
+                .join("ck/ds41-synthetic.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert!(plain_record.get("overrides").is_none());
+}
+
+#[test]
+fn overrides_that_cannot_apply_are_refused_naming_the_key() {
+    let tmp = tempfile::tempdir().unwrap();
+    let refused = |layout, key: &str, value: serde_json::Value| {
+        let o = Options {
+            preset: "tiny".into(),
+            layout,
+            seed: 0,
+            out_dir: tmp.path().join("x"),
+            mutant: None,
+            force: false,
+            overrides: vec![(key.to_string(), value)],
+        };
+        match generate_with(&o).unwrap_err() {
+            SynthError::Override { key: k, reason } => {
+                assert_eq!(k, key);
+                reason
+            }
+            other => panic!("{key}: {other}"),
+        }
+    };
+    assert!(refused(Layout::Release, "hc_mul", serde_json::json!(2)).contains("hc_mult"));
+    assert!(refused(
+        Layout::Release,
+        "engram_num_embeddings",
+        serde_json::json!([1, 2])
+    )
+    .contains("derived"));
+    assert!(
+        refused(Layout::Release, "hidden_size", serde_json::json!(100)).contains("multiple of 32")
+    );
+    assert!(
+        refused(Layout::Release, "hidden_size", serde_json::json!("wide")).contains("hidden_size")
+    );
+    // A container's ratio groups must each start with their source (CONTAINER.md §9).
+    let o = Options {
+        preset: "tiny".into(),
+        layout: Layout::Container,
+        seed: 0,
+        out_dir: tmp.path().join("x"),
+        mutant: None,
+        force: false,
+        overrides: vec![
+            (
+                "compress_ratios".into(),
+                serde_json::json!([0, 2, 0, 2, 1, 1]),
+            ),
+            ("kv_source_layer_ids".into(), serde_json::json!([1, 4])),
+            (
+                "index_source_layer_ids".into(),
+                serde_json::json!([1, 4, 5]),
+            ),
+            ("candidate_source_layer_id".into(), serde_json::json!(4)),
+        ],
+    };
+    let e = generate_with(&o).unwrap_err().to_string();
+    assert!(e.contains("starts a run of ratio 2"), "{e}");
+    assert!(!tmp.path().join("x").exists(), "nothing written");
 }

@@ -34,9 +34,24 @@ pub struct Args {
     /// ds41-synthetic.json are removed; anything else there is kept.
     #[arg(long)]
     force: bool,
+    /// Replace a `text_config` key of the preset's release config.json, the value as JSON
+    /// (repeatable; e.g. `--set hc_mult=2 --set 'compress_ratios=[0,2,0,2,1,1]'`): the preset
+    /// at a geometry of your choosing. Derived keys (Engram rows, compressed vocabulary) are
+    /// recomputed.
+    #[arg(long = "set", value_name = "KEY=JSON", value_parser = parse_override)]
+    overrides: Vec<(String, serde_json::Value)>,
     /// List presets and mutants, then exit.
     #[arg(long)]
     list: bool,
+}
+
+fn parse_override(arg: &str) -> Result<(String, serde_json::Value), String> {
+    let (key, value) = arg
+        .split_once('=')
+        .ok_or_else(|| format!("`{arg}`: expected KEY=JSON"))?;
+    let value = serde_json::from_str(value)
+        .map_err(|e| format!("`{key}`: the value `{value}` is not JSON ({e})"))?;
+    Ok((key.to_string(), value))
 }
 
 /// `--list`: presets (with what they reach) and mutants (with the refusal each must provoke).
@@ -99,12 +114,16 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         out_dir: out.clone(),
         mutant: args.mutant.clone(),
         force: args.force,
+        overrides: args.overrides.clone(),
     })
     .with_context(|| format!("writing preset `{preset}` to {}", out.display()))?;
-    let what = args
+    let mut what = args
         .mutant
         .map(|m| format!(" (mutant {m})"))
         .unwrap_or_default();
+    for (key, value) in &args.overrides {
+        what += &format!(" {key}={value}");
+    }
     println!(
         "wrote {} files for preset {preset}{what}, seed {} to {}",
         generated.files.len(),

@@ -133,6 +133,28 @@ fn robust_flip_fails_even_when_fragile_flips_are_excused() {
     assert!(r.failure_summary().contains("ROBUST"));
 }
 
+/// A model without Engram layers: the golden's hash tensor is absent or empty, and an engine
+/// that writes none (or an empty one) is neither failed nor reported as not checked.
+#[test]
+fn no_engram_layers_compares_no_engram_hash() {
+    let mut g = golden();
+    g.tensors.insert(
+        "engram_hash".into(),
+        TraceTensor::i64(vec![3, 0, 2], Vec::new()),
+    );
+    let mut e = golden();
+    e.tensors.remove("engram_hash");
+    for (golden, engine) in [(&g, &e), (&g, &g), (&e, &e)] {
+        let r = compare(golden, engine, &gates(ProfileName::Upstream));
+        assert!(!r.failed(), "{}", r.failure_summary());
+        assert!(
+            r.metrics.iter().all(|m| m.name != "engram_hash"),
+            "{:?}",
+            r.metrics.iter().map(|m| &m.name).collect::<Vec<_>>()
+        );
+    }
+}
+
 #[test]
 fn engram_hash_and_topk_are_exact() {
     let mut e = golden();

@@ -1180,7 +1180,7 @@ fn read_engram_json(path: &Path, cfg: &mut Config) -> Result<EngramHashConstants
     // The oracle uses engram.json's pad directly as a compressed id (CONTAINER.md §11.3 item 9).
     cfg.engram_pad_id = pad;
     cfg.engram_pad_is_compressed = true;
-    cfg.validate()
+    cfg.validate_container()
         .map_err(|e| crate::config::in_file_err(path, e))?;
     Ok(k)
 }

@@ -250,12 +250,19 @@ impl Config {
     /// [`Config::from_release_json`] on an already parsed value. A root without
     /// `text_config` is read as a flat HF text config.
     pub fn from_release_value(v: &Value) -> Result<Config> {
+        let cfg = Self::read_release_value(v)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The keys of a release `config.json` value, every one present and well typed, without
+    /// the invariants of [`Config::validate`]: for a writer that completes the derived keys
+    /// (Engram rows, the compressed vocabulary) of a geometry before checking it.
+    pub fn read_release_value(v: &Value) -> Result<Config> {
         let root = Keys::new(as_object(v, "config.json")?, "");
         let text = root.obj("text_config")?;
         let text = text.as_ref().unwrap_or(&root);
-        let cfg = parse_hf(text, &root)?;
-        cfg.validate()?;
-        Ok(cfg)
+        parse_hf(text, &root)
     }
 
     /// Read and validate `inference/config.json` (`ModelArgs` names). A `{"model_args": {..}}`
@@ -305,7 +312,7 @@ impl Config {
             }
         }
         let cfg = parse_hf(&text, root)?;
-        cfg.validate()?;
+        cfg.validate_container()?;
         Ok(cfg)
     }
 }

@@ -247,15 +247,6 @@ impl Config {
                     )
                 })?,
             }
-            // CONTAINER.md §9: ratios group contiguously and each group starts at its source.
-            if l == 0 || self.ratio(l - 1) != r {
-                check(self.is_kv_source(l), "compress_ratios", || {
-                    format!(
-                        "layer {l} starts a run of ratio {r} but is not a KV source (each \
-                         ratio group must start with its source)"
-                    )
-                })?;
-            }
         }
         if let Some(c) = self.candidate_source_layer {
             check(c < n, "candidate_source_layer", || {
@@ -279,6 +270,28 @@ impl Config {
                 1,
                 1 << 16,
             )?;
+        }
+        Ok(())
+    }
+
+    /// [`Config::validate`] plus what WASTE's `cfg_sane` adds for a container (CONTAINER.md
+    /// §9): ratios group contiguously, each group starting at its KV source. The release
+    /// layout does not need it: the official code hands each layer the most recent source's
+    /// cache (MODEL.md §6.4.5), so a window-only layer may sit between a source and its
+    /// consumers.
+    pub fn validate_container(&self) -> Result<()> {
+        self.validate()?;
+        for l in 0..self.n_layers {
+            let r = self.ratio(l);
+            if r > 0 && (l == 0 || self.ratio(l - 1) != r) {
+                check(self.is_kv_source(l), "compress_ratios", || {
+                    format!(
+                        "layer {l} starts a run of ratio {r} but is not a KV source (a \
+                         container's ratio groups must each start with their source, \
+                         CONTAINER.md §9)"
+                    )
+                })?;
+            }
         }
         Ok(())
     }

@@ -245,7 +245,10 @@ impl Moe {
         defects: &DefectSet,
     ) -> Result<()> {
         let d = self.dim;
-        let limit = (!defects.has(Defect::NoSwigluClamp)).then_some(self.swiglu_limit);
+        // A limit of 0 (`ModelArgs`' default) means no clamp: model.py clamps only when
+        // `swiglu_limit > 0` (MODEL.md §6.5).
+        let clamps = self.swiglu_limit > 0.0 && !defects.has(Defect::NoSwigluClamp);
+        let limit = clamps.then_some(self.swiglu_limit);
         out.iter_mut().for_each(|y| *y = 0.0);
         // Batch the rows routed to each expert; the canonical linear is row-independent, so
         // this equals running each token alone (prefill == decode).
