@@ -285,6 +285,7 @@ fn every_mutant_is_refused_with_its_expected_error() {
                     out_dir: dir.clone(),
                     mutant: Some(m.name.into()),
                     force: false,
+                    overrides: Vec::new(),
                 };
                 match generate_with(&o) {
                     Err(ds41_synthetic::SynthError::MutantNotApplicable { .. }) => continue,
