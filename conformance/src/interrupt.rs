@@ -1,33 +1,40 @@
-//! What a harness ended by a signal (Ctrl-C, `kill`, a closed terminal or pipe) undoes before
-//! it goes: the engines' process groups it started, which no longer receive the terminal's
-//! signals themselves (CONTRACT.md §2), and the scratch directories it made (written-out
-//! cases and goldens, synthetic checkpoints), which would otherwise stay behind in the
-//! temporary directory at every interrupted run.
+//! What a harness ended by a signal (Ctrl-C, `kill`, a closed terminal or pipe) leaves behind:
+//! nothing. The engines' process groups it started no longer receive the terminal's signals
+//! themselves (CONTRACT.md §2), and its scratch directories (written-out cases and goldens,
+//! synthetic checkpoints) would otherwise stay in the temporary directory at every interrupted
+//! run.
 //!
-//! The handler itself only wakes a watcher thread through a pipe (a handler may not allocate
-//! or list directories). The watcher removes the scratch directories, kills the registered
-//! groups (a fixed table of atomics) and ends the process by the same signal with its
-//! default action. A second signal, or one arriving before the watcher exists, kills the
-//! groups and ends the process from the handler at once. Signals the process ignores stay
-//! ignored.
+//! * Engine groups: the signal handler kills the registered groups (a fixed table of atomics,
+//!   `kill(2)`: what a handler may do) and ends the process by the same signal with its
+//!   default action. Signals the process ignores stay ignored.
+//! * Scratch directories: a handler may not list and remove directories, and a thread doing it
+//!   would race the harness, which goes on writing into them (and would stop with an error
+//!   about its vanished files rather than by the signal). So the first scratch directory starts
+//!   a small cleaner process in a process group of its own (out of reach of the terminal's
+//!   Ctrl-C) that is told each directory's path through a pipe and removes them once that pipe
+//!   closes, i.e. once the harness has ended, however it ended (a signal, `kill -9`, a normal
+//!   exit after which they are gone already).
 
-use std::path::{Path, PathBuf};
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{ChildStdin, Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Mutex;
 
 /// Process groups of running engines (a signal handler may not lock or allocate).
 static GROUPS: [AtomicI32; 64] = [const { AtomicI32::new(0) }; 64];
-/// The signal that ended the harness, 0 while none has.
-static ENDING_SIGNAL: AtomicI32 = AtomicI32::new(0);
-/// The write end of the watcher's pipe, -1 until the watcher runs.
-static WAKE_WATCHER: AtomicI32 = AtomicI32::new(-1);
-/// Scratch directories to remove when a signal ends the harness.
-static SCRATCH: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+/// The write end of the cleaner's pipe: one path per line; closed when the harness ends.
+static CLEANER: Mutex<Option<ChildStdin>> = Mutex::new(None);
 
 const SIGNALS: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGPIPE];
 
-/// Puts the engine process group `g` (its leader's pid) under the signal cleanup. A group
-/// started after a signal arrived is ended at once.
+/// Removes every directory named on its standard input once that input ends (sh and rm are
+/// POSIX; the harness already runs engines through `sh -c`).
+const CLEANER_SCRIPT: &str =
+    r#"while IFS= read -r dir; do set -- "$@" "$dir"; done; [ "$#" -eq 0 ] || exec rm -rf -- "$@""#;
+
+/// Puts the engine process group `g` (its leader's pid) under the signal cleanup.
 pub fn register_group(g: i32) {
     // A full table only loses the cleanup on a signal; the handle's Drop still ends it.
     for slot in &GROUPS {
@@ -35,11 +42,8 @@ pub fn register_group(g: i32) {
             .compare_exchange(0, g, Ordering::SeqCst, Ordering::SeqCst)
             .is_ok()
         {
-            break;
+            return;
         }
-    }
-    if ENDING_SIGNAL.load(Ordering::SeqCst) != 0 {
-        kill_group(g);
     }
 }
 
@@ -59,17 +63,8 @@ pub fn kill_group(g: i32) {
     }
 }
 
-fn end_groups() {
-    for slot in &GROUPS {
-        let g = slot.swap(0, Ordering::SeqCst);
-        if g > 0 {
-            kill_group(g);
-        }
-    }
-}
-
-/// A temporary directory removed when dropped, as [`tempfile::TempDir`], and also when a
-/// signal ends the harness.
+/// A temporary directory removed when dropped, as [`tempfile::TempDir`], and also after a
+/// harness that ended without dropping it (a signal, `kill -9`).
 #[derive(Debug)]
 pub struct ScratchDir {
     dir: tempfile::TempDir,
@@ -80,7 +75,7 @@ impl ScratchDir {
     pub fn new(prefix: &str) -> std::io::Result<ScratchDir> {
         install();
         let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
-        lock_scratch().push(dir.path().to_path_buf());
+        remove_after_exit(dir.path());
         Ok(ScratchDir { dir })
     }
 
@@ -89,89 +84,54 @@ impl ScratchDir {
     }
 }
 
-impl Drop for ScratchDir {
-    fn drop(&mut self) {
-        lock_scratch().retain(|p| p != self.dir.path());
-        // The TempDir field then removes the directory.
+/// Tells the cleaner (started on first use) to remove `dir` once the harness has ended. Best
+/// effort: without a cleaner (no `sh`), or for a path a line cannot carry, only Drop removes it.
+fn remove_after_exit(dir: &Path) {
+    let Some(line) = dir.to_str().filter(|p| !p.contains('\n')) else {
+        return;
+    };
+    let mut cleaner = CLEANER.lock().unwrap_or_else(|e| e.into_inner());
+    if cleaner.is_none() {
+        *cleaner = Command::new("sh")
+            .args(["-c", CLEANER_SCRIPT, "ds41-scratch-cleaner"])
+            .process_group(0)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()
+            .and_then(|mut child| child.stdin.take());
     }
-}
-
-fn lock_scratch() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
-    // A panic elsewhere while holding the list leaves it intact (pushes and retains only).
-    SCRATCH
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
+    if let Some(pipe) = cleaner.as_mut() {
+        if writeln!(pipe, "{line}")
+            .and_then(|()| pipe.flush())
+            .is_err()
+        {
+            *cleaner = None;
+        }
+    }
 }
 
 extern "C" fn on_signal(sig: libc::c_int) {
-    let first = ENDING_SIGNAL
-        .compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst)
-        .is_ok();
-    let wake = WAKE_WATCHER.load(Ordering::SeqCst);
-    if first && wake >= 0 {
-        // SAFETY: write(2) is async-signal-safe; the byte only wakes the watcher, which
-        // reads the signal from ENDING_SIGNAL.
-        let written = unsafe { libc::write(wake, [1u8].as_ptr().cast(), 1) };
-        if written == 1 {
-            return;
+    for slot in &GROUPS {
+        let g = slot.swap(0, Ordering::SeqCst);
+        if g > 0 {
+            kill_group(g);
         }
     }
-    end_groups();
-    end_by(sig);
-}
-
-/// Ends the process as `sig` with its default action would: at once from a thread, or, from
-/// the handler (where `sig` is blocked), as the handler returns.
-fn end_by(sig: libc::c_int) {
-    // SAFETY: signal(2) and raise(3) are async-signal-safe.
+    // SAFETY: signal(2) and raise(3) are async-signal-safe; `sig` is blocked while this
+    // handler runs, so the default action ends the process as the handler returns.
     unsafe {
         libc::signal(sig, libc::SIG_DFL);
         libc::raise(sig);
     }
 }
 
-fn watch(read_end: libc::c_int) {
-    let mut byte = 0u8;
-    loop {
-        // SAFETY: reads one byte into a local buffer from the pipe this thread owns.
-        let n = unsafe { libc::read(read_end, (&mut byte as *mut u8).cast(), 1) };
-        if n == 1 {
-            break;
-        }
-        if n == 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
-            return;
-        }
-    }
-    // The engines keep running (and the harness waiting on them) until the directories are
-    // gone: a harness that saw its engines die would go on with its run meanwhile, and might
-    // even finish it and exit with a verdict instead of the signal.
-    let sig = ENDING_SIGNAL.load(Ordering::SeqCst);
-    for dir in lock_scratch().iter() {
-        let _ = std::fs::remove_dir_all(dir);
-    }
-    end_groups();
-    end_by(sig);
-    // Not reached: the four signals handled here end a process by default.
-    std::process::exit(128 + sig);
-}
-
-/// Installs the handlers and starts the watcher, once per process; before the harness
-/// starts what a signal must undo.
+/// Installs the handlers, once per process; before the harness starts what a signal must
+/// undo.
 pub fn install() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
-        let mut ends = [-1; 2];
-        // SAFETY: pipe2 fills `ends` with two new descriptors, closed on exec so engines do
-        // not inherit them.
-        if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } == 0 {
-            let read_end = ends[0];
-            let started = std::thread::Builder::new()
-                .name("ds41-signal-cleanup".into())
-                .spawn(move || watch(read_end));
-            if started.is_ok() {
-                WAKE_WATCHER.store(ends[1], Ordering::SeqCst);
-            }
-        }
         for sig in SIGNALS {
             // SAFETY: installs an async-signal-safe handler; the previous disposition is
             // restored when it was "ignore".

@@ -535,10 +535,7 @@ fn a_harness_ended_by_a_signal_takes_its_engines_along() {
             "ended by its signal: {ended:?}"
         );
         assert_all_gone(&format!("SIG{signal}"), &fake.pids(mode));
-        let left: Vec<_> = std::fs::read_dir(tmp.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let left = left_behind(tmp.path());
         assert!(left.is_empty(), "SIG{signal}: left behind {left:?}");
     }
 }
@@ -575,4 +572,20 @@ fn a_symlink_out_of_the_data_root_is_refused() {
     assert_eq!(out.status.code(), Some(2), "{text}");
     assert!(text.contains("outside"), "{text}");
     assert!(!text.contains("SECRET-CONTENT"), "{text}");
+}
+
+/// What is still in `dir` once the cleaner of an ended harness has had up to 10 s to remove
+/// its scratch directories (it runs after the harness is gone).
+fn left_behind(dir: &Path) -> Vec<std::ffi::OsString> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let left: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        if left.is_empty() || std::time::Instant::now() > until {
+            return left;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
 }

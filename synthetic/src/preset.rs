@@ -132,13 +132,14 @@ pub struct Preset {
 }
 
 /// Names of every preset, in listing order.
-pub const PRESET_NAMES: [&str; 10] = [
+pub const PRESET_NAMES: [&str; 11] = [
     "tiny",
     "tiny-sharded",
     "grouped",
     "window-mtp",
     "dspark",
     "tied-router",
+    "off-release",
     "vision",
     "waste-tiny",
     "wide",
@@ -162,6 +163,7 @@ impl Preset {
             "window-mtp" => window_mtp(),
             "dspark" => dspark(),
             "tied-router" => tied_router(),
+            "off-release" => off_release(),
             "vision" => vision(),
             "waste-tiny" => waste_tiny(),
             "wide" => wide(),
@@ -494,6 +496,47 @@ fn dspark() -> Preset {
 write each main position into slot p mod 16 and draft 5 positions through three non-causal stages; every \
 Markov step after the first reads a drafted id. The backbone reaches a ratio-2 and a ratio-1 selection \
 (p >= 16 and p >= 8); the container layout drops the stages (CONTAINER.md §8).",
+    }
+}
+
+/// `tiny` with settings the release does not use but `ModelArgs` and model.py accept, each of
+/// which a reference could get wrong without any release-shaped model noticing.
+fn off_release() -> Preset {
+    let g = Geometry::new(
+        Config {
+            hc_mult: 2,
+            swiglu_limit: 0.0,
+            n_activated_experts: 1,
+            compress_ratios: vec![0, 2, 0, 2, 1, 1],
+            kv_source_layers: vec![1, 4],
+            index_source_layers: vec![1, 4, 5],
+            candidate_source_layer: Some(4),
+            engram_layer_ids: Vec::new(),
+            ..tiny_args() // every other argument as in `tiny`
+        },
+        2,
+        TokenizerKind::ByteBpe,
+    );
+    Preset {
+        name: "off-release",
+        description: "`tiny` with settings the release does not use: 2 hyper-connection copies, swiglu_limit 0 (no clamp), top-1 routing (weights not renormalised), no Engram, a window-only layer inside the ratio-2 group (ratios 0,2,0,2,1,1)",
+        geometry: g,
+        tokenizer: TokenizerKind::ByteBpe,
+        sharding: Sharding::Single,
+        waste_compat: false,
+        large: false,
+        no_release: None,
+        no_container: Some(
+            "a window-only layer splits its ratio-2 group, which a container's config may not do \
+             (CONTAINER.md §9)",
+        ),
+        reach: "hc_mult 2: the Sinkhorn mixes are 2x2 and the stream two copies; swiglu_limit 0: \
+the SwiGLU runs unclamped (model.py clamps only a positive limit); top-1 of 4 experts: the single \
+routing weight is the unnormalised score times route_scale (MODEL.md §6.5: renormalised only for \
+top-k > 1); no Engram layer: no hash, no gate, no Engram tensors in a trace; layer 2 (ratio 0) sits \
+between the ratio-2 source 1 and its consumer 3, which reads layer 1's cache and top-k (most recent \
+source, MODEL.md §6.4.5); layer 4 is the ratio-1 source and candidate writer (blocks of 4) for the \
+index-only consumer 5, filtering from p >= 12; window 8 wraps from p >= 8.",
     }
 }
 

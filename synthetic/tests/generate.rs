@@ -240,6 +240,7 @@ window-mtp   release   4 d408f24d70164e6332e59966634b113bb19a97ee0790c713ffc944a
 dspark       release   6 65ba72351531979adf1b6b13beefc3a114ad1af8c5ddebb05d77fbb2b1dba33d
 tied-router  release   5 9f5d6c632498061f67d5d84a795244ac4428aeaa68c66a73d2e06a619669b73c
 tied-router  container 5 f93319d4e118e6c90ec86768067307bb7ef603a1543b1121f6d93f5c58bdbdd6
+off-release  release   8 4630b041c396a103abcaaa8ce8fecdf93dd363f11df36d2d8e70e2caf708ba0b
 vision       release   7 eb2ee3560aa6844b78c22ce8d561447fc78c29a99728aef872280ce2f402af3c
 vision       container 7 6ca4be1266ce9c960a06cdd9b5261ea3c4e56389faf525f37a8c3e8b0274942e
 ";

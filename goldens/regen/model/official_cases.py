@@ -27,7 +27,8 @@ FACTOR = 2.0
 # reference) flips within the fragile margin: excluding what those flips feed leaves no row to
 # judge, and a required check that compares nothing fails (CONTRACT.md §5). Their `-replay` cases
 # judge the same logits rows on the golden's own streams. Found by running the reference on the sets.
-LOGITS_FED_BY_FLIPS = {"sharded_s2": ["p18-d00"], "grouped_s3": ["p18-d00", "p09-d09"]}
+LOGITS_FED_BY_FLIPS = {"sharded_s2": ["p18-d00"], "grouped_s3": ["p18-d00", "p09-d09"],
+                       "off_release_s8": ["p20-d00", "p13-d07"]}
 
 
 def profile_e2e() -> dict:

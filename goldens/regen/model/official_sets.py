@@ -70,6 +70,11 @@ SETS = {
                        # layer-5 selection, so an engine with another tie order has nothing left to be
                        # judged on: the end-to-end cases hold the canonical tie rule (canonical_ties.yaml).
                        "end_to_end": "residual/canonical_ties.yaml"},
+    "off_release_s8": {"preset": "off-release", "seed": 8, "tokens": ids(808, 20), "prefills": [20, 1, 5, 13],
+                       "about": "off-release: tiny with settings the release does not use (hc 2, swiglu_limit 0 = no "
+                                "clamp, top-1 routing without renormalisation, no Engram, ratios 0,2,0,2,1,1: a "
+                                "window-only layer between the ratio-2 source 1 and its consumer 3); 20 tokens wrap "
+                                "the window and reach the candidate filter (p >= 12)"},
 }
 
 
@@ -168,7 +173,10 @@ def write_cases(name: str, spec: dict, golden_dir: Path, cases_dir: Path, tolera
                 raise SystemExit(f"{golden_dir}: no golden for {sched} {h}")
             for replay in modes:
                 case = f"{name.replace('_', '-')}-{sched.replace('_', '-')}-{h}" + ("-replay" if replay else "")
-                require = "[logits, residual, experts, topk, engram_hash" + (", attn_out, moe_out]" if replay else "]")
+                # A model without Engram layers has no hash ids to require (its goldens carry none).
+                hashes = load_file(str(golden_dir / fname)).get("engram_hash")
+                engram = ", engram_hash" if hashes is not None and hashes.numel() > 0 else ""
+                require = f"[logits, residual, experts, topk{engram}" + (", attn_out, moe_out]" if replay else "]")
                 lines += [f"  - name: {case}", f"    model: {layout_model}",
                           f"    golden: {{file: repo:goldens/official/{name}/{fname}}}",
                           f"    prefill: {prefill}", "    numerics: upstream", f"    index_k: {h}"]
