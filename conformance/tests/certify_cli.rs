@@ -298,7 +298,7 @@ fn an_interrupted_certify_leaves_no_scratch_directory() {
     use std::time::{Duration, Instant};
     for signal in [libc::SIGINT, libc::SIGKILL] {
         let tmp = tempfile::tempdir().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_ds41"))
+        let child = Command::new(env!("CARGO_BIN_EXE_ds41"))
             .args(["certify", "--exact"])
             .env_remove("DS41_UPSTREAM")
             .env("TMPDIR", tmp.path())
