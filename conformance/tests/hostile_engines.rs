@@ -540,6 +540,53 @@ fn a_harness_ended_by_a_signal_takes_its_engines_along() {
     }
 }
 
+/// Ctrl-C in the middle of a run (here the reference's own, no engine process involved)
+/// ends it by that signal, and the scratch directory with the written-out cases, goldens and
+/// synthetic checkpoints goes with it; so it does after `kill -9`, which no handler sees.
+#[test]
+fn an_interrupted_certify_leaves_no_scratch_directory() {
+    for signal in [libc::SIGINT, libc::SIGKILL] {
+        let tmp = tempfile::tempdir().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_ds41"))
+            .args(["certify", "--exact"])
+            .env_remove("DS41_UPSTREAM")
+            .env("TMPDIR", tmp.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Interrupt once the run is writing its data out (the embedded gates are among the
+        // first files).
+        let written = |p: &Path| {
+            std::fs::read_dir(p)
+                .unwrap()
+                .filter_map(|e| std::fs::read_dir(e.ok()?.path()).ok())
+                .flatten()
+                .any(|data| data.is_ok_and(|d| d.path().join("gates").is_dir()))
+        };
+        let until = Instant::now() + Duration::from_secs(60);
+        while !written(tmp.path()) {
+            assert!(
+                Instant::now() < until,
+                "certify wrote no scratch data in 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        // SAFETY: signals the child this test started and has not yet reaped.
+        unsafe { libc::kill(child.id() as i32, signal) };
+        let done = child.wait_with_output().unwrap();
+        assert_eq!(
+            done.status.signal(),
+            Some(signal),
+            "{:?}: {}",
+            done.status,
+            String::from_utf8_lossy(&done.stderr)
+        );
+        let left = left_behind(tmp.path());
+        assert!(left.is_empty(), "signal {signal}: left behind {left:?}");
+    }
+}
+
 /// A data file that is a symbolic link out of its root is refused, and nothing of the file
 /// it points to reaches the report.
 #[test]
