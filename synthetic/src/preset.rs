@@ -6,9 +6,8 @@
 
 use std::collections::BTreeSet;
 
-use ds41_engine::config::{release_primes, Config, DsparkConfig, VisionConfig};
-
 use ds41_engine::checkpoint::Layout;
+use ds41_engine::config::{release_primes, Config, DsparkConfig, VisionConfig};
 
 use crate::tokenizer::{TokenizerKind, Vocab};
 use crate::SynthError;
