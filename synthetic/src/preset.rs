@@ -220,6 +220,8 @@ impl Preset {
         let keys: Vec<&str> = overrides.iter().map(|(k, _)| k.as_str()).collect();
         let given = |e: ds41_engine::Error| refuse(&keys.join(", "), e.to_string());
         let args = Config::read_release_value(&root).map_err(given)?;
+        Vocab::try_build(self.tokenizer, args.vocab_size)
+            .map_err(|why| refuse("vocab_size", format!("the preset's tokenizer: {why}")))?;
         let mut geometry = Geometry::new(args, g.pad_token_id, self.tokenizer);
         geometry.router_ties = g.router_ties.clone();
         match layout {

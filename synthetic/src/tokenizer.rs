@@ -68,13 +68,30 @@ fn symbol_byte(c: char) -> Option<u8> {
 }
 
 impl Vocab {
+    /// The vocabulary of a preset's tokenizer (whose size is known to be buildable).
     pub fn build(kind: TokenizerKind, vocab_size: usize) -> Vocab {
+        Self::try_build(kind, vocab_size).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// [`Vocab::build`] for any size: why not, when this tokenizer cannot have `vocab_size`
+    /// ids.
+    pub fn try_build(kind: TokenizerKind, vocab_size: usize) -> Result<Vocab, String> {
         let mut tokens: Vec<String> = SPECIALS.iter().map(|s| s.to_string()).collect();
         let mut merges = Vec::new();
+        if vocab_size < tokens.len() {
+            return Err(format!(
+                "{vocab_size} ids leave no room for the {} special tokens",
+                tokens.len()
+            ));
+        }
         match kind {
             TokenizerKind::Stub => tokens.extend((3..vocab_size).map(|k| format!("w{k}"))),
             TokenizerKind::ByteBpe => {
-                assert!(vocab_size >= 259, "a byte-level BPE needs at least 259 ids");
+                if vocab_size < 259 {
+                    return Err(format!(
+                        "a byte-level BPE needs at least 259 ids (3 specials, 256 bytes), not {vocab_size}"
+                    ));
+                }
                 tokens.extend(byte_order().into_iter().map(|b| byte_symbol(b).to_string()));
                 let mut known: std::collections::HashSet<String> = tokens.iter().cloned().collect();
                 let mut ranks: std::collections::HashMap<(String, String), usize> =
@@ -100,18 +117,20 @@ impl Vocab {
                         tokens.push(joined);
                     }
                 }
-                assert_eq!(
-                    tokens.len(),
-                    vocab_size,
-                    "word list too short for the vocab"
-                );
+                if tokens.len() != vocab_size {
+                    return Err(format!(
+                        "the synthetic byte-level BPE has at most {} ids (its word list ends \
+                         there), not {vocab_size}",
+                        tokens.len()
+                    ));
+                }
             }
         }
-        Vocab {
+        Ok(Vocab {
             kind,
             tokens,
             merges,
-        }
+        })
     }
 
     /// The bytes a single id decodes to (specials: their UTF-8 content).

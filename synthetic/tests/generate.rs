@@ -526,6 +526,10 @@ fn overrides_that_cannot_apply_are_refused_naming_the_key() {
     assert!(
         refused(Layout::Release, "hidden_size", serde_json::json!("wide")).contains("hidden_size")
     );
+    // The preset's tokenizer bounds the vocabulary: 3 specials and 256 bytes at least, and
+    // its word list's merges at most.
+    assert!(refused(Layout::Release, "vocab_size", serde_json::json!(100)).contains("259"));
+    assert!(refused(Layout::Release, "vocab_size", serde_json::json!(100_000)).contains("at most"));
     // A container's ratio groups must each start with their source (CONTAINER.md §9).
     let o = Options {
         preset: "tiny".into(),
