@@ -73,7 +73,6 @@ pub struct ScratchDir {
 impl ScratchDir {
     /// A new directory `<prefix>XXXXXX` in the system's temporary directory.
     pub fn new(prefix: &str) -> std::io::Result<ScratchDir> {
-        install();
         let dir = tempfile::Builder::new().prefix(prefix).tempdir()?;
         remove_after_exit(dir.path());
         Ok(ScratchDir { dir })

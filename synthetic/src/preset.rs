@@ -58,18 +58,28 @@ impl std::ops::DerefMut for Geometry {
 impl Geometry {
     /// Complete `args` with what follows from the rest: the Engram table rows (the primes of
     /// MODEL.md §6.6.1) and the compressed vocabulary of the preset's tokenizer.
-    fn new(mut args: Config, pad_token_id: u32, tokenizer: TokenizerKind) -> Geometry {
+    fn new(args: Config, pad_token_id: u32, tokenizer: TokenizerKind) -> Geometry {
+        Self::try_new(args, pad_token_id, tokenizer).unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// [`Geometry::new`] for arguments no preset wrote: why not, when the tokenizer cannot
+    /// have `vocab_size` ids.
+    fn try_new(
+        mut args: Config,
+        pad_token_id: u32,
+        tokenizer: TokenizerKind,
+    ) -> Result<Geometry, String> {
         args.engram_num_embeddings = release_primes(&args)
             .iter()
             .map(|layer| layer.iter().flatten().sum())
             .collect();
-        let map = Vocab::build(tokenizer, args.vocab_size).compressed_token_map();
+        let map = Vocab::try_build(tokenizer, args.vocab_size)?.compressed_token_map();
         args.engram_compressed_vocab_size = map.iter().collect::<BTreeSet<_>>().len();
-        Geometry {
+        Ok(Geometry {
             args,
             pad_token_id,
             router_ties: Vec::new(),
-        }
+        })
     }
 
     /// The same geometry with `n_mtp` DSpark stages appended (window-only, ratio 0), stored
@@ -220,9 +230,8 @@ impl Preset {
         let keys: Vec<&str> = overrides.iter().map(|(k, _)| k.as_str()).collect();
         let given = |e: ds41_engine::Error| refuse(&keys.join(", "), e.to_string());
         let args = Config::read_release_value(&root).map_err(given)?;
-        Vocab::try_build(self.tokenizer, args.vocab_size)
+        let mut geometry = Geometry::try_new(args, g.pad_token_id, self.tokenizer)
             .map_err(|why| refuse("vocab_size", format!("the preset's tokenizer: {why}")))?;
-        let mut geometry = Geometry::new(args, g.pad_token_id, self.tokenizer);
         geometry.router_ties = g.router_ties.clone();
         match layout {
             Layout::Release => geometry
