@@ -26,8 +26,14 @@
 //!   `DS41_OFFICIAL_INFERENCE`, `DS41_OFFICIAL_ENCODING` (the release `encoding/` directory
 //!   with `encoding.py`) and a release snapshot's `tokenizer.json` (`DS41_RELEASE`);
 //! * `regen_python::waste-containers-vs-make_test_container` — `ds41 synth --preset waste-tiny
-//!   --layout container --seed S` against WASTE's `make_test_container.py --ds41 --seed S`,
-//!   seeds 0-3, byte for byte; needs `DS41_WASTE`, a WASTE checkout.
+//!   --layout container --seed S` against WASTE's `make_test_container.py --ds41 --seed S`, and
+//!   `waste-vq4p` against the same with `--index-bits 6`, seeds 0-3, byte for byte; needs
+//!   `DS41_WASTE`, a WASTE checkout.
+//! * `regen_python::waste-converter-output-vs-oracle` — WASTE's `tools/convert.py` on a synthetic
+//!   release checkpoint (VQ3R and VQ4P experts): both containers open and run in the reference,
+//!   and on the VQ3R one the reference agrees with WASTE's oracle at the exact gates; needs
+//!   `DS41_WASTE` (its `convert.py` imports `mxfp4.py`, `hf_tokenizer.py`, `ds41_engram.py` and
+//!   `ds41_preflight.py` from `tools/`).
 //!
 //! `DS41_PYTHON` names a Python with goldens/regen/requirements.txt installed, e.g.
 //! `DS41_PYTHON=/tmp/ds41-venv/bin/python DS41_RELEASE=../shared/release cargo test -p
@@ -43,6 +49,8 @@ mod torch_kernels;
 mod vision_span;
 #[path = "regen_python/vision_tower.rs"]
 mod vision_tower;
+#[path = "regen_python/waste_converter.rs"]
+mod waste_converter;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -267,6 +275,22 @@ fn main() {
                 Ok(Completion::Completed)
             },
         ),
+        Trial::ignorable_test(
+            "regen_python::waste-converter-output-vs-oracle",
+            move || {
+                let Some(py) = need_python()? else {
+                    return Ok(skipped());
+                };
+                let Some(waste) = env_path("DS41_WASTE") else {
+                    return Ok(Completion::ignored_with(
+                        "SKIPPED: DS41_WASTE not set (a WASTE checkout with tools/convert.py and \
+                     tools/ds41_ref.py)",
+                    ));
+                };
+                waste_converter::converted_containers_agree_with_the_oracle(&py, &waste)?;
+                Ok(Completion::Completed)
+            },
+        ),
     ];
     libtest_mimic::run(&args, trials).exit();
 }
@@ -439,35 +463,42 @@ fn waste_containers_equal_make_test_container(python: &Path, waste: &Path) -> Re
     let script = waste.join("tools/make_test_container.py");
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let mut bad = Vec::new();
+    let variants = [
+        ("waste-tiny", &[][..]),
+        ("waste-vq4p", &["--index-bits", "6"][..]),
+    ];
     for seed in 0..4u64 {
-        let theirs = tmp.path().join(format!("waste-{seed}"));
-        let out = Command::new(python)
-            .arg(&script)
-            .arg(&theirs)
-            .args(["--ds41", "--seed", &seed.to_string()])
-            .output()
-            .map_err(|e| format!("run {script:?}: {e}"))?;
-        if !out.status.success() {
-            return Err(format!(
-                "{script:?} --seed {seed} failed:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            )
-            .into());
-        }
-        let ours = tmp.path().join(format!("ours-{seed}"));
-        let g =
-            ds41_synthetic::generate("waste-tiny", ds41_synthetic::Layout::Container, seed, &ours)
-                .map_err(|e| e.to_string())?;
-        let mut names: Vec<String> = std::fs::read_dir(&theirs)
-            .map_err(|e| e.to_string())?
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        let want = ds41_synthetic::hash_files(&theirs, &names).map_err(|e| e.to_string())?;
-        let got = ds41_synthetic::hash_files(&ours, &g.files).map_err(|e| e.to_string())?;
-        for n in &names {
-            if got.get(n) != want.get(n) {
-                bad.push(format!("seed {seed}: {n}"));
+        for (preset, flags) in variants {
+            let theirs = tmp.path().join(format!("waste-{preset}-{seed}"));
+            let out = Command::new(python)
+                .arg(&script)
+                .arg(&theirs)
+                .args(["--ds41", "--seed", &seed.to_string()])
+                .args(flags)
+                .output()
+                .map_err(|e| format!("run {script:?}: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "{script:?} --seed {seed} {flags:?} failed:\n{}",
+                    String::from_utf8_lossy(&out.stderr)
+                )
+                .into());
+            }
+            let ours = tmp.path().join(format!("ours-{preset}-{seed}"));
+            let g =
+                ds41_synthetic::generate(preset, ds41_synthetic::Layout::Container, seed, &ours)
+                    .map_err(|e| e.to_string())?;
+            let mut names: Vec<String> = std::fs::read_dir(&theirs)
+                .map_err(|e| e.to_string())?
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            let want = ds41_synthetic::hash_files(&theirs, &names).map_err(|e| e.to_string())?;
+            let got = ds41_synthetic::hash_files(&ours, &g.files).map_err(|e| e.to_string())?;
+            for n in &names {
+                if got.get(n) != want.get(n) {
+                    bad.push(format!("{preset} seed {seed}: {n}"));
+                }
             }
         }
     }

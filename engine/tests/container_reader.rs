@@ -556,6 +556,21 @@ fn waste_container_without_attn_sink_is_refused() {
     }
 }
 
+/// A container with Engram layers but without one of its two hashing-constant files (what
+/// WASTE's convert.py writes without `--reclaim`) is refused naming the file and what needs it.
+#[test]
+fn engram_side_files_missing_are_refused_by_name() {
+    for name in ["engram.json", "engram-tokmap.bin"] {
+        let (_guard, dir) = waste_container();
+        std::fs::remove_file(dir.join(name)).unwrap();
+        let e = refused(&dir);
+        assert!(
+            e.contains(&format!("{name}: missing")) && e.contains("engram_layer_ids"),
+            "{e}"
+        );
+    }
+}
+
 /// The kernels' view of every expert matrix decodes exactly as `rows_f32`: each vector alone,
 /// and eight rows at once (an index band's run, and rows across a band's end), and a CRC
 /// check on request withholds the view (every read must then be checked).

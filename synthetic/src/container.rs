@@ -26,6 +26,8 @@ use std::path::Path;
 pub const WEXP_MAGIC: u32 = 0x5058_4557;
 pub const WCBK_MAGIC: u32 = 0x4B42_4357;
 pub const FMT_VQ3R: u8 = 4;
+pub const FMT_VQ4P: u8 = 8;
+/// VQ3R's stages and codebook entries ([`ExpertCodes::VQ3R`]).
 pub const STAGES: usize = 3;
 pub const VEC_DIM: usize = 8;
 pub const ENTRIES: usize = 256;
@@ -33,6 +35,71 @@ pub const INDEX_BLOCK: usize = 64;
 pub const GROUP: usize = 128;
 pub const ENGRAM_GROUP: usize = 32;
 pub const ENGRAM_BITS: usize = 4;
+
+/// How the routed experts are coded (CONTAINER.md §4.2): VQ3R (3 stages of 256 entries, one
+/// index byte per stage) or VQ4P (4 stages of 64 entries, the four 6-bit indices packed into
+/// 3 bytes), as `make_test_container.py --index-bits 8 | 6` writes them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExpertCodes {
+    pub stages: usize,
+    pub entries: usize,
+    pub packed: bool,
+}
+
+impl ExpertCodes {
+    pub const VQ3R: Self = Self {
+        stages: STAGES,
+        entries: ENTRIES,
+        packed: false,
+    };
+    pub const VQ4P: Self = Self {
+        stages: 4,
+        entries: 64,
+        packed: true,
+    };
+    /// The WEXP header's `fmt`.
+    fn record_fmt(self) -> u8 {
+        if self.packed {
+            FMT_VQ4P
+        } else {
+            FMT_VQ3R
+        }
+    }
+    /// Index bytes per (row, vector).
+    fn bytes_per_vector(self) -> usize {
+        if self.packed {
+            3
+        } else {
+            self.stages
+        }
+    }
+    /// One (row, vector)'s indices as stored: a byte per stage, or VQ4P's little-endian
+    /// packing (`s0 | s1 << 6 | s2 << 12 | s3 << 18` in 3 bytes, CONTAINER.md §4.2).
+    fn place(self, indices: impl Iterator<Item = u8>, out: &mut [u8]) {
+        if self.packed {
+            let word = indices
+                .enumerate()
+                .fold(0u32, |w, (s, i)| w | u32::from(i) << (6 * s));
+            out.copy_from_slice(&word.to_le_bytes()[..3]);
+        } else {
+            for (o, i) in out.iter_mut().zip(indices) {
+                *o = i;
+            }
+        }
+    }
+    /// The manifest's `expert_quant` (key order and values as WASTE's writers put them).
+    fn manifest(self) -> Value {
+        let mut q = json!({"fmt": "VQ3R", "stages": self.stages, "vec_dim": VEC_DIM,
+                           "entries": self.entries, "index_block": INDEX_BLOCK,
+                           "bits_per_weight": self.stages});
+        if self.packed {
+            q["fmt"] = json!("VQ4P");
+            q["bits_per_weight"] = json!((self.stages * 6) as f64 / VEC_DIM as f64);
+            q["index_bits"] = json!(6);
+        }
+        q
+    }
+}
 
 /// Source of every drawn number in a container, called in file order.
 pub trait Draws {
@@ -48,8 +115,8 @@ pub trait Draws {
         bits: u8,
         rms: f64,
     ) -> (Vec<i8>, Vec<u16>);
-    /// One codebook: `ENTRIES × VEC_DIM` f16 bits.
-    fn codebook(&mut self, id: usize) -> Vec<u16>;
+    /// One codebook: `entries × VEC_DIM` f16 bits.
+    fn codebook(&mut self, id: usize, entries: usize) -> Vec<u16>;
     /// Indices of one kind of one expert, `[stage][m · (n / 8)]`, vectors row-major.
     fn expert_indices(
         &mut self,
@@ -58,6 +125,7 @@ pub trait Draws {
         kind: usize,
         m: usize,
         n: usize,
+        codes: ExpertCodes,
     ) -> Vec<Vec<u8>>;
     /// Row scales (f16 bits) of one kind of one expert.
     fn expert_scales(
@@ -111,14 +179,22 @@ impl Draws for WasteDraws {
             .collect();
         (ints, self.f16s(rows * groups, 0.002, 0.02))
     }
-    fn codebook(&mut self, _: usize) -> Vec<u16> {
-        self.f16s(ENTRIES * VEC_DIM, -0.3, 0.3)
+    fn codebook(&mut self, _: usize, entries: usize) -> Vec<u16> {
+        self.f16s(entries * VEC_DIM, -0.3, 0.3)
     }
-    fn expert_indices(&mut self, _: usize, _: usize, _: usize, m: usize, n: usize) -> Vec<Vec<u8>> {
-        (0..STAGES)
+    fn expert_indices(
+        &mut self,
+        _: usize,
+        _: usize,
+        _: usize,
+        m: usize,
+        n: usize,
+        codes: ExpertCodes,
+    ) -> Vec<Vec<u8>> {
+        (0..codes.stages)
             .map(|_| {
                 (0..m * (n / VEC_DIM))
-                    .map(|_| self.rng.randbelow(256) as u8)
+                    .map(|_| self.rng.randbelow(codes.entries as u32) as u8)
                     .collect()
             })
             .collect()
@@ -192,9 +268,9 @@ impl Draws for NativeDraws {
             .collect();
         (ints, scales)
     }
-    fn codebook(&mut self, id: usize) -> Vec<u16> {
+    fn codebook(&mut self, id: usize, entries: usize) -> Vec<u16> {
         let mut r = self.rng(&format!("codebook:{id}"));
-        (0..ENTRIES * VEC_DIM)
+        (0..entries * VEC_DIM)
             .map(|_| draw::vq_entry(&mut r).0)
             .collect()
     }
@@ -205,10 +281,15 @@ impl Draws for NativeDraws {
         kind: usize,
         m: usize,
         n: usize,
+        codes: ExpertCodes,
     ) -> Vec<Vec<u8>> {
         let mut r = self.rng(&format!("experts-L{layer}.{e}.{kind}"));
-        (0..STAGES)
-            .map(|_| (0..m * (n / VEC_DIM)).map(|_| r.below(256) as u8).collect())
+        (0..codes.stages)
+            .map(|_| {
+                (0..m * (n / VEC_DIM))
+                    .map(|_| r.below(codes.entries as u64) as u8)
+                    .collect()
+            })
             .collect()
     }
     fn expert_scales(
@@ -577,29 +658,32 @@ pub fn pack_grouped(ints: &[i8], bits: u8) -> Vec<u8> {
 }
 
 /// One `codebooks.bin` record (CONTAINER.md §5): the 16-byte WCBK header, then
-/// `ENTRIES × VEC_DIM` f16 values.
+/// `entries.len() / VEC_DIM` entries of `VEC_DIM` f16 values. Its `fmt` is VQ3R's whatever
+/// the experts' format, as WASTE's writers (convert.py, make_test_container.py) put it.
 pub fn codebook_record(id: usize, entries: &[u16]) -> Vec<u8> {
     let mut out = vec![0u8; 16];
     put_u32(&mut out, 0, WCBK_MAGIC);
     put_u16(&mut out, 4, id as u16);
     out[6] = FMT_VQ3R;
     out[7] = VEC_DIM as u8;
-    put_u32(&mut out, 8, ENTRIES as u32);
+    put_u32(&mut out, 8, (entries.len() / VEC_DIM) as u32);
     out.extend(entries.iter().flat_map(|x| x.to_le_bytes()));
     out
 }
 
-/// One VQ3R expert record of `rec` bytes (CONTAINER.md §4): the WEXP header with its CRC, the
+/// One expert record of `rec` bytes (CONTAINER.md §4): the WEXP header with its CRC, the
 /// three kinds' index blocks (`idx[kind][stage][row · (N/8) + vector]`, placed into the
-/// `[ceil(M/64)][N/8][64][stages]` blocking), their f16 row scales, zero padding.
+/// `[ceil(M/64)][N/8][64][bytes per vector]` blocking), their f16 row scales, zero padding.
 /// `kinds` are the (M, N) of gate, up, down.
 #[allow(clippy::needless_range_loop)] // index loops mirror the blocking formula
+#[allow(clippy::too_many_arguments)]
 pub fn expert_record(
     layer: usize,
     expert: usize,
     codebook_base: usize,
     rec: usize,
     kinds: [(usize, usize); 3],
+    codes: ExpertCodes,
     idx: &[Vec<Vec<u8>>],
     scales: &[Vec<u16>],
 ) -> Vec<u8> {
@@ -610,18 +694,16 @@ pub fn expert_record(
         offs[k] = off;
         let (m, n) = kinds[k];
         let nv = n / VEC_DIM;
+        let bpv = codes.bytes_per_vector();
         for row in 0..m {
             for v in 0..nv {
-                for s in 0..STAGES {
-                    let at = off
-                        + (((row / INDEX_BLOCK) * nv + v) * INDEX_BLOCK + row % INDEX_BLOCK)
-                            * STAGES
-                        + s;
-                    r[at] = idx[k][s][row * nv + v];
-                }
+                let at =
+                    off + (((row / INDEX_BLOCK) * nv + v) * INDEX_BLOCK + row % INDEX_BLOCK) * bpv;
+                let stages = idx[k].iter().map(|stage| stage[row * nv + v]);
+                codes.place(stages, &mut r[at..at + bpv]);
             }
         }
-        off += index_block_bytes(m, n);
+        off += index_block_bytes(m, n, codes);
     }
     let chan = off;
     for sc in scales {
@@ -633,7 +715,7 @@ pub fn expert_record(
     put_u32(&mut r, 0, WEXP_MAGIC);
     put_u16(&mut r, 4, layer as u16);
     put_u16(&mut r, 6, expert as u16);
-    r[8] = FMT_VQ3R;
+    r[8] = codes.record_fmt();
     put_u16(&mut r, 10, codebook_base as u16);
     put_u32(&mut r, 16, (rec / 4096) as u32);
     put_u32(&mut r, 20, offs[0] as u32);
@@ -645,19 +727,20 @@ pub fn expert_record(
     r
 }
 
-/// Bytes of one kind's index block: `[ceil(M/64)][N/8][64][stages]`.
-fn index_block_bytes(m: usize, n: usize) -> usize {
-    m.div_ceil(INDEX_BLOCK) * (n / VEC_DIM) * INDEX_BLOCK * STAGES
+/// Bytes of one kind's index block: `[ceil(M/64)][N/8][64][bytes per vector]`.
+fn index_block_bytes(m: usize, n: usize, codes: ExpertCodes) -> usize {
+    m.div_ceil(INDEX_BLOCK) * (n / VEC_DIM) * INDEX_BLOCK * codes.bytes_per_vector()
 }
 
 /// Size of one expert record (header + indices + scales, padded to 4 KiB).
-pub fn record_size(g: &Geometry) -> usize {
-    record_bytes(g.moe_inter_dim, g.dim)
+pub fn record_size(g: &Geometry, codes: ExpertCodes) -> usize {
+    record_bytes(g.moe_inter_dim, g.dim, codes)
 }
 
 /// [`record_size`] for experts of `moe_inter_dim` i and `dim` d.
-pub fn record_bytes(i: usize, d: usize) -> usize {
-    let payload = 48 + 2 * index_block_bytes(i, d) + index_block_bytes(d, i) + 2 * (2 * i + d);
+pub fn record_bytes(i: usize, d: usize, codes: ExpertCodes) -> usize {
+    let payload =
+        48 + 2 * index_block_bytes(i, d, codes) + index_block_bytes(d, i, codes) + 2 * (2 * i + d);
     payload.div_ceil(4096) * 4096
 }
 
@@ -757,16 +840,17 @@ pub fn write(
     // 2. Codebooks and expert banks, layer by layer.
     let mut codebooks = Vec::new();
     let mut layers = Map::new();
-    let rec = record_size(g);
+    let codes = p.expert_codes;
+    let rec = record_size(g, codes);
     let (i_dim, d) = (g.moe_inter_dim, g.dim);
     let kinds = [(i_dim, d), (i_dim, d), (d, i_dim)]; // gate (w1), up (w3), down (w2)
     let kind_names = ["w1", "w3", "w2"];
     for l in 0..g.n_layers {
-        let base = l * 3 * STAGES;
+        let base = l * 3 * codes.stages;
         let mut books = Vec::new();
-        for k in 0..3 * STAGES {
+        for k in 0..3 * codes.stages {
             let id = base + k;
-            let cb = draws.codebook(id);
+            let cb = draws.codebook(id, codes.entries);
             codebooks.extend_from_slice(&codebook_record(id, &cb));
             books.push(cb);
         }
@@ -775,7 +859,7 @@ pub fn write(
         files.push(file.clone());
         for e in 0..g.n_routed_experts {
             let idx: Vec<Vec<Vec<u8>>> = (0..3)
-                .map(|k| draws.expert_indices(l, e, k, kinds[k].0, kinds[k].1))
+                .map(|k| draws.expert_indices(l, e, k, kinds[k].0, kinds[k].1, codes))
                 .collect();
             let scales: Vec<Vec<u16>> = (0..3)
                 .map(|k| {
@@ -788,7 +872,7 @@ pub fn write(
                     )
                 })
                 .collect();
-            let r = expert_record(l, e, base, rec, kinds, &idx, &scales);
+            let r = expert_record(l, e, base, rec, kinds, codes, &idx, &scales);
             if let Some(vals) = values.as_deref_mut() {
                 for k in 0..3 {
                     let (m, n) = kinds[k];
@@ -798,10 +882,10 @@ pub fn write(
                         let sc = f16v(scales[k][row]);
                         for vi in 0..nv {
                             for t in 0..VEC_DIM {
-                                let sum: f32 = (0..STAGES)
+                                let sum: f32 = (0..codes.stages)
                                     .map(|s| {
                                         f16v(
-                                            books[k * STAGES + s][usize::from(
+                                            books[k * codes.stages + s][usize::from(
                                                 idx[k][s][row * nv + vi],
                                             ) * VEC_DIM
                                                 + t],
@@ -901,8 +985,7 @@ pub fn write(
         "arch": "deepseek_v41_text",
         "tensor_prefix": "",
         "config": flat_config(g, compressed, &rows_all),
-        "expert_quant": {"fmt": "VQ3R", "stages": STAGES, "vec_dim": VEC_DIM, "entries": ENTRIES,
-                          "index_block": INDEX_BLOCK, "bits_per_weight": 3},
+        "expert_quant": codes.manifest(),
         "layers": layers,
         "trunk": entries,
         "engram": engram_manifest,

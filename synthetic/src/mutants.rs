@@ -311,7 +311,7 @@ fn apply_container(
     dir: &Path,
     g: &crate::preset::Geometry,
 ) -> Result<(), SynthError> {
-    let rec = crate::container::record_size(g);
+    let rec = crate::container::record_size(g, p.expert_codes);
     let bank = |l: usize| dir.join(format!("experts-L{l}.bin"));
     match name {
         "no-attn-sink" => edit_manifest(dir, |v| {

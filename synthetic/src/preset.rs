@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use ds41_engine::checkpoint::Layout;
 use ds41_engine::config::{release_primes, Config, DsparkConfig, VisionConfig};
 
+use crate::container::ExpertCodes;
 use crate::tokenizer::{TokenizerKind, Vocab};
 use crate::SynthError;
 
@@ -130,6 +131,8 @@ pub struct Preset {
     pub sharding: Sharding,
     /// Container layout reproduces WASTE's `make_test_container.py --ds41` byte for byte.
     pub waste_compat: bool,
+    /// How the container layout codes the routed experts (the release layout stores FP4).
+    pub expert_codes: ExpertCodes,
     /// A generated checkpoint is large: keep it out of the default test suite.
     pub large: bool,
     /// Why the release layout cannot hold this geometry (`None`: both layouts work).
@@ -141,7 +144,7 @@ pub struct Preset {
 }
 
 /// Names of every preset, in listing order.
-pub const PRESET_NAMES: [&str; 11] = [
+pub const PRESET_NAMES: [&str; 12] = [
     "tiny",
     "tiny-sharded",
     "grouped",
@@ -151,6 +154,7 @@ pub const PRESET_NAMES: [&str; 11] = [
     "off-release",
     "vision",
     "waste-tiny",
+    "waste-vq4p",
     "wide",
     "wide-deep",
 ];
@@ -175,6 +179,7 @@ impl Preset {
             "off-release" => off_release(),
             "vision" => vision(),
             "waste-tiny" => waste_tiny(),
+            "waste-vq4p" => waste_vq4p(),
             "wide" => wide(),
             "wide-deep" => wide_deep(),
             _ => return None,
@@ -345,6 +350,7 @@ fn tiny(sharding: Sharding, name: &'static str) -> Preset {
         tokenizer: TokenizerKind::ByteBpe,
         sharding,
         waste_compat: false,
+        expert_codes: ExpertCodes::VQ3R,
         large: false,
         no_release: None,
         no_container: None,
@@ -387,6 +393,7 @@ fn grouped() -> Preset {
         tokenizer: TokenizerKind::ByteBpe,
         sharding: Sharding::Files(4),
         waste_compat: false,
+        expert_codes: ExpertCodes::VQ3R,
         large: false,
         no_release: None,
         no_container: None,
@@ -439,6 +446,7 @@ fn window_mtp() -> Preset {
         tokenizer: TokenizerKind::ByteBpe,
         sharding: Sharding::Single,
         waste_compat: false,
+        expert_codes: ExpertCodes::VQ3R,
         large: false,
         no_release: None,
         no_container: None,
@@ -499,6 +507,7 @@ fn dspark() -> Preset {
         tokenizer: TokenizerKind::ByteBpe,
         sharding: Sharding::Single,
         waste_compat: false,
+        expert_codes: ExpertCodes::VQ3R,
         large: false,
         no_release: None,
         no_container: None,
@@ -534,6 +543,7 @@ fn off_release() -> Preset {
         tokenizer: TokenizerKind::ByteBpe,
         sharding: Sharding::Single,
         waste_compat: false,
+        expert_codes: ExpertCodes::VQ3R,
         large: false,
         no_release: None,
         no_container: Some(
@@ -571,6 +581,7 @@ fn tied_router() -> Preset {
         tokenizer: TokenizerKind::ByteBpe,
         sharding: Sharding::Single,
         waste_compat: false,
+        expert_codes: ExpertCodes::VQ3R,
         large: false,
         no_release: None,
         no_container: None,
@@ -608,6 +619,7 @@ fn vision() -> Preset {
         tokenizer: TokenizerKind::ByteBpe,
         sharding: Sharding::Single,
         waste_compat: false,
+        expert_codes: ExpertCodes::VQ3R,
         large: false,
         no_release: None,
         no_container: None,
@@ -664,6 +676,7 @@ fn waste_tiny() -> Preset {
         tokenizer: TokenizerKind::Stub,
         sharding: Sharding::Single,
         waste_compat: true,
+        expert_codes: ExpertCodes::VQ3R,
         large: false,
         // MODEL.md §2.2 item 7: every K of an FP8/FP4 linear is a multiple of 32.
         no_container: None,
@@ -672,6 +685,18 @@ fn waste_tiny() -> Preset {
 with a 12-token prompt the ratio-1 indexer discards positions (index_topk 4) and the as-shipped vs owner \
 index_k difference shows from the 11th token. Not reached (by design, it is WASTE's geometry): candidate \
 consumption (no index source after layer 4), ≥ 16 index heads, a non-identity token map.",
+    }
+}
+
+/// `waste-tiny` with VQ4P experts (CONTAINER.md §4.2): what `make_test_container.py --ds41
+/// --index-bits 6` writes, and the expert coding WASTE's converter writes at `--index-bits 6`.
+fn waste_vq4p() -> Preset {
+    Preset {
+        name: "waste-vq4p",
+        description: "`waste-tiny` with VQ4P experts (4 stages of 64-entry codebooks, 6-bit indices packed 4 in 3 bytes); container layout is byte-identical to make_test_container.py --ds41 --index-bits 6 for the same seed",
+        expert_codes: ExpertCodes::VQ4P,
+        reach: "As `waste-tiny` (the same geometry and draws up to the expert codebooks), with every routed expert decoded from packed 6-bit indices over four stages; the codebook headers carry VQ3R's format code, as WASTE's writers put it.",
+        ..waste_tiny()
     }
 }
 
@@ -721,6 +746,7 @@ fn wide() -> Preset {
         tokenizer: TokenizerKind::ByteBpe,
         sharding: Sharding::ReleaseLike,
         waste_compat: false,
+        expert_codes: ExpertCodes::VQ3R,
         large: true,
         no_release: None,
         no_container: None,
@@ -767,6 +793,7 @@ fn wide_deep() -> Preset {
         tokenizer: TokenizerKind::ByteBpe,
         sharding: Sharding::ReleaseLike,
         waste_compat: false,
+        expert_codes: ExpertCodes::VQ3R,
         large: true,
         no_release: None,
         no_container: None,

@@ -3,6 +3,7 @@
 //! the preset's geometry, and every mutant is refused with its expected typed error (item 3).
 
 use ds41_engine::checkpoint::{self, ContainerCheckpoint};
+use ds41_synthetic::container::ExpertCodes;
 use ds41_synthetic::mutants::read_everything;
 use ds41_synthetic::release::stored_tensors;
 use ds41_synthetic::tokenizer::{Vocab, SPECIALS};
@@ -48,9 +49,13 @@ fn assert_round_trip(preset: &str, layout: Layout, seed: u64) {
         .collect();
     let drawn: BTreeSet<String> = expected.keys().cloned().collect();
     assert_eq!(served, drawn, "{preset} {layout:?}");
+    let experts = match Preset::by_name(preset).unwrap().expert_codes {
+        codes if codes == ExpertCodes::VQ4P => "Vq4p",
+        _ => "Vq3r",
+    };
     let want_kinds: &[&str] = match layout {
         Layout::Release => &["Bf16", "F32", "Fp4", "Fp8Block", "Fp8Rows"],
-        Layout::Container => &["EngramRows", "F32", "Q4G", "Q8G", "Vq3r"],
+        Layout::Container => &["EngramRows", "F32", "Q4G", "Q8G", experts],
     };
     assert_eq!(
         kinds.iter().map(String::as_str).collect::<Vec<_>>(),
@@ -85,6 +90,12 @@ fn tiny_container_round_trips_every_format() {
 #[test]
 fn waste_tiny_container_round_trips() {
     assert_round_trip("waste-tiny", Layout::Container, 0);
+}
+
+/// VQ4P experts: the packed 6-bit indices over four 64-entry stages read back as drawn.
+#[test]
+fn waste_vq4p_container_round_trips() {
+    assert_round_trip("waste-vq4p", Layout::Container, 2);
 }
 
 /// `tied-router`: read back through the engine in both layouts, each layer's tied pair has

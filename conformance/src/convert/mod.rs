@@ -37,8 +37,8 @@ use ds41_engine::config::Config;
 use ds41_engine::dsml::json_py::{self, DumpOptions};
 use ds41_engine::model::TokenMap;
 use ds41_synthetic::container::{
-    codebook_record, expert_record, pack_grouped, record_bytes, Fmt, ENGRAM_GROUP, ENTRIES, GROUP,
-    INDEX_BLOCK, STAGES, VEC_DIM,
+    codebook_record, expert_record, pack_grouped, record_bytes, ExpertCodes, Fmt, ENGRAM_GROUP,
+    ENTRIES, GROUP, INDEX_BLOCK, STAGES, VEC_DIM,
 };
 use serde_json::{json, Map, Value};
 
@@ -510,7 +510,7 @@ fn write_experts(
         });
     }
     let kinds = [(i, d), (i, d), (d, i)];
-    let rec = record_bytes(i, d);
+    let rec = record_bytes(i, d, ExpertCodes::VQ3R);
     let mut layers = Map::new();
     let mut codebooks = Vec::new();
     let experts = cfg.n_routed_experts;
@@ -552,7 +552,8 @@ fn write_experts(
                 idx.push(enc.idx);
                 scales.push(enc.scales);
             }
-            let mut record = expert_record(l, e, base, rec, kinds, &idx, &scales);
+            let mut record =
+                expert_record(l, e, base, rec, kinds, ExpertCodes::VQ3R, &idx, &scales);
             if o.defect == Some(ConverterDefect::StaleCrc) && (l, e) == (0, 2) {
                 record[48] ^= 1; // a payload byte changed after the CRC was taken
             }

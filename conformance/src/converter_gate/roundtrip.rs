@@ -42,6 +42,8 @@ fn label_and_limit(storage: Storage, bits: Option<usize>, g: &ConverterGates) ->
         (Storage::Q8G, _) => ("Q8G".into(), g.trunk.q8g_rel_l2),
         (Storage::Q4G, _) => ("Q4G".into(), g.trunk.q4g_rel_l2),
         (Storage::Vq3r, _) => ("VQ3R".into(), g.experts.vq3r_rel_l2),
+        // The same 3 bits per weight as VQ3R (CONTAINER.md §2), so the same limit.
+        (Storage::Vq4p, _) => ("VQ4P".into(), g.experts.vq3r_rel_l2),
         (Storage::EngramRows, Some(8)) => ("Engram8".into(), g.engram.rel_l2_8bit),
         (Storage::EngramRows, _) => ("Engram4".into(), g.engram.rel_l2_4bit),
         _ => ("F32".into(), g.trunk.f32_rel_l2),

@@ -41,6 +41,9 @@ pub struct ContainerOptions {
     pub verify_crc: bool,
 }
 
+/// The VQ3R format code (CONTAINER.md §4.1), also what every codebook header carries.
+const VQ3R_CODEBOOK_FMT: u8 = 4;
+
 /// Vector-quantisation format of the expert records (`manifest.expert_quant`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum VqFormat {
@@ -61,8 +64,30 @@ pub struct ExpertQuant {
 impl ExpertQuant {
     fn header_fmt(&self) -> u8 {
         match self.format {
-            VqFormat::Vq3r => 4,
+            VqFormat::Vq3r => VQ3R_CODEBOOK_FMT,
             VqFormat::Vq4p => 8,
+        }
+    }
+    /// Whether a `codebooks.bin` header's `fmt` byte fits this expert format. WASTE's writers
+    /// (convert.py, make_test_container.py at 8d5405d8) put VQ3R's 4 in every codebook header,
+    /// VQ4P containers included, and its loader reads no header field; the expert format's own
+    /// code is accepted too, as `waste_format.h` describes the field ("which WQ_* this
+    /// codebook serves").
+    fn codebook_fmt_accepted(&self, fmt: u8) -> bool {
+        fmt == VQ3R_CODEBOOK_FMT || fmt == self.header_fmt()
+    }
+    /// The accepted codebook `fmt` values, for messages.
+    fn codebook_fmts(&self) -> String {
+        if self.header_fmt() == VQ3R_CODEBOOK_FMT {
+            VQ3R_CODEBOOK_FMT.to_string()
+        } else {
+            format!("{VQ3R_CODEBOOK_FMT} or {}", self.header_fmt())
+        }
+    }
+    fn storage(&self) -> Storage {
+        match self.format {
+            VqFormat::Vq3r => Storage::Vq3r,
+            VqFormat::Vq4p => Storage::Vq4p,
         }
     }
     /// Index bytes per (row, vector).
@@ -319,7 +344,10 @@ impl ContainerCheckpoint {
         let engram = if config.engram_layer_ids.is_empty() {
             None
         } else {
-            Some(read_engram_json(&dir.join("engram.json"), &mut config)?)
+            Some(read_engram_json(
+                &engram_side_file(dir, "engram.json", &config)?,
+                &mut config,
+            )?)
         };
 
         let trunk_path = dir.join("trunk.bin");
@@ -331,7 +359,10 @@ impl ContainerCheckpoint {
         let banks = open_banks(dir, &j, &manifest, &config, &quant, codebooks.len())?;
         let engram_tables = open_engram_tables(dir, &j, &manifest, &config)?;
         let tokmap = if engram.is_some() {
-            Some(read_tokmap(&dir.join("engram-tokmap.bin"), &config)?)
+            Some(read_tokmap(
+                &engram_side_file(dir, "engram-tokmap.bin", &config)?,
+                &config,
+            )?)
         } else {
             None
         };
@@ -489,7 +520,7 @@ impl ContainerCheckpoint {
                         ));
                     }
                     let (m, n) = self.kind_shape(kind);
-                    (Storage::Vq3r, vec![m, n])
+                    (self.quant.storage(), vec![m, n])
                 }
                 ContainerName::EngramTable { layer } => match self.engram_tables.get(&layer) {
                     Some(tb) => (Storage::EngramRows, vec![tb.rows, tb.dim]),
@@ -720,7 +751,7 @@ impl ContainerCheckpoint {
                 kind,
             } if self.banks.get(&layer).is_some_and(|b| expert < b.experts) => {
                 let (m, n) = self.kind_shape(kind);
-                Ok((Storage::Vq3r, vec![m, n]))
+                Ok((self.quant.storage(), vec![m, n]))
             }
             ContainerName::EngramTable { layer } if self.engram_tables.contains_key(&layer) => {
                 let tb = &self.engram_tables[&layer];
@@ -906,7 +937,9 @@ fn read_codebooks(path: &Path, q: &ExpertQuant) -> Result<Vec<Vec<f32>>> {
                 ),
             ));
         }
-        if id != out.len() {
+        // The id field is a u16 the writers fill with the position masked to 16 bits
+        // (`cid & 0xFFFF` in convert.py and make_test_container.py).
+        if id != out.len() & 0xFFFF {
             return Err(fmt_err(
                 path,
                 at as u64 + 4,
@@ -916,8 +949,8 @@ fn read_codebooks(path: &Path, q: &ExpertQuant) -> Result<Vec<Vec<f32>>> {
                 ),
             ));
         }
-        if fmt != q.header_fmt() || vec_dim != q.vec_dim || entries != q.entries {
-            return Err(fmt_err(path, at as u64 + 6, format!("codebook {id}: fmt {fmt}, vec_dim {vec_dim}, entries {entries} disagree with manifest expert_quant ({}, {}, {})", q.header_fmt(), q.vec_dim, q.entries)));
+        if !q.codebook_fmt_accepted(fmt) || vec_dim != q.vec_dim || entries != q.entries {
+            return Err(fmt_err(path, at as u64 + 6, format!("codebook {id}: fmt {fmt}, vec_dim {vec_dim}, entries {entries} disagree with manifest expert_quant (fmt {}, vec_dim {}, entries {})", q.codebook_fmts(), q.vec_dim, q.entries)));
         }
         at += 16;
         if b.len() - at < body {
@@ -1112,6 +1145,27 @@ fn open_banks(
         );
     }
     Ok(banks)
+}
+
+/// One of the two files holding the Engram hashing constants of a container whose config has
+/// Engram layers. A missing one is named with what needs it: WASTE's `convert.py` (8d5405d8)
+/// writes them only on its `--reclaim` path, so a default conversion lacks both, and its
+/// `tools/ds41_engram.py --src RELEASE --out DIR` makes them.
+fn engram_side_file(dir: &Path, name: &str, cfg: &Config) -> Result<std::path::PathBuf> {
+    let path = dir.join(name);
+    if path.exists() {
+        return Ok(path);
+    }
+    let why = format!(
+        "missing: the config has Engram layers {:?} (engram_layer_ids), whose hashing constants \
+         a container carries in engram.json and engram-tokmap.bin (CONTAINER.md §6); WASTE's \
+         tools/ds41_engram.py derives both from the release",
+        cfg.engram_layer_ids
+    );
+    Err(Error::Io {
+        path,
+        source: std::io::Error::new(std::io::ErrorKind::NotFound, why),
+    })
 }
 
 /// `engram.json` (CONTAINER.md §6): typed constants, checked against the config and the

@@ -55,6 +55,8 @@ pub enum Storage {
     Q4G,
     /// Container VQ3R expert record.
     Vq3r,
+    /// Container VQ4P expert record (6-bit indices, four stages).
+    Vq4p,
     /// Container Engram rows (int4/int8 with f16 group scales).
     EngramRows,
     /// An E8M0 scale tensor (`<w>.scale` of the release), decoded to powers of two.

@@ -32,7 +32,7 @@ impl TensorClass {
             (Layout::Release, TensorClass::Dense) => &[Bf16, F16, F32],
             (Layout::Release, TensorClass::EngramTable) => &[Fp8Rows, Bf16, F16, F32],
             (Layout::Container, TensorClass::Linear | TensorClass::Dense) => &[F32, Q8G, Q4G],
-            (Layout::Container, TensorClass::Expert) => &[Vq3r],
+            (Layout::Container, TensorClass::Expert) => &[Vq3r, Vq4p],
             (Layout::Container, TensorClass::EngramTable) => &[EngramRows],
         }
     }
