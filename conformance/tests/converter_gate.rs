@@ -86,6 +86,43 @@ fn a_faithful_conversion_passes_with_every_tensor_accounted_for() {
     eprintln!("{:?}", r.experts);
 }
 
+/// WASTE's default trunk, a Q4G bulk: a faithful conversion passes on its round trip, and the
+/// replay, whose limits are set for F32 / Q8G trunks, is reported with the reason instead of
+/// judged (it fails those limits: 4-bit attention weights move `attn_out` through the softmax).
+#[test]
+fn a_four_bit_trunk_conversion_is_judged_by_its_round_trip() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rel = release("tiny", tmp.path());
+    let con = tmp.path().join("container");
+    let options = ConvertOptions {
+        trunk_bits: 4,
+        ..ConvertOptions::default()
+    };
+    convert(&rel, &con, &options).unwrap();
+    let r = gate(&rel, &con, true);
+    assert!(r.pass, "{:#?}", r.failures);
+    assert!(r.formats.iter().any(|f| f.format == "Q4G"));
+    let fwd = r.forward.as_ref().unwrap();
+    let why = fwd.replay_not_judged.as_deref().expect("replay not judged");
+    assert!(why.contains("4 or 3 bits"), "{why}");
+    assert!(
+        fwd.replay.failed(),
+        "the replay limits do separate this trunk"
+    );
+
+    // Judged when the gate file asks: the same conversion then fails on its replay.
+    let mut g = ConverterGates::load(&gates_dir()).unwrap();
+    g.forward.judge_replay_low_bit_trunk = true;
+    let profiles = GateSet::load(&gates_dir()).unwrap();
+    let f = g.forward.apply(profiles.get(g.forward.profile));
+    let judged = converter_gate::run(&rel, &con, &g, Some(&f)).unwrap();
+    assert!(!judged.pass);
+    assert!(judged
+        .failures
+        .iter()
+        .any(|l| l.starts_with("forward replay")));
+}
+
 #[test]
 fn mtp_stages_are_dropped_deliberately_and_an_eight_bit_engram_passes() {
     let tmp = tempfile::tempdir().unwrap();

@@ -31,7 +31,8 @@
 //!   `DS41_WASTE`, a WASTE checkout.
 //! * `regen_python::waste-converter-output-vs-oracle` — WASTE's `tools/convert.py` on a synthetic
 //!   release checkpoint (VQ3R and VQ4P experts): both containers open and run in the reference,
-//!   and on the VQ3R one the reference agrees with WASTE's oracle at the exact gates; needs
+//!   and on the VQ3R one the reference agrees with WASTE's oracle at the exact gates; Q4G and
+//!   Q3G trunks pass the converter gate's round trip against the release; needs
 //!   `DS41_WASTE` (its `convert.py` imports `mxfp4.py`, `hf_tokenizer.py`, `ds41_engram.py` and
 //!   `ds41_preflight.py` from `tools/`).
 //!

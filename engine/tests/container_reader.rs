@@ -556,6 +556,60 @@ fn waste_container_without_attn_sink_is_refused() {
     }
 }
 
+/// Q3G (fmt 7, WASTE's `convert.py --trunk-bits 3`): per row, the values + 4 as 3-bit fields
+/// LSB-first at bit 3c, then one guard byte; f16 group scales after all rows. Rows of 64
+/// columns pad to one 128-group: 48 bytes of stream and the guard, so every other row starts
+/// mid-pattern and fields straddle bytes.
+#[test]
+fn q3g_trunk_tensors_decode_as_wastes_bit_stream() {
+    let d = tempfile::tempdir().unwrap();
+    let mut m = write_container(d.path());
+    let name = "model.layers.1.self_attn.q_a_proj.weight";
+    let i = trunk_idx(&m, name);
+    let shape: Vec<usize> = serde_json::from_value(m["trunk"][i]["shape"].clone()).unwrap();
+    let (rows, cols, padded) = (shape[0], shape[1], 128);
+    let row_bytes = 3 * padded / 8 + 1;
+    let value = |r: usize, c: usize| ((r * 5 + c * 3) % 8) as u32; // biased: v + 4
+    let mut trunk = std::fs::read(d.path().join("trunk.bin")).unwrap();
+    let off = trunk.len();
+    for r in 0..rows {
+        let mut row = vec![0u8; row_bytes];
+        for c in 0..cols {
+            let bit = 3 * c;
+            let two = value(r, c) << (bit % 8);
+            row[bit / 8] |= two as u8;
+            row[bit / 8 + 1] |= (two >> 8) as u8;
+        }
+        trunk.extend(row);
+    }
+    let scale_off = trunk.len();
+    let scale = |r: usize| half::f16::from_f32(0.25 + r as f32 / 64.0);
+    for r in 0..rows {
+        trunk.extend(scale(r).to_le_bytes());
+    }
+    std::fs::write(d.path().join("trunk.bin"), &trunk).unwrap();
+    m["trunk"][i] = json!({"name": name, "fmt": 7, "off": off, "shape": shape, "group": 128,
+                            "scale_off": scale_off, "bytes": trunk.len() - off});
+    write_manifest(d.path(), &m);
+    let ck = checkpoint::open(d.path()).unwrap();
+    assert_eq!(
+        ck.storage("layers.1.attn.wq_a.weight").unwrap(),
+        Storage::Q3G
+    );
+    let w = ck.tensor_f32("layers.1.attn.wq_a.weight").unwrap();
+    for r in 0..rows {
+        for c in 0..cols {
+            let want = (value(r, c) as f32 - 4.0) * scale(r).to_f32();
+            assert_eq!(w[r * cols + c], want, "({r},{c})");
+        }
+    }
+    // A declared byte count that is not the stream's is refused, naming the tensor.
+    m["trunk"][i]["bytes"] = json!(trunk.len() - off - 1);
+    write_manifest(d.path(), &m);
+    let e = refused(d.path());
+    assert!(e.contains("q_a_proj") && e.contains("bytes"), "{e}");
+}
+
 /// A container with Engram layers but without one of its two hashing-constant files (what
 /// WASTE's convert.py writes without `--reclaim`) is refused naming the file and what needs it.
 #[test]

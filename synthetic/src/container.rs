@@ -38,7 +38,8 @@ pub const ENGRAM_BITS: usize = 4;
 
 /// How the routed experts are coded (CONTAINER.md §4.2): VQ3R (3 stages of 256 entries, one
 /// index byte per stage) or VQ4P (4 stages of 64 entries, the four 6-bit indices packed into
-/// 3 bytes), as `make_test_container.py --index-bits 8 | 6` writes them.
+/// 3 bytes), as `make_test_container.py --index-bits 8 | 6` writes them; other byte-per-stage
+/// counts as WASTE's `convert.py --stages N --entries E` writes them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ExpertCodes {
     pub stages: usize,
@@ -87,9 +88,11 @@ impl ExpertCodes {
             }
         }
     }
-    /// The manifest's `expert_quant` (key order and values as WASTE's writers put them).
+    /// The manifest's `expert_quant` (key order and values as WASTE's writers put them; a
+    /// byte-per-stage coding with two stages is named VQ2R, as convert.py names it).
     fn manifest(self) -> Value {
-        let mut q = json!({"fmt": "VQ3R", "stages": self.stages, "vec_dim": VEC_DIM,
+        let name = if self.stages == 2 { "VQ2R" } else { "VQ3R" };
+        let mut q = json!({"fmt": name, "stages": self.stages, "vec_dim": VEC_DIM,
                            "entries": self.entries, "index_block": INDEX_BLOCK,
                            "bits_per_weight": self.stages});
         if self.packed {

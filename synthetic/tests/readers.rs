@@ -92,6 +92,41 @@ fn waste_tiny_container_round_trips() {
     assert_round_trip("waste-tiny", Layout::Container, 0);
 }
 
+/// Every expert coding WASTE's converter writes (`--stages 2 | 3 | 4 | 6`, `--entries 16–256`,
+/// `--index-bits 6`) reads back as drawn, and is reported under its own name.
+#[test]
+fn every_expert_coding_wastes_converter_writes_reads_back() {
+    let byte_codes = |stages, entries| ExpertCodes {
+        stages,
+        entries,
+        packed: false,
+    };
+    for (codes, storage) in [
+        (byte_codes(2, 256), "Vq2r"),
+        (byte_codes(3, 128), "Vq3r"),
+        (byte_codes(4, 64), "Vq3r"),
+        (byte_codes(6, 16), "Vq3r"),
+        (ExpertCodes::VQ4P, "Vq4p"),
+    ] {
+        let mut p = Preset::by_name("waste-tiny").unwrap();
+        p.expert_codes = codes;
+        let tmp = tempfile::tempdir().unwrap();
+        let mut drawn = std::collections::BTreeMap::new();
+        ds41_synthetic::container::write(&p, 1, tmp.path(), Some(&mut drawn)).unwrap();
+        let ck = checkpoint::open(tmp.path()).unwrap_or_else(|e| panic!("{codes:?}: {e}"));
+        let experts: Vec<_> = drawn
+            .iter()
+            .filter(|(n, _)| n.contains(".experts."))
+            .collect();
+        assert_eq!(experts.len(), 6 * 8 * 3, "{codes:?}");
+        for (name, want) in experts {
+            let got = ck.tensor_f32(name).unwrap();
+            assert!(got == *want, "{codes:?} {name}: read back differently");
+            assert_eq!(format!("{:?}", ck.storage(name).unwrap()), storage);
+        }
+    }
+}
+
 /// VQ4P experts: the packed 6-bit indices over four 64-entry stages read back as drawn.
 #[test]
 fn waste_vq4p_container_round_trips() {

@@ -157,7 +157,11 @@ fn print_report(r: &ConverterReport, g: &ConverterGates) {
             } else {
                 "end to end (reported, not judged)"
             };
-            for (what, c) in [("replay", &f.replay), (e2e, &f.end_to_end)] {
+            let replay = match &f.replay_not_judged {
+                None => "replay".to_string(),
+                Some(why) => format!("replay (reported, not judged: {why})"),
+            };
+            for (what, c) in [(replay.as_str(), &f.replay), (e2e, &f.end_to_end)] {
                 println!(
                     "  {what}: {}{}; {} decision flips excused",
                     if c.failed() { "FAIL, " } else { "" },

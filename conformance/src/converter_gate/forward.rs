@@ -29,6 +29,8 @@ pub struct ForwardReport {
     pub end_to_end: CompareReport,
     /// Whether `end_to_end` counts in the verdict (`gates/converter.yaml`).
     pub end_to_end_judged: bool,
+    /// Why `replay` does not count in the verdict, when it does not.
+    pub replay_not_judged: Option<String>,
     /// One line per failing metric (the first divergence first).
     pub failures: Vec<String>,
 }
@@ -75,6 +77,7 @@ pub fn compare(
     prefill: usize,
     gates: &Gates,
     judge_end_to_end: bool,
+    replay_not_judged: Option<String>,
 ) -> anyhow::Result<ForwardReport> {
     let golden = run(release, tokens, prefill, None)?;
     let dir = crate::interrupt::ScratchDir::new("ds41-converter-gate-")?;
@@ -86,7 +89,7 @@ pub fn compare(
     let end_to_end = compare_traces(&golden, &engine, gates);
     let mut failures = Vec::new();
     let judged = [
-        ("replay", &replay, true),
+        ("replay", &replay, replay_not_judged.is_none()),
         ("end to end", &end_to_end, judge_end_to_end),
     ];
     for (what, c, _) in judged.iter().filter(|j| j.2) {
@@ -105,6 +108,7 @@ pub fn compare(
         replay,
         end_to_end,
         end_to_end_judged: judge_end_to_end,
+        replay_not_judged,
         failures,
     })
 }

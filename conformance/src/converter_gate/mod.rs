@@ -194,6 +194,21 @@ pub fn run(
     if let Some(profile) = forward {
         let cfg = release.config();
         let tokens = forward::gate_tokens(g.forward.tokens, cfg.vocab_size);
+        let low_bit: Vec<&str> = report
+            .tensors
+            .iter()
+            .filter(|t| t.format == "Q4G" || t.format == "Q3G")
+            .map(|t| t.name.as_str())
+            .collect();
+        let replay_not_judged = (!low_bit.is_empty() && !g.forward.judge_replay_low_bit_trunk)
+            .then(|| {
+                format!(
+                    "{} trunk tensors at 4 or 3 bits (first `{}`): the replay limits are set for \
+                     an F32 / Q8G trunk; the round trip judges these weights",
+                    low_bit.len(),
+                    low_bit[0]
+                )
+            });
         match forward::compare(
             release_dir,
             container_dir,
@@ -201,6 +216,7 @@ pub fn run(
             g.forward.prefill,
             profile,
             g.forward.judge_end_to_end,
+            replay_not_judged,
         ) {
             Ok(f) => {
                 failures.extend(f.failures.iter().cloned());

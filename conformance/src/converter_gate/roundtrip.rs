@@ -21,7 +21,7 @@ pub trait StepSource: Sync {
 #[derive(Debug, Clone, Serialize)]
 pub struct TensorError {
     pub name: String,
-    /// The container's storage: F32, Q8G, Q4G, VQ3R, Engram4, Engram8.
+    /// The container's storage: F32, Q8G, Q4G, Q3G, VQ3R, VQ2R, VQ4P, Engram4, Engram8.
     pub format: String,
     pub rel_l2: f64,
     pub worst_row: usize,
@@ -41,9 +41,12 @@ fn label_and_limit(storage: Storage, bits: Option<usize>, g: &ConverterGates) ->
     match (storage, bits) {
         (Storage::Q8G, _) => ("Q8G".into(), g.trunk.q8g_rel_l2),
         (Storage::Q4G, _) => ("Q4G".into(), g.trunk.q4g_rel_l2),
+        (Storage::Q3G, _) => ("Q3G".into(), g.trunk.q3g_rel_l2),
         (Storage::Vq3r, _) => ("VQ3R".into(), g.experts.vq3r_rel_l2),
         // The same 3 bits per weight as VQ3R (CONTAINER.md §2), so the same limit.
         (Storage::Vq4p, _) => ("VQ4P".into(), g.experts.vq3r_rel_l2),
+        // Two bits per weight: no limit of its own is calibrated, so VQ3R's, the closest.
+        (Storage::Vq2r, _) => ("VQ2R".into(), g.experts.vq3r_rel_l2),
         (Storage::EngramRows, Some(8)) => ("Engram8".into(), g.engram.rel_l2_8bit),
         (Storage::EngramRows, _) => ("Engram4".into(), g.engram.rel_l2_4bit),
         _ => ("F32".into(), g.trunk.f32_rel_l2),

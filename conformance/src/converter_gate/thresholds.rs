@@ -14,6 +14,7 @@ pub struct TrunkLimits {
     pub f32_rel_l2: f64,
     pub q8g_rel_l2: f64,
     pub q4g_rel_l2: f64,
+    pub q3g_rel_l2: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -41,6 +42,9 @@ pub struct ForwardSettings {
     /// Whether the end-to-end comparison decides the verdict (false: it is reported only,
     /// and the teacher-forced replay, which compares every cell, decides).
     pub judge_end_to_end: bool,
+    /// Whether the replay decides the verdict when trunk linears are stored at 4 or 3 bits
+    /// (Q4G, Q3G); the replay limits below are calibrated for an F32 / Q8G trunk.
+    pub judge_replay_low_bit_trunk: bool,
     /// The profile's teacher-forced per-cell limits, replaced for a container's own
     /// quantisation (3-bit VQ experts, 4-bit Engram rows).
     pub replay: ReplayLimits,
@@ -99,6 +103,7 @@ impl ConverterGates {
             ("trunk.f32_rel_l2", g.trunk.f32_rel_l2),
             ("trunk.q8g_rel_l2", g.trunk.q8g_rel_l2),
             ("trunk.q4g_rel_l2", g.trunk.q4g_rel_l2),
+            ("trunk.q3g_rel_l2", g.trunk.q3g_rel_l2),
             ("experts.vq3r_rel_l2", g.experts.vq3r_rel_l2),
             ("experts.outlier_factor", g.experts.outlier_factor),
             ("engram.rel_l2_4bit", g.engram.rel_l2_4bit),

@@ -9,6 +9,11 @@
 //! 64-row index blocks. convert.py reads sharded checkpoints only, so the single file gets a
 //! `model.safetensors.index.json`; it writes `engram.json` and `engram-tokmap.bin` only on its
 //! `--reclaim` path, so it runs with `--reclaim dry` (which deletes nothing).
+//!
+//! convert.py keeps trunk tensors under 65,536 elements in F32, so a second source at hidden
+//! 256 (q_lora 256, 8 heads) gets quantised trunk linears: converted with the default Q4G bulk
+//! and with `--trunk-bits 3` (Q3G), each must pass the converter gate's round trip against the
+//! release (`ds41 gate converter` without its forward step), which a misread bit stream fails.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -26,17 +31,7 @@ pub fn converted_containers_agree_with_the_oracle(
 ) -> Result<(), Failed> {
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let src = tmp.path().join("src");
-    ds41_synthetic::generate_with(&ds41_synthetic::Options {
-        preset: "vision".into(),
-        layout: ds41_synthetic::Layout::Release,
-        seed: 7,
-        out_dir: src.clone(),
-        mutant: None,
-        force: false,
-        overrides: vec![("moe_intermediate_size".into(), serde_json::json!(64))],
-    })
-    .map_err(|e| e.to_string())?;
-    write_single_shard_index(&src)?;
+    release_source(&src, &[("moe_intermediate_size", 64)])?;
 
     let vq3r = tmp.path().join("vq3r");
     convert(python, waste, &src, &vq3r, &[])?;
@@ -75,6 +70,8 @@ pub fn converted_containers_agree_with_the_oracle(
         )
         .into());
     }
+    quantised_trunks_pass_the_round_trip(python, waste, tmp.path())?;
+
     let want = TraceFile::read(&golden).map_err(|e| e.to_string())?;
     let model = Model::open(&vq3r).map_err(|e| e.to_string())?;
     let got = run_chunks(&model, &IDS, &schedule, &opts);
@@ -86,6 +83,59 @@ pub fn converted_containers_agree_with_the_oracle(
         // The exact profile's gate (gates/exact.yaml).
         if rel > 1e-4 {
             return Err(format!("{name}: rel L2 {rel:.3e} against the oracle (gate 1e-4)").into());
+        }
+    }
+    Ok(())
+}
+
+/// `vision` seed 7 in the release layout with these `text_config` values, indexed as convert.py
+/// wants.
+fn release_source(dir: &Path, overrides: &[(&str, u64)]) -> Result<(), Failed> {
+    ds41_synthetic::generate_with(&ds41_synthetic::Options {
+        preset: "vision".into(),
+        layout: ds41_synthetic::Layout::Release,
+        seed: 7,
+        out_dir: dir.to_path_buf(),
+        mutant: None,
+        force: false,
+        overrides: overrides
+            .iter()
+            .map(|&(k, v)| (k.to_string(), serde_json::json!(v)))
+            .collect(),
+    })
+    .map_err(|e| e.to_string())?;
+    write_single_shard_index(dir)
+}
+
+/// Q4G and Q3G trunks written by convert.py hold the release's weights by the converter gate.
+fn quantised_trunks_pass_the_round_trip(
+    python: &Path,
+    waste: &Path,
+    tmp: &Path,
+) -> Result<(), Failed> {
+    let src = tmp.join("src-wide");
+    release_source(
+        &src,
+        &[
+            ("moe_intermediate_size", 64),
+            ("hidden_size", 256),
+            ("q_lora_rank", 256),
+            ("num_attention_heads", 8),
+        ],
+    )?;
+    let gates =
+        ds41_conformance::converter_gate::ConverterGates::load(&super::repo_root().join("gates"))
+            .map_err(|e| e.to_string())?;
+    for (bits, format) in [("4", "Q4G"), ("3", "Q3G")] {
+        let out = tmp.join(format!("trunk-{bits}"));
+        convert(python, waste, &src, &out, &["--trunk-bits", bits])?;
+        let r = ds41_conformance::converter_gate::run(&src, &out, &gates, None)
+            .map_err(|e| e.to_string())?;
+        if !r.pass {
+            return Err(format!("--trunk-bits {bits}: {:#?}", r.failures).into());
+        }
+        if !r.formats.iter().any(|f| f.format == format) {
+            return Err(format!("--trunk-bits {bits}: no {format} tensor was judged").into());
         }
     }
     Ok(())

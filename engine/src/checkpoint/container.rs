@@ -1,7 +1,9 @@
 //! The WASTE v0 container (CONTAINER.md §1–§9): `manifest.json`, `trunk.bin` (F32 / Q8G /
-//! Q4G entries with f16 group scales after the rows), `experts-L{n}.bin` banks of 4 KiB-aligned
-//! VQ3R/VQ4P records with 48-byte `WEXP` headers, `codebooks.bin` (`WCBK`), `engram-L{n}.bin`
-//! rows, `engram.json`, `engram-tokmap.bin` and `specials.json`.
+//! Q4G / Q3G entries with f16 group scales after the rows), `experts-L{n}.bin` banks of 4 KiB-
+//! aligned VQ3R (1–8 stages of byte indices; VQ2R: two) or VQ4P records with 48-byte `WEXP`
+//! headers, `codebooks.bin` (`WCBK`), `engram-L{n}.bin` rows, `engram.json`,
+//! `engram-tokmap.bin` and `specials.json`. Q3G, VQ2R and the stage counts beyond CONTAINER.md's
+//! are what WASTE's `convert.py` (8d5405d8) writes with `--trunk-bits 3` and `--stages N`.
 //!
 //! Opening validates the manifest, every trunk entry's byte ranges, every bank record header
 //! and every codebook header, and cross-checks the Engram statements (config, `engram.json`,
@@ -15,7 +17,8 @@ use super::names::{
 };
 use super::{
     book_entries, check_rows_request, rows_cols, tensor_err, vq_indices, vq_vector, Checkpoint,
-    DenseDtype, Layout, QuantView, Storage, VqView, WeightView, VQ_ROW_BAND, VQ_WIDTH,
+    DenseDtype, Layout, QuantView, Storage, VqView, WeightView, MAX_VQ_STAGES, VQ_ROW_BAND,
+    VQ_WIDTH,
 };
 use crate::config::{
     parse_json_bytes, read_json, Config, EngramHashConstants, EngramLayerHash, EngramPad,
@@ -43,12 +46,19 @@ pub struct ContainerOptions {
 
 /// The VQ3R format code (CONTAINER.md §4.1), also what every codebook header carries.
 const VQ3R_CODEBOOK_FMT: u8 = 4;
+/// WASTE's `WQ_VQ2R` (`src/waste_format.h`).
+const VQ2R_FMT: u8 = 5;
+/// WASTE's `WQ_VQ4P`.
+const VQ4P_FMT: u8 = 8;
 
 /// Vector-quantisation format of the expert records (`manifest.expert_quant`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum VqFormat {
-    /// `fmt` 4: one byte index per stage.
+    /// `fmt` 4: one byte index per stage (WASTE's converter writes 2, 3, 4 or 6 stages of
+    /// 16–256 entries under this name).
     Vq3r,
+    /// The same coding with two stages, under its own name (`convert.py --stages 2`).
+    Vq2r,
     /// `fmt` 8: four 6-bit indices packed into 3 bytes.
     Vq4p,
 }
@@ -62,38 +72,30 @@ pub struct ExpertQuant {
 }
 
 impl ExpertQuant {
-    fn header_fmt(&self) -> u8 {
-        match self.format {
-            VqFormat::Vq3r => VQ3R_CODEBOOK_FMT,
-            VqFormat::Vq4p => 8,
-        }
-    }
-    /// Whether a `codebooks.bin` header's `fmt` byte fits this expert format. WASTE's writers
-    /// (convert.py, make_test_container.py at 8d5405d8) put VQ3R's 4 in every codebook header,
-    /// VQ4P containers included, and its loader reads no header field; the expert format's own
-    /// code is accepted too, as `waste_format.h` describes the field ("which WQ_* this
-    /// codebook serves").
-    fn codebook_fmt_accepted(&self, fmt: u8) -> bool {
-        fmt == VQ3R_CODEBOOK_FMT || fmt == self.header_fmt()
-    }
-    /// The accepted codebook `fmt` values, for messages.
-    fn codebook_fmts(&self) -> String {
-        if self.header_fmt() == VQ3R_CODEBOOK_FMT {
-            VQ3R_CODEBOOK_FMT.to_string()
-        } else {
-            format!("{VQ3R_CODEBOOK_FMT} or {}", self.header_fmt())
+    /// The `fmt` codes a `WEXP` record header or a `codebooks.bin` header may carry for this
+    /// format. WASTE's writers (convert.py, make_test_container.py at 8d5405d8) put VQ3R's 4
+    /// in every codebook header and in every byte-per-stage record (VQ2R's included), and its
+    /// loader reads no codebook header field; the format's own code is accepted too, as
+    /// `waste_format.h` describes the fields ("which WQ_* this codebook serves").
+    fn fmt_codes(&self, record: bool) -> &'static [u8] {
+        match (self.format, record) {
+            (VqFormat::Vq3r, _) => &[VQ3R_CODEBOOK_FMT],
+            (VqFormat::Vq2r, _) => &[VQ3R_CODEBOOK_FMT, VQ2R_FMT],
+            (VqFormat::Vq4p, true) => &[VQ4P_FMT],
+            (VqFormat::Vq4p, false) => &[VQ3R_CODEBOOK_FMT, VQ4P_FMT],
         }
     }
     fn storage(&self) -> Storage {
         match self.format {
             VqFormat::Vq3r => Storage::Vq3r,
+            VqFormat::Vq2r => Storage::Vq2r,
             VqFormat::Vq4p => Storage::Vq4p,
         }
     }
     /// Index bytes per (row, vector).
     fn bytes_per_vector(&self) -> usize {
         match self.format {
-            VqFormat::Vq3r => self.stages,
+            VqFormat::Vq3r | VqFormat::Vq2r => self.stages,
             VqFormat::Vq4p => 3,
         }
     }
@@ -574,14 +576,9 @@ impl ContainerCheckpoint {
                     *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
                 }
             }
-            Storage::Q8G | Storage::Q4G => {
+            Storage::Q8G | Storage::Q4G | Storage::Q3G => {
                 let groups = cols.div_ceil(e.group);
-                let padded = groups * e.group;
-                let row_bytes = if e.storage == Storage::Q8G {
-                    padded
-                } else {
-                    padded / 2
-                };
+                let row_bytes = grouped_row_bytes(e.storage, groups * e.group);
                 for (i, row) in out.chunks_exact_mut(cols).enumerate() {
                     let r = first + i;
                     let data = &t[e.off + r * row_bytes..e.off + (r + 1) * row_bytes];
@@ -589,11 +586,19 @@ impl ContainerCheckpoint {
                     for (c, o) in row.iter_mut().enumerate() {
                         let g = c / e.group;
                         let s = f16_to_f32(u16::from_le_bytes([sc[2 * g], sc[2 * g + 1]]));
-                        let q = if e.storage == Storage::Q8G {
-                            data[c] as i8 as i32
-                        } else {
-                            let b = data[c / 2];
-                            (if c % 2 == 0 { b & 0xF } else { b >> 4 }) as i32 - 8
+                        let q = match e.storage {
+                            Storage::Q8G => data[c] as i8 as i32,
+                            Storage::Q4G => {
+                                let b = data[c / 2];
+                                (if c % 2 == 0 { b & 0xF } else { b >> 4 }) as i32 - 8
+                            }
+                            _ => {
+                                // Three bits LSB-first at bit 3c; the guard byte ending every
+                                // row keeps the two-byte read inside it.
+                                let (byte, shift) = (3 * c / 8, 3 * c % 8);
+                                let two = u16::from_le_bytes([data[byte], data[byte + 1]]);
+                                i32::from((two >> shift) & 7) - 4
+                            }
                         };
                         *o = q as f32 * s;
                     }
@@ -687,7 +692,7 @@ impl ContainerCheckpoint {
     fn expert_view(&self, layer: usize, expert: usize, kind: usize) -> Option<VqView<'_>> {
         let q = self.quant;
         let all_valid = match q.format {
-            VqFormat::Vq3r => q.entries >= 256,
+            VqFormat::Vq3r | VqFormat::Vq2r => q.entries >= 256,
             VqFormat::Vq4p => q.entries >= 64,
         };
         if q.vec_dim != VQ_WIDTH || !all_valid || self.options.verify_crc {
@@ -779,8 +784,14 @@ fn parse_expert_quant(j: &J, manifest: &Value) -> Result<ExpertQuant> {
     };
     let format = match fmt {
         "VQ3R" => VqFormat::Vq3r,
+        "VQ2R" => VqFormat::Vq2r,
         "VQ4P" => VqFormat::Vq4p,
-        other => return Err(j.err("expert_quant.fmt", format!("{other:?} is not VQ3R or VQ4P"))),
+        other => {
+            return Err(j.err(
+                "expert_quant.fmt",
+                format!("{other:?} is not VQ3R, VQ2R or VQ4P"),
+            ))
+        }
     };
     if index_block != 64 {
         return Err(j.err(
@@ -796,14 +807,15 @@ fn parse_expert_quant(j: &J, manifest: &Value) -> Result<ExpertQuant> {
     }
     let ok = match format {
         VqFormat::Vq3r => {
-            (1..=8).contains(&stages) && (1..=256).contains(&entries) && index_bits == 8
+            (1..=MAX_VQ_STAGES).contains(&stages) && (1..=256).contains(&entries) && index_bits == 8
         }
+        VqFormat::Vq2r => stages == 2 && (1..=256).contains(&entries) && index_bits == 8,
         VqFormat::Vq4p => stages == 4 && entries == 64 && index_bits == 6,
     };
     if !ok {
         return Err(j.err(
             "expert_quant",
-            format!("{fmt} with stages {stages}, entries {entries}, index_bits {index_bits} is not a defined layout (VQ3R: 8-bit indices, ≤ 256 entries; VQ4P: 4 stages × 64 entries, 6-bit)"),
+            format!("{fmt} with stages {stages}, entries {entries}, index_bits {index_bits} is not a defined layout (VQ3R: 1–{MAX_VQ_STAGES} stages of 8-bit indices, ≤ 256 entries; VQ2R: the same with 2 stages; VQ4P: 4 stages × 64 entries, 6-bit)"),
         ));
     }
     Ok(ExpertQuant {
@@ -842,29 +854,25 @@ fn parse_trunk(
                 let n = rows.checked_mul(cols).and_then(|n| n.checked_mul(4));
                 (Storage::F32, 0, 0, n.ok_or_else(too_big)?, 0)
             }
-            2 | 3 => {
+            2 | 3 | 7 => {
                 let group = j.usize(t, &field, "group")?;
                 let scale_off = j.usize(t, &field, "scale_off")?;
                 if group == 0 || group % 2 != 0 || group > 1 << 16 {
                     return Err(bad(format!("group {group} must be a positive even number")));
                 }
                 let groups = cols.div_ceil(group);
-                let padded = groups * group;
-                let data = rows.checked_mul(padded).ok_or_else(too_big)?;
-                let data = if fmt == 2 { data } else { data / 2 };
+                let storage = match fmt {
+                    2 => Storage::Q8G,
+                    3 => Storage::Q4G,
+                    _ => Storage::Q3G,
+                };
+                let data = groups
+                    .checked_mul(group)
+                    .map(|padded| grouped_row_bytes(storage, padded))
+                    .and_then(|row| rows.checked_mul(row))
+                    .ok_or_else(too_big)?;
                 let scales = rows.checked_mul(groups * 2).ok_or_else(too_big)?;
-                (
-                    if fmt == 2 { Storage::Q8G } else { Storage::Q4G },
-                    group,
-                    scale_off,
-                    data,
-                    scales,
-                )
-            }
-            7 => {
-                return Err(bad(
-                    "format 7 (Q3G) is defined but not used by any container; refused".into(),
-                ))
+                (storage, group, scale_off, data, scales)
             }
             f => return Err(bad(format!("unknown trunk format {f}"))),
         };
@@ -949,8 +957,8 @@ fn read_codebooks(path: &Path, q: &ExpertQuant) -> Result<Vec<Vec<f32>>> {
                 ),
             ));
         }
-        if !q.codebook_fmt_accepted(fmt) || vec_dim != q.vec_dim || entries != q.entries {
-            return Err(fmt_err(path, at as u64 + 6, format!("codebook {id}: fmt {fmt}, vec_dim {vec_dim}, entries {entries} disagree with manifest expert_quant (fmt {}, vec_dim {}, entries {})", q.codebook_fmts(), q.vec_dim, q.entries)));
+        if !q.fmt_codes(false).contains(&fmt) || vec_dim != q.vec_dim || entries != q.entries {
+            return Err(fmt_err(path, at as u64 + 6, format!("codebook {id}: fmt {fmt}, vec_dim {vec_dim}, entries {entries} disagree with manifest expert_quant (fmt {:?}, vec_dim {}, entries {})", q.fmt_codes(false), q.vec_dim, q.entries)));
         }
         at += 16;
         if b.len() - at < body {
@@ -1080,10 +1088,15 @@ fn open_banks(
                     format!("header says expert {}, record position is {e}", h.expert_id),
                 ));
             }
-            if h.fmt != q.header_fmt() {
+            if !q.fmt_codes(true).contains(&h.fmt) {
                 return Err(bad(
                     8,
-                    format!("fmt {} disagrees with the manifest's {:?}", h.fmt, q.format),
+                    format!(
+                        "fmt {} disagrees with the manifest's {:?} (record fmt {:?})",
+                        h.fmt,
+                        q.format,
+                        q.fmt_codes(true)
+                    ),
                 ));
             }
             if h.codebook_id as usize != codebook_base {
@@ -1438,8 +1451,9 @@ impl Checkpoint for ContainerCheckpoint {
             return Ok(match e.storage {
                 Storage::F32 => Some(4 * n as u64),
                 Storage::F16 | Storage::Bf16 => Some(2 * n as u64),
-                Storage::Q8G => Some((rows * padded + 2 * groups) as u64),
-                Storage::Q4G => Some((rows * padded / 2 + 2 * groups) as u64),
+                Storage::Q8G | Storage::Q4G | Storage::Q3G => {
+                    Some((rows * grouped_row_bytes(e.storage, padded) + 2 * groups) as u64)
+                }
                 _ => None,
             });
         }
@@ -1551,6 +1565,17 @@ impl Checkpoint for ContainerCheckpoint {
     }
     fn engram_token_map(&self) -> Result<Option<Vec<i32>>> {
         Ok(self.tokmap.clone())
+    }
+}
+
+/// Bytes of one row of a grouped trunk tensor with `padded` (whole groups of) columns
+/// (CONTAINER.md §3): Q8G a byte per value, Q4G a nibble; Q3G (WASTE's `quantize_q3g`, written
+/// by `convert.py --trunk-bits 3`) three bits per value, LSB-first, then one guard byte.
+fn grouped_row_bytes(storage: Storage, padded: usize) -> usize {
+    match storage {
+        Storage::Q8G => padded,
+        Storage::Q4G => padded / 2,
+        _ => (3 * padded).div_ceil(8) + 1,
     }
 }
 

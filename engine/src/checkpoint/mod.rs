@@ -53,10 +53,14 @@ pub enum Storage {
     Q8G,
     /// Container int4 with f16 group scales.
     Q4G,
+    /// Container 3-bit values (a bit stream per row plus a guard byte) with f16 group scales.
+    Q3G,
     /// Container VQ3R expert record.
     Vq3r,
     /// Container VQ4P expert record (6-bit indices, four stages).
     Vq4p,
+    /// Container VQ2R expert record (VQ3R's coding with two stages).
+    Vq2r,
     /// Container Engram rows (int4/int8 with f16 group scales).
     EngramRows,
     /// An E8M0 scale tensor (`<w>.scale` of the release), decoded to powers of two.
@@ -120,8 +124,8 @@ impl QuantView<'_> {
 pub const VQ_WIDTH: usize = 8;
 /// Rows whose indices of one vector position are stored together (CONTAINER.md §4.2).
 pub const VQ_ROW_BAND: usize = 64;
-/// Most VQ stages a format has (VQ4P).
-pub const MAX_VQ_STAGES: usize = 4;
+/// Most stages a container's `expert_quant` may state (WASTE's converter writes up to 6).
+pub const MAX_VQ_STAGES: usize = 8;
 
 /// The bytes of one container VQ expert matrix `[rows, cols]` (CONTAINER.md §4.2): vector v of
 /// row r (columns `8v .. 8v + 8`) is `scale[r] · Σ_stage book[stage][index]`, the stages
@@ -299,12 +303,14 @@ impl VqView<'_> {
 #[inline(always)]
 pub(crate) fn vq_indices(b: &[u8], packed: bool) -> [usize; MAX_VQ_STAGES] {
     if packed {
-        [
+        let mut sel = [0; MAX_VQ_STAGES];
+        sel[..4].copy_from_slice(&[
             usize::from(b[0] & 0x3F),
             usize::from((b[0] >> 6) | ((b[1] & 0x0F) << 2)),
             usize::from((b[1] >> 4) | ((b[2] & 0x03) << 4)),
             usize::from(b[2] >> 2),
-        ]
+        ]);
+        sel
     } else {
         std::array::from_fn(|i| b.get(i).map_or(0, |&x| usize::from(x)))
     }

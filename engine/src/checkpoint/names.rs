@@ -31,8 +31,8 @@ impl TensorClass {
             (Layout::Release, TensorClass::Expert) => &[Fp4, Fp8Block, Bf16, F16, F32],
             (Layout::Release, TensorClass::Dense) => &[Bf16, F16, F32],
             (Layout::Release, TensorClass::EngramTable) => &[Fp8Rows, Bf16, F16, F32],
-            (Layout::Container, TensorClass::Linear | TensorClass::Dense) => &[F32, Q8G, Q4G],
-            (Layout::Container, TensorClass::Expert) => &[Vq3r, Vq4p],
+            (Layout::Container, TensorClass::Linear | TensorClass::Dense) => &[F32, Q8G, Q4G, Q3G],
+            (Layout::Container, TensorClass::Expert) => &[Vq3r, Vq2r, Vq4p],
             (Layout::Container, TensorClass::EngramTable) => &[EngramRows],
         }
     }
