@@ -325,7 +325,9 @@ fn manifest_refusals() {
         m["trunk"][i]["bytes"] = json!(4);
     })
     .contains("`bytes` is 4"));
-    assert!(mutate(|m, _| m["trunk"][0]["fmt"] = json!(7)).contains("Q3G"));
+    // A Q8G entry relabelled Q3G: its bytes are not a 3-bit stream's.
+    let e = mutate(|m, _| m["trunk"][0]["fmt"] = json!(7));
+    assert!(e.contains("`bytes` is") && e.contains("need"), "{e}");
     assert!(mutate(|m, _| m["trunk"][0]["fmt"] = json!(5)).contains("unknown trunk format 5"));
     // wrong shape
     let e = mutate(|m, _| {

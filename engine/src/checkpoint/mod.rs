@@ -608,9 +608,17 @@ fn pause_for_tests_after_open() {
 /// Which layout `dir` holds, from its file names alone.
 pub fn detect_layout(dir: &Path) -> Result<Layout> {
     if !dir.is_dir() {
+        let (kind, what) = if dir.exists() {
+            (
+                std::io::ErrorKind::NotADirectory,
+                "not a directory (a checkpoint is a directory)",
+            )
+        } else {
+            (std::io::ErrorKind::NotFound, "no such directory")
+        };
         return Err(Error::Io {
             path: dir.to_path_buf(),
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "not a directory"),
+            source: std::io::Error::new(kind, what),
         });
     }
     // `present`, not `is_file`: a FIFO or a device under one of these names is then refused
