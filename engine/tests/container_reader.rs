@@ -351,6 +351,15 @@ fn manifest_refusals() {
     assert!(mutate(|m, _| m["expert_quant"]["fmt"] = json!("VQ9")).contains("VQ9"));
     // Engram: rows disagreeing with the primes, engram.json disagreeing with the config
     assert!(mutate(|m, _| m["engram"]["1"]["rows"] = json!(305)).contains("engram.1.rows"));
+    // Twice the stated row size (WASTE's --engram-bits 8 rows): the per-row figure is named.
+    let e = mutate(|m, _| {
+        let b = m["engram"]["1"]["bytes"].as_u64().unwrap();
+        m["engram"]["1"]["bytes"] = json!(2 * b);
+    });
+    assert!(
+        e.contains("engram.1.bytes") && e.contains("bytes per row"),
+        "{e}"
+    );
     let e = mutate(|_, d| {
         let p = d.join("engram.json");
         let mut v: Value = serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap();

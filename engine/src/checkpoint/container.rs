@@ -1320,9 +1320,15 @@ fn open_engram_tables(
             ));
         }
         if rows.checked_mul(row_bytes) != Some(bytes) {
+            // A whole number of larger rows is worth naming: WASTE's convert.py (8d5405d8) at
+            // `--engram-bits 8` writes each row's int8 codes and f16 scales through an int16
+            // promotion, two bytes per byte, under the 1-byte row_bytes it states.
+            let per_row = (rows > 0 && bytes % rows == 0)
+                .then(|| format!(": {} bytes per row", bytes / rows))
+                .unwrap_or_default();
             return Err(j.err(
                 &format!("{field}.bytes"),
-                format!("{bytes} ≠ rows·row_bytes"),
+                format!("{bytes} ≠ rows·row_bytes = {rows}·{row_bytes}{per_row}"),
             ));
         }
         let path = dir.join(format!("engram-L{l}.bin"));
