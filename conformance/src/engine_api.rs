@@ -323,7 +323,7 @@ pub struct TokenizeRequest {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RenderRequest {
-    /// The conversation in the official test-case format (DSML.md, issue 6 item 5).
+    /// The conversation in the official test-case format (DSML.md).
     pub conversation: serde_json::Value,
     #[serde(default)]
     pub thinking_mode: Option<String>,

@@ -1,4 +1,4 @@
-//! ds41-conformance: the harness that certifies DS41 engines (issue 8).
+//! ds41-conformance: the harness that certifies DS41 engines.
 //!
 //! Module map (CONTRACT.md defines the rules these implement):
 //! * [`case`] — the YAML case schema and its validation;

@@ -1,4 +1,4 @@
-//! The harness's view of `ds41-synthetic` (issue 3): generate presets and mutants on demand,
+//! The harness's view of `ds41-synthetic`: generate presets and mutants on demand,
 //! and list, per preset and layout, the mutants with the refusal each must provoke.
 
 use std::path::Path;

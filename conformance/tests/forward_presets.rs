@@ -1,4 +1,4 @@
-//! The reference forward pass on freshly generated synthetic presets (issue 4 item 3), both
+//! The reference forward pass on freshly generated synthetic presets, both
 //! layouts: chunked prefill == one prefill == prefill + decode (exact + owner, bit for bit;
 //! upstream + owner on the release layout, where window 8 + index_topk 8 fit one kernel
 //! block), the as-shipped hand-off departing exactly at MODEL.md §8.2's position, and

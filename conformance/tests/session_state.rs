@@ -1,4 +1,4 @@
-//! Session state save / restore (issue 7 items 3–4) on synthetic presets in both layouts:
+//! Session state save / restore on synthetic presets in both layouts:
 //! bit-identical continuation at every boundary split point, refusal of mismatched or damaged
 //! state files (never a panic), and the metamorphic checks of `engine::state::metamorphic`.
 
@@ -475,7 +475,7 @@ fn metamorphic_checks_catch_a_stale_window() {
 }
 
 /// `ds41 forward --save-state` then a second process `--load-state` continues bit-exactly
-/// (issue 7 item 2): the continued run's logits rows equal the uninterrupted run's.
+/// (MODEL.md §7.1): the continued run's logits rows equal the uninterrupted run's.
 #[test]
 fn cli_save_then_load_state_continues_the_run() {
     use ds41_engine::trace::TraceFile;

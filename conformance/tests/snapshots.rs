@@ -1,4 +1,4 @@
-//! insta snapshots of the human-readable outputs (issue 9 item 3): reports (`ds41 certify`'s
+//! insta snapshots of the human-readable outputs: reports (`ds41 certify`'s
 //! summary and per-case log, the errata register), inspect output and prompts (`ds41 render`,
 //! plain and as segments, and `ds41 parse` of a reply). Kept in goldens/snapshots/ (the
 //! snapshot header names this test as its provenance; `ds41 goldens check` requires that

@@ -1,4 +1,4 @@
-//! Tokenizer throughput, engine vs the HF `tokenizers` crate (issue 5, TOKENIZER.md).
+//! Tokenizer throughput, engine vs the HF `tokenizers` crate (TOKENIZER.md).
 //!
 //! `DS41_RELEASE=/path/to/release-snapshot cargo bench -p ds41-engine --bench tokenizer`
 //!

@@ -10,7 +10,7 @@
 //! Every constructor validates ([`Config::validate`], the `cfg_sane` step of MODEL.md §2.2 and
 //! CONTAINER.md §9); the layer-role helpers below (MODEL.md §3) assume a validated config.
 //!
-//! OWNER: readers helper (issue 2). The field list is the shared interface: other modules
+//! The field list is the shared interface: other modules
 //! code against these names.
 
 mod engram;

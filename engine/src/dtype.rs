@@ -1,7 +1,6 @@
 //! Byte-level decoding of the stored number formats (MODEL.md §4.5): e4m3 (e4m3fn), e2m1
 //! (packed FP4), e8m0 scale bytes, bf16 and f16. Every decoder is exact: each stored value is
 //! representable in f32, and a dequantised weight `code · 2^(s−127)` is an exact f32 product.
-//! OWNER: readers helper (issue 2).
 
 /// f32 bit patterns of the 256 e4m3fn codes, built with integer arithmetic only.
 const E4M3_BITS: [u32; 256] = {

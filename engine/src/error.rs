@@ -1,5 +1,5 @@
 //! The engine's typed errors. Every variant names what was wrong and where (file, tensor,
-//! field or byte offset). OWNER: readers helper (issue 2); other modules may add variants.
+//! field or byte offset). Other modules may add variants.
 
 use std::path::PathBuf;
 

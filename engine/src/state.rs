@@ -1,5 +1,5 @@
 //! Session state files: save a sequence's complete decode state and continue it bit-exactly
-//! later, in another process (issue 7; what the state is: MODEL.md §7.1, §8.3). The byte format
+//! later, in another process (what the state is: MODEL.md §7.1, §8.3). The byte format
 //! is specified in `docs/STATE.md`; in short:
 //!
 //! ```text

@@ -1,5 +1,5 @@
 //! Forward-pass traces: what the reference (or any engine) computed, per token and layer, in
-//! the safetensors format documented in `docs/TRACE.md` (issue 4 item 4).
+//! the safetensors format documented in `docs/TRACE.md`.
 //!
 //! A [`Trace`] is filled by `model::Session` as tokens are processed (token-major rows in
 //! processing order) and written with [`Trace::write`]; [`TraceFile::read`] reads any file

@@ -1,4 +1,4 @@
-//! Heap allocations of the decode loop (issue 4 item 6), counted by a global allocator
+//! Heap allocations of the decode loop, counted by a global allocator
 //! installed in this test binary only: after warm-up a decode step (trace disabled) makes
 //! none, in both numerics profiles and both layouts. Recording a trace does allocate (the
 //! trace grows per token), and a buffer whose size follows the sequence length reallocates

@@ -1,4 +1,4 @@
-//! Negative controls (issue 8 item 6): every injected defect must change what the reference
+//! Negative controls: every injected defect must change what the reference
 //! computes — end to end on the official_a checkpoint where the small model reaches the
 //! mechanism, and on constructed inputs for the two that cannot show end to end
 //! (candidate pin, top-k tie order).

@@ -1,4 +1,4 @@
-//! No input can make the readers panic (issue 2 item 4): property tests over safetensors
+//! No input can make the readers panic: property tests over safetensors
 //! header bytes, manifest JSON values and bank/codebook bytes. Every outcome must be `Ok` or a
 //! typed error; when a mutated checkpoint still opens, decoding every tensor must not panic.
 #![recursion_limit = "256"]

@@ -1,4 +1,4 @@
-//! Upstream profile vs the official model (`DS41_UPSTREAM/official_a`, issue 4 items 5, 7):
+//! Upstream profile vs the official model (`DS41_UPSTREAM/official_a`):
 //! all four schedules × both `index_k` behaviours, end to end with the set's
 //! `recommended_compare_args` and teacher-forced with its `recommended_replay_args`, using
 //! the verdict rules of `shared/tools/compare.py` (ported in `model_common::compare`).

@@ -1,4 +1,4 @@
-//! Prefill / decode / chunked-prefill equalities (issue 4 item 3, MODEL.md §7.3, §8) and
+//! Prefill / decode / chunked-prefill equalities (MODEL.md §7.3, §8) and
 //! determinism across thread counts, on the official_a checkpoint (`DS41_UPSTREAM`) and on
 //! WASTE's synthetic container (`waste-tiny` seed 0).
 

@@ -1,5 +1,5 @@
 //! MODEL.md §5.7 / §7.3: the upstream sparse-attention list-layout exception, on a custom
-//! synthetic model built to reach it (issue 4 item 3).
+//! synthetic model built to reach it.
 //!
 //! The upstream kernel walks a row's index list in 64-entry blocks with an online softmax and
 //! bf16 probabilities, and −1 placeholders occupy list positions. A prefill row lists

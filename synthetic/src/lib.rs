@@ -1,4 +1,4 @@
-//! ds41-synthetic: seeded DS41 test checkpoints in both layouts, and mutants (issue 3).
+//! ds41-synthetic: seeded DS41 test checkpoints in both layouts, and mutants.
 //!
 //! * [`generate`] writes a complete checkpoint directory from `(preset, layout, seed)`:
 //!   the release layout (MODEL.md §2, §4; module [`release`]) or the WASTE v0 container

@@ -1,5 +1,5 @@
 //! Mutants: a generated checkpoint with exactly one thing removed or corrupted, and the typed
-//! reader error it must provoke (issue 3 item 3). The list is data ([`list_mutants`]), so the
+//! reader error it must provoke. The list is data ([`list_mutants`]), so the
 //! harness can check "every mutant is refused" without knowing any mutant by name.
 
 use crate::container::WEXP_MAGIC;

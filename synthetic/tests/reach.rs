@@ -1,4 +1,4 @@
-//! Mechanism reach (issue 3 item 2): the `tiny` preset, run through the reference forward pass
+//! Mechanism reach: the `tiny` preset, run through the reference forward pass
 //! (`engine::model`, branch `forward`) on the MODEL.md §11 schedule (odd prefill 37 > window,
 //! then 24 decode steps), really exercises every mechanism, and its activations are finite and
 //! non-degenerate. Structural reach (ring wrap, group completion, ...) is `mechanisms::reach`;

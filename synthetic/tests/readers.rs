@@ -1,5 +1,5 @@
 //! Generated checkpoints through the engine's readers (branch `readers`): reading back gives
-//! exactly the drawn values in both layouts (issue 3 item 5), the config the readers parse is
+//! exactly the drawn values in both layouts, the config the readers parse is
 //! the preset's geometry, and every mutant is refused with its expected typed error (item 3).
 
 use ds41_engine::checkpoint::{self, ContainerCheckpoint};

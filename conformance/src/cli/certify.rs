@@ -1,4 +1,4 @@
-//! `ds41 certify`: run the conformance suite against an engine (CONTRACT.md, issue 8).
+//! `ds41 certify`: run the conformance suite against an engine (CONTRACT.md).
 //!
 //! `--engine reference` (default) is the built-in reference in process; a path ending in
 //! `.yaml`/`.yml` is a command profile; anything else is a command speaking PROTOCOL.md.

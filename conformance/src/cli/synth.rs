@@ -1,4 +1,4 @@
-//! `ds41 synth`: write a seeded synthetic checkpoint (or a mutant of one) — issue 3.
+//! `ds41 synth`: write a seeded synthetic checkpoint (or a mutant of one).
 //!
 //! `ds41 synth --preset P --layout release|container --seed S --out DIR [--mutant NAME] [--force]`
 //! `ds41 synth --list` prints the presets and mutants (with the error each mutant must provoke).

@@ -1,4 +1,4 @@
-//! Goldens with provenance (issue 9; goldens/README.md is the user-facing description).
+//! Goldens with provenance (goldens/README.md is the user-facing description).
 //!
 //! * [`provenance`] — the `<name>.provenance.json` sidecar: generator, command, input and
 //!   output sha256;

@@ -12,7 +12,7 @@
 //! structure (safetensors headers, bank record headers, codebooks, Engram tables). Weights are
 //! dequantised only when asked for, a tensor, a row range or one expert at a time.
 //!
-//! OWNER: readers helper (issue 2). The trait below is the shared interface the forward
+//! The trait below is the shared interface the forward
 //! pass codes against.
 
 pub mod container;
@@ -367,7 +367,7 @@ impl DenseDtype {
 
 /// The stored bytes of a 2-D weight `[rows, cols]`, borrowed from the mapped file, in a form
 /// the matrix-vector kernels decode a 32-column block at a time without an f32 copy of the
-/// rows (issue 4 item 6). Every variant decodes to exactly the values of `rows_f32`.
+/// rows. Every variant decodes to exactly the values of `rows_f32`.
 #[derive(Debug, Clone, Copy)]
 pub enum WeightView<'a> {
     /// Release FP8 / FP4 codes with E8M0 scales.

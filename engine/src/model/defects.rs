@@ -1,4 +1,4 @@
-//! Injected defects for the harness's negative controls (issue 8 item 6).
+//! Injected defects for the harness's negative controls.
 //!
 //! Each defect is a switch read at the one place it acts (grep for `Defect::Name`). The
 //! undamaged path pays one branch on an almost-always-empty set.
@@ -43,7 +43,7 @@ pub enum Defect {
     /// §6.5 with §5.10: among equal router selection keys the HIGHER expert id wins; every
     /// other top-k keeps the canonical rule.
     GateTiesReversed,
-    /// §7.1 / issue 7: a restored state loses the compressors' open pooling groups (the kv
+    /// §7.1: a restored state loses the compressors' open pooling groups (the kv
     /// rows and scores of a ratio-r group not yet emitted), as a snapshot that saved only the
     /// emitted latents would.
     StateWithoutPoolingGroup,

@@ -1,4 +1,4 @@
-//! Per-thread recycled buffers for the forward pass (issue 4 item 6: no allocation in the
+//! Per-thread recycled buffers for the forward pass (no allocation in the
 //! decode loop once warmed up).
 //!
 //! A [`PoolVec<T>`] is a `Vec<T>` taken from this thread's free list of `T` buffers and given

@@ -1,4 +1,4 @@
-//! Metamorphic checks of session state (issue 7 item 4): relations between runs of one
+//! Metamorphic checks of session state: relations between runs of one
 //! engine that need no stored golden, so they apply to any engine that can prefill, decode,
 //! snapshot, restore and reset.
 //!

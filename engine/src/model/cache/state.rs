@@ -1,5 +1,5 @@
 //! ALL per-sequence state of the forward pass (MODEL.md §7.1), in one plain struct so a
-//! session snapshot (issue 7) can serialise it field by field.
+//! session snapshot can serialise it field by field.
 //!
 //! Nothing else survives between forwards: the top-k lists, the compressed-KV pointer and
 //! the candidate masks of §6.4.5 are rebuilt inside every forward (see `handoff`).
