@@ -63,6 +63,16 @@ fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
 }
 
+/// Run `cmd` (described as `what` in errors) and require success; its stderr makes the error.
+fn run_ok(cmd: &mut Command, what: &str) -> Result<std::process::Output, Failed> {
+    let out = cmd.output().map_err(|e| format!("run {what}: {e}"))?;
+    if out.status.success() {
+        Ok(out)
+    } else {
+        Err(format!("{what} failed:\n{}", String::from_utf8_lossy(&out.stderr)).into())
+    }
+}
+
 /// Run one `unittest discover` and require that tests ran and all passed.
 fn unittest(python: &Path, dir: &str, pattern: &str) -> Result<Completion, Failed> {
     let out = Command::new(python)
@@ -471,20 +481,14 @@ fn waste_containers_equal_make_test_container(python: &Path, waste: &Path) -> Re
     for seed in 0..4u64 {
         for (preset, flags) in variants {
             let theirs = tmp.path().join(format!("waste-{preset}-{seed}"));
-            let out = Command::new(python)
-                .arg(&script)
-                .arg(&theirs)
-                .args(["--ds41", "--seed", &seed.to_string()])
-                .args(flags)
-                .output()
-                .map_err(|e| format!("run {script:?}: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "{script:?} --seed {seed} {flags:?} failed:\n{}",
-                    String::from_utf8_lossy(&out.stderr)
-                )
-                .into());
-            }
+            run_ok(
+                Command::new(python)
+                    .arg(&script)
+                    .arg(&theirs)
+                    .args(["--ds41", "--seed", &seed.to_string()])
+                    .args(flags),
+                &format!("{script:?} --seed {seed} {flags:?}"),
+            )?;
             let ours = tmp.path().join(format!("ours-{preset}-{seed}"));
             let g =
                 ds41_synthetic::generate(preset, ds41_synthetic::Layout::Container, seed, &ours)
@@ -515,27 +519,21 @@ fn waste_containers_equal_make_test_container(python: &Path, waste: &Path) -> Re
 fn vision_random_corpus_equals_official(python: &Path, inference: &Path) -> Result<(), Failed> {
     let seed = std::env::var("DS41_VISION_SEED").unwrap_or_else(|_| "1".into());
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
-    let out = Command::new(python)
-        .args([
-            "-W",
-            "ignore",
-            "goldens/regen/vision_preprocess.py",
-            "--inference",
-        ])
-        .arg(inference)
-        .arg("--out")
-        .arg(tmp.path())
-        .args(["--random", "40", "--seed", &seed])
-        .current_dir(repo_root())
-        .output()
-        .map_err(|e| format!("run vision_preprocess.py: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "vision_preprocess.py --random failed:\n{}",
-            String::from_utf8_lossy(&out.stderr)
-        )
-        .into());
-    }
+    run_ok(
+        Command::new(python)
+            .args([
+                "-W",
+                "ignore",
+                "goldens/regen/vision_preprocess.py",
+                "--inference",
+            ])
+            .arg(inference)
+            .arg("--out")
+            .arg(tmp.path())
+            .args(["--random", "40", "--seed", &seed])
+            .current_dir(repo_root()),
+        "vision_preprocess.py --random",
+    )?;
     let report = ds41_conformance::vision_goldens::check_corpus(tmp.path())?;
     eprintln!(
         "random vision corpus (seed {seed}): {} images, {} of {} cases bit-exact",
