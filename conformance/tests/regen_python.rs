@@ -35,6 +35,11 @@
 //!   Q3G trunks pass the converter gate's round trip against the release; needs
 //!   `DS41_WASTE` (its `convert.py` imports `mxfp4.py`, `hf_tokenizer.py`, `ds41_engram.py` and
 //!   `ds41_preflight.py` from `tools/`).
+//! * `regen_python::waste-vision-vs-oracle` — the reference's vision tower, aligner and image
+//!   span on two vision containers (the `vision` preset's and `make_test_container.py --ds41
+//!   --vision`'s) against WASTE's `tools/ds41_vision_ref.py`, stage by stage at its 1e-4 limit,
+//!   and its grid planning against the reference's over the PNG corpus
+//!   (regen_python/waste_vision.rs); needs `DS41_WASTE`.
 //!
 //! `DS41_PYTHON` names a Python with goldens/regen/requirements.txt installed, e.g.
 //! `DS41_PYTHON=/tmp/ds41-venv/bin/python DS41_RELEASE=../shared/release cargo test -p
@@ -52,6 +57,8 @@ mod vision_span;
 mod vision_tower;
 #[path = "regen_python/waste_converter.rs"]
 mod waste_converter;
+#[path = "regen_python/waste_vision.rs"]
+mod waste_vision;
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -302,6 +309,19 @@ fn main() {
                 Ok(Completion::Completed)
             },
         ),
+        Trial::ignorable_test("regen_python::waste-vision-vs-oracle", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let Some(waste) = env_path("DS41_WASTE") else {
+                return Ok(Completion::ignored_with(
+                    "SKIPPED: DS41_WASTE not set (a WASTE checkout with tools/ds41_vision_ref.py \
+                     and tools/make_test_container.py)",
+                ));
+            };
+            waste_vision::towers_agree_with_the_oracle(&py, &waste)?;
+            Ok(Completion::Completed)
+        }),
     ];
     libtest_mimic::run(&args, trials).exit();
 }

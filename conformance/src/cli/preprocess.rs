@@ -106,14 +106,15 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     ds41_engine::state::write_atomic(&args.out, &out)
         .with_context(|| format!("writing {}", args.out.display()))?;
     println!(
-        "{}: {}x{} -> {}x{} pixels, {n_vit_h}x{n_vit_w} patches, {}x{} tokens ({} span positions) -> {}",
+        // Every size width x height, as image sizes are written.
+        "{}: {}x{} -> {}x{} pixels, {n_vit_w}x{n_vit_h} patches, {}x{} tokens ({} span positions) -> {}",
         args.image.display(),
         patches.source_width,
         patches.source_height,
         patches.plan.best_width,
         patches.plan.best_height,
-        patches.plan.n_llm_h,
         patches.plan.n_llm_w,
+        patches.plan.n_llm_h,
         patches.plan.num_image_tokens(),
         args.out.display()
     );
