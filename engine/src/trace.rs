@@ -769,6 +769,20 @@ fn decode(dtype: Dtype, shape: Vec<usize>, b: &[u8]) -> std::result::Result<Trac
         Dtype::I16 => TraceTensor::i64(shape, le(b, |a| i16::from_le_bytes(a) as i64)),
         Dtype::I8 => TraceTensor::i64(shape, b.iter().map(|&x| x as i8 as i64).collect()),
         Dtype::U8 => TraceTensor::i64(shape, b.iter().map(|&x| x as i64).collect()),
+        Dtype::U16 => TraceTensor::i64(shape, le(b, |a| i64::from(u16::from_le_bytes(a)))),
+        Dtype::U32 => TraceTensor::i64(shape, le(b, |a| i64::from(u32::from_le_bytes(a)))),
+        Dtype::U64 => {
+            let wide = le(b, u64::from_le_bytes);
+            let values = wide
+                .iter()
+                .enumerate()
+                .map(|(i, &v)| {
+                    i64::try_from(v)
+                        .map_err(|_| format!("U64 element {i} = {v} does not fit in i64"))
+                })
+                .collect::<std::result::Result<Vec<i64>, String>>()?;
+            TraceTensor::i64(shape, values)
+        }
         Dtype::BOOL => TraceTensor::i64(shape, b.iter().map(|&x| i64::from(x != 0)).collect()),
         other => return Err(format!("unsupported dtype {other:?}")),
     })
@@ -926,6 +940,58 @@ mod tests {
         assert_eq!(back.i64("experts").unwrap().0, &[2, 2, 1]);
         assert_eq!(back.f32("logits").unwrap().1, &[0.1, 0.2, 0.3]);
         assert!(back.get("candidates.L1").is_some());
+    }
+
+    #[test]
+    fn narrow_and_unsigned_dtypes_are_widened_and_an_oversized_u64_is_refused() {
+        let raw = |name: &str, dtype: Dtype, data: Vec<u8>, n: usize| RawTensor {
+            name: name.into(),
+            dtype,
+            shape: vec![n],
+            data,
+        };
+        let u16s: Vec<u8> = [7u16, 65535].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let u32s: Vec<u8> = [3u32, u32::MAX]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let u64s: Vec<u8> = [5u64, i64::MAX as u64]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let f16s: Vec<u8> = [half::f16::from_f32(0.5), half::f16::from_f32(-2.0)]
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        let bytes = safetensors_bytes(
+            vec![
+                raw("experts", Dtype::U16, u16s, 2),
+                raw("topk.L1", Dtype::U32, u32s, 2),
+                raw("input_ids", Dtype::U64, u64s, 2),
+                raw("logits", Dtype::F16, f16s, 2),
+            ],
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let t = TraceFile::from_bytes(&bytes, Path::new("mem")).unwrap();
+        assert_eq!(t.i64("experts").unwrap().1, &[7, 65535]);
+        assert_eq!(t.i64("topk.L1").unwrap().1, &[3, i64::from(u32::MAX)]);
+        assert_eq!(t.i64("input_ids").unwrap().1, &[5, i64::MAX]);
+        assert_eq!(t.f32("logits").unwrap().1, &[0.5, -2.0]);
+
+        let too_big: Vec<u8> = (1u64 << 63).to_le_bytes().to_vec();
+        let bytes = safetensors_bytes(
+            vec![raw("experts", Dtype::U64, too_big, 1)],
+            &BTreeMap::new(),
+        )
+        .unwrap();
+        let e = TraceFile::from_bytes(&bytes, Path::new("engine.safetensors"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("engine.safetensors") && e.contains("`experts`") && e.contains("i64"),
+            "{e}"
+        );
     }
 
     #[test]
