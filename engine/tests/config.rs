@@ -480,6 +480,51 @@ fn missing_and_mistyped_keys_name_the_key() {
     }
 }
 
+#[test]
+fn another_model_familys_config_is_refused_by_its_model_type() {
+    let mut v = tiny_release_config();
+    v["text_config"]["model_type"] = json!("deepseek_v3");
+    match Config::from_release_value(&v) {
+        Err(Error::Config { field, rule }) => {
+            assert_eq!(field, "text_config.model_type");
+            assert!(
+                rule.contains("deepseek_v3") && rule.contains("DeepSeek-V4.1"),
+                "{rule}"
+            );
+        }
+        e => panic!("{e:?}"),
+    }
+    let mut v = tiny_release_config();
+    v["model_type"] = json!("kimi_linear");
+    match Config::from_release_value(&v) {
+        Err(Error::Config { field, .. }) => assert_eq!(field, "model_type"),
+        e => panic!("{e:?}"),
+    }
+    // Descriptive only: absent, or any deepseek_v4 spelling, is read.
+    let mut v = tiny_release_config();
+    v.as_object_mut().unwrap().remove("model_type");
+    v["text_config"]["model_type"] = json!("deepseek_v4_flash_text");
+    Config::from_release_value(&v).unwrap();
+
+    // A WASTE container of another model (make_test_container.py without --ds41: Kimi-Linear)
+    // is refused by its config's model_type, before the DS41-only keys it breaks.
+    let d = tempfile::tempdir().unwrap();
+    ds41_synthetic::waste_test_container(d.path()).unwrap();
+    let manifest = d.path().join("manifest.json");
+    let mut m: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&manifest).unwrap()).unwrap();
+    m["config"]["model_type"] = json!("kimi_linear");
+    m["config"]["first_k_dense_replace"] = json!(1);
+    std::fs::write(&manifest, serde_json::to_vec(&m).unwrap()).unwrap();
+    let e = Config::from_container_manifest(d.path())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("config.model_type") && e.contains("kimi_linear") && e.contains("manifest.json"),
+        "{e}"
+    );
+}
+
 /// The official_a README states only the recipe for its Engram constants; the constants
 /// `for_release` derives (numpy PCG64 port, prime hand-out) must reproduce the golden hash
 /// ids the official `engram.py` produced, with the golden's own token map.

@@ -303,6 +303,8 @@ impl Config {
         let text = Keys::new(as_object(v, "config")?, "config");
         let outer = text.obj("_outer")?;
         let root = outer.as_ref().unwrap_or(&text);
+        check_model_type(root)?;
+        check_model_type(&text)?;
         if let Some(k) = text.opt_u64(&["first_k_dense_replace"])? {
             if k != 0 {
                 return Err(cfg_err(
@@ -367,8 +369,24 @@ pub(crate) fn container_vision(v: &Value, cfg: &mut Config) -> Result<()> {
     Ok(())
 }
 
+/// Refuses a config whose `model_type` names another model family, before its keys are read
+/// (their errors would not say what is wrong). `arch` and `model_type` are descriptive, so
+/// an absent one is accepted, and so is any `deepseek_v4*` spelling (the release writes
+/// `deepseek_v41` at the root and `deepseek_v41_text` for the language model).
+fn check_model_type(keys: &Keys) -> Result<()> {
+    match keys.obj.get("model_type").and_then(Value::as_str) {
+        Some(kind) if !kind.starts_with("deepseek_v4") => Err(cfg_err(
+            &keys.path("model_type"),
+            format!("\"{kind}\": not a DeepSeek-V4.1 checkpoint (DS41's is deepseek_v41, its language model deepseek_v41_text)"),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// HF / container text keys. `root` holds the wrapper keys (bos/eos/image ids, vision).
 fn parse_hf(t: &Keys, root: &Keys) -> Result<Config> {
+    check_model_type(root)?;
+    check_model_type(t)?;
     let rope = t.obj("rope_scaling")?.ok_or_else(|| {
         cfg_err(
             t.path("rope_scaling"),
