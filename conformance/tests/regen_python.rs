@@ -35,6 +35,11 @@
 //!   Q3G trunks pass the converter gate's round trip against the release; needs
 //!   `DS41_WASTE` (its `convert.py` imports `mxfp4.py`, `hf_tokenizer.py`, `ds41_engram.py` and
 //!   `ds41_preflight.py` from `tools/`).
+//! * `regen_python::comparer-vs-compare-py` — the harness's trace comparison against
+//!   `shared/tools/compare.py` (`DS41_COMPARE_PY`, else `../shared/tools/compare.py` beside
+//!   the checkout) on the official goldens and the reference's traces, clean and with defects,
+//!   end to end and teacher-forced: the same verdict and the same failing metrics
+//!   (regen_python/comparer_vs_compare_py.rs).
 //! * `regen_python::waste-vision-vs-oracle` — the reference's vision tower, aligner and image
 //!   span on two vision containers (the `vision` preset's and `make_test_container.py --ds41
 //!   --vision`'s) against WASTE's `tools/ds41_vision_ref.py`, stage by stage at its 1e-4 limit,
@@ -47,6 +52,8 @@
 //! failure. `DS41_UPSTREAM` and `DS41_TOKENIZER_WHEEL` are passed through (the Python tests that
 //! need them say `SKIPPED` when unset).
 
+#[path = "regen_python/comparer_vs_compare_py.rs"]
+mod comparer_vs_compare_py;
 #[path = "regen_python/engram_map.rs"]
 mod engram_map;
 #[path = "regen_python/torch_kernels.rs"]
@@ -309,6 +316,19 @@ fn main() {
                 Ok(Completion::Completed)
             },
         ),
+        Trial::ignorable_test("regen_python::comparer-vs-compare-py", move || {
+            let Some(py) = need_python()? else {
+                return Ok(skipped());
+            };
+            let Some(script) = comparer_vs_compare_py::compare_py() else {
+                return Ok(Completion::ignored_with(
+                    "SKIPPED: no compare.py (DS41_COMPARE_PY not set and no \
+                     ../shared/tools/compare.py beside the checkout)",
+                ));
+            };
+            comparer_vs_compare_py::verdicts_agree(&py, &script)?;
+            Ok(Completion::Completed)
+        }),
         Trial::ignorable_test("regen_python::waste-vision-vs-oracle", move || {
             let Some(py) = need_python()? else {
                 return Ok(skipped());
