@@ -55,9 +55,9 @@ fn main() {
             x86::missing_avx512(),
         ),
         gated(
-            "avx512_vq_loops_equal_the_definition_in_every_index_format",
+            "vq_loops_equal_the_definition_in_every_index_format",
             x86::vq_loops,
-            x86::missing_avx512(),
+            x86::missing(),
         ),
         gated(
             "vnni_nibble_loop_equals_its_block_steps_and_stops_at_the_blocks_it_leaves",
@@ -827,7 +827,9 @@ mod x86 {
     fn vq_format<const S: usize, const E: usize, const PACKED: bool>(
         next: &mut impl FnMut() -> u32,
     ) -> Result<(), Failed> {
-        use ds41_engine::model::simd::vq::{vq_c1_run32, vq_c2_run32, VqRun, VQ_RUN_ROWS};
+        use ds41_engine::model::simd::vq::{
+            vq_c1_run32, vq_c1_run32_avx2, vq_c2_run32, vq_c2_run32_avx2, VqRun, VQ_RUN_ROWS,
+        };
         const VECTORS: usize = 12;
         const BAND: usize = 64;
         let bytes = if PACKED { 3 } else { S };
@@ -905,42 +907,58 @@ mod x86 {
                 first: r0 * bytes,
                 scales: row_scales,
             };
-            let (mut c2, mut c2_resumed, mut c1) = (
-                [-0.0f64; VQ_RUN_ROWS],
-                [-0.0f64; VQ_RUN_ROWS],
-                [0f32; VQ_RUN_ROWS],
-            );
-            // SAFETY: `missing_avx512` found the features, or this trial is not run; the
-            // indices and inputs hold every vector.
-            unsafe {
-                vq_c2_run32(&mut c2, &x, rows, 0..VECTORS);
-                vq_c2_run32(&mut c2_resumed, &x, rows, 0..5);
-                vq_c2_run32(&mut c2_resumed, &x, rows, 5..VECTORS);
-                vq_c1_run32(&mut c1, &x, rows, 0..VECTORS / 4);
+            // Each vector level's loops: the AVX2 ones, and the AVX-512 ones where the CPU has
+            // them (`missing` found AVX2, or this trial is not run).
+            let mut levels = vec!["avx2"];
+            if available() >= Level::Avx512 {
+                levels.push("avx512");
             }
-            for i in 0..VQ_RUN_ROWS {
-                let (mut chain, mut sum) = (-0.0f64, 0f32);
-                for kb in 0..VECTORS / 4 {
-                    let mut block = 0.0f64;
-                    for v in 4 * kb..4 * kb + 4 {
-                        for (t, &w) in weight(r0 + i, v).iter().enumerate() {
-                            chain = x[8 * v + t].mul_add(f64::from(w), chain);
-                            block = x[8 * v + t].mul_add(f64::from(w), block);
-                        }
+            for level in levels {
+                let (mut c2, mut c2_resumed, mut c1) = (
+                    [-0.0f64; VQ_RUN_ROWS],
+                    [-0.0f64; VQ_RUN_ROWS],
+                    [0f32; VQ_RUN_ROWS],
+                );
+                // SAFETY: the CPU has the level's features (above); the indices and inputs hold
+                // every vector.
+                unsafe {
+                    if level == "avx512" {
+                        vq_c2_run32(&mut c2, &x, rows, 0..VECTORS);
+                        vq_c2_run32(&mut c2_resumed, &x, rows, 0..5);
+                        vq_c2_run32(&mut c2_resumed, &x, rows, 5..VECTORS);
+                        vq_c1_run32(&mut c1, &x, rows, 0..VECTORS / 4);
+                    } else {
+                        vq_c2_run32_avx2(&mut c2, &x, rows, 0..VECTORS);
+                        vq_c2_run32_avx2(&mut c2_resumed, &x, rows, 0..5);
+                        vq_c2_run32_avx2(&mut c2_resumed, &x, rows, 5..VECTORS);
+                        vq_c1_run32_avx2(&mut c1, &x, rows, 0..VECTORS / 4);
                     }
-                    sum += block as f32;
                 }
-                let what = format!("S {S}, E {E}, packed {PACKED}: row {}", r0 + i);
-                if c2[i].to_bits() != chain.to_bits() || c2_resumed[i].to_bits() != chain.to_bits()
-                {
-                    return Err(format!(
-                        "{what}: C2 {} / resumed {}, want {chain}",
-                        c2[i], c2_resumed[i]
-                    )
-                    .into());
-                }
-                if c1[i].to_bits() != sum.to_bits() {
-                    return Err(format!("{what}: C1 {}, want {sum}", c1[i]).into());
+                for i in 0..VQ_RUN_ROWS {
+                    let (mut chain, mut sum) = (-0.0f64, 0f32);
+                    for kb in 0..VECTORS / 4 {
+                        let mut block = 0.0f64;
+                        for v in 4 * kb..4 * kb + 4 {
+                            for (t, &w) in weight(r0 + i, v).iter().enumerate() {
+                                chain = x[8 * v + t].mul_add(f64::from(w), chain);
+                                block = x[8 * v + t].mul_add(f64::from(w), block);
+                            }
+                        }
+                        sum += block as f32;
+                    }
+                    let what = format!("{level} S {S}, E {E}, packed {PACKED}: row {}", r0 + i);
+                    if c2[i].to_bits() != chain.to_bits()
+                        || c2_resumed[i].to_bits() != chain.to_bits()
+                    {
+                        return Err(format!(
+                            "{what}: C2 {} / resumed {}, want {chain}",
+                            c2[i], c2_resumed[i]
+                        )
+                        .into());
+                    }
+                    if c1[i].to_bits() != sum.to_bits() {
+                        return Err(format!("{what}: C1 {}, want {sum}", c1[i]).into());
+                    }
                 }
             }
         }
