@@ -1,5 +1,5 @@
 //! The harness's trace comparison against `shared/tools/compare.py`, the script that defines it
-//! (its README: "the comparison semantics the project's own residual check should follow").
+//! (its README makes it the definition the project's residual check follows).
 //! Pairs: the committed official goldens of the release-layout sets (`upstream` profile) and
 //! the reference's exact goldens of the `tiny` container (`exact` profile), each against the
 //! reference's trace of the same run, clean and with semantic defects injected, end to end
