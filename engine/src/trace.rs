@@ -619,9 +619,15 @@ impl TraceFile {
             ..Default::default()
         };
         for (name, view) in st.tensors() {
-            let t = decode(view.dtype(), view.shape().to_vec(), view.data())
-                .map_err(|reason| bad(format!("tensor `{name}`: {reason}")))?;
-            out.tensors.insert(name, t);
+            match decode(view.dtype(), view.shape().to_vec(), view.data()) {
+                Ok(t) => {
+                    out.tensors.insert(name, t);
+                }
+                // Readers ignore tensors they do not know (docs/TRACE.md), whatever their
+                // dtype: an engine's own debug tensor must not sink its trace.
+                Err(_) if !is_defined_tensor(&name) => {}
+                Err(reason) => return Err(bad(format!("tensor `{name}`: {reason}"))),
+            }
         }
         Ok(out)
     }
@@ -738,6 +744,39 @@ impl TraceFile {
         }
         out
     }
+}
+
+/// Whether `name` is a tensor the trace format defines (docs/TRACE.md: run, decision, sub-op,
+/// DSpark and vision tensors, and the goldens' Engram token map).
+pub fn is_defined_tensor(name: &str) -> bool {
+    const NAMES: [&str; 17] = [
+        "input_ids",
+        "token_types",
+        "logits",
+        "logits_positions",
+        "residual",
+        "experts",
+        "expert_weights",
+        "engram_hash",
+        "engram_gate",
+        "engram_token_map",
+        "margin.experts",
+        "attn_out",
+        "moe_out",
+        "mid",
+        "block_input",
+        "pre_mix",
+        "final_pre",
+    ];
+    const FAMILIES: [&str; 6] = [
+        "topk.L",
+        "candidates.L",
+        "margin.topk.L",
+        "margin.candidates.L",
+        "dspark.",
+        "vision.I",
+    ];
+    NAMES.contains(&name) || FAMILIES.iter().any(|f| name.starts_with(f))
 }
 
 /// Widen one stored tensor (its byte length was checked against the shape by the safetensors
@@ -992,6 +1031,33 @@ mod tests {
             e.contains("engine.safetensors") && e.contains("`experts`") && e.contains("i64"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn an_unreadable_dtype_is_ignored_on_an_unknown_tensor_and_refused_on_a_defined_one() {
+        let f8 = |name: &str| RawTensor {
+            name: name.into(),
+            dtype: Dtype::F8_E4M3,
+            shape: vec![2],
+            data: vec![0x38, 0xB8],
+        };
+        let logits = TraceTensor::f32(vec![1, 2], vec![0.25, -1.0]).to_raw("logits");
+        let bytes = safetensors_bytes(vec![f8("debug.scores"), logits], &BTreeMap::new()).unwrap();
+        let t = TraceFile::from_bytes(&bytes, Path::new("engine.safetensors")).unwrap();
+        assert_eq!(t.f32("logits").unwrap().1, &[0.25, -1.0]);
+        assert!(t.get("debug.scores").is_none());
+
+        for defined in ["logits", "topk.L3", "vision.I0.aligner", "dspark.logits"] {
+            assert!(is_defined_tensor(defined), "{defined}");
+            let bytes = safetensors_bytes(vec![f8(defined)], &BTreeMap::new()).unwrap();
+            let e = TraceFile::from_bytes(&bytes, Path::new("engine.safetensors"))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains(&format!("`{defined}`")) && e.contains("F8_E4M3"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
