@@ -37,10 +37,9 @@
 //!   `ds41_preflight.py` from `tools/`).
 //! * `regen_python::comparer-vs-compare-py` — the harness's trace comparison against
 //!   `shared/tools/compare.py` (`DS41_COMPARE_PY`, else `../shared/tools/compare.py` beside
-//!   the checkout): the reference's traces, clean and with defects, against the official
-//!   goldens (`upstream` profile, end to end and teacher-forced) and the reference's own exact
-//!   goldens (`exact` profile): the same verdict and failing metrics
-//!   (regen_python/comparer_vs_compare_py.rs).
+//!   the checkout): the suite's residual cases on committed goldens, the reference's traces of
+//!   each case's run clean and with defects, judged with the case's gates: the same verdict and
+//!   failing metrics (regen_python/comparer_vs_compare_py.rs).
 //! * `regen_python::waste-vision-vs-oracle` — the reference's vision tower, aligner and image
 //!   span on two vision containers (the `vision` preset's and `make_test_container.py --ds41
 //!   --vision`'s) against WASTE's `tools/ds41_vision_ref.py`, stage by stage at its 1e-4 limit,

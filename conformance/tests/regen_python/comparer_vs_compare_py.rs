@@ -1,76 +1,24 @@
 //! The harness's trace comparison against `shared/tools/compare.py`, the script that defines it
 //! (its README makes it the definition the project's residual check follows).
-//! Pairs: the committed official goldens of the release-layout sets (`upstream` profile) and
-//! the reference's exact goldens of the `tiny` container (`exact` profile), each against the
-//! reference's trace of the same run, clean and with semantic defects injected, end to end
-//! and teacher-forced. Both judge every pair with its profile's thresholds and excuse rule
-//! (passed to compare.py as its arguments); they must give the same verdict and fail the same
-//! metrics (in a profile without the fragile rule, compare.py's failures a subset of the
-//! harness's, which compares on past a robust flip).
+//! Pairs: the suite's own residual cases on committed goldens (the official sets in
+//! `upstream`, end to end and teacher-forced; the reference's goldens in `exact` and
+//! `upstream`), each golden against the reference's trace of the case's run, clean and with
+//! semantic defects injected. Both judge every pair with the case's gates (profile, tolerance
+//! overrides, tie rule; passed to compare.py as its arguments); they must give the same
+//! verdict and fail the same metrics (in a profile without the fragile rule, compare.py's
+//! failures a subset of the harness's, which compares on past a robust flip).
 //! Seen 700 of 700 pairs agree on every official set with fourteen defects (2026-12-05).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use ds41_conformance::case::{load_cases, DataRef, ModelRef};
 use ds41_conformance::compare::{compare, compare_replay};
-use ds41_conformance::gates::{GateSet, Gates, ProfileName};
+use ds41_conformance::families::residual::GoldenSpec;
+use ds41_conformance::families::Spec;
+use ds41_conformance::gates::{ArgmaxRule, GateSet, Gates, ProfileName};
 use ds41_conformance::trace::TraceFile;
 use libtest_mimic::Failed;
-
-/// Where the goldens come from and how the reference's traces of their runs are made.
-struct Source {
-    /// Directory under goldens/.
-    dir: &'static str,
-    /// A golden's file name starts with this and contains each of `contains`.
-    prefix: &'static str,
-    contains: &'static [&'static str],
-    preset: &'static str,
-    layout: ds41_synthetic::Layout,
-    seed: u64,
-    numerics: &'static str,
-    profile: ProfileName,
-    /// The goldens hold the streams a teacher-forced run needs (`block_input`, `pre_mix`).
-    replay: bool,
-}
-
-const fn official(dir: &'static str, preset: &'static str, seed: u64) -> Source {
-    Source {
-        dir,
-        prefix: "p",
-        contains: &[],
-        preset,
-        layout: ds41_synthetic::Layout::Release,
-        seed,
-        numerics: "upstream",
-        profile: ProfileName::Upstream,
-        replay: true,
-    }
-}
-
-/// The official sets on release-layout presets (the bf16 regime and its fragile-flip rule),
-/// and the reference's own exact-profile goldens on the `tiny` container (f32: only exact
-/// ties excused).
-const SOURCES: [Source; 6] = [
-    official("official/tiny_s1", "tiny", 1),
-    official("official/grouped_s3", "grouped", 3),
-    official("official/tied_router_s5", "tied-router", 5),
-    official("official/window_mtp_s4", "window-mtp", 4),
-    official("official/off_release_s8", "off-release", 8),
-    Source {
-        dir: "traces",
-        prefix: "tiny_container_s1_",
-        contains: &["_exact_"],
-        preset: "tiny",
-        layout: ds41_synthetic::Layout::Container,
-        seed: 1,
-        numerics: "exact",
-        profile: ProfileName::Exact,
-        replay: false,
-    },
-];
-
-/// Goldens per source (the first, by name: different prefill schedules).
-const GOLDENS_PER_SOURCE: usize = 2;
 
 /// The clean reference and defects that fail some pairs and pass others.
 const DEFECTS: [Option<&str>; 6] = [
@@ -82,14 +30,15 @@ const DEFECTS: [Option<&str>; 6] = [
     Some("no-yarn"),
 ];
 
-#[derive(Clone, Copy, PartialEq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Debug)]
 enum Mode {
     EndToEnd,
     Replay,
 }
 
 struct Pair {
-    profile: ProfileName,
+    /// The case's gates: its profile, its tolerance overrides, its tie rule.
+    gates: Gates,
     mode: Mode,
     golden: PathBuf,
     trace: PathBuf,
@@ -103,9 +52,14 @@ pub fn compare_py() -> Option<PathBuf> {
     })
 }
 
+/// Profiles and modes the cases must cover, each with both verdicts.
+const COVERED: [(ProfileName, Mode); 3] = [
+    (ProfileName::Upstream, Mode::EndToEnd),
+    (ProfileName::Upstream, Mode::Replay),
+    (ProfileName::Exact, Mode::EndToEnd),
+];
+
 pub fn verdicts_agree(python: &Path, script: &Path) -> Result<(), Failed> {
-    let gates = GateSet::load(&super::repo_root().join("gates")).map_err(|e| e.to_string())?;
-    let gates = &gates;
     let tmp = tempfile::tempdir().map_err(|e| e.to_string())?;
     let pairs = make_pairs(tmp.path())?;
 
@@ -118,7 +72,7 @@ pub fn verdicts_agree(python: &Path, script: &Path) -> Result<(), Failed> {
                 scope.spawn(move || {
                     chunk
                         .iter()
-                        .map(|p| script_failures(python, script, gates.get(p.profile), p, &json))
+                        .map(|p| script_failures(python, script, p, &json))
                         .collect::<Vec<_>>()
                 })
             })
@@ -133,16 +87,15 @@ pub fn verdicts_agree(python: &Path, script: &Path) -> Result<(), Failed> {
     let mut verdicts = std::collections::BTreeMap::new();
     for (pair, theirs) in pairs.iter().zip(judged) {
         let theirs = theirs?;
-        let profile = gates.get(pair.profile);
-        let ours = harness_failures(profile, pair)?;
+        let ours = harness_failures(pair)?;
         let counts = verdicts
-            .entry(format!("{} {:?}", pair.profile, pair.mode))
+            .entry((pair.gates.profile, pair.mode))
             .or_insert([0usize; 2]);
         counts[usize::from(ours.is_empty())] += 1;
         // Under the fragile rule both leave out what any flip feeds, so they fail the same
         // metrics. Without it the harness compares on past a robust flip, to report all that
         // differs, where compare.py stops: the same verdict, compare.py's failures a subset.
-        let agree = if profile.decisions.excuse_fragile_flips || pair.mode == Mode::Replay {
+        let agree = if pair.gates.decisions.excuse_fragile_flips || pair.mode == Mode::Replay {
             ours == theirs
         } else {
             ours.is_empty() == theirs.is_empty() && theirs.iter().all(|m| ours.contains(m))
@@ -150,26 +103,19 @@ pub fn verdicts_agree(python: &Path, script: &Path) -> Result<(), Failed> {
         if !agree {
             disagreements.push(format!(
                 "{} {:?} {}: harness fails {ours:?}, compare.py fails {theirs:?}",
-                pair.profile,
+                pair.gates.profile,
                 pair.mode,
                 pair.trace.display()
             ));
         }
     }
     // Both verdicts must occur in each profile and mode, or the agreement says nothing.
-    let combinations: std::collections::BTreeSet<String> = SOURCES
-        .iter()
-        .flat_map(|s| {
-            let modes: &[Mode] = if s.replay {
-                &[Mode::EndToEnd, Mode::Replay]
-            } else {
-                &[Mode::EndToEnd]
-            };
-            modes.iter().map(move |m| format!("{} {m:?}", s.profile))
-        })
-        .collect();
-    if verdicts.len() != combinations.len() || verdicts.values().flatten().any(|&n| n == 0) {
-        disagreements.push(format!("vacuous: [fail, pass] counts {verdicts:?}"));
+    for covered in COVERED {
+        if verdicts.get(&covered).is_none_or(|c| c.contains(&0)) {
+            disagreements.push(format!(
+                "vacuous: {covered:?} needs both verdicts; [fail, pass] counts {verdicts:?}"
+            ));
+        }
     }
     if disagreements.is_empty() {
         Ok(())
@@ -178,107 +124,111 @@ pub fn verdicts_agree(python: &Path, script: &Path) -> Result<(), Failed> {
     }
 }
 
-/// The reference's traces (`ds41 forward`, and `--replay` from the golden) for every source,
-/// golden and defect.
+/// The suite's own residual cases on committed goldens and synthetic models whose gates
+/// compare.py can spell (not `argmax: top5`, not the fragile rule with strict ties), each
+/// against the reference's traces of its run, clean and with every defect of `DEFECTS`.
 fn make_pairs(tmp: &Path) -> Result<Vec<Pair>, Failed> {
+    let root = super::repo_root();
+    let gate_set = GateSet::load(&root.join("gates")).map_err(|e| e.to_string())?;
+    let cases = load_cases(&root.join("conformance/cases")).map_err(|e| e.to_string())?;
     let mut pairs = Vec::new();
-    for source in &SOURCES {
-        let checkpoint = tmp.join(format!(
-            "{}-{}-{:?}",
-            source.preset, source.seed, source.layout
-        ));
+    for case in &cases {
+        let Spec::Residual(spec) = &case.spec else {
+            continue;
+        };
+        let (
+            GoldenSpec::File(DataRef::Repo(golden)),
+            ModelRef::Synthetic {
+                preset,
+                layout,
+                seed,
+            },
+        ) = (&spec.golden, &spec.model)
+        else {
+            continue;
+        };
+        let mut gates = gate_set.get(case.profile).with_overrides(&case.tolerance);
+        gates.decisions.strict_ties |= spec.canonical_ties;
+        let spellable = gates.logits.argmax == ArgmaxRule::Exact
+            && !(gates.decisions.strict_ties && gates.decisions.excuse_fragile_flips);
+        if !spellable || !spec.images.is_empty() || !spec.prefix_lengths.is_empty() {
+            continue;
+        }
+        let checkpoint = tmp.join(format!("{preset}-{layout}-{seed}"));
         if !checkpoint.exists() {
-            ds41_synthetic::generate(source.preset, source.layout, source.seed, &checkpoint)
+            let layout = case_layout(layout)?;
+            ds41_synthetic::generate(preset, layout, *seed, &checkpoint)
                 .map_err(|e| e.to_string())?;
         }
-        let dir = super::repo_root().join("goldens").join(source.dir);
-        let mut goldens: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(|e| format!("{}: {e}", dir.display()))?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| {
-                let name = p.file_name().unwrap_or_default().to_string_lossy();
-                name.ends_with(".safetensors")
-                    && name.starts_with(source.prefix)
-                    && source.contains.iter().all(|f| name.contains(f))
-                    && run_of(&name).is_some()
-            })
-            .collect();
-        goldens.sort();
-        for golden in goldens.into_iter().take(GOLDENS_PER_SOURCE) {
-            let file = TraceFile::read(&golden).map_err(|e| e.to_string())?;
-            let ids = file.input_ids().map_err(|e| e.to_string())?;
-            let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
-            let name = golden.file_name().unwrap_or_default().to_string_lossy();
-            let (prefill, index_k) = run_of(&name).expect("filtered above");
-            let stem = golden.file_stem().unwrap_or_default().to_string_lossy();
-            for defect in DEFECTS {
-                let tag = format!("{stem}.{}", defect.unwrap_or("clean"));
-                let end_to_end = tmp.join(format!("{tag}.forward.safetensors"));
-                let replay = tmp.join(format!("{tag}.replay.safetensors"));
-                let forward = |args: &[&str], out: &Path| -> Result<(), Failed> {
-                    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds41"));
-                    cmd.arg("forward")
-                        .arg("--model")
-                        .arg(&checkpoint)
-                        .args(["--index-k", index_k, "--numerics", source.numerics])
-                        .args(args)
-                        .arg("--out")
-                        .arg(out);
-                    if let Some(d) = defect {
-                        cmd.args(["--defect", d]);
-                    }
-                    super::run_ok(&mut cmd, &format!("ds41 forward ({tag})")).map(|_| ())
-                };
-                let joined = ids.join(",");
-                forward(
-                    &["--tokens", &joined, "--prefill", &prefill, "--sub-ops"],
-                    &end_to_end,
-                )?;
-                let mut runs = vec![(Mode::EndToEnd, end_to_end)];
-                if source.replay {
-                    forward(&["--replay", &golden.to_string_lossy()], &replay)?;
-                    runs.push((Mode::Replay, replay));
-                }
-                for (mode, trace) in runs {
-                    pairs.push(Pair {
-                        profile: source.profile,
-                        mode,
-                        golden: golden.clone(),
-                        trace,
-                    });
-                }
+        let golden = root.join(golden);
+        let ids: Vec<u32> = match &spec.tokens {
+            Some(ids) => ids.clone(),
+            None => TraceFile::read(&golden)
+                .and_then(|g| g.input_ids())
+                .map_err(|e| e.to_string())?,
+        };
+        let ids: Vec<String> = ids.iter().map(u32::to_string).collect();
+        let prefill = spec.prefill.unwrap_or(ids.len()).to_string();
+        let mode = if spec.replay {
+            Mode::Replay
+        } else {
+            Mode::EndToEnd
+        };
+        for defect in DEFECTS {
+            let trace = tmp.join(format!(
+                "{}.{}.safetensors",
+                case.name,
+                defect.unwrap_or("clean")
+            ));
+            let mut cmd = Command::new(env!("CARGO_BIN_EXE_ds41"));
+            cmd.arg("forward")
+                .arg("--model")
+                .arg(&checkpoint)
+                .args(["--index-k", spec.index_k.as_str()])
+                .args(["--numerics", spec.numerics.as_str()])
+                .arg("--out")
+                .arg(&trace);
+            if spec.replay {
+                cmd.arg("--replay").arg(&golden);
+            } else {
+                cmd.args([
+                    "--tokens",
+                    &ids.join(","),
+                    "--prefill",
+                    &prefill,
+                    "--sub-ops",
+                ]);
             }
+            if let Some(d) = defect {
+                cmd.args(["--defect", d]);
+            }
+            super::run_ok(&mut cmd, &format!("ds41 forward ({})", case.name))?;
+            pairs.push(Pair {
+                gates: gates.clone(),
+                mode,
+                golden: golden.clone(),
+                trace,
+            });
         }
     }
     Ok(pairs)
 }
 
-/// The schedule a golden's file name states: `…pNN_dMM[_…][_as-shipped|_owner]` gives the
-/// prefill NN and the index-key hand-off (as-shipped unless named).
-fn run_of(name: &str) -> Option<(String, &'static str)> {
-    let prefill = name.match_indices('p').find_map(|(i, _)| {
-        let digits: String = name[i + 1..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        let starts_field = i == 0 || name[..i].ends_with('_');
-        (starts_field && !digits.is_empty()).then_some(digits)
-    })?;
-    let index_k = if name.contains("_owner") {
-        "owner"
-    } else {
-        "as-shipped"
-    };
-    Some((prefill, index_k))
+fn case_layout(layout: &str) -> Result<ds41_synthetic::Layout, Failed> {
+    match layout {
+        "release" => Ok(ds41_synthetic::Layout::Release),
+        "container" => Ok(ds41_synthetic::Layout::Container),
+        other => Err(format!("layout {other:?}").into()),
+    }
 }
 
 /// The metrics the harness fails, sorted.
-fn harness_failures(gates: &Gates, pair: &Pair) -> Result<Vec<String>, Failed> {
+fn harness_failures(pair: &Pair) -> Result<Vec<String>, Failed> {
     let golden = TraceFile::read(&pair.golden).map_err(|e| e.to_string())?;
     let engine = TraceFile::read(&pair.trace).map_err(|e| e.to_string())?;
     let report = match pair.mode {
-        Mode::EndToEnd => compare(&golden, &engine, gates),
-        Mode::Replay => compare_replay(&golden, &engine, gates),
+        Mode::EndToEnd => compare(&golden, &engine, &pair.gates),
+        Mode::Replay => compare_replay(&golden, &engine, &pair.gates),
     };
     let mut failed: Vec<String> = report
         .metrics
@@ -294,10 +244,10 @@ fn harness_failures(gates: &Gates, pair: &Pair) -> Result<Vec<String>, Failed> {
 fn script_failures(
     python: &Path,
     script: &Path,
-    gates: &Gates,
     pair: &Pair,
     json: &Path,
 ) -> Result<Vec<String>, String> {
+    let gates = &pair.gates;
     let number = |v: f64| v.to_string();
     let d = &gates.decisions;
     // compare.py's spelling of the profile's excuse rule: the fragile rule's numbers; without
