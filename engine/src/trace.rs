@@ -748,7 +748,7 @@ impl TraceFile {
 
 /// Whether `name` is a tensor the trace format defines (docs/TRACE.md: run, decision, sub-op,
 /// DSpark and vision tensors, and the goldens' Engram token map).
-pub fn is_defined_tensor(name: &str) -> bool {
+fn is_defined_tensor(name: &str) -> bool {
     const NAMES: [&str; 17] = [
         "input_ids",
         "token_types",
@@ -811,15 +811,14 @@ fn decode(dtype: Dtype, shape: Vec<usize>, b: &[u8]) -> std::result::Result<Trac
         Dtype::U16 => TraceTensor::i64(shape, le(b, |a| i64::from(u16::from_le_bytes(a)))),
         Dtype::U32 => TraceTensor::i64(shape, le(b, |a| i64::from(u32::from_le_bytes(a)))),
         Dtype::U64 => {
-            let wide = le(b, u64::from_le_bytes);
-            let values = wide
-                .iter()
+            let values = le(b, u64::from_le_bytes)
+                .into_iter()
                 .enumerate()
-                .map(|(i, &v)| {
+                .map(|(i, v)| {
                     i64::try_from(v)
                         .map_err(|_| format!("U64 element {i} = {v} does not fit in i64"))
                 })
-                .collect::<std::result::Result<Vec<i64>, String>>()?;
+                .collect::<std::result::Result<_, String>>()?;
             TraceTensor::i64(shape, values)
         }
         Dtype::BOOL => TraceTensor::i64(shape, b.iter().map(|&x| i64::from(x != 0)).collect()),

@@ -116,18 +116,17 @@ fn stages_agree(
     let tensor = |name: &str| {
         trace
             .f32(name)
-            .map(|(shape, data)| (shape.to_vec(), data.to_vec()))
             .ok_or_else(|| format!("the trace lacks {name}"))
     };
 
     let mut stages: Vec<(String, Vec<f32>)> = Vec::new();
-    stages.push(("embed".into(), tensor("vision.I0.embed")?.1));
+    stages.push(("embed".into(), tensor("vision.I0.embed")?.1.to_vec()));
     let (shape, blocks) = tensor("vision.I0.blocks")?;
     let per_block = blocks.len() / shape[0];
     for (b, block) in blocks.chunks_exact(per_block).enumerate() {
         stages.push((format!("block{b}"), block.to_vec()));
     }
-    stages.push(("post".into(), tensor("vision.I0.vit")?.1));
+    stages.push(("post".into(), tensor("vision.I0.vit")?.1.to_vec()));
     // The span occupies positions 1.. of the prompt; layer 0's input holds its embeddings.
     let (shape, input) = tensor("block_input")?;
     let (layers, copies, dim) = (shape[1], shape[2], shape[3]);
