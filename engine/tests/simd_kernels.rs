@@ -830,6 +830,7 @@ mod x86 {
         use ds41_engine::model::simd::vq::{
             vq_c1_run32, vq_c1_run32_avx2, vq_c2_run32, vq_c2_run32_avx2, VqRun, VQ_RUN_ROWS,
         };
+        use std::ops::Range;
         const VECTORS: usize = 12;
         const BAND: usize = 64;
         let bytes = if PACKED { 3 } else { S };
@@ -907,34 +908,9 @@ mod x86 {
                 first: r0 * bytes,
                 scales: row_scales,
             };
-            // Each vector level's loops: the AVX2 ones, and the AVX-512 ones where the CPU has
-            // them (`missing` found AVX2, or this trial is not run).
-            let mut levels = vec!["avx2"];
-            if available() >= Level::Avx512 {
-                levels.push("avx512");
-            }
-            for level in levels {
-                let (mut c2, mut c2_resumed, mut c1) = (
-                    [-0.0f64; VQ_RUN_ROWS],
-                    [-0.0f64; VQ_RUN_ROWS],
-                    [0f32; VQ_RUN_ROWS],
-                );
-                // SAFETY: the CPU has the level's features (above); the indices and inputs hold
-                // every vector.
-                unsafe {
-                    if level == "avx512" {
-                        vq_c2_run32(&mut c2, &x, rows, 0..VECTORS);
-                        vq_c2_run32(&mut c2_resumed, &x, rows, 0..5);
-                        vq_c2_run32(&mut c2_resumed, &x, rows, 5..VECTORS);
-                        vq_c1_run32(&mut c1, &x, rows, 0..VECTORS / 4);
-                    } else {
-                        vq_c2_run32_avx2(&mut c2, &x, rows, 0..VECTORS);
-                        vq_c2_run32_avx2(&mut c2_resumed, &x, rows, 0..5);
-                        vq_c2_run32_avx2(&mut c2_resumed, &x, rows, 5..VECTORS);
-                        vq_c1_run32_avx2(&mut c1, &x, rows, 0..VECTORS / 4);
-                    }
-                }
-                for i in 0..VQ_RUN_ROWS {
+            // The definition, row by row: C2's chain and C1's sum of rounded blocks.
+            let want: Vec<(f64, f32)> = (0..VQ_RUN_ROWS)
+                .map(|i| {
                     let (mut chain, mut sum) = (-0.0f64, 0f32);
                     for kb in 0..VECTORS / 4 {
                         let mut block = 0.0f64;
@@ -946,6 +922,33 @@ mod x86 {
                         }
                         sum += block as f32;
                     }
+                    (chain, sum)
+                })
+                .collect();
+            // Each vector level's loops: the AVX2 ones, and the AVX-512 ones where the CPU has
+            // them (`missing` found AVX2, or this trial is not run).
+            type C2<R> = unsafe fn(&mut [f64; VQ_RUN_ROWS], &[f64], R, Range<usize>);
+            type C1<R> = unsafe fn(&mut [f32; VQ_RUN_ROWS], &[f64], R, Range<usize>);
+            let mut levels: Vec<(&str, C2<VqRun<S, E, PACKED>>, C1<VqRun<S, E, PACKED>>)> =
+                vec![("avx2", vq_c2_run32_avx2, vq_c1_run32_avx2)];
+            if available() >= Level::Avx512 {
+                levels.push(("avx512", vq_c2_run32, vq_c1_run32));
+            }
+            for (level, c2_run, c1_run) in levels {
+                let (mut c2, mut c2_resumed, mut c1) = (
+                    [-0.0f64; VQ_RUN_ROWS],
+                    [-0.0f64; VQ_RUN_ROWS],
+                    [0f32; VQ_RUN_ROWS],
+                );
+                // SAFETY: the CPU has the level's features (above); the indices and inputs hold
+                // every vector.
+                unsafe {
+                    c2_run(&mut c2, &x, rows, 0..VECTORS);
+                    c2_run(&mut c2_resumed, &x, rows, 0..5);
+                    c2_run(&mut c2_resumed, &x, rows, 5..VECTORS);
+                    c1_run(&mut c1, &x, rows, 0..VECTORS / 4);
+                }
+                for (i, &(chain, sum)) in want.iter().enumerate() {
                     let what = format!("{level} S {S}, E {E}, packed {PACKED}: row {}", r0 + i);
                     if c2[i].to_bits() != chain.to_bits()
                         || c2_resumed[i].to_bits() != chain.to_bits()
