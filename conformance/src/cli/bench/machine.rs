@@ -1,8 +1,8 @@
 //! What this machine can do, measured in the same run as the model: read bandwidth (a plain
 //! summing loop over a buffer far larger than the caches, on the current thread pool) and the
-//! rate of f64 multiply-adds this build reaches (many independent chains, as the kernels run
-//! them, at the widest vector level the kernels use: on a CPU with two 512-bit FMA units a
-//! 256-bit loop reaches half). Best of a few repetitions, so a busy moment on a shared machine
+//! rates of f64 and f32 multiply-adds this build reaches (many independent chains, as the
+//! kernels run them, at the widest vector level the kernels use: on a CPU with two 512-bit FMA
+//! units a 256-bit loop reaches half). Best of a few repetitions, so a busy moment on a shared machine
 //! does not set the floor.
 
 use std::time::Instant;
@@ -58,10 +58,20 @@ pub fn read_bandwidth() -> f64 {
     (words * 8) as f64 / best
 }
 
-/// f64 multiply-adds per second over all threads of the pool: enough independent chains
-/// (several vector registers' worth) that the FMA units, not the latency of one chain, bound
-/// the rate; at the vector level the kernels run with ([`simd::level`]).
-pub fn multiply_add_rate() -> f64 {
+/// The float width of a multiply-add rate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Float {
+    /// What rule C2's chains and the decode kernels' block sums run on.
+    F64,
+    /// Twice the lanes per vector: the fastest float multiply-add the machine has, so a bound
+    /// on any float form of a prefill.
+    F32,
+}
+
+/// Multiply-adds per second over all threads of the pool, in `float`: enough independent
+/// chains (several vector registers' worth) that the FMA units, not the latency of one chain,
+/// bound the rate; at the vector level the kernels run with ([`simd::level`]).
+pub fn multiply_add_rate(float: Float) -> f64 {
     let threads = rayon::current_num_threads().max(1);
     let mut best = f64::INFINITY;
     for _ in 0..REPS {
@@ -70,14 +80,21 @@ pub fn multiply_add_rate() -> f64 {
             .into_par_iter()
             .map(|i| {
                 let x = std::hint::black_box(1.000_000_1 + i as f64 * 1e-9);
-                match simd::level() {
+                match (simd::level(), float) {
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `level` reports Avx512 or above only where the CPU has AVX-512 F.
-                    l if l >= simd::Level::Avx512 => unsafe { chains_avx512(x) },
+                    (l, Float::F64) if l >= simd::Level::Avx512 => unsafe { chains_avx512_f64(x) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    (l, Float::F32) if l >= simd::Level::Avx512 => unsafe { chains_avx512_f32(x) },
                     #[cfg(target_arch = "x86_64")]
                     // SAFETY: `level` reports Avx2 or above only where the CPU has AVX2 and FMA.
-                    l if l >= simd::Level::Avx2 => unsafe { chains_fma(x) },
-                    _ => chains(x),
+                    (l, Float::F64) if l >= simd::Level::Avx2 => unsafe { chains_fma_f64(x) },
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: as above.
+                    (l, Float::F32) if l >= simd::Level::Avx2 => unsafe { chains_fma_f32(x) },
+                    (_, Float::F64) => chains::<f64>(x),
+                    (_, Float::F32) => chains::<f32>(x),
                 }
             })
             .reduce(|| (0.0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
@@ -90,53 +107,98 @@ pub fn multiply_add_rate() -> f64 {
 const CHAINS: usize = 64;
 const STEPS: usize = 1 << 21;
 
-/// 512-bit chains: sixteen registers of eight, enough to keep two FMA units busy through
-/// their latency. Returns the sum and the multiply-adds done.
+/// A function running `$regs` vector registers of chains `acc = fma(acc, x, step)` for
+/// [`STEPS`] steps with the given intrinsics; returns the sum and the multiply-adds done.
+/// 512-bit: sixteen registers, enough to keep two FMA units busy through their latency.
+/// 256-bit: twelve (two FMA units of latency four need eight in flight; sixteen would leave no
+/// register for the factors, and the compiler's spills of an array of chains measured a third
+/// of the peak).
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn chains_avx512(x: f64) -> (f64, usize) {
-    use std::arch::x86_64::*;
-    let (xv, step) = (_mm512_set1_pd(x), _mm512_set1_pd(1e-9));
-    let mut acc = [_mm512_setzero_pd(); 16];
-    for _ in 0..STEPS {
-        for a in &mut acc {
-            *a = _mm512_fmadd_pd(*a, xv, step);
+macro_rules! fma_chains {
+    ($name:ident, $features:literal, $float:ty, $lanes:literal, $regs:literal,
+     $set1:ident, $zero:ident, $fmadd:ident, $store:ident) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name(x: f64) -> (f64, usize) {
+            use std::arch::x86_64::*;
+            let (xv, step) = ($set1(x as $float), $set1(1e-9));
+            let mut acc = [$zero(); $regs];
+            for _ in 0..STEPS {
+                for a in &mut acc {
+                    *a = $fmadd(*a, xv, step);
+                }
+            }
+            let mut total = 0.0;
+            for a in acc {
+                let mut lanes = [0.0 as $float; $lanes];
+                $store(lanes.as_mut_ptr(), a);
+                total += lanes.iter().map(|&l| f64::from(l)).sum::<f64>();
+            }
+            (total, $regs * $lanes * STEPS)
         }
-    }
-    let total = acc.iter().map(|&a| _mm512_reduce_add_pd(a)).sum();
-    (total, 16 * 8 * STEPS)
+    };
 }
 
-/// 256-bit chains: twelve registers of four (two FMA units of latency four need eight in
-/// flight; sixteen would leave no register for the factors, and the compiler's spills of an
-/// array of chains measured a third of the peak). Returns the sum and the multiply-adds done.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn chains_fma(x: f64) -> (f64, usize) {
-    use std::arch::x86_64::*;
-    let (xv, step) = (_mm256_set1_pd(x), _mm256_set1_pd(1e-9));
-    let mut acc = [_mm256_setzero_pd(); 12];
-    for _ in 0..STEPS {
-        for a in &mut acc {
-            *a = _mm256_fmadd_pd(*a, xv, step);
-        }
-    }
-    let mut total = 0.0;
-    for a in acc {
-        let mut lanes = [0.0; 4];
-        _mm256_storeu_pd(lanes.as_mut_ptr(), a);
-        total += lanes.iter().sum::<f64>();
-    }
-    (total, 12 * 4 * STEPS)
-}
+fma_chains!(
+    chains_avx512_f64,
+    "avx512f",
+    f64,
+    8,
+    16,
+    _mm512_set1_pd,
+    _mm512_setzero_pd,
+    _mm512_fmadd_pd,
+    _mm512_storeu_pd
+);
+#[cfg(target_arch = "x86_64")]
+fma_chains!(
+    chains_avx512_f32,
+    "avx512f",
+    f32,
+    16,
+    16,
+    _mm512_set1_ps,
+    _mm512_setzero_ps,
+    _mm512_fmadd_ps,
+    _mm512_storeu_ps
+);
+#[cfg(target_arch = "x86_64")]
+fma_chains!(
+    chains_fma_f64,
+    "avx2,fma",
+    f64,
+    4,
+    12,
+    _mm256_set1_pd,
+    _mm256_setzero_pd,
+    _mm256_fmadd_pd,
+    _mm256_storeu_pd
+);
+#[cfg(target_arch = "x86_64")]
+fma_chains!(
+    chains_fma_f32,
+    "avx2,fma",
+    f32,
+    8,
+    12,
+    _mm256_set1_ps,
+    _mm256_setzero_ps,
+    _mm256_fmadd_ps,
+    _mm256_storeu_ps
+);
 
 /// The baseline's chains (no fused multiply-add). Returns the sum and the multiply-adds done.
-fn chains(x: f64) -> (f64, usize) {
-    let mut acc = [0.0f64; CHAINS];
+fn chains<F>(x: f64) -> (f64, usize)
+where
+    F: Copy + From<f32> + Into<f64> + std::ops::Mul<Output = F> + std::ops::Add<Output = F>,
+{
+    let x = F::from(x as f32);
+    let step = F::from(1e-9);
+    let mut acc = [F::from(0.0); CHAINS];
     for _ in 0..STEPS {
         for a in &mut acc {
-            *a = *a * x + 1e-9;
+            *a = *a * x + step;
         }
     }
-    (acc.iter().sum::<f64>(), CHAINS * STEPS)
+    (acc.iter().map(|&a| a.into()).sum::<f64>(), CHAINS * STEPS)
 }

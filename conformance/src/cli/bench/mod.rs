@@ -138,7 +138,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     let peak_rss_mib = peak_rss_mib();
     let checkpoint_bytes = directory_bytes(dir);
     let bandwidth = machine::read_bandwidth();
-    let mac_rate = machine::multiply_add_rate();
+    let mac_rate = machine::multiply_add_rate(machine::Float::F64);
+    let mac_rate_f32 = machine::multiply_add_rate(machine::Float::F32);
     let m = Measurement {
         model: dir.display().to_string(),
         layout: format!("{:?}", model.layout()).to_lowercase(),
@@ -154,6 +155,8 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         prefill_cpu_s: prefill_cpu,
         prefill_cpu_ms_per_token: prefill_cpu * 1e3 / args.prefill as f64,
         prefill_floor_ms_per_token: fp.multiply_adds as f64 / mac_rate * 1e3,
+        prefill_f32_peak_ms_per_token: fp.multiply_adds as f64 / mac_rate_f32 * 1e3,
+        multiply_adds_per_token: fp.multiply_adds,
         warm_prefill_s: warm_s,
         warm_prefill_cpu_s: warm_cpu,
         decode_tokens: args.tokens,
@@ -165,6 +168,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         footprint: fp,
         read_bandwidth_gb_s: bandwidth / 1e9,
         multiply_adds_per_s: mac_rate,
+        multiply_adds_f32_per_s: mac_rate_f32,
         peak_rss_mib,
         peak_private_mib: private_mib,
         checkpoint_bytes,
@@ -199,6 +203,11 @@ struct Measurement {
     /// a prefill whose products were all f64 multiply-adds (the integer kernels of rule C1
     /// make several products per instruction and can go below it).
     prefill_floor_ms_per_token: f64,
+    /// The same at the measured f32 multiply-add rate: no prefill whose products are float
+    /// multiply-adds can go below it (integer forms need several products per exact e4m3
+    /// product), so decode over it bounds the decode-to-prefill cost ratio such forms reach.
+    prefill_f32_peak_ms_per_token: f64,
+    multiply_adds_per_token: u64,
     /// The same prefill in a second session, the checkpoint's pages already mapped.
     warm_prefill_s: f64,
     warm_prefill_cpu_s: f64,
@@ -211,7 +220,9 @@ struct Measurement {
     bytes_per_decode_token: u64,
     footprint: footprint::Footprint,
     read_bandwidth_gb_s: f64,
+    /// f64 multiply-adds per second, all threads.
     multiply_adds_per_s: f64,
+    multiply_adds_f32_per_s: f64,
     /// `VmHWM`: resident pages, the memory-mapped checkpoint's file pages included.
     peak_rss_mib: Option<f64>,
     /// The largest `RssAnon` seen after prefill and after each decode step: the process's own
@@ -236,9 +247,10 @@ impl Measurement {
         );
         println!("open       {:.3} s", self.open_s);
         println!(
-            "machine    read bandwidth {:.1} GB/s, {:.2} G multiply-adds/s (f64, all threads)",
+            "machine    read bandwidth {:.1} GB/s, multiply-adds {:.2} G/s f64, {:.2} G/s f32 (all threads)",
             self.read_bandwidth_gb_s,
-            self.multiply_adds_per_s / 1e9
+            self.multiply_adds_per_s / 1e9,
+            self.multiply_adds_f32_per_s / 1e9
         );
         println!(
             "prefill    {} tokens in {:.3} s = {:.2} tokens/s (cpu {:.3} s, {:.2} ms/token; \
@@ -284,6 +296,13 @@ impl Measurement {
                 "  vs warm prefill: a decode step costs {:.1}x a prefilled token (wall), {:.1}x (cpu)",
                 self.decode_ms_per_token / per_token(self.warm_prefill_s),
                 self.decode_cpu_ms_per_token / per_token(self.warm_prefill_cpu_s)
+            );
+            println!(
+                "  ceiling  a token's {:.3} G multiply-adds at the f32 peak take {:.2} ms: with float \
+                 multiply-adds a decode step costs at most {:.1}x a prefilled token",
+                self.multiply_adds_per_token as f64 / 1e9,
+                self.prefill_f32_peak_ms_per_token,
+                self.decode_ms_per_token / self.prefill_f32_peak_ms_per_token
             );
         }
         let mib =
