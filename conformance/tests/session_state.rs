@@ -214,6 +214,11 @@ fn official_a_continues_bit_exactly_at_every_boundary() {
 
 /// A state file of the tiny preset after 10 tokens, with its model and options.
 fn sample_state() -> (Model, Options, Vec<u8>) {
+    state_after(10)
+}
+
+/// A state file of the tiny preset after `n` tokens, with its model and options.
+fn state_after(n: usize) -> (Model, Options, Vec<u8>) {
     let model = Model::open(presets().0).unwrap();
     let options = Options {
         numerics: Numerics::Exact,
@@ -221,7 +226,7 @@ fn sample_state() -> (Model, Options, Vec<u8>) {
         ..Options::default()
     };
     let mut s = Session::new(&model, options.clone());
-    let ids = tokens(10, model.config().vocab_size);
+    let ids = tokens(n, model.config().vocab_size);
     s.prefill(&ids, &mut Trace::disabled()).unwrap();
     let bytes = state::encode(s.state(), model.config(), &options).unwrap();
     drop(s);
@@ -246,6 +251,33 @@ fn with_header(bytes: &[u8], edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u
     out.extend_from_slice(&hb);
     out.extend_from_slice(payload);
     out
+}
+
+/// The file offset of element `i` of payload array `name` and its element size.
+fn element_at(bytes: &[u8], name: &str, i: usize) -> (usize, usize) {
+    let hl = u32::from_le_bytes(bytes[12..16].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[64..64 + hl]).unwrap();
+    let mut at = 64 + hl;
+    for a in header["arrays"].as_array().unwrap() {
+        let size = if a["dtype"] == "i64" { 8 } else { 4 };
+        let len = a["len"].as_u64().unwrap() as usize;
+        if a["name"] == name {
+            assert!(i < len, "{name} has {len} elements");
+            return (at + i * size, size);
+        }
+        at += len * size;
+    }
+    panic!("no array {name}")
+}
+
+/// The state with element `i` of array `name` set to `value` (its little-endian bytes) and
+/// the checksum recomputed, to test the checks behind the checksum.
+fn with_element(bytes: &[u8], name: &str, i: usize, value: &[u8]) -> Vec<u8> {
+    let (at, size) = element_at(bytes, name, i);
+    assert_eq!(value.len(), size);
+    let mut out = bytes.to_vec();
+    out[at..at + size].copy_from_slice(value);
+    with_header(&out, |_| {})
 }
 
 fn decode_err(bytes: &[u8], model: &Model, options: &Options) -> String {
@@ -371,6 +403,59 @@ fn header_consistency_checks_name_the_field() {
     let mut b = bytes.clone();
     b[8] = 2;
     assert!(decode_err(&b, &model, &options).contains("version"));
+}
+
+#[test]
+fn elements_no_run_could_write_are_refused_at_their_byte() {
+    // After 5 tokens: window slots 5..8 never reached, and the ratio-2 layers' open group
+    // has slot 0 filled and slot 1 not.
+    let (model, options, bytes) = state_after(5);
+    let cfg = model.config();
+    assert!(cfg.window_size > 5 && !cfg.engram_layer_ids.is_empty());
+    let l = (0..cfg.n_layers)
+        .find(|&l| cfg.compress_ratios[l] == 2 && cfg.kv_source_layers.contains(&l))
+        .expect("a ratio-2 KV source");
+    let hd = cfg.head_dim;
+    let ok = |b: &[u8]| state::decode(b, Path::new("s"), cfg, &options).is_ok();
+    let one = 1.0f32.to_le_bytes();
+    let refused = |name: &str, i: usize, value: &[u8], rule: &str| {
+        let e = decode_err(&with_element(&bytes, name, i, value), &model, &options);
+        let at = element_at(&bytes, name, i).0;
+        assert!(
+            e.contains(&format!("{name}[{i}]")) && e.contains(rule) && e.contains(&at.to_string()),
+            "{name}[{i}] (byte {at}): {e}"
+        );
+    };
+    let window = format!("layers.{l}.window");
+    refused(&window, 5 * hd, &one, "+0.0");
+    refused(&window, 8 * hd - 1, &(-0.0f32).to_le_bytes(), "+0.0");
+    assert!(ok(&with_element(&bytes, &window, 5 * hd - 1, &one)));
+    for (name, unfilled) in [
+        (format!("layers.{l}.group_kv"), 0.0f32),
+        (format!("layers.{l}.group_score"), f32::NEG_INFINITY),
+    ] {
+        refused(&name, hd, &one, "not yet filled");
+        refused(&name, 2 * hd - 1, &f32::NAN.to_le_bytes(), "not yet filled");
+        assert!(ok(&with_element(&bytes, &name, hd - 1, &one)));
+        assert!(ok(&with_element(
+            &bytes,
+            &name,
+            hd,
+            &unfilled.to_le_bytes()
+        )));
+    }
+    let ids = cfg.engram_compressed_vocab_size as i64;
+    for bad in [ids, -2, i64::MIN, i64::MAX] {
+        refused("engram_history", 3, &bad.to_le_bytes(), "DEAD");
+    }
+    for good in [-1, 0, ids - 1] {
+        assert!(ok(&with_element(
+            &bytes,
+            "engram_history",
+            3,
+            &good.to_le_bytes()
+        )));
+    }
 }
 
 #[test]

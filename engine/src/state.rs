@@ -17,7 +17,9 @@
 //! `64 + header_len + payload_len` before anything past the prefix is read; the checksum is
 //! verified before the header is parsed; the header's array table must add up to
 //! `payload_len`; the fingerprint must equal the restoring model's and run options' (the
-//! error names the first differing field); every array must have the size the model implies.
+//! error names the first differing field); every array must have the size the model implies,
+//! and no element a run could not have written (an unreached slot that is not as a fresh one,
+//! an Engram id out of range).
 //! Errors are [`Error::Format`] values naming the file, byte offset and field; nothing panics.
 //! Writing goes to a temporary file in the target directory, is synced, then renamed over the
 //! target, so a crash leaves either the old file or the new one.
@@ -32,6 +34,7 @@ use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
 use crate::config::Config;
+use crate::model::engram::DEAD;
 use crate::model::{CompressedState, IndexKeys, Model, Options, Session, SessionState};
 use crate::{Error, Result};
 
@@ -387,19 +390,31 @@ fn decode_checked(
     };
     for (l, layer) in fresh.layers.iter_mut().enumerate() {
         let wlen = layer.window.len();
+        // Slots a sequence this short never wrote hold the fresh ring's +0.0.
+        let written = position.min(cfg.window_size) * cfg.head_dim;
         layer.window = cursor.f32s(
             &format!("layers.{l}.window"),
             |n| n == wlen,
             &format!("{wlen}"),
+            |i, v| i < written || v.to_bits() == 0,
+            "a slot no position has reached must be +0.0",
         )?;
         if let Some(c) = layer.compressed.as_mut() {
             read_compressed(&mut cursor, l, c, position)?;
         }
     }
+    // With Engram a compressed id, without it the token id itself (MODEL.md §6.6.1).
+    let ids = if cfg.engram_layer_ids.is_empty() {
+        cfg.vocab_size
+    } else {
+        cfg.engram_compressed_vocab_size
+    };
     fresh.engram_history = cursor.i64s(
         "engram_history",
         |n| n == position,
         &format!("{position} (= position)"),
+        |_, v| v == DEAD || usize::try_from(v).is_ok_and(|v| v < ids),
+        &format!("an id below {ids}, or {DEAD} (DEAD)"),
     )?;
     if cursor.next != header.arrays.len() {
         return Err(format_err(
@@ -446,6 +461,8 @@ fn read_compressed(
         &format!("layers.{l}.latents"),
         |n| n == entries * hd,
         &format!("{entries} × {hd} (position div ratio entries)"),
+        |_, _| true,
+        "",
     )?;
     c.index_keys = IndexKeys::from_rows(
         ihd,
@@ -453,18 +470,31 @@ fn read_compressed(
             &format!("layers.{l}.index_keys"),
             |n| n == entries * ihd || n == 0,
             &format!("{entries} × {ihd} or 0"),
+            |_, _| true,
+            "",
         )?,
     );
+    // The open group holds slots 0 .. position mod ratio; the others are as a consumed group
+    // leaves them (`compressor`): kv +0.0, score −∞.
     let glen = c.group_kv.len();
+    let filled = if glen == 0 {
+        0
+    } else {
+        (position % c.ratio) * hd
+    };
     c.group_kv = cursor.f32s(
         &format!("layers.{l}.group_kv"),
         |n| n == glen,
         &format!("{glen}"),
+        |i, v| i < filled || v.to_bits() == 0,
+        "a slot of the open group not yet filled must be +0.0",
     )?;
     c.group_score = cursor.f32s(
         &format!("layers.{l}.group_score"),
         |n| n == glen,
         &format!("{glen}"),
+        |i, v| i < filled || v == f32::NEG_INFINITY,
+        "a slot of the open group not yet filled must be -inf",
     )?;
     Ok(())
 }
@@ -512,20 +542,60 @@ impl Cursor<'_> {
         Ok((start, n))
     }
 
-    fn f32s(&mut self, name: &str, ok: impl Fn(usize) -> bool, want: &str) -> Result<Vec<f32>> {
+    /// The next array, `name` of a length `ok` takes, each element `i` one `valid(i, v)`
+    /// takes (else refused at its byte, quoting `rule`).
+    fn f32s(
+        &mut self,
+        name: &str,
+        ok: impl Fn(usize) -> bool,
+        want: &str,
+        valid: impl Fn(usize, f32) -> bool,
+        rule: &str,
+    ) -> Result<Vec<f32>> {
         let (start, n) = self.entry(name, "f32", ok, want)?;
-        Ok(self.payload[start..start + 4 * n]
+        let values: Vec<f32> = self.payload[start..start + 4 * n]
             .chunks_exact(4)
             .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect())
+            .collect();
+        self.check(name, start, &values, valid, rule)?;
+        Ok(values)
     }
 
-    fn i64s(&mut self, name: &str, ok: impl Fn(usize) -> bool, want: &str) -> Result<Vec<i64>> {
+    /// [`Cursor::f32s`] for an i64 array.
+    fn i64s(
+        &mut self,
+        name: &str,
+        ok: impl Fn(usize) -> bool,
+        want: &str,
+        valid: impl Fn(usize, i64) -> bool,
+        rule: &str,
+    ) -> Result<Vec<i64>> {
         let (start, n) = self.entry(name, "i64", ok, want)?;
-        Ok(self.payload[start..start + 8 * n]
+        let values: Vec<i64> = self.payload[start..start + 8 * n]
             .chunks_exact(8)
             .map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
-            .collect())
+            .collect();
+        self.check(name, start, &values, valid, rule)?;
+        Ok(values)
+    }
+
+    /// The first element of the array at payload byte `start` that `valid` refuses, named.
+    fn check<T: Copy + std::fmt::Debug>(
+        &self,
+        name: &str,
+        start: usize,
+        values: &[T],
+        valid: impl Fn(usize, T) -> bool,
+        rule: &str,
+    ) -> Result<()> {
+        match values.iter().enumerate().find(|&(i, &v)| !valid(i, v)) {
+            None => Ok(()),
+            Some((i, v)) => Err(format_err(
+                self.file,
+                self.base + (start + i * std::mem::size_of::<T>()) as u64,
+                format!("{name}[{i}]: {v:?}: {rule}"),
+            )),
+        }
     }
 }
 

@@ -233,3 +233,35 @@ fn a_mapped_file_truncated_while_in_use_ends_with_one_line_naming_it() {
         "{line}"
     );
 }
+
+#[test]
+fn engram_token_maps_with_ids_outside_the_compressed_vocabulary_are_refused() {
+    let (_tmp, dir) = tiny(CkptLayout::Release);
+    let cfg = Model::open(&dir).unwrap().config().clone();
+    let ids = cfg.engram_compressed_vocab_size as i32;
+    let good: Vec<i32> = (0..cfg.vocab_size as i32).map(|t| t % ids).collect();
+    assert!(Model::open_with_token_map(&dir, Some(good.clone())).is_ok());
+    // Shorter than the vocabulary is a map of a tokenizer with gaps: accepted.
+    assert!(Model::open_with_token_map(&dir, Some(good[..ids as usize + 1].to_vec())).is_ok());
+    for (token, id) in [(7, -1), (9, -3), (11, ids), (13, i32::MAX)] {
+        let mut map = good.clone();
+        map[token] = id;
+        let e = Model::open_with_token_map(&dir, Some(map))
+            .err()
+            .expect("accepted");
+        assert!(
+            e.to_string()
+                .contains(&format!("token {token} maps to {id}")),
+            "{e}"
+        );
+    }
+    // One that never reaches the config's count of compressed ids.
+    let short: Vec<i32> = good.iter().map(|&c| c % (ids - 1)).collect();
+    let e = Model::open_with_token_map(&dir, Some(short))
+        .err()
+        .expect("accepted");
+    assert!(
+        e.to_string().contains("engram_compressed_vocab_size"),
+        "{e}"
+    );
+}

@@ -249,32 +249,29 @@ impl From<Option<Vec<i32>>> for TokenMap {
 }
 
 impl TokenMap {
-    /// The map of the model in `dir` whose checkpoint ships `shipped` (if any); a map built
-    /// from the tokenizer must have the config's `engram_compressed_vocab_size` ids.
+    /// The map of the model in `dir` whose checkpoint ships `shipped` (if any), whichever its
+    /// source checked the same way ([`check_map`]).
     pub fn resolve(&self, dir: &Path, shipped: Option<Vec<i32>>, cfg: &Config) -> Result<Vec<i32>> {
-        match self {
-            TokenMap::Given(m) => Ok(m.clone()),
-            TokenMap::File(p) => read_token_map(p),
+        let (map, source) = match self {
+            TokenMap::Given(m) => (m.clone(), "the given Engram token map".to_string()),
+            TokenMap::File(p) => (read_token_map(p)?, p.display().to_string()),
             TokenMap::FromCheckpoint => match shipped {
-                Some(m) => Ok(m),
+                Some(m) => (
+                    m,
+                    format!("the Engram token map shipped in {}", dir.display()),
+                ),
                 None => {
                     let path = dir.join("tokenizer.json");
                     let map = crate::tokenizer::engram_map::token_map_from_file(&path)?;
-                    let n = compressed_vocab_size(&map);
-                    if n != cfg.engram_compressed_vocab_size {
-                        return Err(Error::Config {
-                            field: "engram_compressed_vocab_size".into(),
-                            rule: format!(
-                                "{} builds a compressed map of {n} ids, the config says {}",
-                                path.display(),
-                                cfg.engram_compressed_vocab_size
-                            ),
-                        });
-                    }
-                    Ok(map)
+                    (
+                        map,
+                        format!("the Engram token map {} builds", path.display()),
+                    )
                 }
             },
-        }
+        };
+        check_map(&map, cfg, &source)?;
+        Ok(map)
     }
 }
 
@@ -336,22 +333,32 @@ impl EngramHasher {
             None
         };
         let map = source.resolve(dir, shipped, &cfg)?;
-        check_map(&map, &cfg)?;
         EngramHasher::new(&consts, map)
     }
 }
 
-/// A token map must have the config's number of compressed ids. (It may stop short of the
-/// vocabulary, as the official map of a tokenizer with gaps in its ids does: hashing such a
-/// token is then an error naming it.)
-fn check_map(map: &[i32], cfg: &Config) -> Result<()> {
+/// A token map (read from `source`) must hold compressed ids only, `0 ..` the config's count,
+/// and reach that count. (It may stop short of the vocabulary, as the official map of a
+/// tokenizer with gaps in its ids does: hashing such a token is then an error naming it.)
+fn check_map(map: &[i32], cfg: &Config, source: &str) -> Result<()> {
+    let ids = cfg.engram_compressed_vocab_size;
+    if let Some((t, id)) = map
+        .iter()
+        .enumerate()
+        .find(|&(_, &id)| usize::try_from(id).map_or(true, |id| id >= ids))
+    {
+        return Err(Error::Model(format!(
+            "{source}: token {t} maps to {id}, not a compressed id (0..{ids}, config \
+             engram_compressed_vocab_size)"
+        )));
+    }
     let n = compressed_vocab_size(map);
     if n != cfg.engram_compressed_vocab_size {
         return Err(Error::Config {
             field: "engram_compressed_vocab_size".into(),
             rule: format!(
-                "the Engram token map has {} entries and {n} compressed ids; the config says \
-                 vocab_size {} and {} compressed ids",
+                "{source} has {} entries and {n} compressed ids; the config says vocab_size {} \
+                 and {} compressed ids",
                 map.len(),
                 cfg.vocab_size,
                 cfg.engram_compressed_vocab_size
