@@ -392,7 +392,7 @@ fn decode_checked(
         let wlen = layer.window.len();
         // Slots a sequence this short never wrote hold the fresh ring's +0.0.
         let written = position.min(cfg.window_size) * cfg.head_dim;
-        layer.window = cursor.f32s(
+        layer.window = cursor.f32s_where(
             &format!("layers.{l}.window"),
             |n| n == wlen,
             &format!("{wlen}"),
@@ -409,7 +409,7 @@ fn decode_checked(
     } else {
         cfg.engram_compressed_vocab_size
     };
-    fresh.engram_history = cursor.i64s(
+    fresh.engram_history = cursor.i64s_where(
         "engram_history",
         |n| n == position,
         &format!("{position} (= position)"),
@@ -461,8 +461,6 @@ fn read_compressed(
         &format!("layers.{l}.latents"),
         |n| n == entries * hd,
         &format!("{entries} × {hd} (position div ratio entries)"),
-        |_, _| true,
-        "",
     )?;
     c.index_keys = IndexKeys::from_rows(
         ihd,
@@ -470,8 +468,6 @@ fn read_compressed(
             &format!("layers.{l}.index_keys"),
             |n| n == entries * ihd || n == 0,
             &format!("{entries} × {ihd} or 0"),
-            |_, _| true,
-            "",
         )?,
     );
     // The open group holds slots 0 .. position mod ratio; the others are as a consumed group
@@ -482,14 +478,14 @@ fn read_compressed(
     } else {
         (position % c.ratio) * hd
     };
-    c.group_kv = cursor.f32s(
+    c.group_kv = cursor.f32s_where(
         &format!("layers.{l}.group_kv"),
         |n| n == glen,
         &format!("{glen}"),
         |i, v| i < filled || v.to_bits() == 0,
         "a slot of the open group not yet filled must be +0.0",
     )?;
-    c.group_score = cursor.f32s(
+    c.group_score = cursor.f32s_where(
         &format!("layers.{l}.group_score"),
         |n| n == glen,
         &format!("{glen}"),
@@ -542,9 +538,14 @@ impl Cursor<'_> {
         Ok((start, n))
     }
 
-    /// The next array, `name` of a length `ok` takes, each element `i` one `valid(i, v)`
-    /// takes (else refused at its byte, quoting `rule`).
-    fn f32s(
+    /// The next array, `name`, of a length `ok` takes.
+    fn f32s(&mut self, name: &str, ok: impl Fn(usize) -> bool, want: &str) -> Result<Vec<f32>> {
+        self.f32s_where(name, ok, want, |_, _| true, "")
+    }
+
+    /// [`Cursor::f32s`] whose every element `i` must be one `valid(i, v)` takes, else it is
+    /// refused at its byte, quoting `rule`.
+    fn f32s_where(
         &mut self,
         name: &str,
         ok: impl Fn(usize) -> bool,
@@ -561,8 +562,8 @@ impl Cursor<'_> {
         Ok(values)
     }
 
-    /// [`Cursor::f32s`] for an i64 array.
-    fn i64s(
+    /// [`Cursor::f32s_where`] for an i64 array.
+    fn i64s_where(
         &mut self,
         name: &str,
         ok: impl Fn(usize) -> bool,

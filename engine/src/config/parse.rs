@@ -376,7 +376,7 @@ pub(crate) fn container_vision(v: &Value, cfg: &mut Config) -> Result<()> {
 fn check_model_type(keys: &Keys) -> Result<()> {
     match keys.obj.get("model_type").and_then(Value::as_str) {
         Some(kind) if !kind.starts_with("deepseek_v4") => Err(cfg_err(
-            &keys.path("model_type"),
+            keys.path("model_type"),
             format!("\"{kind}\": not a DeepSeek-V4.1 checkpoint (DS41's is deepseek_v41, its language model deepseek_v41_text)"),
         )),
         _ => Ok(()),

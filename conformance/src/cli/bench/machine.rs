@@ -2,8 +2,8 @@
 //! summing loop over a buffer far larger than the caches, on the current thread pool) and the
 //! rates of f64 and f32 multiply-adds this build reaches (many independent chains, as the
 //! kernels run them, at the widest vector level the kernels use: on a CPU with two 512-bit FMA
-//! units a 256-bit loop reaches half). Best of a few repetitions, so a busy moment on a shared machine
-//! does not set the floor.
+//! units a 256-bit loop reaches half). Best of a few repetitions, so a busy moment on a shared
+//! machine does not set the floor.
 
 use std::time::Instant;
 
