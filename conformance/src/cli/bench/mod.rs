@@ -155,7 +155,7 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
         prefill_cpu_s: prefill_cpu,
         prefill_cpu_ms_per_token: prefill_cpu * 1e3 / args.prefill as f64,
         prefill_floor_ms_per_token: fp.multiply_adds as f64 / mac_rate * 1e3,
-        prefill_f32_peak_ms_per_token: fp.multiply_adds as f64 / mac_rate_f32 * 1e3,
+        prefill_ceiling: ceiling(numerics, fp.multiply_adds, mac_rate, mac_rate_f32),
         multiply_adds_per_token: fp.multiply_adds,
         warm_prefill_s: warm_s,
         warm_prefill_cpu_s: warm_cpu,
@@ -182,6 +182,27 @@ pub fn run(args: Args) -> anyhow::Result<i32> {
     Ok(0)
 }
 
+/// The least a prefilled token's multiply-adds can cost as float multiply-adds, so the most a
+/// decode step can cost over it. `exact`: rule C2 makes each product one f64 multiply-add
+/// (MODEL.md §5.4). `upstream`: the f32 peak, a bound on any float form (the C1 kernels' integer
+/// digit products are not bound by it, but an exact e4m3 × e4m3 product takes several).
+#[derive(serde::Serialize)]
+struct Ceiling {
+    float: &'static str,
+    ms_per_token: f64,
+}
+
+fn ceiling(numerics: Numerics, multiply_adds: u64, f64_rate: f64, f32_rate: f64) -> Ceiling {
+    let (float, rate) = match numerics {
+        Numerics::Exact => ("f64", f64_rate),
+        Numerics::Upstream => ("f32", f32_rate),
+    };
+    Ceiling {
+        float,
+        ms_per_token: multiply_adds as f64 / rate * 1e3,
+    }
+}
+
 /// One model measurement (`--json` prints it as is).
 #[derive(serde::Serialize)]
 struct Measurement {
@@ -203,10 +224,8 @@ struct Measurement {
     /// a prefill whose products were all f64 multiply-adds (the integer kernels of rule C1
     /// make several products per instruction and can go below it).
     prefill_floor_ms_per_token: f64,
-    /// The same at the measured f32 multiply-add rate: no prefill whose products are float
-    /// multiply-adds can go below it (integer forms need several products per exact e4m3
-    /// product), so decode over it bounds the decode-to-prefill cost ratio such forms reach.
-    prefill_f32_peak_ms_per_token: f64,
+    /// The least a prefilled token can cost with float multiply-adds in this profile.
+    prefill_ceiling: Ceiling,
     multiply_adds_per_token: u64,
     /// The same prefill in a second session, the checkpoint's pages already mapped.
     warm_prefill_s: f64,
@@ -297,12 +316,14 @@ impl Measurement {
                 self.decode_ms_per_token / per_token(self.warm_prefill_s),
                 self.decode_cpu_ms_per_token / per_token(self.warm_prefill_cpu_s)
             );
+            let c = &self.prefill_ceiling;
             println!(
-                "  ceiling  a token's {:.3} G multiply-adds at the f32 peak take {:.2} ms: with float \
+                "  ceiling  a token's {:.3} G multiply-adds at the {} peak take {:.2} ms: with float \
                  multiply-adds a decode step costs at most {:.1}x a prefilled token",
                 self.multiply_adds_per_token as f64 / 1e9,
-                self.prefill_f32_peak_ms_per_token,
-                self.decode_ms_per_token / self.prefill_f32_peak_ms_per_token
+                c.float,
+                c.ms_per_token,
+                self.decode_ms_per_token / c.ms_per_token
             );
         }
         let mib =
