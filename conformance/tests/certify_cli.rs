@@ -442,3 +442,48 @@ fn certify_help_names_only_existing_flags() {
     assert_eq!(code, 0, "{err}");
     assert!(out.lines().any(|l| l == "no-attention-sink"), "{out}");
 }
+
+/// A case directory holding one residual case against the official golden
+/// `tiny_s1/p01_d19_as-shipped` (made with prefill 1 over 20 tokens), with `prefill` as given
+/// (absent when None).
+fn tiny_s1_case(dir: &Path, prefill: Option<usize>) -> PathBuf {
+    let cases = dir.join("cases/residual");
+    std::fs::create_dir_all(&cases).unwrap();
+    let prefill = prefill.map_or(String::new(), |p| format!("    prefill: {p}\n"));
+    std::fs::write(
+        cases.join("schedule.yaml"),
+        format!(
+            "family: residual\ncases:\n  - name: tiny-s1-d19\n    model: synthetic:tiny/release@1\n    \
+             golden: {{file: repo:goldens/official/tiny_s1/p01_d19_as-shipped.safetensors}}\n{prefill}    \
+             numerics: upstream\n    index_k: as-shipped\n    require: [logits, residual, experts, topk]\n"
+        ),
+    )
+    .unwrap();
+    dir.join("cases")
+}
+
+#[test]
+fn a_case_runs_its_goldens_schedule_and_a_prefill_past_its_tokens_is_a_case_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let certify = |prefill: Option<usize>| {
+        let dir = tmp.path().join(format!("{prefill:?}"));
+        let cases = tiny_s1_case(&dir, prefill);
+        ds41(&["certify", "--cases", cases.to_str().unwrap(), "--verbose"])
+    };
+    // No prefill in the case: the golden's own (metadata `prefill` = 1), which passes.
+    let (code, out, err) = certify(None);
+    assert_eq!(code, 0, "{out}\n{err}");
+    // Beyond the 20 tokens: an error of the case, not a verdict on the engine.
+    let (code, out, err) = certify(Some(21));
+    assert_eq!(code, 2, "{out}\n{err}");
+    assert!(
+        format!("{out}{err}").contains("field `prefill`: 21 is not inside 1..=20"),
+        "{out}\n{err}"
+    );
+    // Another schedule than the golden's is run as asked, and said.
+    let (_, out, err) = certify(Some(20));
+    assert!(
+        format!("{out}{err}").contains("the golden was made with prefill 1"),
+        "{out}\n{err}"
+    );
+}

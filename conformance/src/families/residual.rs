@@ -80,7 +80,8 @@ pub struct ResidualSpec {
     /// Token ids; omit to use the golden's `input_ids`.
     #[serde(default)]
     pub tokens: Option<Vec<u32>>,
-    /// First chunk size (None: all tokens in one prefill).
+    /// First chunk size, inside 1..=tokens (None: the golden's stated one, else all tokens in
+    /// one prefill).
     #[serde(default)]
     pub prefill: Option<usize>,
     pub numerics: Numerics,
@@ -257,7 +258,7 @@ impl super::CheckFamily for ResidualSpec {
         };
         let prefill = match &image_prompt {
             Some((_, p, _)) => *p,
-            None => s.prefill.unwrap_or(tokens.len()),
+            None => schedule_prefill(s.prefill, &golden, tokens.len(), details)?,
         };
         let positions = image_prompt.as_ref().map_or(tokens.len(), |p| p.2);
         if prefill > 1 && !engine.capabilities().contains(&Capability::Prefill) {
@@ -387,6 +388,35 @@ fn replay(
     details.absorb(&format!("replay of {n} tokens"), &r);
     note_flips(details, &gates);
     Ok(verdict(details, r.failed(), s))
+}
+
+/// The first chunk the case runs over its `n` tokens: the case's `prefill`, else the one the
+/// golden states it was made with (metadata `prefill`), else all `n` in one chunk. Outside
+/// `1..=n` is an error of the case (never clamped). A case may run another schedule than its
+/// golden's (causal attention makes prefill rows equal decode rows), but the golden's as-shipped
+/// index-key hand-off and its logits rows belong to its own, so that is noted.
+fn schedule_prefill(
+    case: Option<usize>,
+    golden: &TraceFile,
+    n: usize,
+    details: &mut Details,
+) -> Result<usize, Outcome> {
+    let stated = golden
+        .prefill()
+        .map_err(|e| Outcome::error(format!("golden: {e}")))?;
+    let prefill = case.or(stated).unwrap_or(n);
+    if prefill == 0 || prefill > n {
+        return Err(Outcome::error(format!(
+            "field `prefill`: {prefill} is not inside 1..={n} (the tokens the case runs)"
+        )));
+    }
+    if let Some(g) = stated.filter(|&g| g != prefill) {
+        details.notes.push(format!(
+            "the case runs prefill {prefill}; the golden was made with prefill {g} (its metadata), \
+             whose as-shipped index-key hand-off and logits rows may differ from this schedule's"
+        ));
+    }
+    Ok(prefill)
 }
 
 /// A golden with image spans as a prompt: its input ids with each span folded to one marker,
