@@ -487,3 +487,68 @@ fn a_case_runs_its_goldens_schedule_and_a_prefill_past_its_tokens_is_a_case_erro
         "{out}\n{err}"
     );
 }
+
+/// The repository golden `rel` with its metadata `prefill` set to `prefill`, written as `out`.
+fn with_stated_prefill(rel: &str, out: &Path, prefill: &str) {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let bytes = std::fs::read(repo.join(rel)).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    header["__metadata__"]["prefill"] = prefill.into();
+    let header = serde_json::to_vec(&header).unwrap();
+    let mut doctored = (header.len() as u64).to_le_bytes().to_vec();
+    doctored.extend_from_slice(&header);
+    doctored.extend_from_slice(&bytes[8 + n..]);
+    std::fs::write(out, doctored).unwrap();
+}
+
+#[test]
+fn a_golden_stating_a_prefill_past_its_tokens_is_an_error_of_the_golden() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    let cases = tmp.path().join("cases");
+    std::fs::create_dir_all(&data).unwrap();
+    for family in ["residual", "dspark"] {
+        std::fs::create_dir_all(cases.join(family)).unwrap();
+    }
+    with_stated_prefill(
+        "goldens/official/tiny_s1/p01_d19_as-shipped.safetensors",
+        &data.join("tiny.safetensors"),
+        "21",
+    );
+    std::fs::write(
+        cases.join("residual/doctored.yaml"),
+        "family: residual\ncases:\n  - name: tiny\n    model: synthetic:tiny/release@1\n    \
+         golden: {file: upstream:tiny.safetensors}\n    numerics: upstream\n    \
+         index_k: as-shipped\n    require: [logits]\n",
+    )
+    .unwrap();
+    with_stated_prefill(
+        "goldens/official/dspark_s6/dspark_p09_d15.safetensors",
+        &data.join("dspark.safetensors"),
+        "0",
+    );
+    std::fs::write(
+        cases.join("dspark/doctored.yaml"),
+        "family: dspark\ncases:\n  - name: dspark\n    model: synthetic:dspark/release@6\n    \
+         golden: upstream:dspark.safetensors\n    numerics: upstream\n",
+    )
+    .unwrap();
+    let (code, out, err) = ds41(&[
+        "certify",
+        "--cases",
+        cases.to_str().unwrap(),
+        "--upstream",
+        data.to_str().unwrap(),
+    ]);
+    let all = format!("{out}{err}");
+    assert_eq!(code, 2, "{all}");
+    assert!(
+        all.contains("the golden's metadata `prefill`: 21 is not inside 1..=20"),
+        "{all}"
+    );
+    assert!(
+        all.contains("the golden's metadata `prefill`: 0 is not inside 1..="),
+        "{all}"
+    );
+}

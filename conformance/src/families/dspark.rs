@@ -84,11 +84,17 @@ impl super::CheckFamily for DsparkSpec {
             .iter()
             .map(|&t| t as u32)
             .collect();
-        let prefill: usize = golden
-            .metadata
-            .get("prefill")
-            .and_then(|p| p.parse().ok())
+        // A golden is data a user may bring: its schedule outside its tokens is its error.
+        let prefill = golden
+            .prefill()
+            .map_err(|e| Outcome::error(format!("golden: {e}")))?
             .ok_or_else(|| Outcome::error("the golden's metadata has no `prefill`"))?;
+        if prefill == 0 || prefill > tokens.len() {
+            return Err(Outcome::error(format!(
+                "the golden's metadata `prefill`: {prefill} is not inside 1..={} (its input_ids)",
+                tokens.len()
+            )));
+        }
         let req = DsparkRequest {
             model,
             tokens,

@@ -404,10 +404,14 @@ fn schedule_prefill(
     let stated = golden
         .prefill()
         .map_err(|e| Outcome::error(format!("golden: {e}")))?;
-    let prefill = case.or(stated).unwrap_or(n);
+    let (prefill, source) = match (case, stated) {
+        (Some(p), _) => (p, "field `prefill`"),
+        (None, Some(g)) => (g, "the golden's metadata `prefill`"),
+        (None, None) => (n, ""),
+    };
     if prefill == 0 || prefill > n {
         return Err(Outcome::error(format!(
-            "field `prefill`: {prefill} is not inside 1..={n} (the tokens the case runs)"
+            "{source}: {prefill} is not inside 1..={n} (the tokens the case runs)"
         )));
     }
     if let Some(g) = stated.filter(|&g| g != prefill) {
