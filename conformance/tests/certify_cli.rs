@@ -508,32 +508,33 @@ fn a_golden_stating_a_prefill_past_its_tokens_is_an_error_of_the_golden() {
     let data = tmp.path().join("data");
     let cases = tmp.path().join("cases");
     std::fs::create_dir_all(&data).unwrap();
-    for family in ["residual", "dspark"] {
+    // family, golden, the prefill its metadata is made to state, the case (upstream:FAMILY.safetensors)
+    let doctored = [
+        (
+            "residual",
+            "goldens/official/tiny_s1/p01_d19_as-shipped.safetensors",
+            "21",
+            "model: synthetic:tiny/release@1\n    golden: {file: upstream:residual.safetensors}\n    \
+             index_k: as-shipped\n    require: [logits]",
+        ),
+        (
+            "dspark",
+            "goldens/official/dspark_s6/dspark_p09_d15.safetensors",
+            "0",
+            "model: synthetic:dspark/release@6\n    golden: upstream:dspark.safetensors",
+        ),
+    ];
+    for (family, golden, stated, case) in doctored {
+        with_stated_prefill(golden, &data.join(format!("{family}.safetensors")), stated);
         std::fs::create_dir_all(cases.join(family)).unwrap();
+        std::fs::write(
+            cases.join(format!("{family}/doctored.yaml")),
+            format!(
+                "family: {family}\ncases:\n  - name: doctored\n    {case}\n    numerics: upstream\n"
+            ),
+        )
+        .unwrap();
     }
-    with_stated_prefill(
-        "goldens/official/tiny_s1/p01_d19_as-shipped.safetensors",
-        &data.join("tiny.safetensors"),
-        "21",
-    );
-    std::fs::write(
-        cases.join("residual/doctored.yaml"),
-        "family: residual\ncases:\n  - name: tiny\n    model: synthetic:tiny/release@1\n    \
-         golden: {file: upstream:tiny.safetensors}\n    numerics: upstream\n    \
-         index_k: as-shipped\n    require: [logits]\n",
-    )
-    .unwrap();
-    with_stated_prefill(
-        "goldens/official/dspark_s6/dspark_p09_d15.safetensors",
-        &data.join("dspark.safetensors"),
-        "0",
-    );
-    std::fs::write(
-        cases.join("dspark/doctored.yaml"),
-        "family: dspark\ncases:\n  - name: dspark\n    model: synthetic:dspark/release@6\n    \
-         golden: upstream:dspark.safetensors\n    numerics: upstream\n",
-    )
-    .unwrap();
     let (code, out, err) = ds41(&[
         "certify",
         "--cases",
