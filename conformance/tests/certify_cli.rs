@@ -8,6 +8,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use ds41_conformance::report::certificate::Certificate;
+use ds41_engine::trace::TraceFile;
 
 fn ds41(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_ds41"))
@@ -488,49 +489,67 @@ fn a_case_runs_its_goldens_schedule_and_a_prefill_past_its_tokens_is_a_case_erro
     );
 }
 
-/// The repository golden `rel` with its metadata `prefill` set to `prefill`, written as `out`.
-fn with_stated_prefill(rel: &str, out: &Path, prefill: &str) {
+/// The repository golden `rel`, edited, written as `out`.
+fn doctored_golden(rel: &str, out: &Path, edit: fn(&mut TraceFile)) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let bytes = std::fs::read(repo.join(rel)).unwrap();
-    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
-    let mut header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
-    header["__metadata__"]["prefill"] = prefill.into();
-    let header = serde_json::to_vec(&header).unwrap();
-    let mut doctored = (header.len() as u64).to_le_bytes().to_vec();
-    doctored.extend_from_slice(&header);
-    doctored.extend_from_slice(&bytes[8 + n..]);
-    std::fs::write(out, doctored).unwrap();
+    let mut golden = TraceFile::read(&repo.join(rel)).unwrap();
+    edit(&mut golden);
+    golden.write(out).unwrap();
 }
 
 #[test]
-fn a_golden_stating_a_prefill_past_its_tokens_is_an_error_of_the_golden() {
-    let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("data");
-    let cases = tmp.path().join("cases");
-    std::fs::create_dir_all(&data).unwrap();
-    // family, golden, the prefill its metadata is made to state, the case (upstream:FAMILY.safetensors)
-    let doctored = [
+fn goldens_whose_schedule_or_rows_do_not_fit_their_tokens_are_errors_of_the_golden() {
+    const TINY: &str = "goldens/official/tiny_s1/p01_d19_as-shipped.safetensors";
+    const TINY_CASE: &str = "model: synthetic:tiny/release@1\n    index_k: as-shipped\n    \
+                             require: [logits]\n    golden: {file: upstream:";
+    const DSPARK: &str = "goldens/official/dspark_s6/dspark_p09_d15.safetensors";
+    const DSPARK_CASE: &str = "model: synthetic:dspark/release@6\n    golden: upstream:";
+    fn states_prefill(g: &mut TraceFile, p: &str) {
+        g.metadata.insert("prefill".into(), p.into());
+    }
+    // name, family, golden, its edit, the case up to its golden file's name, what the error says
+    let doctored: [(&str, &str, &str, fn(&mut TraceFile), &str, &str); 3] = [
         (
+            "prefill",
             "residual",
-            "goldens/official/tiny_s1/p01_d19_as-shipped.safetensors",
-            "21",
-            "model: synthetic:tiny/release@1\n    golden: {file: upstream:residual.safetensors}\n    \
-             index_k: as-shipped\n    require: [logits]",
+            TINY,
+            |g| states_prefill(g, "21"),
+            TINY_CASE,
+            "the golden's metadata `prefill`: 21 is not inside 1..=20",
         ),
         (
+            "rows",
+            "residual",
+            TINY,
+            |g| {
+                let short = g.tensors["topk.L1"].select_rows(&(0..19).collect::<Vec<_>>());
+                g.tensors.insert("topk.L1".into(), short);
+            },
+            TINY_CASE,
+            "`topk.L1` has shape [19, 8], but the trace has 20 positions",
+        ),
+        (
+            "prefill",
             "dspark",
-            "goldens/official/dspark_s6/dspark_p09_d15.safetensors",
-            "0",
-            "model: synthetic:dspark/release@6\n    golden: upstream:dspark.safetensors",
+            DSPARK,
+            |g| states_prefill(g, "0"),
+            DSPARK_CASE,
+            "the golden's metadata `prefill`: 0 is not inside 1..=",
         ),
     ];
-    for (family, golden, stated, case) in doctored {
-        with_stated_prefill(golden, &data.join(format!("{family}.safetensors")), stated);
+    let tmp = tempfile::tempdir().unwrap();
+    let (data, cases) = (tmp.path().join("data"), tmp.path().join("cases"));
+    std::fs::create_dir_all(&data).unwrap();
+    for (name, family, golden, edit, case, _) in doctored {
+        let file = format!("{name}-{family}.safetensors");
+        doctored_golden(golden, &data.join(&file), edit);
+        let close = if family == "residual" { "}" } else { "" };
         std::fs::create_dir_all(cases.join(family)).unwrap();
         std::fs::write(
-            cases.join(format!("{family}/doctored.yaml")),
+            cases.join(format!("{family}/{name}.yaml")),
             format!(
-                "family: {family}\ncases:\n  - name: doctored\n    {case}\n    numerics: upstream\n"
+                "family: {family}\ncases:\n  - name: {name}\n    {case}{file}{close}\n    \
+                 numerics: upstream\n"
             ),
         )
         .unwrap();
@@ -544,12 +563,8 @@ fn a_golden_stating_a_prefill_past_its_tokens_is_an_error_of_the_golden() {
     ]);
     let all = format!("{out}{err}");
     assert_eq!(code, 2, "{all}");
-    assert!(
-        all.contains("the golden's metadata `prefill`: 21 is not inside 1..=20"),
-        "{all}"
-    );
-    assert!(
-        all.contains("the golden's metadata `prefill`: 0 is not inside 1..="),
-        "{all}"
-    );
+    for (name, family, .., says) in doctored {
+        assert!(all.contains(says), "{family} {name}: {all}");
+    }
+    assert_eq!(all.matches("ERROR  ").count(), 3, "{all}");
 }

@@ -660,6 +660,29 @@ impl TraceFile {
             })
     }
 
+    /// Checks that every per-position tensor the format defines has one row per position of
+    /// the trace (the rows of `input_ids`, else of `residual`), and returns that count: a
+    /// tensor of another count would be compared against the wrong positions.
+    pub fn check_position_rows(&self) -> Result<Option<usize>> {
+        let Some((counted_by, positions)) = ["input_ids", "residual"]
+            .into_iter()
+            .find_map(|n| Some((n, *self.get(n)?.shape.first()?)))
+        else {
+            return Ok(None);
+        };
+        for (name, t) in &self.tensors {
+            if is_per_position(name) && t.shape.first() != Some(&positions) {
+                return Err(Error::Model(format!(
+                    "{}: `{name}` has shape {:?}, but the trace has {positions} positions (the \
+                     rows of `{counted_by}`)",
+                    self.path.display(),
+                    t.shape
+                )));
+            }
+        }
+        Ok(Some(positions))
+    }
+
     /// The prefill length the run states in its metadata (`prefill`), if any; a value that is
     /// not a count is refused.
     pub fn prefill(&self) -> Result<Option<usize>> {
@@ -777,6 +800,16 @@ fn is_defined_tensor(name: &str) -> bool {
         "vision.I",
     ];
     NAMES.contains(&name) || FAMILIES.iter().any(|f| name.starts_with(f))
+}
+
+/// Whether `name` is a tensor the format defines with one row per position (docs/TRACE.md):
+/// the run's ids, streams, sub-ops and decisions; not the logits (rows per `logits_positions`),
+/// the Engram token map, DSpark's or the vision tower's tensors.
+fn is_per_position(name: &str) -> bool {
+    is_defined_tensor(name)
+        && !matches!(name, "logits" | "logits_positions" | "engram_token_map")
+        && !name.starts_with("dspark.")
+        && !name.starts_with("vision.")
 }
 
 /// Widen one stored tensor (its byte length was checked against the shape by the safetensors

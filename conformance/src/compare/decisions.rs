@@ -258,7 +258,11 @@ pub fn tracks(
             &[tokens]
         };
         let rank = lead.len() + 1;
-        if e.shape.len() != rank || g.shape.len() != rank || e.shape[..rank - 1] != *lead {
+        if e.shape.len() != rank
+            || g.shape.len() != rank
+            || e.shape[..rank - 1] != *lead
+            || g.shape[..rank - 1] != *lead
+        {
             r.shape_mismatch(&name, &e.shape, &g.shape);
             missing.push(d);
             continue;

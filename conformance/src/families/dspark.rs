@@ -77,6 +77,9 @@ impl super::CheckFamily for DsparkSpec {
         let golden_path = ctx.data(&self.golden)?;
         let golden =
             TraceFile::read(&golden_path).map_err(|e| Outcome::error(format!("golden: {e:#}")))?;
+        golden
+            .check_position_rows()
+            .map_err(|e| Outcome::error(format!("golden: {e}")))?;
         let tokens: Vec<u32> = golden
             .get("input_ids")
             .ok_or_else(|| Outcome::error("the golden has no `input_ids`"))?

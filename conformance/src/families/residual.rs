@@ -558,7 +558,14 @@ fn load_golden(
     match &s.golden {
         GoldenSpec::File(d) => {
             let p = ctx.data(d)?;
-            TraceFile::read(&p).map_err(|e| Outcome::error(format!("golden: {e:#}")))
+            let golden =
+                TraceFile::read(&p).map_err(|e| Outcome::error(format!("golden: {e:#}")))?;
+            // A golden is data a user may bring: rows misaligned with its positions are its
+            // error, not a divergence of the engine.
+            golden
+                .check_position_rows()
+                .map_err(|e| Outcome::error(format!("golden: {e}")))?;
+            Ok(golden)
         }
         GoldenSpec::WasteOracle { dir: odir, variant } => {
             let p = ctx.data(odir)?;
