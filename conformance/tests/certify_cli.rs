@@ -507,42 +507,52 @@ fn goldens_whose_schedule_or_rows_do_not_fit_their_tokens_are_errors_of_the_gold
     fn states_prefill(g: &mut TraceFile, p: &str) {
         g.metadata.insert("prefill".into(), p.into());
     }
-    // name, family, golden, its edit, the case up to its golden file's name, what the error says
-    let doctored: [(&str, &str, &str, fn(&mut TraceFile), &str, &str); 3] = [
-        (
-            "prefill",
-            "residual",
-            TINY,
-            |g| states_prefill(g, "21"),
-            TINY_CASE,
-            "the golden's metadata `prefill`: 21 is not inside 1..=20",
-        ),
-        (
-            "rows",
-            "residual",
-            TINY,
-            |g| {
+    /// A golden made wrong, the case using it and what the error must say.
+    struct Doctored {
+        name: &'static str,
+        family: &'static str,
+        golden: &'static str,
+        edit: fn(&mut TraceFile),
+        /// The case's fields up to its golden file's name.
+        case: &'static str,
+        says: &'static str,
+    }
+    let doctored = [
+        Doctored {
+            name: "prefill",
+            family: "residual",
+            golden: TINY,
+            edit: |g| states_prefill(g, "21"),
+            case: TINY_CASE,
+            says: "the golden's metadata `prefill`: 21 is not inside 1..=20",
+        },
+        Doctored {
+            name: "rows",
+            family: "residual",
+            golden: TINY,
+            edit: |g| {
                 let short = g.tensors["topk.L1"].select_rows(&(0..19).collect::<Vec<_>>());
                 g.tensors.insert("topk.L1".into(), short);
             },
-            TINY_CASE,
-            "`topk.L1` has shape [19, 8], but the trace has 20 positions",
-        ),
-        (
-            "prefill",
-            "dspark",
-            DSPARK,
-            |g| states_prefill(g, "0"),
-            DSPARK_CASE,
-            "the golden's metadata `prefill`: 0 is not inside 1..=",
-        ),
+            case: TINY_CASE,
+            says: "`topk.L1` has shape [19, 8], but the trace has 20 positions",
+        },
+        Doctored {
+            name: "prefill",
+            family: "dspark",
+            golden: DSPARK,
+            edit: |g| states_prefill(g, "0"),
+            case: DSPARK_CASE,
+            says: "the golden's metadata `prefill`: 0 is not inside 1..=",
+        },
     ];
     let tmp = tempfile::tempdir().unwrap();
     let (data, cases) = (tmp.path().join("data"), tmp.path().join("cases"));
     std::fs::create_dir_all(&data).unwrap();
-    for (name, family, golden, edit, case, _) in doctored {
+    for d in &doctored {
+        let (name, family, case) = (d.name, d.family, d.case);
         let file = format!("{name}-{family}.safetensors");
-        doctored_golden(golden, &data.join(&file), edit);
+        doctored_golden(d.golden, &data.join(&file), d.edit);
         let close = if family == "residual" { "}" } else { "" };
         std::fs::create_dir_all(cases.join(family)).unwrap();
         std::fs::write(
@@ -563,8 +573,8 @@ fn goldens_whose_schedule_or_rows_do_not_fit_their_tokens_are_errors_of_the_gold
     ]);
     let all = format!("{out}{err}");
     assert_eq!(code, 2, "{all}");
-    for (name, family, .., says) in doctored {
-        assert!(all.contains(says), "{family} {name}: {all}");
+    for d in &doctored {
+        assert!(all.contains(d.says), "{} {}: {all}", d.family, d.name);
     }
     assert_eq!(all.matches("ERROR  ").count(), 3, "{all}");
 }
