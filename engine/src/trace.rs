@@ -661,8 +661,9 @@ impl TraceFile {
     }
 
     /// Checks that every per-position tensor the format defines has one row per position of
-    /// the trace (the rows of `input_ids`, else of `residual`), and returns that count: a
-    /// tensor of another count would be compared against the wrong positions.
+    /// the trace (the rows of `input_ids`, else of `residual`), and the logits one row per
+    /// position they name, and returns the count: rows of another count would be compared
+    /// against the wrong positions.
     pub fn check_position_rows(&self) -> Result<Option<usize>> {
         let Some((counted_by, positions)) = ["input_ids", "residual"]
             .into_iter()
@@ -670,13 +671,36 @@ impl TraceFile {
         else {
             return Ok(None);
         };
+        let bad = |what: String| Error::Model(format!("{}: {what}", self.path.display()));
         for (name, t) in &self.tensors {
             if is_per_position(name) && t.shape.first() != Some(&positions) {
-                return Err(Error::Model(format!(
-                    "{}: `{name}` has shape {:?}, but the trace has {positions} positions (the \
-                     rows of `{counted_by}`)",
-                    self.path.display(),
+                return Err(bad(format!(
+                    "`{name}` has shape {:?}, but the trace has {positions} positions (the rows \
+                     of `{counted_by}`)",
                     t.shape
+                )));
+            }
+        }
+        // Logits rows are those of `logits_positions` (else positions 0, 1, ...), each a
+        // position of the trace.
+        if let Some(logits) = self.get("logits") {
+            let rows = logits.shape.first().copied().unwrap_or(0);
+            let at: Vec<i64> = match self.get("logits_positions") {
+                Some(p) => p.as_i64().into_owned(),
+                None => (0..rows as i64).collect(),
+            };
+            if at.len() != rows {
+                return Err(bad(format!(
+                    "`logits` has {rows} rows, `logits_positions` names {}",
+                    at.len()
+                )));
+            }
+            if let Some(p) = at
+                .iter()
+                .find(|&&p| usize::try_from(p).map_or(true, |p| p >= positions))
+            {
+                return Err(bad(format!(
+                    "`logits` has a row for position {p}, outside the trace's {positions}"
                 )));
             }
         }
