@@ -407,7 +407,7 @@ fn schedule_prefill(
     let (prefill, source) = match (case, stated) {
         (Some(p), _) => (p, "field `prefill`"),
         (None, Some(g)) => (g, "the golden's metadata `prefill`"),
-        (None, None) => (n, ""),
+        (None, None) => (n, "the case's tokens"),
     };
     if prefill == 0 || prefill > n {
         return Err(Outcome::error(format!(
