@@ -392,11 +392,11 @@ fn decode_checked(
         let wlen = layer.window.len();
         // Slots a sequence this short never wrote hold the fresh ring's +0.0.
         let written = position.min(cfg.window_size) * cfg.head_dim;
-        layer.window = cursor.f32s_where(
+        layer.window = cursor.array_where(
             &format!("layers.{l}.window"),
             |n| n == wlen,
             &format!("{wlen}"),
-            |i, v| i < written || v.to_bits() == 0,
+            |i, v: f32| i < written || v.to_bits() == 0,
             "a slot no position has reached must be +0.0",
         )?;
         if let Some(c) = layer.compressed.as_mut() {
@@ -409,11 +409,11 @@ fn decode_checked(
     } else {
         cfg.engram_compressed_vocab_size
     };
-    fresh.engram_history = cursor.i64s_where(
+    fresh.engram_history = cursor.array_where(
         "engram_history",
         |n| n == position,
         &format!("{position} (= position)"),
-        |_, v| v == DEAD || usize::try_from(v).is_ok_and(|v| v < ids),
+        |_, v: i64| v == DEAD || usize::try_from(v).is_ok_and(|v| v < ids),
         &format!("an id below {ids}, or {DEAD} (DEAD)"),
     )?;
     if cursor.next != header.arrays.len() {
@@ -478,21 +478,42 @@ fn read_compressed(
     } else {
         (position % c.ratio) * hd
     };
-    c.group_kv = cursor.f32s_where(
+    c.group_kv = cursor.array_where(
         &format!("layers.{l}.group_kv"),
         |n| n == glen,
         &format!("{glen}"),
-        |i, v| i < filled || v.to_bits() == 0,
+        |i, v: f32| i < filled || v.to_bits() == 0,
         "a slot of the open group not yet filled must be +0.0",
     )?;
-    c.group_score = cursor.f32s_where(
+    c.group_score = cursor.array_where(
         &format!("layers.{l}.group_score"),
         |n| n == glen,
         &format!("{glen}"),
-        |i, v| i < filled || v == f32::NEG_INFINITY,
+        |i, v: f32| i < filled || v == f32::NEG_INFINITY,
         "a slot of the open group not yet filled must be -inf",
     )?;
     Ok(())
+}
+
+/// An element type of the payload: its `dtype` name in the table and its little-endian bytes.
+trait Element: Copy + std::fmt::Debug {
+    const DTYPE: &'static str;
+    /// From exactly `size_of::<Self>()` bytes.
+    fn from_le(b: &[u8]) -> Self;
+}
+
+impl Element for f32 {
+    const DTYPE: &'static str = "f32";
+    fn from_le(b: &[u8]) -> f32 {
+        f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+    }
+}
+
+impl Element for i64 {
+    const DTYPE: &'static str = "i64";
+    fn from_le(b: &[u8]) -> i64 {
+        i64::from_le_bytes(b.try_into().unwrap_or([0; 8]))
+    }
 }
 
 /// Reads the payload arrays in table order, checking each against the model's expectation.
@@ -540,48 +561,32 @@ impl Cursor<'_> {
 
     /// The next array, `name`, of a length `ok` takes.
     fn f32s(&mut self, name: &str, ok: impl Fn(usize) -> bool, want: &str) -> Result<Vec<f32>> {
-        self.f32s_where(name, ok, want, |_, _| true, "")
+        self.array_where(name, ok, want, |_, _| true, "")
     }
 
-    /// [`Cursor::f32s`] whose every element `i` must be one `valid(i, v)` takes, else it is
-    /// refused at its byte, quoting `rule`.
-    fn f32s_where(
+    /// The next array, `name`, of element type `T` and a length `ok` takes, whose every
+    /// element `i` must be one `valid(i, v)` takes, else it is refused at its byte, quoting
+    /// `rule`.
+    fn array_where<T: Element>(
         &mut self,
         name: &str,
         ok: impl Fn(usize) -> bool,
         want: &str,
-        valid: impl Fn(usize, f32) -> bool,
+        valid: impl Fn(usize, T) -> bool,
         rule: &str,
-    ) -> Result<Vec<f32>> {
-        let (start, n) = self.entry(name, "f32", ok, want)?;
-        let values: Vec<f32> = self.payload[start..start + 4 * n]
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect();
-        self.check(name, start, &values, valid, rule)?;
-        Ok(values)
-    }
-
-    /// [`Cursor::f32s_where`] for an i64 array.
-    fn i64s_where(
-        &mut self,
-        name: &str,
-        ok: impl Fn(usize) -> bool,
-        want: &str,
-        valid: impl Fn(usize, i64) -> bool,
-        rule: &str,
-    ) -> Result<Vec<i64>> {
-        let (start, n) = self.entry(name, "i64", ok, want)?;
-        let values: Vec<i64> = self.payload[start..start + 8 * n]
-            .chunks_exact(8)
-            .map(|b| i64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+    ) -> Result<Vec<T>> {
+        let (start, n) = self.entry(name, T::DTYPE, ok, want)?;
+        let size = std::mem::size_of::<T>();
+        let values: Vec<T> = self.payload[start..start + size * n]
+            .chunks_exact(size)
+            .map(T::from_le)
             .collect();
         self.check(name, start, &values, valid, rule)?;
         Ok(values)
     }
 
     /// The first element of the array at payload byte `start` that `valid` refuses, named.
-    fn check<T: Copy + std::fmt::Debug>(
+    fn check<T: Element>(
         &self,
         name: &str,
         start: usize,
