@@ -507,6 +507,10 @@ fn goldens_whose_schedule_or_rows_do_not_fit_their_tokens_are_errors_of_the_gold
     fn states_prefill(g: &mut TraceFile, p: &str) {
         g.metadata.insert("prefill".into(), p.into());
     }
+    fn first_rows(g: &mut TraceFile, name: &str, rows: usize) {
+        let kept = g.tensors[name].select_rows(&(0..rows).collect::<Vec<_>>());
+        g.tensors.insert(name.into(), kept);
+    }
     /// A golden made wrong, the case using it and what the error must say.
     struct Doctored {
         name: &'static str,
@@ -530,10 +534,7 @@ fn goldens_whose_schedule_or_rows_do_not_fit_their_tokens_are_errors_of_the_gold
             name: "rows",
             family: "residual",
             golden: TINY,
-            edit: |g| {
-                let short = g.tensors["topk.L1"].select_rows(&(0..19).collect::<Vec<_>>());
-                g.tensors.insert("topk.L1".into(), short);
-            },
+            edit: |g| first_rows(g, "topk.L1", 19),
             case: TINY_CASE,
             says: "`topk.L1` has shape [19, 8], but the trace has 20 positions",
         },
@@ -541,10 +542,7 @@ fn goldens_whose_schedule_or_rows_do_not_fit_their_tokens_are_errors_of_the_gold
             name: "logits",
             family: "residual",
             golden: TINY,
-            edit: |g| {
-                let short = g.tensors["logits"].select_rows(&(0..19).collect::<Vec<_>>());
-                g.tensors.insert("logits".into(), short);
-            },
+            edit: |g| first_rows(g, "logits", 19),
             case: TINY_CASE,
             says: "`logits` has 19 rows, `logits_positions` names 20",
         },
