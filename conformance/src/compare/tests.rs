@@ -523,3 +523,19 @@ fn compare_report_numbers_survive_json() {
         .unwrap()
         .contains(r#""value":"inf""#));
 }
+
+#[test]
+fn a_golden_decision_short_of_the_tokens_is_a_shape_mismatch_not_a_panic() {
+    let mut g = golden();
+    let short = g.tensors["topk.L1"].select_rows(&[0, 1]);
+    g.tensors.insert("topk.L1".into(), short);
+    let r = compare(&g, &golden(), &gates(ProfileName::Exact));
+    assert!(r.failed());
+    assert!(
+        r.metrics
+            .iter()
+            .any(|m| m.name == "topk.L1" && m.status.fails()),
+        "{:?}",
+        r.metrics
+    );
+}
